@@ -1,0 +1,1 @@
+"""mrc: Multipath Reliable Connection in userspace Python."""

@@ -1,0 +1,42 @@
+"""Tunables of one queue pair, with the defaults the tools use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class QPConfig:
+    """Everything a QP needs to know that is not negotiated with the peer.
+
+    ``max_outstanding`` bounds packets in flight (a fixed window until congestion control
+    lands); ``psn_window`` bounds how far ahead of the oldest unacknowledged packet a sender may
+    go, and is also the span of PSNs a receiver accepts ahead of its cumulative point.
+    """
+
+    payload_size: int = 1400
+    max_outstanding: int = 512
+    psn_window: int = 16384
+    ack_every: int = 16
+    ack_delay: float = 0.0005
+    initial_rto: float = 0.05
+    min_rto: float = 0.01
+    max_rto: float = 1.0
+    max_timeout_retries: int = 12
+    max_nack_retries: int = 1000
+    spray_seed: int = 0
+
+    def validate(self) -> None:
+        """Raise ValueError with a user-facing message for impossible settings."""
+        if not 1 <= self.payload_size <= 65_000:
+            raise ValueError(f"payload size must be 1..65000 bytes, not {self.payload_size}")
+        if self.max_outstanding < 1:
+            raise ValueError("max_outstanding must be at least 1")
+        if not 64 <= self.psn_window <= (1 << 22):
+            raise ValueError("psn_window must be between 64 and 4194304")
+        if self.max_outstanding > self.psn_window:
+            raise ValueError("max_outstanding cannot exceed psn_window")
+        if self.ack_every < 1:
+            raise ValueError("ack_every must be at least 1")
+        if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:
+            raise ValueError("need 0 < min_rto <= initial_rto <= max_rto")

@@ -1,0 +1,48 @@
+"""Demultiplexing datagrams to queue pairs, and counting what cannot be delivered to any."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from mrc import wire
+from mrc.core.memory import ProtectionDomain
+from mrc.core.qp import QueuePair
+
+
+class EndpointCore:
+    """All QPs of one endpoint share its protection domain and its receive path."""
+
+    def __init__(self, pd: ProtectionDomain | None = None) -> None:
+        self.pd = pd or ProtectionDomain()
+        self.qps: dict[int, QueuePair] = {}
+        self.dropped_by_reason: Counter[str] = Counter()
+
+    def add(self, qp: QueuePair) -> None:
+        if qp.qpn in self.qps:
+            raise ValueError(f"QP number {qp.qpn} already in use")
+        self.qps[qp.qpn] = qp
+
+    def remove(self, qpn: int) -> None:
+        self.qps.pop(qpn, None)
+
+    def receive_datagram(self, data: memoryview, src_port: int, now: float) -> QueuePair | None:
+        """Route one datagram to its QP; returns that QP, or None if it was dropped here."""
+        if len(data) < wire.BTH_LEN:
+            self.dropped_by_reason["short"] += 1
+            return None
+        if data[1] & 0x0F != wire.MRC_TVER:
+            self.dropped_by_reason["bad_version"] += 1
+            return None
+        qp = self.qps.get((data[5] << 16) | (data[6] << 8) | data[7])
+        if qp is None:
+            self.dropped_by_reason["unknown_qp"] += 1
+            return None
+        qp.receive_datagram(data, src_port, now)
+        return qp
+
+    def all_drops(self) -> dict[str, int]:
+        """Drops at this level plus every QP's, by reason."""
+        total = Counter(self.dropped_by_reason)
+        for qp in self.qps.values():
+            total.update(qp.stats.dropped_by_reason)
+        return dict(total)

@@ -1,0 +1,81 @@
+"""Registered memory: regions a peer may write into, found by rkey.
+
+A region wraps any writable buffer that exposes the buffer protocol as contiguous bytes
+(bytearray, mmap, a C-contiguous NumPy array). Each region gets a synthetic virtual address
+range so WRITEs name a place as RDMA does (remote address + rkey) without leaking real
+pointers; ranges of different regions never overlap.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from enum import IntFlag
+
+
+class Access(IntFlag):
+    LOCAL = 0
+    REMOTE_WRITE = 1
+
+
+_BASE_ALIGN = 1 << 16
+
+
+@dataclass(slots=True)
+class MemoryRegion:
+    """One registered buffer. ``addr`` is the virtual address of its first byte."""
+
+    rkey: int
+    addr: int
+    length: int
+    access: Access
+    view: memoryview
+    name: str = ""
+
+    def describe(self) -> dict[str, object]:
+        """What a peer needs to write here (sent over the side channel)."""
+        return {"name": self.name, "rkey": self.rkey, "addr": self.addr, "length": self.length}
+
+
+class ProtectionDomain:
+    """The regions of one endpoint, shared by all its QPs."""
+
+    def __init__(self) -> None:
+        self._by_rkey: dict[int, MemoryRegion] = {}
+        self._next_addr = 1 << 32
+
+    def register(
+        self, buffer: object, access: Access = Access.REMOTE_WRITE, name: str = ""
+    ) -> MemoryRegion:
+        """Register ``buffer``; raise TypeError/ValueError if it cannot be written in place."""
+        try:
+            view = memoryview(buffer)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(
+                f"cannot register {type(buffer).__name__}: it does not expose a buffer"
+            ) from None
+        if view.readonly:
+            raise ValueError("cannot register a read-only buffer for remote writes")
+        if not view.c_contiguous:
+            raise ValueError("cannot register a non-contiguous buffer")
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        rkey = secrets.randbits(32) or 1
+        while rkey in self._by_rkey:
+            rkey = secrets.randbits(32) or 1
+        addr = self._next_addr
+        span = max(len(view), 1)
+        self._next_addr += (span + 2 * _BASE_ALIGN - 1) // _BASE_ALIGN * _BASE_ALIGN
+        region = MemoryRegion(rkey, addr, len(view), Access(access), view, name)
+        self._by_rkey[rkey] = region
+        return region
+
+    def deregister(self, region: MemoryRegion) -> None:
+        """Forget ``region``: later writes to its rkey are dropped as bad_rkey."""
+        self._by_rkey.pop(region.rkey, None)
+        region.view.release()
+
+    def lookup(self, rkey: int) -> MemoryRegion | None:
+        return self._by_rkey.get(rkey)
+
+    def regions(self) -> list[MemoryRegion]:
+        return list(self._by_rkey.values())

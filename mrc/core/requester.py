@@ -1,0 +1,286 @@
+"""The sending half of a queue pair: segmentation, spraying, SACK/NACK, retransmission.
+
+Posted work requests are cut into packets lazily, as the window opens. Every packet in flight
+has a record in ``_outstanding``, an OrderedDict kept in order of (re)transmission time, so the
+oldest deadline is always at its front and timeouts cost O(1) per packet. A packet is
+acknowledged when its record is removed; ``_snd_una`` is the lowest sequence number still
+outstanding.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mrc import wire
+from mrc.core.config import QPConfig
+from mrc.core.events import Event, QPFailed, WriteCompleted
+from mrc.core.evset import EVSet
+from mrc.core.psn import to_psn, to_seq
+from mrc.core.rtt import RttEstimator
+from mrc.core.stats import QPStats
+
+_INF = float("inf")
+
+# (ev index, header bytes, payload) as the transport should send it
+Datagram = tuple[int, bytes, memoryview | bytes]
+
+
+@dataclass(slots=True)
+class _WorkRequest:
+    wr_id: int
+    view: memoryview
+    remote_addr: int
+    rkey: int
+    imm: int | None
+    first_seq: int = -1
+    last_seq: int = -1
+    sent_bytes: int = 0
+
+
+class _Packet:
+    __slots__ = ("wr", "offset", "length", "last", "ev", "sent_at", "deadline", "timeouts",
+                 "nacks", "retransmitted")
+
+    def __init__(self, wr: _WorkRequest, offset: int, length: int, last: bool) -> None:
+        self.wr = wr
+        self.offset = offset
+        self.length = length
+        self.last = last
+        self.ev = -1
+        self.sent_at = 0.0
+        self.deadline = _INF
+        self.timeouts = 0
+        self.nacks = 0
+        self.retransmitted = False
+
+
+class Requester:
+    def __init__(
+        self,
+        config: QPConfig,
+        qpn: int,
+        initial_psn: int,
+        evs: EVSet,
+        stats: QPStats,
+        emit: Callable[[Event], None],
+    ) -> None:
+        self.config = config
+        self.qpn = qpn
+        self.initial_psn = initial_psn
+        self.evs = evs
+        self.stats = stats
+        self._emit = emit
+        self.rtt = RttEstimator(config.initial_rto, config.min_rto, config.max_rto)
+        self.remote_qpn: int | None = None
+        self.failed = False
+        self._next_wr_id = 1
+        self._queue: deque[_WorkRequest] = deque()  # not yet fully segmented
+        self._inflight_wrs: deque[_WorkRequest] = deque()  # segmented, not yet completed
+        self._offset = 0  # next byte to segment in _queue[0]
+        self._next_seq = 0
+        self._snd_una = 0
+        self._outstanding: OrderedDict[int, _Packet] = OrderedDict()
+        self._retransmit: deque[int] = deque()
+
+    # ---- application side -------------------------------------------------------------
+
+    def post_write(
+        self, data: object, remote_addr: int, rkey: int, imm: int | None, wr_id: int | None
+    ) -> int:
+        view = memoryview(data)  # type: ignore[arg-type]
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        if imm is not None and not 0 <= imm < (1 << 32):
+            raise ValueError("immediate data must fit in 32 bits")
+        if wr_id is None:
+            wr_id = self._next_wr_id
+            self._next_wr_id += 1
+        self._queue.append(_WorkRequest(wr_id, view, remote_addr, rkey, imm))
+        return wr_id
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing unacknowledged."""
+        return not self._queue and not self._outstanding and not self._inflight_wrs
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._outstanding)
+
+    # ---- output ------------------------------------------------------------------------
+
+    def datagrams_to_send(self, now: float, out: list[Datagram]) -> None:
+        if self.failed or self.remote_qpn is None:
+            return
+        rto = self.rtt.rto
+        outstanding = self._outstanding
+        retransmit = self._retransmit
+        while retransmit:
+            seq = retransmit.popleft()
+            pkt = outstanding.get(seq)
+            if pkt is None:
+                continue  # acknowledged meanwhile
+            pkt.ev = self.evs.next_other(pkt.ev)
+            pkt.retransmitted = True
+            pkt.sent_at = now
+            pkt.deadline = now + min(rto * (1 << pkt.timeouts), self.config.max_rto)
+            outstanding.move_to_end(seq)
+            out.append(self._build(seq, pkt))
+            self.stats.retransmits += 1
+        limit = self.config.max_outstanding
+        span = self._snd_una + self.config.psn_window
+        queue = self._queue
+        payload = self.config.payload_size
+        evs = self.evs
+        while queue and len(outstanding) < limit and self._next_seq < span:
+            wr = queue[0]
+            total = len(wr.view)
+            off = self._offset
+            length = min(payload, total - off)
+            last = off + length >= total
+            pkt = _Packet(wr, off, length, last)
+            seq = self._next_seq
+            if off == 0:
+                wr.first_seq = seq
+                self._inflight_wrs.append(wr)
+            if last:
+                wr.last_seq = seq
+                queue.popleft()
+                self._offset = 0
+            else:
+                self._offset = off + length
+            self._next_seq = seq + 1
+            pkt.ev = evs.next()
+            pkt.sent_at = now
+            pkt.deadline = now + rto
+            outstanding[seq] = pkt
+            out.append(self._build(seq, pkt))
+            self.stats.data_packets_sent += 1
+            self.stats.bytes_sent += length
+
+    def _build(self, seq: int, pkt: _Packet) -> Datagram:
+        wr = pkt.wr
+        hdr = wire.pack_data(
+            self.remote_qpn,  # type: ignore[arg-type]
+            to_psn(self.initial_psn, seq),
+            wr.remote_addr + pkt.offset,
+            wr.rkey,
+            pkt.length,
+            pkt.last,
+            wr.imm if pkt.last else None,
+        )
+        self.evs.packets[pkt.ev] += 1
+        self.stats.packets_sent += 1
+        return (pkt.ev, hdr, wr.view[pkt.offset : pkt.offset + pkt.length])
+
+    # ---- timers ------------------------------------------------------------------------
+
+    def get_timer(self) -> float | None:
+        if self.failed or not self._outstanding:
+            return None
+        first = next(iter(self._outstanding.values()))
+        return None if first.deadline == _INF else first.deadline
+
+    def handle_timer(self, now: float) -> None:
+        outstanding = self._outstanding
+        limit = self.config.max_timeout_retries
+        while outstanding and not self.failed:
+            seq, pkt = next(iter(outstanding.items()))
+            if pkt.deadline > now:
+                break
+            pkt.timeouts += 1
+            if pkt.timeouts > limit:
+                self.fail(
+                    f"retry budget exhausted: PSN {to_psn(self.initial_psn, seq)} unacknowledged "
+                    f"after {limit} timeouts (peer unreachable or gone)"
+                )
+                return
+            pkt.deadline = _INF
+            outstanding.move_to_end(seq)
+            self._retransmit.append(seq)
+            self.stats.retransmits_timeout += 1
+
+    def fail(self, reason: str) -> None:
+        if not self.failed:
+            self.failed = True
+            self._emit(QPFailed(self.qpn, reason))
+
+    # ---- acknowledgements --------------------------------------------------------------
+
+    def on_ack(self, data: memoryview | bytes, src_port: int, now: float) -> None:
+        (_op, _f, _pk, _qpw, psnw, aeth, subj, base, bitmap, ev_port, _ports) = (
+            wire.ACK_PKT.unpack_from(data)
+        )
+        if self.failed:
+            return
+        ip = self.initial_psn
+        una = self._snd_una
+        outstanding = self._outstanding
+        syndrome = aeth >> 24
+        subj_seq = to_seq(ip, subj & wire.PSN_MASK, una)
+        subject = outstanding.get(subj_seq)
+        if (syndrome & 0x60) == wire.AETH_NAK_BASE:
+            self._on_nack(syndrome & 0x1F, subj_seq, subject, ev_port)
+        else:
+            self.stats.sacks += 1
+            if subject is not None and not subject.retransmitted:
+                self.rtt.sample(now - subject.sent_at)
+        # cumulative part
+        cum = to_seq(ip, psnw & wire.PSN_MASK, una)
+        if cum >= self._next_seq:
+            return  # acknowledges what we never sent: stale or forged
+        if cum >= una:
+            for seq in range(una, cum + 1):
+                outstanding.pop(seq, None)
+            una = cum + 1
+        # selective part
+        base_seq = to_seq(ip, base & wire.PSN_MASK, una)
+        if bitmap and base_seq + 64 > una and base_seq < self._next_seq:
+            while bitmap:
+                low = bitmap & -bitmap
+                seq = base_seq + low.bit_length() - 1
+                bitmap ^= low
+                if seq >= una:
+                    outstanding.pop(seq, None)
+        nxt = self._next_seq
+        while una < nxt and una not in outstanding:
+            una += 1
+        self._snd_una = una
+        wrs = self._inflight_wrs
+        while wrs and wrs[0].last_seq >= 0 and wrs[0].last_seq < una:
+            wr = wrs.popleft()
+            self._emit(WriteCompleted(self.qpn, wr.wr_id, len(wr.view)))
+
+    def _on_nack(self, code: int, seq: int, pkt: _Packet | None, ev_port: int) -> None:
+        self.stats.nacks += 1
+        if pkt is None:
+            self.stats.nacks_ignored += 1
+            return
+        if code in (wire.NackCode.TRIMMED, wire.NackCode.TRIMMED_LASTHOP):
+            pkt.nacks += 1
+            if pkt.nacks > self.config.max_nack_retries:
+                self.fail(f"PSN {to_psn(self.initial_psn, seq)} trimmed {pkt.nacks} times")
+                return
+            if pkt.deadline != _INF:  # not already queued for retransmission
+                pkt.deadline = _INF
+                self._outstanding.move_to_end(seq)
+                self._retransmit.append(seq)
+                self.stats.retransmits_nack += 1
+            return
+        # Fatal codes only count when they match what we last sent for that PSN, so a forged
+        # datagram at the receiver cannot tear our QP down.
+        if self.evs.ports[pkt.ev] != ev_port:
+            self.stats.nacks_ignored += 1
+            return
+        if code == wire.NackCode.REMOTE_ACCESS_ERROR:
+            wr = pkt.wr
+            self.fail(
+                f"remote access error: rkey {wr.rkey:#x} refused a write of {pkt.length} bytes "
+                f"at {wr.remote_addr + pkt.offset:#x} (bad key or outside the region)"
+            )
+        elif code == wire.NackCode.PSN_SEQUENCE_ERROR:
+            self.fail("peer reports PSN out of window (QP state mismatch)")
+        else:
+            self.fail(f"peer rejected the request (NAK code {code})")

@@ -1,0 +1,208 @@
+"""The receiving half of a queue pair: validation, write-to-offset placement, SACK/NACK.
+
+Received PSNs are tracked as sequence numbers: ``_cum`` is the highest one below which
+everything has arrived, and ``_blocks`` maps a 64-PSN block number to a bitmap of what arrived
+in it above ``_cum``. The same bitmaps are what SACKs carry, so building an ACK costs nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from mrc import wire
+from mrc.core.config import QPConfig
+from mrc.core.events import Event, ImmediateReceived
+from mrc.core.evset import EVSet
+from mrc.core.memory import Access, ProtectionDomain
+from mrc.core.psn import to_psn, to_seq
+from mrc.core.stats import QPStats
+
+_FULL = (1 << 64) - 1
+_MAX_SACKS_PER_FLUSH = 8
+
+# (ev index, header bytes, payload)
+Datagram = tuple[int, bytes, bytes]
+
+
+class Responder:
+    def __init__(
+        self,
+        config: QPConfig,
+        qpn: int,
+        evs: EVSet,
+        pd: ProtectionDomain,
+        stats: QPStats,
+        emit: Callable[[Event], None],
+    ) -> None:
+        self.config = config
+        self.qpn = qpn
+        self.evs = evs
+        self.pd = pd
+        self.stats = stats
+        self._emit = emit
+        self.remote_qpn: int | None = None
+        self.peer_initial_psn = 0
+        self._cum = -1
+        self._blocks: dict[int, int] = {}
+        self._imms: list[tuple[int, int]] = []  # heap of (seq, imm) awaiting in-order completion
+        self._pending = 0  # packets arrived since the last ACK
+        self._dirty: set[int] = set()  # blocks with arrivals since the last ACK
+        self._subject = (0, 0)  # (seq, source port) of the latest arrival
+        self._ack_deadline: float | None = None
+        self._out: list[Datagram] = []
+
+    # ---- input -------------------------------------------------------------------------
+
+    def on_data(self, data: memoryview, src_port: int, now: float, imm_op: bool) -> None:
+        """Validate and place one data packet (BTH already checked for version and QP)."""
+        stats = self.stats
+        hdr = wire.DATA_IMM_HDR if imm_op else wire.DATA_HDR
+        if len(data) < hdr.size:
+            stats.dropped_by_reason["short"] += 1
+            return
+        if imm_op:
+            (_o, _f, _p, qpw, psnw, va, rkey, length, imm) = hdr.unpack_from(data)
+        else:
+            (_o, _f, _p, qpw, psnw, va, rkey, length) = hdr.unpack_from(data)
+            imm = 0
+        if psnw & (wire.BTH_SECURE << 24):
+            stats.dropped_by_reason["security_unsupported"] += 1
+            return
+        seq = to_seq(self.peer_initial_psn, psnw & wire.PSN_MASK, self._cum + 1)
+        cum = self._cum
+        if seq > cum + self.config.psn_window or seq <= cum - self.config.psn_window:
+            stats.dropped_by_reason["psn_out_of_window"] += 1
+            self._nack(wire.NackCode.PSN_SEQUENCE_ERROR, seq, src_port)
+            return
+        payload_len = len(data) - hdr.size
+        marks = qpw >> 24
+        if payload_len < length or marks & wire.BTH_TRIMMED:
+            stats.trims_seen += 1
+            if seq > cum and not self._has(seq):
+                lasthop = marks & wire.BTH_LASTHOP
+                code = wire.NackCode.TRIMMED_LASTHOP if lasthop else wire.NackCode.TRIMMED
+                self._nack(code, seq, src_port)
+            return
+        if payload_len > length:
+            stats.dropped_by_reason["bad_length"] += 1
+            return
+        region = self.pd.lookup(rkey)
+        if region is None:
+            stats.dropped_by_reason["bad_rkey"] += 1
+            self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_port)
+            return
+        offset = va - region.addr
+        if offset < 0 or offset + length > region.length:
+            stats.dropped_by_reason["out_of_bounds"] += 1
+            self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_port)
+            return
+        if not region.access & Access.REMOTE_WRITE:
+            stats.dropped_by_reason["no_access"] += 1
+            self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_port)
+            return
+        stats.packets_received += 1
+        if seq <= cum or self._has(seq):
+            stats.duplicates += 1
+            self._note_arrival(seq, src_port, now, force=True)
+            return
+        hs = hdr.size
+        region.view[offset : offset + length] = data[hs : hs + length]
+        stats.bytes_placed += length
+        block = seq >> 6
+        self._blocks[block] = self._blocks.get(block, 0) | (1 << (seq & 63))
+        if imm_op:
+            heapq.heappush(self._imms, (seq, imm))
+        if seq == cum + 1:
+            self._advance()
+        self._note_arrival(seq, src_port, now, force=bool(psnw & (wire.BTH_ACKREQ << 24)))
+
+    def _has(self, seq: int) -> bool:
+        return bool((self._blocks.get(seq >> 6, 0) >> (seq & 63)) & 1)
+
+    def _advance(self) -> None:
+        """Move ``_cum`` over every contiguous arrival and complete WRITE_IMMs it passes."""
+        cum = self._cum
+        blocks = self._blocks
+        while True:
+            nxt = cum + 1
+            b = nxt >> 6
+            bm = blocks.get(b, 0) >> (nxt & 63)
+            if not bm & 1:
+                break
+            ones = (~bm & (bm + 1)).bit_length() - 1  # trailing ones
+            cum += ones
+            if (cum & 63) == 63:
+                blocks.pop(b, None)
+        self._cum = cum
+        imms = self._imms
+        while imms and imms[0][0] <= cum:
+            seq, imm = heapq.heappop(imms)
+            self._emit(ImmediateReceived(self.qpn, imm))
+
+    def _note_arrival(self, seq: int, src_port: int, now: float, force: bool) -> None:
+        self._pending += 1
+        self._dirty.add(seq >> 6)
+        self._subject = (seq, src_port)
+        if force or self._pending >= self.config.ack_every:
+            self.flush()
+        elif self._ack_deadline is None:
+            self._ack_deadline = now + self.config.ack_delay
+
+    # ---- output ------------------------------------------------------------------------
+
+    def _bitmap(self, block: int) -> int:
+        cum = self._cum
+        first = block << 6
+        if first + 63 <= cum:
+            return _FULL
+        below = (1 << (cum - first + 1)) - 1 if cum >= first else 0
+        return self._blocks.get(block, 0) | below
+
+    def _ack_bytes(self, syndrome: int, seq: int, src_port: int, block: int) -> bytes:
+        ip = self.peer_initial_psn
+        return wire.pack_ack(
+            self.remote_qpn or 0,
+            to_psn(ip, self._cum),
+            syndrome,
+            to_psn(ip, seq),
+            to_psn(ip, block << 6),
+            self._bitmap(block),
+            src_port,
+        )
+
+    def flush(self) -> None:
+        """Queue SACKs for every block that saw arrivals since the last ACK."""
+        if not self._pending:
+            return
+        seq, port = self._subject
+        blocks = sorted(self._dirty)[-_MAX_SACKS_PER_FLUSH:]
+        for block in blocks:
+            pkt = self._ack_bytes(wire.AETH_ACK, seq, port, block)
+            self._out.append((self.evs.next(), pkt, b""))
+            self.stats.acks_sent += 1
+        self._pending = 0
+        self._dirty.clear()
+        self._ack_deadline = None
+
+    def _nack(self, code: int, seq: int, src_port: int) -> None:
+        if self.remote_qpn is None:
+            return
+        pkt = self._ack_bytes(wire.AETH_NAK_BASE | code, seq, src_port, max(seq, 0) >> 6)
+        self._out.append((self.evs.next(), pkt, b""))
+        self.stats.nacks_sent += 1
+
+    def datagrams_to_send(self, now: float, out: list) -> None:
+        if self._ack_deadline is not None and now >= self._ack_deadline:
+            self.flush()
+        if self._out:
+            out.extend(self._out)
+            self._out.clear()
+
+    def get_timer(self) -> float | None:
+        return self._ack_deadline
+
+    @property
+    def received_through(self) -> int:
+        """Sequence number through which every packet has arrived (-1: none yet)."""
+        return self._cum

@@ -1,0 +1,169 @@
+"""The MRC wire format: RoCEv2-shaped headers carried in UDP datagrams.
+
+Every layout here is documented byte for byte in docs/PROTOCOL.md; keep the two in step.
+
+Design choices (the reasons are in PROTOCOL.md, "Deviations"):
+
+* Every data packet is a self-contained RDMA WRITE ONLY (or WRITE ONLY with immediate) with a
+  RETH whose DMA length is the length of *this packet's* payload. A receiver can place it on
+  arrival in any order, and a packet whose payload was trimmed in the network is recognised by
+  the UDP payload being shorter than the header says. Standard RoCEv2 dissectors decode it.
+* ACK, SACK and NACK share one layout: BTH + AETH + a 20-byte MRC ACK extension holding the
+  SACK bitmap and the echoed entropy value (EV).
+* PROBE and PROBE_REPLY use opcodes from the manufacturer-specific range.
+
+Functions here do no allocation beyond the ``struct`` call they wrap: they sit on the per-packet
+path.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+#: Default UDP destination port, as RoCEv2.
+DEFAULT_PORT = 4791
+
+#: Transport header version carried in the BTH TVer field. Anything else is dropped.
+MRC_TVER = 0
+
+#: P_Key we send; receivers do not check it (MRC has one partition per fabric).
+DEFAULT_PKEY = 0xFFFF
+
+PSN_BITS = 24
+PSN_MASK = (1 << PSN_BITS) - 1
+QPN_MASK = (1 << 24) - 1
+
+
+class Opcode(IntEnum):
+    """BTH opcodes MRC uses (RC transport type 000 plus two manufacturer-specific ones)."""
+
+    RDMA_WRITE_ONLY = 0x0A
+    RDMA_WRITE_ONLY_IMM = 0x0B
+    ACKNOWLEDGE = 0x11
+    PROBE = 0xC0
+    PROBE_REPLY = 0xC1
+
+
+class NackCode(IntEnum):
+    """The low five bits of an AETH NAK syndrome (0b011xxxxx).
+
+    0-3 are InfiniBand's own codes; 16 and 17 are MRC's trim codes taken from the reserved range.
+    """
+
+    PSN_SEQUENCE_ERROR = 0  # used for "PSN out of window"
+    INVALID_REQUEST = 1
+    REMOTE_ACCESS_ERROR = 2  # bad rkey, access rights, or address/length outside the region
+    REMOTE_OPERATIONAL_ERROR = 3
+    TRIMMED = 16
+    TRIMMED_LASTHOP = 17
+
+
+# BTH byte 1: SE(1) M(1) PadCnt(2) TVer(4); byte 4: FECN(1) BECN(1) T(1) L(1) resv(4);
+# byte 8: A(1) S(1) resv(6).
+BTH_FECN = 0x80
+BTH_BECN = 0x40
+BTH_TRIMMED = 0x20  # set by a trimming switch on the packet it cut
+BTH_LASTHOP = 0x10  # set with BTH_TRIMMED when the cut happened on the port into the receiver
+BTH_ACKREQ = 0x80
+BTH_SECURE = 0x40  # a security trailer follows the payload (reserved; not implemented yet)
+
+AETH_ACK = 0x1F  # ACK syndrome with the "invalid credit" value: MRC has no credits
+AETH_NAK_BASE = 0x60
+
+# struct layouts (network byte order)
+BTH = struct.Struct("!BBHII")  # opcode, flags, pkey, (byte4<<24 | dest QP), (byte8<<24 | PSN)
+DATA_HDR = struct.Struct("!BBHIIQII")  # BTH + RETH(va, rkey, dma length)
+DATA_IMM_HDR = struct.Struct("!BBHIIQIII")  # BTH + RETH + ImmDt
+ACK_PKT = struct.Struct("!BBHIIIIIQHH")  # BTH + AETH + ext(subject psn, base, bitmap, ev, ports)
+PROBE_PKT = struct.Struct("!BBHIIHHQ")  # BTH + probe ext(ev, flags, token)
+
+BTH_LEN = BTH.size  # 12
+DATA_HDR_LEN = DATA_HDR.size  # 28
+DATA_IMM_HDR_LEN = DATA_IMM_HDR.size  # 32
+ACK_LEN = ACK_PKT.size  # 36
+PROBE_LEN = PROBE_PKT.size  # 24
+SECURITY_TRAILER_LEN = 20  # key id (4) + ICV (16), reserved for a later security sublayer
+
+_FLAGS1 = MRC_TVER & 0x0F
+
+
+def pack_data(
+    qpn: int, psn: int, va: int, rkey: int, length: int, ackreq: bool, imm: int | None
+) -> bytes:
+    """Headers of one data packet; the payload (``length`` bytes) follows them."""
+    b8 = (BTH_ACKREQ << 24) if ackreq else 0
+    if imm is None:
+        return DATA_HDR.pack(
+            Opcode.RDMA_WRITE_ONLY, _FLAGS1, DEFAULT_PKEY, qpn, b8 | psn, va, rkey, length
+        )
+    return DATA_IMM_HDR.pack(
+        Opcode.RDMA_WRITE_ONLY_IMM, _FLAGS1, DEFAULT_PKEY, qpn, b8 | psn, va, rkey, length, imm
+    )
+
+
+def pack_ack(
+    qpn: int,
+    ack_psn: int,
+    syndrome: int,
+    subject_psn: int,
+    sack_base: int,
+    bitmap: int,
+    ev: int,
+    port_state: int = 0xFFFF,
+) -> bytes:
+    """An ACK (``syndrome`` = AETH_ACK) or NACK (``AETH_NAK_BASE | code``).
+
+    ``ack_psn``: every PSN up to and including it has arrived (cumulative).
+    ``subject_psn``: the packet that triggered this ACK, or the PSN a NACK is about.
+    ``sack_base``/``bitmap``: bit i set means PSN ``sack_base + i`` has arrived.
+    ``ev``: the entropy value (UDP source port) the subject packet arrived on.
+    """
+    return ACK_PKT.pack(
+        Opcode.ACKNOWLEDGE,
+        _FLAGS1,
+        DEFAULT_PKEY,
+        qpn,
+        ack_psn,
+        syndrome << 24,
+        subject_psn,
+        sack_base,
+        bitmap,
+        ev,
+        port_state,
+    )
+
+
+def pack_probe(qpn: int, seq: int, ev: int, token: int, reply: bool) -> bytes:
+    """A connectionless EV probe (or its reply, which echoes ``ev`` and ``token``)."""
+    op = Opcode.PROBE_REPLY if reply else Opcode.PROBE
+    return PROBE_PKT.pack(op, _FLAGS1, DEFAULT_PKEY, qpn, seq & PSN_MASK, ev, 0, token)
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """A decoded ACK/NACK (not on the hot path: the core unpacks ACK_PKT directly)."""
+
+    qpn: int
+    ack_psn: int
+    syndrome: int
+    subject_psn: int
+    sack_base: int
+    bitmap: int
+    ev: int
+    port_state: int
+
+    @property
+    def is_nack(self) -> bool:
+        return (self.syndrome & 0x60) == AETH_NAK_BASE
+
+    @property
+    def nack_code(self) -> int:
+        return self.syndrome & 0x1F
+
+
+def parse_ack(data: bytes | memoryview) -> Ack:
+    """Decode an ACK-family packet; raises struct.error if it is too short."""
+    (_op, _f, _pk, qpw, psnw, aeth, subj, base, bm, ev, ports) = ACK_PKT.unpack_from(data)
+    return Ack(qpw & QPN_MASK, psnw & PSN_MASK, aeth >> 24, subj, base, bm, ev, ports)
