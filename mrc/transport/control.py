@@ -1,0 +1,71 @@
+"""The out-of-band side channel: JSON lines over TCP, as RDMA tools exchange QP numbers.
+
+perftest's ``ib_write_bw`` swaps QP numbers, PSNs and memory keys over a TCP socket before any
+RDMA traffic flows; MRC does the same. Messages are one JSON object per line. The formats are
+documented in docs/PROTOCOL.md ("Connection setup").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+PROTOCOL_VERSION = 1
+MAX_LINE = 1 << 20
+
+
+class ControlError(Exception):
+    """The side channel broke or the peer said something we cannot accept (one line)."""
+
+
+class ControlChannel:
+    """One TCP connection carrying JSON objects, one per line."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        peer = writer.get_extra_info("peername")
+        self.peer_host: str = peer[0] if peer else ""
+        self.peer_port: int = peer[1] if peer else 0
+
+    async def send(self, obj: dict[str, object]) -> None:
+        self.writer.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+        try:
+            await self.writer.drain()
+        except (ConnectionError, OSError) as exc:
+            raise ControlError(f"side channel to the peer broke: {exc}") from None
+
+    async def recv(self, timeout: float | None = None) -> dict[str, object] | None:
+        """The next message, or None when the peer closed the channel."""
+        try:
+            line = await asyncio.wait_for(self.reader.readline(), timeout)
+        except TimeoutError:
+            raise ControlError("peer did not answer on the side channel in time") from None
+        except (ConnectionError, OSError, ValueError) as exc:
+            raise ControlError(f"side channel to the peer broke: {exc}") from None
+        if not line:
+            return None
+        if len(line) > MAX_LINE:
+            raise ControlError("peer sent an oversized side-channel message")
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise ControlError("peer is not speaking the MRC side-channel protocol") from None
+        if not isinstance(obj, dict):
+            raise ControlError("peer is not speaking the MRC side-channel protocol")
+        return obj
+
+    def close(self) -> None:
+        if not self.writer.is_closing():
+            self.writer.close()
+
+
+def check_version(msg: dict[str, object]) -> None:
+    """Raise ControlError unless ``msg`` is from a peer speaking our protocol version."""
+    if "mrc" not in msg:
+        raise ControlError("peer is not speaking the MRC side-channel protocol")
+    if msg["mrc"] != PROTOCOL_VERSION:
+        raise ControlError(
+            f"version mismatch: peer speaks MRC side-channel version {msg['mrc']}, "
+            f"we speak {PROTOCOL_VERSION}"
+        )

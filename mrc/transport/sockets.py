@@ -1,0 +1,73 @@
+"""UDP socket set-up for MRC: listen sockets and one socket per entropy value (EV).
+
+An EV is a distinct UDP source port, so each EV gets its own socket bound to the local address
+of its plane and connected to the peer's address in that plane. Connected sockets make the
+per-packet send a plain ``sendmsg`` without an address to parse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+
+SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+
+RCVBUF = 16 << 20
+SNDBUF = 4 << 20
+
+
+def _grow_buffer(sock: socket.socket, force: int, plain: int, size: int) -> None:
+    """Ask for a big buffer; as root the FORCE variant ignores net.core.[rw]mem_max."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, force, size)
+    except OSError:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, plain, size)
+
+
+def family_of(host: str) -> socket.AddressFamily:
+    """AF_INET6 for IPv6 literals and names, AF_INET for IPv4 literals."""
+    try:
+        return socket.AF_INET if ipaddress.ip_address(host).version == 4 else socket.AF_INET6
+    except ValueError:
+        return socket.AF_INET6
+
+
+def udp_socket(host: str, port: int, rcvbuf: int = RCVBUF, sndbuf: int = SNDBUF) -> socket.socket:
+    """A non-blocking UDP socket bound to (host, port); raises OSError with the reason."""
+    fam = family_of(host)
+    sock = socket.socket(fam, socket.SOCK_DGRAM)
+    try:
+        if fam == socket.AF_INET6 and host in ("::", ""):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        _grow_buffer(sock, SO_RCVBUFFORCE, socket.SO_RCVBUF, rcvbuf)
+        _grow_buffer(sock, SO_SNDBUFFORCE, socket.SO_SNDBUF, sndbuf)
+        sock.bind((host, port))
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def ev_socket(local: str, peer: tuple[str, int]) -> socket.socket:
+    """A socket with its own source port, connected to ``peer``: one EV."""
+    sock = udp_socket(local, 0, rcvbuf=1 << 16, sndbuf=SNDBUF)
+    try:
+        sock.connect(peer)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """The source address the kernel would pick to reach (host, port)."""
+    probe = socket.socket(family_of(host), socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, port))
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
