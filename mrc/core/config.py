@@ -19,8 +19,8 @@ class QPConfig:
     psn_window: int = 16384
     ack_every: int = 16
     ack_delay: float = 0.0005
-    initial_rto: float = 0.05
-    min_rto: float = 0.01
+    initial_rto: float = 0.1
+    min_rto: float = 0.05
     max_rto: float = 1.0
     max_timeout_retries: int = 12
     max_nack_retries: int = 1000

@@ -106,6 +106,11 @@ class Requester:
         return not self._queue and not self._outstanding and not self._inflight_wrs
 
     @property
+    def acked_packets(self) -> int:
+        """Packets acknowledged cumulatively (a cheap progress measure)."""
+        return self._snd_una
+
+    @property
     def in_flight(self) -> int:
         return len(self._outstanding)
 

@@ -1,0 +1,202 @@
+"""mrc-recv: accept MRC transfers straight into an output file (or memory)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import mmap
+import os
+import sys
+
+from mrc.cli.common import (
+    Failure,
+    Progress,
+    die,
+    emit_json,
+    human_bytes,
+    human_rate,
+    parse_endpoint,
+    parse_size,
+    positive_int,
+)
+from mrc.connection import Connection, Listener, MRCError, listen
+from mrc.transfer import receive_buffer
+from mrc.transport.loop import run
+
+PROG = "mrc-recv"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Receive MRC transfers from mrc-send. Each packet is written straight to "
+        "its offset in an mmap of the output file (write-to-offset), in whatever order it "
+        "arrives; the result is verified with SHA-256 against the sender's.",
+        epilog="Exit status: 0 every transfer verified, 1 a transfer failed, 2 bad usage.",
+    )
+    p.add_argument("--listen", action="append", metavar="[ADDR]:PORT",
+                   help="address and port to listen on (UDP data and the TCP side channel); "
+                   "repeat once per plane address. Default [::]:4791")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("--out", metavar="FILE",
+                     help="write the data here ({n} in the name is replaced by the transfer "
+                     "number when --count > 1); written as FILE.part and renamed when verified")
+    out.add_argument("--discard", action="store_true",
+                     help="receive into memory, verify, and throw the data away")
+    p.add_argument("--count", type=positive_int, default=1,
+                   help="transfers to accept before exiting; they may run at once (default 1)")
+    p.add_argument("--evs", type=positive_int, default=16,
+                   help="entropy values for acknowledgements, split across planes (default 16)")
+    p.add_argument("--max-size", type=parse_size, default=parse_size("64G"),
+                   help="refuse transfers larger than this (default 64G)")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="give up if no sender connects within this time")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object per transfer")
+    p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
+    return p
+
+
+class _Outputs:
+    """Allocates the memory a sender asks for: an mmap of FILE.part, or anonymous memory."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.count = 0
+        self.paths: dict[int, str] = {}  # id(mmap) -> final path
+
+    def __call__(self, size: int, request: dict[str, object]) -> mmap.mmap:
+        if size > self.args.max_size:
+            raise MRCError(f"transfer of {size} bytes exceeds --max-size {self.args.max_size}")
+        self.count += 1
+        if self.args.discard:
+            return mmap.mmap(-1, max(size, 1))
+        path = self.args.out.replace("{n}", str(self.count))
+        part = path + ".part"
+        try:
+            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as exc:
+            raise MRCError(f"cannot create {part}: {exc.strerror}") from None
+        try:
+            os.ftruncate(fd, size)
+            m = mmap.mmap(fd, max(size, 1)) if size else mmap.mmap(-1, 1)
+        except OSError as exc:
+            os.unlink(part)
+            raise MRCError(f"cannot map {part} ({size} bytes): {exc.strerror}") from None
+        finally:
+            os.close(fd)
+        self.paths[id(m)] = path
+        return m
+
+
+async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace) -> bool:
+    region = conn.granted
+    if region is None:
+        await conn.close()
+        raise Failure("a sender connected without asking for a region (not mrc-send?)")
+    size = int(conn.meta.get("request", {}).get("size", region.length))  # type: ignore[union-attr]
+    view = region.view[:size]
+    buf = region.view.obj
+    path = outputs.paths.get(id(buf))
+    peer = conn.control.peer_host
+    progress = Progress(size, f"receiving from {peer}", None if not args.no_progress else False)
+    try:
+        result = await receive_buffer(conn, view, progress.update)
+    except MRCError as exc:
+        result = None
+        error = str(exc)
+    finally:
+        progress.finish()
+        stats = conn.stats()
+        await conn.close()
+    ok = result is not None and result.ok
+    if path is not None:
+        if ok:
+            buf.flush()  # type: ignore[union-attr]
+        del view
+        conn.endpoint.core.pd.deregister(region)
+        buf.close()  # type: ignore[union-attr]
+        if ok:
+            os.replace(path + ".part", path)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path + ".part")
+    if result is not None and not result.ok:
+        error = result.error or "verification failed"
+    out = {
+        "ok": ok,
+        "role": "recv",
+        "from": peer,
+        "out": path if not args.discard else None,
+        "bytes": size,
+        "seconds": round(result.seconds, 6) if result else None,
+        "goodput_bps": round(result.goodput_bps) if result else None,
+        "sha256": result.sha256 if result else None,
+        "sha256_sender": result.peer_sha256 if result else None,
+        "packets_received": stats["packets_received"],
+        "bytes_placed": stats["bytes_placed"],
+        "duplicates": stats["duplicates"],
+        "trims_seen": stats["trims_seen"],
+        "nacks_sent": stats["nacks_sent"],
+        "acks_sent": stats["acks_sent"],
+        "dropped_by_reason": stats["dropped_by_reason"],
+        "error": None if ok else error,
+    }
+    if args.json:
+        emit_json(out)
+    elif ok and result is not None:
+        print(f"ok: received {human_bytes(size)} from {peer} in {result.seconds:.3f} s "
+              f"({human_rate(result.goodput_bps)}); sha256 {result.sha256[:16]}... verified")
+    else:
+        print(f"{PROG}: error: transfer from {peer} failed: {error}", file=sys.stderr)
+    return ok
+
+
+async def _main(args: argparse.Namespace) -> int:
+    endpoints = [parse_endpoint(e) for e in (args.listen or ["[::]:4791"])]
+    ports = {p for _h, p in endpoints}
+    if len(ports) != 1:
+        raise Failure("all --listen addresses must use the same port")
+    port = ports.pop()
+    hosts = [h for h, _p in endpoints]
+    if args.out and args.count > 1 and "{n}" not in args.out:
+        raise Failure("with --count > 1, --out needs a {n} placeholder in the file name")
+    outputs = _Outputs(args)
+    plane_addrs = hosts if len(hosts) > 1 or hosts[0] not in ("::", "0.0.0.0") else None
+    listener: Listener = await listen(hosts[0], port, plane_addrs=plane_addrs, evs=args.evs,
+                                      region_factory=outputs)
+    if sys.stderr.isatty() and not args.json:
+        print(f"listening on {', '.join(f'[{h}]:{listener.port}' for h in hosts)}",
+              file=sys.stderr)
+    failures = 0
+    tasks = []
+    try:
+        for _ in range(args.count):
+            try:
+                conn = await listener.accept(args.timeout)
+            except TimeoutError:
+                raise Failure(f"no sender connected within {args.timeout:g} s") from None
+            tasks.append(asyncio.ensure_future(_one(conn, outputs, args)))
+        for ok in await asyncio.gather(*tasks):
+            failures += 0 if ok else 1
+    finally:
+        for t in tasks:
+            t.cancel()
+        await listener.close()
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(_main(args))
+    except (Failure, MRCError) as exc:
+        die(PROG, str(exc), 1)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
