@@ -83,11 +83,22 @@ def _open_ev_sockets(
     """``count`` EV sockets spread round-robin over the (local, remote) plane pairs."""
     socks: list[socket.socket] = []
     planes: list[int] = []
+    used: set[int] = set()
     try:
         for i in range(count):
             plane = i % len(pairs)
             local, remote = pairs[plane]
-            socks.append(ev_socket(local, (remote, peer_port)))
+            for _attempt in range(64):
+                sock = ev_socket(local, (remote, peer_port))
+                sport = sock.getsockname()[1]
+                if sport not in used:
+                    break
+                # the same port on another plane's address: EVs are told apart by port alone
+                sock.close()
+            else:
+                raise OSError("could not find distinct source ports for every EV")
+            used.add(sport)
+            socks.append(sock)
             planes.append(plane)
     except OSError as exc:
         for s in socks:
