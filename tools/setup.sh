@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Install everything mrc needs on a Debian/Ubuntu machine (run as root), idempotently:
+# system packages (iproute2, procps, tshark) and a virtualenv in .venv with mrc and its
+# test/benchmark dependencies. Prints what it does; exits non-zero with one line on failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '[setup] %s\n' "$*" >&2; }
+fail() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || fail "run as root (namespaces, veth links and apt need it)"
+
+# ---- system packages (only what is missing; apt-get update once) ----
+need=()
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v tc >/dev/null 2>&1 || need+=(iproute2)
+command -v sysctl >/dev/null 2>&1 || need+=(procps)
+command -v tshark >/dev/null 2>&1 || need+=(tshark)
+pick_python() {
+  for py in python3.13 python3.12 python3.11 python3; do
+    if command -v "$py" >/dev/null 2>&1 &&
+       "$py" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+      echo "$py"; return 0
+    fi
+  done
+  return 1
+}
+PY=$(pick_python || true)
+[ -n "$PY" ] || need+=(python3 python3-venv python3-dev)
+if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+  say "installing system packages: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true
+  apt-get update -qq >/dev/null || fail "apt-get update failed"
+  apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need[@]}" | sort -u) >/dev/null \
+    || fail "apt-get install ${need[*]} failed"
+  PY=${PY:-$(pick_python || true)}
+elif [ ${#need[@]} -gt 0 ]; then
+  say "warning: missing ${need[*]} and no apt-get; some tests will be skipped"
+fi
+[ -n "$PY" ] || fail "need Python >= 3.11 with venv (apt-get install python3 python3-venv)"
+
+# ---- virtualenv with mrc ----
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  say "creating .venv with $PY"
+  rm -rf .venv
+  "$PY" -m venv .venv || fail "python -m venv failed"
+fi
+stamp=.venv/.mrc-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  say "installing mrc and its dependencies into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  log=.venv/pip-install.log
+  if ! .venv/bin/python -m pip install -e '.[dev]' >"$log" 2>&1; then
+    tail -n 20 "$log" >&2
+    fail "pip install of mrc failed (full log in $log)"
+  fi
+  .venv/bin/python -c 'import mrc, pyroute2, pytest' || fail "mrc does not import after install"
+  touch "$stamp"
+fi
+say "ready: $(.venv/bin/python --version), mrc $(.venv/bin/python -c 'import mrc; print(mrc.__version__)')"
