@@ -31,6 +31,10 @@ class MemoryRegion:
     access: Access
     view: memoryview
     name: str = ""
+    writable: bool = False  # REMOTE_WRITE granted (a plain bool: checked per packet)
+
+    def __post_init__(self) -> None:
+        self.writable = bool(self.access & Access.REMOTE_WRITE)
 
     def describe(self) -> dict[str, object]:
         """What a peer needs to write here (sent over the side channel)."""

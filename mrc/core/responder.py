@@ -14,7 +14,7 @@ from mrc import wire
 from mrc.core.config import QPConfig
 from mrc.core.events import Event, ImmediateReceived
 from mrc.core.evset import EVSet
-from mrc.core.memory import Access, ProtectionDomain
+from mrc.core.memory import ProtectionDomain
 from mrc.core.psn import to_psn, to_seq
 from mrc.core.stats import QPStats
 
@@ -97,7 +97,7 @@ class Responder:
             stats.dropped_by_reason["out_of_bounds"] += 1
             self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_port)
             return
-        if not region.access & Access.REMOTE_WRITE:
+        if not region.writable:
             stats.dropped_by_reason["no_access"] += 1
             self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_port)
             return
