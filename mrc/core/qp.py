@@ -57,6 +57,8 @@ class QueuePair:
 
     def connect(self, remote_qpn: int, remote_initial_psn: int) -> None:
         """Bind to the peer QP (numbers exchanged out of band)."""
+        if not 0 < remote_qpn <= wire.QPN_MASK:
+            raise ValueError(f"peer QP number {remote_qpn} is not a 24-bit QP number")
         self.remote_qpn = remote_qpn
         self.requester.remote_qpn = remote_qpn
         self.responder.remote_qpn = remote_qpn

@@ -1,0 +1,396 @@
+"""Check our wire format against an independent decoder: Wireshark's RoCEv2 dissector (tshark).
+
+Real datagrams built with ``mrc.wire`` are sent over IPv6 loopback, captured on ``lo`` by tshark,
+and decoded again by tshark; every header field tshark reports must be exactly what we packed.
+The behaviours of tshark that docs/PROTOCOL.md describes (the last 4 bytes of a data packet are
+shown as an ICRC, the MRC ACK extension is not decoded, probes are "vendor specific", a
+non-default port needs Decode As) are pinned here too, so the document stays true.
+
+One capture (about 2 s) serves the whole module. Skipped when tshark is missing or cannot capture
+on ``lo`` (it needs root or the wireshark group).
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from mrc import wire
+
+TSHARK = shutil.which("tshark")
+
+pytestmark = pytest.mark.skipif(
+    TSHARK is None,
+    reason="tshark not on PATH (Debian/Ubuntu: apt-get install tshark)",
+)
+
+ALT_PORT = 18515  # a non-default MRC port; nothing in Wireshark claims it
+CAPTURE_START_TIMEOUT = 10.0
+CAPTURE_END_TIMEOUT = 8.0
+
+QPN = 0x1A2B3C
+ACK_QPN = 0x0C0FFE
+BITMAP = 0xF0F0_0000_FFFF_0001
+
+FIELDS = [
+    "frame.number",
+    "udp.srcport",
+    "udp.dstport",
+    "udp.length",
+    "udp.payload",
+    "infiniband.bth.opcode",
+    "infiniband.bth.se",
+    "infiniband.bth.m",
+    "infiniband.bth.padcnt",
+    "infiniband.bth.tver",
+    "infiniband.bth.p_key",
+    "infiniband.reserved",  # BTH byte 4: FECN/BECN and MRC's TRIMMED/LASTHOP marks
+    "infiniband.bth.destqp",
+    "infiniband.bth.a",
+    "infiniband.bth.reserved7",  # BTH byte 8 below the A bit: MRC's S flag is 0x40
+    "infiniband.bth.psn",
+    "infiniband.reth.va",
+    "infiniband.reth.r_key",
+    "infiniband.reth.dmalen",
+    "infiniband.immdt",
+    "infiniband.aeth.syndrome",
+    "infiniband.aeth.syndrome.opcode",
+    "infiniband.aeth.syndrome.credit_count",
+    "infiniband.aeth.syndrome.error_code",
+    "infiniband.aeth.msn",
+    "infiniband.invariant.crc",
+    "infiniband.vendor",
+    "data.data",
+]
+
+
+@dataclass
+class Sent:
+    name: str
+    dport: int
+    data: bytes
+
+
+def _payload(n: int, seed: int) -> bytes:
+    return bytes((seed + 7 * i) & 0xFF for i in range(n))
+
+
+def _packets(sport: int) -> list[Sent]:
+    write_payload = _payload(64, 1)
+    imm_payload = _payload(32, 2)
+    trimmed = bytearray(
+        wire.pack_data(QPN, 0x000042, 0x1_0000_0000, 0x1234_5678, 1400, False, None)
+    )
+    trimmed[4] |= wire.BTH_TRIMMED | wire.BTH_LASTHOP
+    secure = bytearray(wire.pack_data(QPN, 0x000043, 0x1_0000_0578, 0x1234_5678, 16, False, None))
+    secure[8] |= wire.BTH_SECURE
+    nak = wire.AETH_NAK_BASE
+    return [
+        Sent(
+            "write",
+            wire.DEFAULT_PORT,
+            wire.pack_data(QPN, 0xABCDEF, 0x1_0000_2000, 0xDEAD_BEEF, 64, False, None)
+            + write_payload,
+        ),
+        Sent(
+            "write_imm",
+            wire.DEFAULT_PORT,
+            wire.pack_data(QPN, 0xFFFFFF, 0x1_0001_0040, 0x0BAD_F00D, 32, True, 0xCAFE_BABE)
+            + imm_payload,
+        ),
+        Sent(
+            "ack",
+            wire.DEFAULT_PORT,
+            wire.pack_ack(ACK_QPN, 0x000123, wire.AETH_ACK, 0x000125, 0x000100, BITMAP, sport),
+        ),
+        Sent(
+            "nack_trimmed",
+            wire.DEFAULT_PORT,
+            wire.pack_ack(
+                ACK_QPN, 0x000123, nak | wire.NackCode.TRIMMED, 0x000130, 0x000100, BITMAP, 50001
+            ),
+        ),
+        Sent(
+            "nack_trimmed_lasthop",
+            wire.DEFAULT_PORT,
+            wire.pack_ack(
+                ACK_QPN,
+                0x000123,
+                nak | wire.NackCode.TRIMMED_LASTHOP,
+                0x000131,
+                0x000100,
+                BITMAP,
+                50002,
+            ),
+        ),
+        Sent(
+            "nack_access",
+            wire.DEFAULT_PORT,
+            wire.pack_ack(
+                ACK_QPN,
+                0x000123,
+                nak | wire.NackCode.REMOTE_ACCESS_ERROR,
+                0x000124,
+                0x000100,
+                BITMAP,
+                50003,
+            ),
+        ),
+        Sent("trimmed", wire.DEFAULT_PORT, bytes(trimmed)),
+        Sent("secure", wire.DEFAULT_PORT, bytes(secure) + _payload(16, 3)),
+        Sent(
+            "probe",
+            wire.DEFAULT_PORT,
+            wire.pack_probe(ACK_QPN, 7, 50004, 0x1122_3344_5566_7788, reply=False),
+        ),
+        Sent(
+            "probe_reply",
+            wire.DEFAULT_PORT,
+            wire.pack_probe(QPN, 7, 50004, 0x1122_3344_5566_7788, reply=True),
+        ),
+        Sent(
+            "alt_write",
+            ALT_PORT,
+            wire.pack_data(QPN, 0x000001, 0x1_0000_4000, 0x0000_0ACE, 24, True, None)
+            + _payload(24, 4),
+        ),
+    ]
+
+
+def _wait_capturing(proc: subprocess.Popen[bytes]) -> str:
+    """Read tshark's stderr until it reports the capture started; return what it said."""
+    assert proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    said = b""
+    deadline = time.monotonic() + CAPTURE_START_TIMEOUT
+    try:
+        while b"Capturing on" not in said:
+            left = deadline - time.monotonic()
+            if left <= 0 or proc.poll() is not None:
+                break
+            if sel.select(left):
+                chunk = os.read(proc.stderr.fileno(), 4096)
+                if not chunk:
+                    break
+                said += chunk
+    finally:
+        sel.close()
+    return said.decode(errors="replace")
+
+
+def _decode(pcap: str, *extra: str) -> list[dict[str, list[str]]]:
+    """tshark's reading of ``pcap``: per frame, each field's values (all occurrences)."""
+    cmd = [
+        TSHARK,
+        "-r",
+        pcap,
+        *extra,
+        "-T",
+        "fields",
+        "-E",
+        "separator=\t",
+        "-E",
+        "occurrence=a",
+        "-E",
+        "aggregator=,",
+    ]
+    for f in FIELDS:
+        cmd += ["-e", f]
+    res = subprocess.run(cmd, capture_output=True, timeout=30, check=False)
+    assert res.returncode == 0, res.stderr.decode(errors="replace")
+    frames = []
+    for line in res.stdout.decode().splitlines():
+        cols = line.split("\t")
+        frames.append({f: (v.split(",") if v else []) for f, v in zip(FIELDS, cols, strict=True)})
+    return frames
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    try:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        sock.bind(("::1", 0))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    sport = sock.getsockname()[1]
+    packets = _packets(sport)
+    pcap = str(tmp_path_factory.mktemp("tshark") / "mrc.pcap")
+    # Filter on our own source port so other traffic on port 4791 (parallel tests) stays out.
+    bpf = f"udp and src port {sport} and (dst port {wire.DEFAULT_PORT} or dst port {ALT_PORT})"
+    proc = subprocess.Popen(
+        [TSHARK, "-i", "lo", "-f", bpf, "-c", str(len(packets)), "-a", "duration:20", "-w", pcap],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        said = _wait_capturing(proc)
+        if "Capturing on" not in said:
+            pytest.skip(f"tshark cannot capture on lo (needs root or the wireshark group): {said}")
+        time.sleep(0.2)  # "Capturing on" is printed as the capture opens; let it settle
+        for p in packets:
+            sock.sendto(p.data, ("::1", p.dport))
+        try:
+            proc.wait(timeout=CAPTURE_END_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"tshark did not see all {len(packets)} datagrams on lo")
+    finally:
+        sock.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    default = _decode(pcap)
+    assert len(default) == len(packets)
+    by_payload = {p.data.hex(): p.name for p in packets}
+    frames = {}
+    for fr in default:
+        frames[by_payload[fr["udp.payload"][0]]] = fr
+    assert sorted(frames) == sorted(p.name for p in packets)
+    return {
+        "pcap": pcap,
+        "sport": sport,
+        "sent": {p.name: p for p in packets},
+        "frames": frames,
+    }
+
+
+def _int(fr: dict[str, list[str]], field: str) -> int:
+    values = fr[field]
+    assert values, f"tshark reported no {field}"
+    return int(values[0], 0)
+
+
+def _check_bth(fr: dict[str, list[str]], opcode: int, qpn: int, psn: int, ackreq: bool) -> None:
+    assert _int(fr, "infiniband.bth.opcode") == opcode
+    assert _int(fr, "infiniband.bth.destqp") == qpn
+    assert _int(fr, "infiniband.bth.psn") == psn
+    assert _int(fr, "infiniband.bth.a") == int(ackreq)
+    assert _int(fr, "infiniband.bth.tver") == wire.MRC_TVER
+    assert _int(fr, "infiniband.bth.p_key") == wire.DEFAULT_PKEY
+    assert _int(fr, "infiniband.bth.se") == 0
+    assert _int(fr, "infiniband.bth.m") == 0
+    assert _int(fr, "infiniband.bth.padcnt") == 0
+
+
+def test_rdma_write_only(capture: dict) -> None:
+    fr = capture["frames"]["write"]
+    payload = capture["sent"]["write"].data[wire.DATA_HDR_LEN :]
+    assert _int(fr, "udp.srcport") == capture["sport"]
+    assert _int(fr, "udp.dstport") == wire.DEFAULT_PORT
+    assert _int(fr, "udp.length") == 8 + wire.DATA_HDR_LEN + 64
+    _check_bth(fr, wire.Opcode.RDMA_WRITE_ONLY, QPN, 0xABCDEF, ackreq=False)
+    assert _int(fr, "infiniband.reth.va") == 0x1_0000_2000
+    assert _int(fr, "infiniband.reth.r_key") == 0xDEAD_BEEF
+    assert _int(fr, "infiniband.reth.dmalen") == 64
+    assert fr["infiniband.immdt"] == []
+    assert fr["infiniband.aeth.syndrome"] == []
+    # We send no ICRC; tshark takes the last 4 bytes of the payload for one (docs/PROTOCOL.md).
+    assert _int(fr, "infiniband.invariant.crc") == int.from_bytes(payload[-4:], "big")
+    assert fr["data.data"] == [payload[:-4].hex()]
+
+
+def test_rdma_write_only_with_immediate(capture: dict) -> None:
+    fr = capture["frames"]["write_imm"]
+    payload = capture["sent"]["write_imm"].data[wire.DATA_IMM_HDR_LEN :]
+    assert _int(fr, "udp.length") == 8 + wire.DATA_IMM_HDR_LEN + 32
+    _check_bth(fr, wire.Opcode.RDMA_WRITE_ONLY_IMM, QPN, 0xFFFFFF, ackreq=True)
+    assert _int(fr, "infiniband.reth.va") == 0x1_0001_0040
+    assert _int(fr, "infiniband.reth.r_key") == 0x0BAD_F00D
+    assert _int(fr, "infiniband.reth.dmalen") == 32
+    assert set(fr["infiniband.immdt"]) == {"cafebabe"}
+    assert _int(fr, "infiniband.invariant.crc") == int.from_bytes(payload[-4:], "big")
+
+
+def test_ack(capture: dict) -> None:
+    fr = capture["frames"]["ack"]
+    assert _int(fr, "udp.length") == 8 + wire.ACK_LEN
+    _check_bth(fr, wire.Opcode.ACKNOWLEDGE, ACK_QPN, 0x000123, ackreq=False)
+    assert _int(fr, "infiniband.aeth.syndrome") == wire.AETH_ACK
+    assert _int(fr, "infiniband.aeth.syndrome.opcode") == 0  # ACK
+    assert _int(fr, "infiniband.aeth.syndrome.credit_count") == 0x1F  # "invalid": no credits
+    assert _int(fr, "infiniband.aeth.msn") == 0
+    assert fr["infiniband.reth.va"] == []
+    # tshark stops after the AETH: the 20-byte MRC extension is carried but not decoded.
+    ext = bytes.fromhex(fr["udp.payload"][0])[wire.BTH_LEN + 4 :]
+    assert ext == (0x000125).to_bytes(4, "big") + (0x000100).to_bytes(4, "big") + (
+        BITMAP.to_bytes(8, "big") + capture["sport"].to_bytes(2, "big") + b"\xff\xff"
+    )
+    assert fr["data.data"] == []
+    assert fr["infiniband.invariant.crc"] == []
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "subject"),
+    [
+        ("nack_trimmed", wire.NackCode.TRIMMED, 0x000130),
+        ("nack_trimmed_lasthop", wire.NackCode.TRIMMED_LASTHOP, 0x000131),
+        ("nack_access", wire.NackCode.REMOTE_ACCESS_ERROR, 0x000124),
+    ],
+)
+def test_nack(capture: dict, name: str, code: int, subject: int) -> None:
+    fr = capture["frames"][name]
+    assert _int(fr, "udp.length") == 8 + wire.ACK_LEN
+    _check_bth(fr, wire.Opcode.ACKNOWLEDGE, ACK_QPN, 0x000123, ackreq=False)
+    assert _int(fr, "infiniband.aeth.syndrome") == wire.AETH_NAK_BASE | code
+    assert _int(fr, "infiniband.aeth.syndrome.opcode") == 3  # NAK
+    assert _int(fr, "infiniband.aeth.syndrome.error_code") == code
+    assert wire.parse_ack(bytes.fromhex(fr["udp.payload"][0])).subject_psn == subject
+
+
+def test_trimmed_packet_marks_and_length(capture: dict) -> None:
+    """A header-only packet: RETH still says 1400 bytes; byte 4 carries TRIMMED|LASTHOP."""
+    fr = capture["frames"]["trimmed"]
+    assert _int(fr, "udp.length") == 8 + wire.DATA_HDR_LEN
+    _check_bth(fr, wire.Opcode.RDMA_WRITE_ONLY, QPN, 0x000042, ackreq=False)
+    assert _int(fr, "infiniband.reth.dmalen") == 1400
+    assert fr["infiniband.reserved"] == [f"{wire.BTH_TRIMMED | wire.BTH_LASTHOP:02x}"]
+    assert _int(fr, "infiniband.bth.reserved7") == 0
+    # With no payload tshark's "ICRC" overlaps the last 4 RETH bytes (the DMA length).
+    assert _int(fr, "infiniband.invariant.crc") == 1400
+    assert capture["frames"]["write"]["infiniband.reserved"] == ["00"]
+
+
+def test_security_flag_is_a_reserved_bit_to_tshark(capture: dict) -> None:
+    fr = capture["frames"]["secure"]
+    _check_bth(fr, wire.Opcode.RDMA_WRITE_ONLY, QPN, 0x000043, ackreq=False)
+    assert _int(fr, "infiniband.bth.reserved7") == wire.BTH_SECURE
+    assert _int(fr, "infiniband.reth.dmalen") == 16
+
+
+@pytest.mark.parametrize(
+    ("name", "opcode", "qpn"),
+    [
+        ("probe", wire.Opcode.PROBE, ACK_QPN),
+        ("probe_reply", wire.Opcode.PROBE_REPLY, QPN),
+    ],
+)
+def test_probe_opcodes_are_vendor_specific(capture: dict, name: str, opcode: int, qpn: int) -> None:
+    fr = capture["frames"][name]
+    assert _int(fr, "udp.length") == 8 + wire.PROBE_LEN
+    _check_bth(fr, opcode, qpn, 7, ackreq=False)
+    ext = capture["sent"][name].data[wire.BTH_LEN :].hex()
+    assert ext in fr["infiniband.vendor"]  # "Unknown/Vendor Specific Data", undecoded
+
+
+def test_non_default_port_needs_decode_as(capture: dict) -> None:
+    pcap = capture["pcap"]
+    fr = next(f for f in _decode(pcap) if _int(f, "udp.dstport") == ALT_PORT)
+    assert fr["infiniband.bth.opcode"] == []  # not recognised as RoCEv2 by port alone
+    for extra in (
+        ["-d", f"udp.port=={ALT_PORT},infiniband"],
+        ["-o", f"infiniband.rroce.port:{ALT_PORT}"],
+    ):
+        fr = next(f for f in _decode(pcap, *extra) if _int(f, "udp.dstport") == ALT_PORT)
+        _check_bth(fr, wire.Opcode.RDMA_WRITE_ONLY, QPN, 1, ackreq=True)
+        assert _int(fr, "infiniband.reth.va") == 0x1_0000_4000
+        assert _int(fr, "infiniband.reth.r_key") == 0x0ACE
+        assert _int(fr, "infiniband.reth.dmalen") == 24
