@@ -1,0 +1,432 @@
+"""``mrc-fabric``: build, inspect, break and remove multi-plane SRv6 test fabrics.
+
+Every failure the user can cause ends as ONE line on stderr, ``mrc-fabric: error: ...``, with
+exit code 2 for bad arguments and 1 for everything else; never a traceback (set
+MRC_DEBUG=1 to get one for an unexpected internal error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import NoReturn
+
+from mrc.fabric import Fabric, FabricError, FabricSpec, SpecError, load_topology
+from mrc.fabric import netns as nsutil
+from mrc.fabric.builder import require_root
+from mrc.fabric.spec import NAME_RE
+from mrc.fabric.topology import Topology, topology_path
+
+PROG = "mrc-fabric"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line (argparse prints usage + message by default)."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{PROG}: error: {message} (see {PROG} --help)\n")
+        sys.exit(2)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description=(
+            "Multi-plane two-tier (leaf/spine) SRv6 fabrics of Linux routers in network"
+            " namespaces, with static routes only. Needs root. See docs/FABRIC.md."
+        ),
+        epilog=(
+            "examples:\n"
+            "  mrc-fabric up                         # 4 planes x (2 spines, 2 leaves), 4 hosts\n"
+            "  mrc-fabric up --planes 2 --rate 200mbit --name demo\n"
+            "  mrc-fabric paths h0 h3                # SRv6 paths: plane x spine\n"
+            "  mrc-fabric ping h0 h3 --via p0s1      # ICMPv6 echo over spine p0s1\n"
+            "  mrc-fabric link down p0l0 p0s1        # fail a link; 'link up' heals it\n"
+            "  mrc-fabric status\n"
+            "  mrc-fabric exec h0 -- ip -6 addr\n"
+            "  mrc-fabric down\n"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def name_opt(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--name", default="mrc", help="fabric name (default: mrc)")
+
+    up = sub.add_parser(
+        "up",
+        help="build a fabric and write /run/mrc/fabric-NAME.json",
+        description=(
+            "Build a fabric: per plane, every leaf links to every spine and hosts are split"
+            " evenly over the leaves; every host has one NIC per plane (named p0, p1, ...)."
+        ),
+    )
+    name_opt(up)
+    up.add_argument("--planes", type=_positive_int, default=4, help="planes (default 4)")
+    up.add_argument("--spines", type=_positive_int, default=2, help="spines per plane (default 2)")
+    up.add_argument("--leaves", type=_positive_int, default=2, help="leaves per plane (default 2)")
+    up.add_argument("--hosts", type=_positive_int, default=4, help="hosts, at least 2 (default 4)")
+    up.add_argument("--rate", help="shape every link, both directions, with tbf (e.g. 200mbit)")
+    up.add_argument("--mtu", type=_positive_int, default=1500, help="MTU of every fabric link")
+    up.add_argument("--json", action="store_true", help="print the topology JSON on stdout")
+
+    down = sub.add_parser(
+        "down",
+        help="remove a fabric (idempotent; works without the topology file)",
+        description=(
+            "Remove every namespace named mrc-NAME-<node> (and with them every veth), kill"
+            " processes left inside them, delete the topology file. Touches nothing else."
+        ),
+    )
+    name_opt(down)
+
+    st = sub.add_parser(
+        "status",
+        help="per-link state and counters at both ends",
+        description="For every link: admin/oper state at both ends, tx/rx packets and bytes,"
+        " drops (interface rx/tx dropped + tbf drops).",
+    )
+    name_opt(st)
+    st.add_argument("--json", action="store_true", help="print JSON")
+
+    lk = sub.add_parser(
+        "link",
+        help="fail or heal the link between two nodes",
+        description="Set both ends of the link between nodes A and B down or up, e.g."
+        " 'link down h0 p0l0' or 'link up p0l0 p0s1'. 'up' also re-installs the static"
+        " routes and neighbours the kernel dropped when the link went down.",
+    )
+    lk.add_argument("state", choices=["down", "up"])
+    lk.add_argument("a", metavar="A", help="node, e.g. h0, p0l0, p0s1")
+    lk.add_argument("b", metavar="B", help="node at the other end")
+    name_opt(lk)
+
+    ex = sub.add_parser(
+        "exec",
+        help="run a command inside a node's namespace",
+        description="Run CMD inside the namespace of NODE (host h0 or router p0l0...);"
+        " its exit code is passed through.",
+    )
+    name_opt(ex)
+    ex.add_argument("node", metavar="NODE")
+    ex.add_argument("cmd", metavar="-- CMD", nargs=argparse.REMAINDER)
+
+    sub.add_parser(
+        "list",
+        help="list fabrics on this machine",
+        description="List fabrics found by namespace name and by topology file.",
+    ).add_argument("--json", action="store_true", help="print JSON")
+
+    pa = sub.add_parser(
+        "paths",
+        help="list SRv6 paths between two hosts",
+        description="Every path from SRC to DST: one per plane and spine (segment list"
+        " [spine SID, DST address]), plus the direct path when both share a leaf.",
+    )
+    name_opt(pa)
+    pa.add_argument("src", metavar="SRC")
+    pa.add_argument("dst", metavar="DST")
+    pa.add_argument("--json", action="store_true", help="print JSON")
+
+    pg = sub.add_parser(
+        "ping",
+        help="ICMPv6 echo between two hosts, optionally over a chosen spine",
+        description="Ping DST from SRC in one plane; with --via SPINE the request carries an"
+        " SRH that steers it through that spine (replies take the default path).",
+    )
+    name_opt(pg)
+    pg.add_argument("src", metavar="SRC")
+    pg.add_argument("dst", metavar="DST")
+    pg.add_argument(
+        "--plane", type=_positive_int, default=None, help="plane (default 0, or the plane of --via)"
+    )
+    pg.add_argument("--via", metavar="SPINE", help="spine to go through, e.g. p0s1")
+    pg.add_argument("-c", "--count", type=_positive_int, default=3)
+    pg.add_argument("-W", "--timeout", type=float, default=1.0, help="seconds per reply")
+    return p
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    spec = FabricSpec(
+        name=args.name,
+        planes=args.planes,
+        spines=args.spines,
+        leaves=args.leaves,
+        hosts=args.hosts,
+        rate=args.rate,
+        mtu=args.mtu,
+    )
+    spec.validate()
+    require_root()
+    t0 = time.monotonic()
+    topo = Fabric.up(spec)
+    took = time.monotonic() - t0
+    if args.json:
+        print(json.dumps(topo.to_dict(), indent=2))
+        return 0
+    print(
+        f"fabric {topo.name} up in {took:.2f}s: {topo.planes} planes x ({topo.spines_per_plane}"
+        f" spines + {topo.leaves_per_plane} leaves), {len(topo.hosts)} hosts,"
+        f" {len(topo.links)} links, mtu {topo.mtu}, rate {topo.rate or 'unshaped'}"
+    )
+    print(f"topology: {topology_path(topo.name)}")
+    _print_hosts(topo)
+    return 0
+
+
+def _print_hosts(topo: Topology) -> None:
+    for h in topo.hosts:
+        nics = "  ".join(f"{n.nic}={n.address}({n.leaf})" for n in h.nics)
+        print(f"  {h.name:<4} {h.netns:<18} {nics}")
+    for plane in range(topo.planes):
+        sids = "  ".join(f"{r.name}={r.sid}" for r in topo.routers if r.plane == plane)
+        print(f"  plane {plane} SIDs: {sids}")
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    if not NAME_RE.match(args.name):
+        raise SpecError(f"bad fabric name {args.name!r}")
+    removed = Fabric.down(args.name)
+    if removed:
+        print(f"fabric {args.name}: removed {len(removed)} namespaces")
+    else:
+        print(f"fabric {args.name}: nothing to remove")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    require_root()
+    st = Fabric.status(load_topology(args.name))
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    if st["missing_nodes"]:
+        print(f"MISSING namespaces for: {' '.join(st['missing_nodes'])}")
+    hdr = (
+        "LINK",
+        "PLANE",
+        "STATE",
+        "END",
+        "ADMIN",
+        "CARRIER",
+        "TX_PKTS",
+        "RX_PKTS",
+        "TX_BYTES",
+        "RX_BYTES",
+        "DROPS",
+    )
+    fmt = "{:<14} {:>5} {:<5} {:<10} {:<5} {:<7} {:>9} {:>9} {:>11} {:>11} {:>6}"
+    print(fmt.format(*hdr))
+    for lk in st["links"]:
+        for i, (node, end) in enumerate(((lk["a"], lk["a_end"]), (lk["b"], lk["b_end"]))):
+            first = i == 0
+            label = f"{lk['a']}--{lk['b']}" if first else ""
+            if not end.get("present"):
+                print(
+                    fmt.format(
+                        label,
+                        lk["plane"] if first else "",
+                        "down" if first else "",
+                        f"{node}:{end['ifname']}",
+                        "-",
+                        "missing",
+                        *["-"] * 5,
+                    )
+                )
+                continue
+            drops = end["rx_dropped"] + end["tx_dropped"] + end["qdisc_drops"]
+            print(
+                fmt.format(
+                    label,
+                    lk["plane"] if first else "",
+                    ("up" if lk["up"] else "DOWN") if first else "",
+                    f"{node}:{end['ifname']}",
+                    "up" if end["admin_up"] else "down",
+                    "yes" if end["carrier"] else "no",
+                    end["tx_packets"],
+                    end["rx_packets"],
+                    end["tx_bytes"],
+                    end["rx_bytes"],
+                    drops,
+                )
+            )
+    return 0
+
+
+def _cmd_link(args: argparse.Namespace) -> int:
+    require_root()
+    topo = load_topology(args.name)
+    link = Fabric.link(topo, args.a, args.b, args.state == "up")
+    print(
+        f"link {link.a}:{link.a_ifname} -- {link.b}:{link.b_ifname} (plane {link.plane})"
+        f" is {args.state}"
+    )
+    return 0
+
+
+def _resolve_netns(name: str, node: str) -> str:
+    """Namespace of ``node``: from the topology file, else by naming pattern (after a crash)."""
+    try:
+        return load_topology(name).netns_of(node)
+    except SpecError:
+        raise
+    except FabricError:
+        for ns in (node, f"mrc-{name}-{node}"):
+            if ns.startswith(f"mrc-{name}-") and nsutil.exists(ns):
+                return ns
+        raise FabricError(f"no fabric {name!r} with a node {node!r}") from None
+
+
+def _cmd_exec(args: argparse.Namespace) -> int:
+    require_root()
+    cmd = list(args.cmd)
+    if cmd and cmd[0].startswith("-") and "--" in cmd:
+        # argparse drops the first "--" but its REMAINDER swallows options given after NODE
+        # (exec h0 --name x -- cmd): parse those ourselves
+        cut = cmd.index("--")
+        pre, cmd = cmd[:cut], cmd[cut + 1 :]
+        while pre:
+            opt = pre.pop(0)
+            if opt == "--name" and pre:
+                args.name = pre.pop(0)
+            elif opt.startswith("--name="):
+                args.name = opt.split("=", 1)[1]
+            else:
+                raise SpecError(f"exec: unexpected argument {opt!r} before '--'")
+    if not cmd:
+        raise SpecError("exec needs a command: mrc-fabric exec NODE -- CMD [ARGS...]")
+    ns = _resolve_netns(args.name, args.node)
+    sys.stdout.flush()
+    nsutil.enter_for_exec(ns)
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as e:
+        sys.stderr.write(f"{PROG}: error: cannot run {cmd[0]!r} in {ns}: {e.strerror}\n")
+        return 127
+    return 0  # not reached
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    fabrics = Fabric.list()
+    if args.json:
+        print(json.dumps(fabrics, indent=2))
+        return 0
+    if not fabrics:
+        print("no fabrics")
+    for name, info in fabrics.items():
+        where = info["topology"] or "(no topology file)"
+        print(f"{name:<16} {info['namespaces']:>4} namespaces  {where}")
+    return 0
+
+
+def _cmd_paths(args: argparse.Namespace) -> int:
+    from mrc.srv6.paths import list_paths
+
+    topo = load_topology(args.name)
+    topo.host(args.src), topo.host(args.dst)
+    if topo.canonical(args.src) == topo.canonical(args.dst):
+        raise SpecError("SRC and DST are the same host")
+    paths = list_paths(topo, args.src, args.dst)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "plane": p.plane,
+                        "spine": p.spine,
+                        "segments": list(p.segments),
+                        "src_address": p.src_address,
+                        "dst_address": p.dst_address,
+                    }
+                    for p in paths
+                ],
+                indent=2,
+            )
+        )
+        return 0
+    for p in paths:
+        via = p.spine or "direct"
+        print(f"plane {p.plane}  via {via:<7} {p.src_address} -> [{', '.join(p.segments)}]")
+    return 0
+
+
+def _cmd_ping(args: argparse.Namespace) -> int:
+    from mrc.fabric.probe import ping
+    from mrc.srv6.paths import default_path, path_via
+
+    require_root()
+    topo = load_topology(args.name)
+    src, dst = topo.host(args.src), topo.host(args.dst)
+    if src.name == dst.name:
+        raise SpecError("SRC and DST are the same host")
+    if args.via:
+        spine = topo.router(args.via)
+        if spine.tier != "spine":
+            raise SpecError(f"--via {args.via}: not a spine")
+        if args.plane is not None and args.plane != spine.plane:
+            raise SpecError(f"--via {args.via} is in plane {spine.plane}, not {args.plane}")
+        path = path_via(topo, src.name, dst.name, spine.name)
+    else:
+        plane = args.plane or 0
+        if not 0 <= plane < topo.planes:
+            raise SpecError(f"--plane {plane}: fabric has planes 0..{topo.planes - 1}")
+        path = default_path(topo, src.name, dst.name, plane)
+    res = ping(path, count=args.count, timeout=args.timeout)
+    via = f"via {path.spine} " if path.spine else ""
+    rtts = " ".join(f"{r:.3f}" for r in res.rtts_ms)
+    print(
+        f"{path.src_address} -> {path.dst_address} {via}(plane {path.plane}):"
+        f" {res.received}/{res.sent} replies  rtt ms: {rtts or '-'}"
+    )
+    return 0 if res.received == res.sent else 1
+
+
+COMMANDS = {
+    "up": _cmd_up,
+    "down": _cmd_down,
+    "status": _cmd_status,
+    "link": _cmd_link,
+    "exec": _cmd_exec,
+    "list": _cmd_list,
+    "paths": _cmd_paths,
+    "ping": _cmd_ping,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except FabricError as e:
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        return e.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: error: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        # stdout closed early (e.g. piped into head): not an error worth a message
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as e:  # noqa: BLE001 - the contract is "one line, never a traceback"
+        if os.environ.get("MRC_DEBUG"):
+            raise
+        sys.stderr.write(f"{PROG}: error: internal error: {type(e).__name__}: {e}\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

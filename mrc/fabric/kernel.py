@@ -1,0 +1,151 @@
+"""Thin pyroute2 helpers: one netlink handle per namespace, and the few operations we need.
+
+Why a helper: every namespace gets exactly one ``IPRoute`` opened from inside it (see
+:mod:`mrc.fabric.netns`), reused for every operation, so bringing up a fabric costs no process
+per namespace or per operation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterable, Iterator
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from . import netns
+from .routes import Neighbour, Route
+
+IFA_F_NODAD = 0x02
+NUD_PERMANENT = 0x80
+IFF_UP = 0x1
+IFF_LOWER_UP = 0x10000
+
+
+class NsHandle:
+    """A netlink socket bound to one namespace plus its ifname -> ifindex cache."""
+
+    def __init__(self, ns: str) -> None:
+        self.ns = ns
+        with netns.entered(ns):
+            self.ipr = IPRoute()
+        self._index: dict[str, int] = {}
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.ipr.close()
+
+    def index(self, ifname: str) -> int:
+        if ifname not in self._index:
+            self.refresh()
+        return self._index[ifname]
+
+    def refresh(self) -> None:
+        self._index = {link.get("ifname"): link["index"] for link in self.ipr.link("dump")}
+
+    def set_state(self, ifname: str, up: bool) -> None:
+        self.ipr.link("set", index=self.index(ifname), state="up" if up else "down")
+
+    def add_address(self, ifname: str, address: str, prefixlen: int) -> None:
+        """Add with IFA_F_NODAD: usable at once, no duplicate address detection wait."""
+        try:
+            self.ipr.addr(
+                "add",
+                index=self.index(ifname),
+                family=socket.AF_INET6,
+                address=address,
+                prefixlen=prefixlen,
+                flags=IFA_F_NODAD,
+            )
+        except NetlinkError as e:
+            if e.code != 17:  # EEXIST: already there, fine
+                raise
+
+    def apply_routes(self, routes: Iterable[Route]) -> None:
+        """``replace`` so re-applying after a link heal is idempotent."""
+        for r in routes:
+            self.ipr.route(
+                "replace",
+                family=socket.AF_INET6,
+                dst=r.dst,
+                gateway=r.gateway,
+                oif=self.index(r.ifname),
+            )
+
+    def apply_neighbours(self, neighbours: Iterable[Neighbour]) -> None:
+        for n in neighbours:
+            self.ipr.neigh(
+                "replace",
+                family=socket.AF_INET6,
+                dst=n.address,
+                lladdr=n.mac,
+                ifindex=self.index(n.ifname),
+                state=NUD_PERMANENT,
+            )
+
+    def shape(self, ifname: str, rate_bps: int, mtu: int) -> None:
+        """Root tbf on ``ifname``: rate ``rate_bps``, ~1 ms of burst, ~10 ms of queue.
+
+        Burst must hold at least a couple of full frames or tbf drops them; the queue is kept
+        short on purpose (MRC wants shallow buffers; trimming will come later).
+        """
+        rate_Bps = rate_bps // 8
+        burst = max(rate_Bps // 1000, 2 * (mtu + 14), 3200)
+        limit = max(rate_Bps // 100, burst + 4 * (mtu + 14))
+        self.ipr.tc(
+            "replace",
+            "tbf",
+            index=self.index(ifname),
+            handle="1:",
+            rate=rate_Bps,
+            burst=burst,
+            limit=limit,
+        )
+
+    def links(self) -> list[dict]:
+        """Interface facts for status: admin/oper state and 64-bit counters."""
+        out = []
+        for link in self.ipr.link("dump"):
+            stats = link.get("IFLA_STATS64") or {}
+            out.append(
+                {
+                    "ifname": link.get("ifname"),
+                    "index": link["index"],
+                    "admin_up": bool(link["flags"] & IFF_UP),
+                    # carrier is immediate; operstate lags behind it (linkwatch, up to ~1 s)
+                    "carrier": bool(link["flags"] & IFF_LOWER_UP),
+                    "oper": (link.get("IFLA_OPERSTATE") or "UNKNOWN").lower(),
+                    "mtu": link.get("IFLA_MTU"),
+                    "rx_packets": stats.get("rx_packets", 0),
+                    "tx_packets": stats.get("tx_packets", 0),
+                    "rx_bytes": stats.get("rx_bytes", 0),
+                    "tx_bytes": stats.get("tx_bytes", 0),
+                    "rx_dropped": stats.get("rx_dropped", 0),
+                    "tx_dropped": stats.get("tx_dropped", 0),
+                }
+            )
+        return out
+
+    def qdisc_drops(self) -> dict[int, int]:
+        """Drops counted by root qdiscs (tbf overflow), by ifindex."""
+        drops: dict[int, int] = {}
+        for q in self.ipr.get_qdiscs():
+            stats = q.get("TCA_STATS2")
+            queue = stats.get("TCA_STATS_QUEUE") if stats else None
+            if queue is not None and q.get("TCA_KIND") != "noqueue":
+                drops[q["index"]] = drops.get(q["index"], 0) + queue.get("drops", 0)
+        return drops
+
+
+@contextlib.contextmanager
+def handles(namespaces: Iterable[str]) -> Iterator[dict[str, NsHandle]]:
+    """Open one handle per namespace; close them all on exit."""
+    opened: dict[str, NsHandle] = {}
+    try:
+        for ns in namespaces:
+            opened[ns] = NsHandle(ns)
+        yield opened
+    finally:
+        for h in opened.values():
+            h.close()

@@ -1,0 +1,124 @@
+"""Enumerate the source-routed paths between two fabric hosts, and open sockets on them.
+
+In a two-tier plane every path between two hosts is chosen by one decision: which spine to
+turn at.  So a path is (plane, spine), and its segment list is ``[spine SID, destination
+address]``.  Hosts under the same leaf also get every leaf -> spine -> leaf detour (so traffic
+can be sprayed over all spines, like everything else) plus the direct path through the leaf,
+which carries no SRH at all.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from mrc.fabric import netns
+from mrc.fabric.topology import Topology
+
+from .srh import IPV6_RTHDR, encode_srh
+
+
+@dataclass(frozen=True)
+class Path:
+    """One way from ``src`` to ``dst``.  ``segments`` is in travel order, destination last."""
+
+    src: str
+    dst: str
+    plane: int
+    spine: str | None  # None: no SRH, the packet follows the static routes (see default_path)
+    segments: tuple[str, ...]
+    src_address: str
+    dst_address: str
+    src_netns: str
+
+    @property
+    def direct(self) -> bool:
+        return self.spine is None
+
+    @property
+    def srh(self) -> bytes | None:
+        """The sticky IPV6_RTHDR value for this path, or None when no SRH is needed."""
+        return encode_srh(self.segments) if len(self.segments) > 1 else None
+
+
+def list_paths(topo: Topology, src: str, dst: str, planes: list[int] | None = None) -> list[Path]:
+    """Every path from host ``src`` to host ``dst``: for each plane, one per spine, in order;
+    when both hosts share a leaf, the plane's direct path follows its spine paths."""
+    s, d = topo.host(src), topo.host(dst)
+    if s.name == d.name:
+        raise ValueError("source and destination are the same host")
+    paths = []
+    for plane in planes if planes is not None else range(topo.planes):
+        sn, dn = s.nic(plane), d.nic(plane)
+        common = dict(
+            src=s.name,
+            dst=d.name,
+            plane=plane,
+            src_address=sn.address,
+            dst_address=dn.address,
+            src_netns=s.netns,
+        )
+        for spine in topo.spines(plane):
+            paths.append(Path(spine=spine.name, segments=(spine.sid, dn.address), **common))
+        if sn.leaf == dn.leaf:
+            paths.append(Path(spine=None, segments=(dn.address,), **common))
+    return paths
+
+
+def default_path(topo: Topology, src: str, dst: str, plane: int) -> Path:
+    """The plain, destination-routed path in ``plane`` (no SRH): straight through a shared
+    leaf, else leaf -> spine 0 -> leaf as the static routes say."""
+    s, d = topo.host(src), topo.host(dst)
+    sn, dn = s.nic(plane), d.nic(plane)
+    return Path(
+        src=s.name,
+        dst=d.name,
+        plane=plane,
+        spine=None,
+        segments=(dn.address,),
+        src_address=sn.address,
+        dst_address=dn.address,
+        src_netns=s.netns,
+    )
+
+
+def path_via(topo: Topology, src: str, dst: str, spine: str) -> Path:
+    """The path from ``src`` to ``dst`` turning at ``spine`` (e.g. ``p1s0``)."""
+    plane = topo.router(spine).plane
+    for p in list_paths(topo, src, dst, planes=[plane]):
+        if p.spine == topo.canonical(spine):
+            return p
+    raise ValueError(f"{spine} is not a spine")
+
+
+def open_path_socket(
+    path: Path,
+    *,
+    port: int = 0,
+    dst_port: int | None = None,
+    blocking: bool = True,
+    proto: int = socket.IPPROTO_UDP,
+) -> socket.socket:
+    """A UDP/IPv6 socket in the source host's namespace, bound to its plane address, with the
+    path's SRH set as a sticky ``IPV6_RTHDR``.
+
+    Send to ``path.dst_address`` (the kernel takes the first segment from the header and puts
+    the socket's destination into Segment List[0], see :mod:`mrc.srv6.srh`).  If ``dst_port``
+    is given the socket is connected, so plain ``send`` works.  ``proto`` may be
+    ``IPPROTO_ICMPV6`` for a raw ICMPv6 socket (used by ping).
+    """
+    kind = socket.SOCK_DGRAM if proto == socket.IPPROTO_UDP else socket.SOCK_RAW
+    with netns.entered(path.src_netns):
+        sock = socket.socket(socket.AF_INET6, kind, proto)
+    try:
+        sock.bind((path.src_address, port if kind == socket.SOCK_DGRAM else 0))
+        srh = path.srh
+        if srh is not None:
+            sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, srh)
+        if dst_port is not None:
+            sock.connect((path.dst_address, dst_port))
+        sock.setblocking(blocking)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

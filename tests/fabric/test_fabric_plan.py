@@ -1,0 +1,146 @@
+"""Topology planning, addressing, routes and path enumeration: pure, no root needed."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+import pytest
+
+from mrc.fabric import FabricSpec, SpecError, Topology, load_topology, parse_rate, plan
+from mrc.fabric.routes import node_neighbours, node_routes
+from mrc.srv6.paths import default_path, list_paths, path_via
+from mrc.srv6.srh import decode_srh
+
+
+def test_default_shape() -> None:
+    topo = plan(FabricSpec())
+    assert topo.planes == 4
+    assert len(topo.hosts) == 4
+    assert len(topo.routers) == 4 * (2 + 2)
+    assert len(topo.links) == 4 * (4 + 2 * 2)
+    assert [h.nic(0).leaf for h in topo.hosts] == ["p0l0", "p0l0", "p0l1", "p0l1"]
+    assert topo.hosts[0].netns == "mrc-mrc-h0"
+    assert topo.router("p0s1").netns == "mrc-mrc-p0s1"
+    assert {h.nic(2).nic for h in topo.hosts} == {"p2"}
+
+
+def test_names_fit_in_ifnamsiz() -> None:
+    topo = plan(FabricSpec(planes=10, spines=64, leaves=64, hosts=256))
+    for lk in topo.links:
+        assert len(lk.a_ifname) <= 15 and len(lk.b_ifname) <= 15
+
+
+def test_addresses_unique_and_in_plane() -> None:
+    topo = plan(FabricSpec(planes=3, spines=3, leaves=3, hosts=7))
+    addrs = [lk.a_address for lk in topo.links] + [lk.b_address for lk in topo.links]
+    addrs += [r.sid for r in topo.routers]
+    assert len(addrs) == len(set(addrs))
+    macs = [lk.a_mac for lk in topo.links] + [lk.b_mac for lk in topo.links]
+    assert len(macs) == len(set(macs))
+    for lk in topo.links:
+        plane_net = ipaddress.IPv6Network(f"fd00:{lk.plane:x}::/32")
+        net = ipaddress.IPv6Network(lk.prefix)
+        assert net.subnet_of(plane_net)
+        assert ipaddress.IPv6Address(lk.a_address) in net
+        assert ipaddress.IPv6Address(lk.b_address) in net
+
+
+def test_hosts_split_evenly() -> None:
+    topo = plan(FabricSpec(leaves=3, hosts=7))
+    per_leaf = [sum(1 for h in topo.hosts if h.nic(0).leaf == f"p0l{i}") for i in range(3)]
+    assert sorted(per_leaf) == [2, 2, 3]
+
+
+def test_json_round_trip(tmp_path) -> None:
+    topo = plan(FabricSpec(name="rt", rate="200mbit", mtu=9000))
+    path = topo.save(tmp_path / "fabric-rt.json")
+    data = json.loads(path.read_text())
+    assert data["name"] == "rt" and data["planes"] == 4
+    assert data["links"][0]["rate"] == "200mbit" and data["links"][0]["rate_bps"] == 200_000_000
+    assert {"a", "b", "a_ifname", "b_ifname", "plane", "kind", "rate", "mtu"} <= set(
+        data["links"][0]
+    )
+    assert {"name", "netns", "plane", "tier", "sid"} <= set(data["routers"][0])
+    assert {"nic", "address", "leaf"} <= set(data["hosts"][0]["nics"][0])
+    assert load_topology(path) == topo
+    assert Topology.from_dict(data) == topo
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(planes=0),
+        dict(hosts=1),
+        dict(spines=0),
+        dict(leaves=5, hosts=4),
+        dict(mtu=1000),
+        dict(rate="fast"),
+        dict(rate="1kbit"),
+        dict(name="a-b"),
+        dict(name=""),
+    ],
+)
+def test_bad_specs(kwargs) -> None:
+    with pytest.raises(SpecError):
+        FabricSpec(**kwargs).validate()
+
+
+def test_parse_rate() -> None:
+    assert parse_rate("200mbit") == 200_000_000
+    assert parse_rate("1gbit") == 10**9
+    assert parse_rate("1.5mbit") == 1_500_000
+    assert parse_rate("10mbps") == 80_000_000  # tc: bps = bytes per second
+    assert parse_rate("64000") == 64_000
+
+
+def test_lookups_fail_cleanly() -> None:
+    topo = plan(FabricSpec())
+    with pytest.raises(SpecError, match="unknown node"):
+        topo.host("h9")
+    with pytest.raises(SpecError, match="no link"):
+        topo.link_between("h0", "p0s0")
+    assert topo.link_between("p0s1", "p0l0").id == "p0l0-p0s1"
+    assert topo.canonical("mrc-mrc-h2") == "h2"
+
+
+def test_routes_cover_every_sid() -> None:
+    """Each router can reach every SID of its plane: connected, local or via a static route."""
+    topo = plan(FabricSpec(planes=2, spines=3, leaves=3, hosts=6))
+    for r in topo.routers:
+        dsts = [ipaddress.IPv6Network(x.dst) for x in node_routes(topo, r.name)]
+        connected = [
+            ipaddress.IPv6Network(lk.prefix) for lk in topo.links if r.name in (lk.a, lk.b)
+        ]
+        for other in topo.routers:
+            if other.plane != r.plane or other.name == r.name:
+                continue
+            sid = ipaddress.IPv6Address(other.sid)
+            assert any(sid in n for n in dsts + connected), (r.name, other.name)
+        for h in topo.hosts:
+            addr = ipaddress.IPv6Address(h.nic(r.plane).address)
+            assert any(addr in n for n in dsts + connected), (r.name, h.name)
+    assert len(node_neighbours(topo, "p0s0")) == 3
+
+
+def test_paths_different_leaves() -> None:
+    topo = plan(FabricSpec())
+    paths = list_paths(topo, "h0", "h3")
+    assert [(p.plane, p.spine) for p in paths] == [
+        (p, f"p{p}s{s}") for p in range(4) for s in range(2)
+    ]
+    p = path_via(topo, "h0", "h3", "p2s1")
+    assert p.segments == (topo.router("p2s1").sid, topo.host("h3").nic(2).address)
+    assert p.src_address == topo.host("h0").nic(2).address
+    srh = decode_srh(p.srh)
+    assert srh.segments == p.segments and srh.segments_left == 1
+
+
+def test_paths_same_leaf_include_spines_and_direct() -> None:
+    topo = plan(FabricSpec())
+    paths = list_paths(topo, "h0", "h1", planes=[1])
+    assert [p.spine for p in paths] == ["p1s0", "p1s1", None]
+    assert paths[-1].direct and paths[-1].srh is None
+    assert default_path(topo, "h0", "h3", 0).srh is None
+    with pytest.raises(ValueError):
+        list_paths(topo, "h0", "h0")
