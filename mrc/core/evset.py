@@ -46,6 +46,8 @@ class EVSet:
     def next_other(self, avoid: int) -> int:
         """The next EV that is not ``avoid`` (used for retransmissions)."""
         ev = self.next()
-        if ev == avoid and len(self._order) > 1:
+        # ``while``, not ``if``: the second draw can start a fresh permutation whose first
+        # entry is ``avoid`` again.
+        while ev == avoid and len(self._order) > 1:
             ev = self.next()
         return ev
