@@ -55,8 +55,17 @@ class SimNetwork:
         # (host, qpn) -> (peer host, peer qpn)
         self._links: dict[tuple[str, int], tuple[str, int]] = {}
         self.delivered = 0
+        self._next_port = 1024
         self.lost = 0
         self.trimmed = 0
+
+    def _ports(self, n: int) -> list[int]:
+        """``n`` fresh source ports: unique across the whole simulation, like real EVs."""
+        if self._next_port + n > 65536:
+            raise ValueError("the simulation ran out of 16-bit source ports")
+        ports = list(range(self._next_port, self._next_port + n))
+        self._next_port += n
+        return ports
 
     def add_host(self, name: str) -> SimHost:
         host = SimHost(name, EndpointCore())
@@ -76,8 +85,8 @@ class SimNetwork:
         planes: int = 1,
     ) -> tuple[QueuePair, QueuePair]:
         """A connected QP pair between hosts ``a`` and ``b``, each with ``evs`` EVs."""
-        ports_a = [10000 + qpn_a * 1000 + i for i in range(evs)]
-        ports_b = [20000 + qpn_b * 1000 + i for i in range(evs)]
+        ports_a = self._ports(evs)
+        ports_b = self._ports(evs)
         plane_of = [i % planes for i in range(evs)]
         qa = QueuePair(qpn_a, self.hosts[a].core.pd, ports_a, plane_of, config, psn_a)
         qb = QueuePair(qpn_b, self.hosts[b].core.pd, ports_b, plane_of, config, psn_b)

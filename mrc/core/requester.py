@@ -1,15 +1,17 @@
 """The sending half of a queue pair: segmentation, spraying, SACK/NACK, retransmission.
 
 Posted work requests are cut into packets lazily, as the window opens. Every packet in flight
-has a record in ``_outstanding``, an OrderedDict kept in order of (re)transmission time, so the
-oldest deadline is always at its front and timeouts cost O(1) per packet. A packet is
-acknowledged when its record is removed; ``_snd_una`` is the lowest sequence number still
-outstanding.
+has a record in ``_outstanding``; a packet is acknowledged when its record is removed, and
+``_snd_una`` is the lowest sequence number still outstanding. Retransmission deadlines live in
+a heap with lazy deletion (an entry is live only while its packet is outstanding with that very
+deadline): deadlines are not monotone in send order (per-packet backoff, a changing RTO), and
+the timer must always be armed at the earliest one.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import heapq
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -81,7 +83,8 @@ class Requester:
         self._offset = 0  # next byte to segment in _queue[0]
         self._next_seq = 0
         self._snd_una = 0
-        self._outstanding: OrderedDict[int, _Packet] = OrderedDict()
+        self._outstanding: dict[int, _Packet] = {}
+        self._deadlines: list[tuple[float, int]] = []  # heap of (deadline, seq), lazy deletion
         self._retransmit: deque[int] = deque()
 
     # ---- application side -------------------------------------------------------------
@@ -130,8 +133,8 @@ class Requester:
             pkt.ev = self.evs.next_other(pkt.ev)
             pkt.retransmitted = True
             pkt.sent_at = now
-            pkt.deadline = now + min(rto * (1 << pkt.timeouts), self.config.max_rto)
-            outstanding.move_to_end(seq)
+            pkt.deadline = deadline = now + min(rto * (1 << pkt.timeouts), self.config.max_rto)
+            heapq.heappush(self._deadlines, (deadline, seq))
             out.append(self._build(seq, pkt))
             self.stats.retransmits += 1
         limit = self.config.max_outstanding
@@ -139,6 +142,8 @@ class Requester:
         queue = self._queue
         payload = self.config.payload_size
         evs = self.evs
+        deadlines = self._deadlines
+        push = heapq.heappush
         while queue and len(outstanding) < limit and self._next_seq < span:
             wr = queue[0]
             total = len(wr.view)
@@ -159,7 +164,8 @@ class Requester:
             self._next_seq = seq + 1
             pkt.ev = evs.next()
             pkt.sent_at = now
-            pkt.deadline = now + rto
+            pkt.deadline = deadline = now + rto
+            push(deadlines, (deadline, seq))
             outstanding[seq] = pkt
             out.append(self._build(seq, pkt))
             self.stats.data_packets_sent += 1
@@ -182,19 +188,34 @@ class Requester:
 
     # ---- timers ------------------------------------------------------------------------
 
+    def _live_top(self) -> tuple[float, int] | None:
+        """The earliest live deadline entry, dropping stale ones on the way."""
+        heap = self._deadlines
+        outstanding = self._outstanding
+        while heap:
+            deadline, seq = heap[0]
+            pkt = outstanding.get(seq)
+            if pkt is not None and pkt.deadline == deadline:
+                return deadline, seq
+            heapq.heappop(heap)
+        return None
+
     def get_timer(self) -> float | None:
-        if self.failed or not self._outstanding:
+        if self.failed:
             return None
-        first = next(iter(self._outstanding.values()))
-        return None if first.deadline == _INF else first.deadline
+        top = self._live_top()
+        return None if top is None else top[0]
 
     def handle_timer(self, now: float) -> None:
         outstanding = self._outstanding
         limit = self.config.max_timeout_retries
-        while outstanding and not self.failed:
-            seq, pkt = next(iter(outstanding.items()))
-            if pkt.deadline > now:
+        while not self.failed:
+            top = self._live_top()
+            if top is None or top[0] > now:
                 break
+            heapq.heappop(self._deadlines)
+            seq = top[1]
+            pkt = outstanding[seq]
             pkt.timeouts += 1
             if pkt.timeouts > limit:
                 self.fail(
@@ -203,7 +224,6 @@ class Requester:
                 )
                 return
             pkt.deadline = _INF
-            outstanding.move_to_end(seq)
             self._retransmit.append(seq)
             self.stats.retransmits_timeout += 1
 
@@ -270,7 +290,6 @@ class Requester:
                 return
             if pkt.deadline != _INF:  # not already queued for retransmission
                 pkt.deadline = _INF
-                self._outstanding.move_to_end(seq)
                 self._retransmit.append(seq)
                 self.stats.retransmits_nack += 1
             return

@@ -71,7 +71,8 @@ class Responder:
             return
         seq = to_seq(self.peer_initial_psn, psnw & wire.PSN_MASK, self._cum + 1)
         cum = self._cum
-        if seq > cum + self.config.psn_window or seq <= cum - self.config.psn_window:
+        if seq > cum + self.config.psn_window:
+            # ahead of anything the sender may send (anything behind is a duplicate, as in IB)
             stats.dropped_by_reason["psn_out_of_window"] += 1
             self._nack(wire.NackCode.PSN_SEQUENCE_ERROR, seq, src_port)
             return

@@ -311,12 +311,6 @@ def test_probes_report_rtt_on_live_evs_only() -> None:
 # ---- retransmission timer ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: Requester.get_timer() returns the deadline of the oldest-sent outstanding "
-    "packet, but deadlines are not monotone in send order (per-packet backoff, RTO changes), "
-    "so the timer can be armed up to max_rto later than the earliest deadline",
-)
 def test_timer_is_armed_at_the_earliest_deadline() -> None:
     late = []
     net = RecordingNetwork(3, Faults(loss=0.2))
