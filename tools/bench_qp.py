@@ -1,0 +1,787 @@
+#!/usr/bin/env python3
+"""Benchmark one MRC queue pair against a raw Python UDP blast on the same veth path.
+
+Two network namespaces (mrc.testbed.TwoHosts) are joined by ``--links`` veth links (one plane
+each, MTU 9000 by default). For every payload size and every run it measures, side by side:
+
+* **mrc**: ``mrc-recv --discard --json`` in B, ``mrc-send --size S --payload P --json`` from A
+  (one QP sprayed over all planes): goodput, packets/s (packets_sent / seconds), retransmits.
+* **raw_udp**: a sender process in A doing tight-loop blocking ``sock.send()`` of P+28-byte
+  datagrams (the size of an MRC data datagram: 28-byte header + payload), round-robin over the
+  planes, to a receiver process in B doing blocking ``recv_into`` in a tight loop on one socket
+  with a big SO_RCVBUF (SO_RCVBUFFORCE). The receiver's count over ``--duration`` is the number
+  that matters; the sender's count is reported too.
+
+and reports medians plus every run, the ratio MRC pps / raw pps, and MRC goodput against a
+1 Gbit/s aim. Output: JSON on stdout, a human table on stderr (``--json``: JSON only;
+``--table``: the table on stdout instead of JSON). Needs root. Examples::
+
+    sudo .venv/bin/python tools/bench_qp.py                     # 256M, P=8192, 1 link, 3 runs
+    sudo .venv/bin/python tools/bench_qp.py --links 1,2 --payloads 1400,8192
+    sudo .venv/bin/python tools/bench_qp.py --quick             # < 20 s smoke run
+
+``--blast-send`` / ``--blast-recv`` are internal helper modes (the raw UDP processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import mmap
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+PROG = "bench_qp.py"
+MRC_PORT = 4791
+BLAST_PORT = 5001
+DATA_HDR = 28  # BTH + RETH: the bytes an MRC data datagram carries besides its payload
+IMM_HDR = 32  # the last (zero-length) WRITE_IMM packet's header
+IPV6_UDP = 48  # IPv6 + UDP headers
+AIM_BPS = 1e9
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
+BLAST_RCVBUF = 64 << 20
+BLAST_SNDBUF = 4 << 20
+BLAST_LEAD = 0.5  # the sender keeps going this long past the receiver's window
+CHUNK = 256  # datagrams per tight inner loop between clock checks
+IDLE_TIMEOUT = 1  # seconds of silence after which the raw receiver stops
+
+
+class BenchError(Exception):
+    """A run or the set-up failed: reported as one line."""
+
+
+# ---- raw UDP helper processes (run inside a namespace) ----------------------------------
+
+
+def _udp6_counters() -> dict[str, int]:
+    """This namespace's Udp6 counters from /proc/net/snmp6 (receive-buffer drops etc.)."""
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError), open("/proc/net/snmp6") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 2 and parts[0].startswith("Udp6"):
+                out[parts[0]] = int(parts[1])
+    return out
+
+
+def blast_recv(port: int, size: int, duration: float, wait: float) -> int:
+    """Count datagrams for ``duration`` s from the first one; print one JSON line."""
+    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, BLAST_RCVBUF)
+    s.bind(("::", port))
+    # a blocking socket whose recv gives up after 1 s of silence (EAGAIN): no per-call poll()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", IDLE_TIMEOUT, 0))
+    rcvbuf = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    buf = bytearray(65536)
+    recv = s.recv_into
+    print("ready", flush=True)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            first = recv(buf)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                print(json.dumps({"error": f"no datagram within {wait:g} s"}), flush=True)
+                return 1
+    before = _udp6_counters()
+    t0 = time.perf_counter()
+    end = t0 + duration
+    count = 1
+    now = t0
+    stopped_early = False
+    i = 0
+    try:
+        while now < end:
+            for i in range(CHUNK):  # noqa: B007  (i counts a chunk cut short by a timeout)
+                recv(buf)
+            count += CHUNK
+            now = time.perf_counter()
+    except OSError:  # the sender stopped: the last second was silence, not receiving
+        count += i
+        now = time.perf_counter() - IDLE_TIMEOUT
+        stopped_early = True
+    seconds = now - t0
+    after = _udp6_counters()
+    print(json.dumps({
+        "received": count,
+        "seconds": seconds,
+        "pps": count / seconds if seconds > 0 else 0.0,
+        "bps": count * size * 8 / seconds if seconds > 0 else 0.0,
+        "first_size": first,
+        "rcvbuf": rcvbuf,
+        "stopped_early": stopped_early,
+        "rcvbuf_errors": after.get("Udp6RcvbufErrors", 0) - before.get("Udp6RcvbufErrors", 0),
+        "in_errors": after.get("Udp6InErrors", 0) - before.get("Udp6InErrors", 0),
+    }), flush=True)
+    return 0
+
+
+def blast_send(targets: list[tuple[str, str]], port: int, size: int, duration: float,
+               window: float) -> int:
+    """Send ``size``-byte datagrams round-robin over (local, remote) pairs for ``duration`` s.
+
+    The rate reported is that of the first ``window`` seconds (the receiver's window): once
+    the receiver has closed its socket, sends get cheaper and would inflate the figure.
+    """
+    socks = []
+    for local, remote in targets:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, BLAST_SNDBUF)
+        s.bind((local, 0))
+        s.connect((remote, port))
+        socks.append(s)
+    payload = bytes(size)
+    seq = [s.send for s in socks] * max(1, CHUNK // len(socks))
+    errors = 0
+    count = 0
+    t0 = time.perf_counter()
+    end = t0 + duration
+    mark = t0 + min(window, duration)
+    in_window: tuple[int, float] | None = None
+    now = t0
+    while now < end:
+        i = 0
+        try:
+            for send in seq:
+                send(payload)
+                i += 1
+        except OSError:  # ENOBUFS and friends: count them, keep going
+            errors += 1
+        count += i
+        now = time.perf_counter()
+        if in_window is None and now >= mark:
+            in_window = (count, now - t0)
+    seconds = now - t0
+    wcount, wsecs = in_window or (count, seconds)
+    print(json.dumps({
+        "sent": count,
+        "seconds": seconds,
+        "sent_in_window": wcount,
+        "window_seconds": wsecs,
+        "pps": wcount / wsecs if wsecs > 0 else 0.0,
+        "bps": wcount * size * 8 / wsecs if wsecs > 0 else 0.0,
+        "send_errors": errors,
+    }), flush=True)
+    return 0
+
+
+# ---- orchestration -----------------------------------------------------------------------
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+def _tail(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def _stop(proc: subprocess.Popen[str] | None) -> None:
+    """Kill one child we started (by its own pid), and reap it."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+def _tool(name: str) -> str:
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if found is None:
+        raise BenchError(f"{name} not found next to {sys.executable} or on PATH "
+                         f"(pip install -e . in the venv)")
+    return found
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, log: Any) -> None:
+        self.args = args
+        self.log = log
+        self.mrc_send = _tool("mrc-send")
+        self.mrc_recv = _tool("mrc-recv")
+
+    # ---- MRC -------------------------------------------------------------------------
+
+    def _wait_listening(self, hosts: Any, proc: subprocess.Popen[str], port: int) -> None:
+        deadline = time.monotonic() + 15
+        argv = hosts.exec_argv("b", ["ss", "-Hltn", f"sport = :{port}"])
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return  # it died; the caller reports its stderr
+            res = subprocess.run(argv, capture_output=True, text=True)
+            if res.stdout.strip():
+                return
+            time.sleep(0.02)
+        raise BenchError(f"mrc-recv did not listen on port {port} within 15 s")
+
+    def mrc_run(self, hosts: Any, payload: int, size: int, profile: bool = False
+                ) -> dict[str, Any]:
+        a = self.args
+        n = hosts.links
+        recv_argv = [self.mrc_recv, "--discard", "--json", "--no-progress", "--timeout", "30"]
+        for addr in hosts.b_addrs[:n]:
+            recv_argv += ["--listen", f"[{addr}]:{MRC_PORT}"]
+        send_argv = [self.mrc_send, "--size", str(size), "--payload", str(payload), "--json",
+                     "--no-progress", "--to", f"[{hosts.b_addrs[0]}]:{MRC_PORT}"]
+        for addr in hosts.a_addrs[:n]:
+            send_argv += ["--from", addr]
+        if a.evs:
+            send_argv += ["--evs", str(a.evs)]
+        if a.window:
+            send_argv += ["--window", str(a.window)]
+        timeout = 60 + size / 2e6  # a 256M transfer gets > 3 minutes even at 16 Mbit/s
+        recv = send = None
+        spies: list[subprocess.Popen[bytes]] = []
+        t0 = time.monotonic()
+        try:
+            recv = subprocess.Popen(hosts.exec_argv("b", recv_argv), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            self._wait_listening(hosts, recv, MRC_PORT)
+            send = subprocess.Popen(hosts.exec_argv("a", send_argv), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            if profile and a.profile:
+                spies = self._profile(send, recv, f"l{hosts.links}-p{payload}")
+            try:
+                s_out, s_err = send.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise BenchError(f"MRC run timed out after {timeout:.0f} s") from None
+            try:  # a receiver whose sender failed may wait a long time: don't
+                r_out, r_err = recv.communicate(timeout=30 if send.returncode == 0 else 3)
+            except subprocess.TimeoutExpired:
+                _stop(recv)
+                r_out, r_err = recv.communicate()
+        finally:
+            _stop(send)
+            _stop(recv)
+            for spy in spies:  # they exit with their target; reap them
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    spy.wait(10)
+                _stop(spy)
+        wall = time.monotonic() - t0
+        sj, rj = _last_json(s_out), _last_json(r_out)
+        if sj is None or send.returncode != 0:
+            why = (sj or {}).get("error") or _tail(s_err) or f"exit {send.returncode}"
+            raise BenchError(f"mrc-send failed: {why} (mrc-recv: {_tail(r_err) or 'no error'})")
+        seconds = float(sj["seconds"])
+        run: dict[str, Any] = {
+            "ok": bool(sj.get("ok")) and bool(rj and rj.get("ok")),
+            "bytes": sj["bytes"],
+            "seconds": seconds,
+            "goodput_bps": sj["goodput_bps"],
+            "packets_sent": sj["packets_sent"],
+            "data_packets": sj["data_packets"],
+            "pps": sj["packets_sent"] / seconds if seconds > 0 else 0.0,
+            "retransmits": sj["retransmits"],
+            "retransmits_nack": sj.get("retransmits_nack"),
+            "retransmits_timeout": sj.get("retransmits_timeout"),
+            "nacks": sj.get("nacks"),
+            "srtt_ms": sj.get("srtt_ms"),
+            "planes": sj.get("planes"),
+            "dropped_by_reason": sj.get("dropped_by_reason"),
+            "wall_seconds": round(wall, 3),
+        }
+        if rj is not None:
+            run["recv_packets"] = rj.get("packets_received")
+            run["recv_duplicates"] = rj.get("duplicates")
+            run["recv_acks_sent"] = rj.get("acks_sent")
+            run["recv_seconds"] = rj.get("seconds")
+            if rj.get("seconds"):
+                run["recv_pps"] = rj["packets_received"] / rj["seconds"]
+        return run
+
+    def _profile(self, send: subprocess.Popen[str], recv: subprocess.Popen[str], tag: str
+                 ) -> list[subprocess.Popen[bytes]]:
+        """py-spy record both ends of the first MRC run (``--profile DIR``)."""
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if not Path(spy).exists():
+            raise BenchError("--profile needs py-spy (pip install py-spy into the venv)")
+        out = Path(self.args.profile)
+        out.mkdir(parents=True, exist_ok=True)
+        return [
+            subprocess.Popen(
+                [spy, "record", "--nonblocking", "--idle", "-r", "250", "-f", "raw", "-o",
+                 str(out / f"{name}-{tag}.txt"), "--pid", str(proc.pid)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, proc in (("send", send), ("recv", recv))
+        ]
+
+    # ---- raw UDP ---------------------------------------------------------------------
+
+    def raw_run(self, hosts: Any, payload: int) -> dict[str, Any]:
+        a = self.args
+        n = hosts.links
+        size = payload + DATA_HDR
+        me = str(Path(__file__).resolve())
+        py = sys.executable
+        recv_argv = [py, me, "--blast-recv", "--port", str(BLAST_PORT), "--dgram", str(size),
+                     "--duration", str(a.duration)]
+        targets = ",".join(f"{la}/{rb}" for la, rb in zip(hosts.a_addrs[:n], hosts.b_addrs[:n],
+                                                           strict=True))
+        send_argv = [py, me, "--blast-send", targets, "--port", str(BLAST_PORT),
+                     "--dgram", str(size), "--duration", str(a.duration + BLAST_LEAD),
+                     "--blast-window", str(a.duration)]
+        recv = send = None
+        try:
+            recv = subprocess.Popen(hosts.exec_argv("b", recv_argv), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            assert recv.stdout is not None
+            if recv.stdout.readline().strip() != "ready":
+                recv.wait(5)
+                raise BenchError(f"raw receiver did not start: {_tail(recv.stderr.read())}")
+            send = subprocess.Popen(hosts.exec_argv("a", send_argv), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            try:
+                s_out, s_err = send.communicate(timeout=a.duration + 30)
+                r_out, r_err = recv.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                raise BenchError("raw UDP run timed out") from None
+        finally:
+            _stop(send)
+            _stop(recv)
+        sj, rj = _last_json(s_out), _last_json(r_out)
+        if rj is None or "error" in rj:
+            why = (rj or {}).get("error") or _tail(r_err) or f"exit {recv.returncode}"
+            raise BenchError(f"raw receiver failed: {why} (sender: {_tail(s_err) or 'ok'})")
+        if sj is None:
+            raise BenchError(f"raw sender failed: {_tail(s_err) or f'exit {send.returncode}'}")
+        if rj.get("first_size") != size:
+            raise BenchError(f"raw receiver got {rj.get('first_size')}-byte datagrams, "
+                             f"expected {size}")
+        return {
+            "pps": rj["pps"],
+            "bps": rj["bps"],
+            "payload_bps": rj["pps"] * payload * 8,
+            "received": rj["received"],
+            "seconds": rj["seconds"],
+            "rcvbuf_errors": rj["rcvbuf_errors"],
+            "stopped_early": rj["stopped_early"],
+            "sender_pps": sj["pps"],
+            "sender_bps": sj["bps"],
+            "sent": sj["sent"],
+            "sent_in_window": sj["sent_in_window"],
+            "sender_seconds": sj["seconds"],
+            "send_errors": sj["send_errors"],
+        }
+
+    # ---- one topology ----------------------------------------------------------------
+
+    def warm_up(self, hosts: Any) -> None:
+        """Neighbour discovery on every plane, both ways, plus the tools' first start."""
+        t0 = time.monotonic()
+        self.mrc_run(hosts, self.args.payloads[0], 1 << 20)
+        self.log(f"  warm-up (1 MiB MRC transfer over {hosts.links} plane(s)): "
+                 f"{time.monotonic() - t0:.1f} s")
+
+    def topology(self, links: int) -> list[dict[str, Any]]:
+        from mrc.testbed import TwoHosts, leftover_namespaces
+
+        a = self.args
+        prefix = f"bq{os.getpid()}l{links}"
+        results: dict[int, dict[str, list[Any]]] = {
+            p: {"mrc": [], "raw": [], "mrc_errors": [], "raw_errors": []} for p in a.payloads
+        }
+        try:
+            with TwoHosts(prefix, links=links, mtu=a.mtu) as hosts:
+                self.log(f"links={links}: namespaces {hosts.a} / {hosts.b}, MTU {a.mtu}")
+                self.warm_up(hosts)
+                for run in range(a.runs):
+                    for p in a.payloads:
+                        order = ("mrc", "raw") if run % 2 == 0 else ("raw", "mrc")
+                        for kind in order:
+                            r = results[p]
+                            try:
+                                if kind == "mrc":
+                                    r["mrc"].append(self.mrc_run(hosts, p, a.size,
+                                                                 profile=run == 0))
+                                else:
+                                    r["raw"].append(self.raw_run(hosts, p))
+                            except BenchError as exc:
+                                r[f"{kind}_errors"].append(str(exc))
+                                self.log(f"  run {run + 1} {kind} P={p}: FAILED: {exc}")
+                        self._log_run(run, links, p, results[p])
+        finally:
+            left = leftover_namespaces(prefix)
+            if left:
+                self.log(f"warning: namespaces left behind: {', '.join(left)}")
+        return [self._summarise(links, p, results[p]) for p in a.payloads]
+
+    def _log_run(self, run: int, links: int, p: int, r: dict[str, list[Any]]) -> None:
+        m = r["mrc"][-1] if r["mrc"] and len(r["mrc"]) + len(r["mrc_errors"]) == run + 1 \
+            else None
+        w = r["raw"][-1] if r["raw"] and len(r["raw"]) + len(r["raw_errors"]) == run + 1 \
+            else None
+        ms = (f"mrc {m['goodput_bps'] / 1e9:.2f} Gbit/s {m['pps'] / 1e3:.1f}k pps "
+              f"{m['retransmits']} rtx" if m else "mrc failed")
+        ws = (f"raw {w['pps'] / 1e3:.1f}k pps {w['bps'] / 1e9:.2f} Gbit/s "
+              f"(sent {w['sender_pps'] / 1e3:.1f}k pps)" if w else "raw failed")
+        self.log(f"  run {run + 1}/{self.args.runs} links={links} P={p}: {ms} | {ws}")
+
+    def _summarise(self, links: int, p: int, r: dict[str, list[Any]]) -> dict[str, Any]:
+        mrc_runs, raw_runs = r["mrc"], r["raw"]
+        mrc = {
+            "goodput_bps_median": _median([x["goodput_bps"] for x in mrc_runs]),
+            "pps_median": _median([x["pps"] for x in mrc_runs]),
+            "retransmits_median": _median([x["retransmits"] for x in mrc_runs]),
+            "goodput_bps": [x["goodput_bps"] for x in mrc_runs],
+            "pps": [round(x["pps"]) for x in mrc_runs],
+            "retransmits": [x["retransmits"] for x in mrc_runs],
+            "all_ok": all(x["ok"] for x in mrc_runs) and not r["mrc_errors"],
+            "runs": mrc_runs,
+            "errors": r["mrc_errors"],
+        }
+        raw = {
+            "datagram_bytes": p + DATA_HDR,
+            "pps_median": _median([x["pps"] for x in raw_runs]),
+            "bps_median": _median([x["bps"] for x in raw_runs]),
+            "payload_bps_median": _median([x["payload_bps"] for x in raw_runs]),
+            "sender_pps_median": _median([x["sender_pps"] for x in raw_runs]),
+            "pps": [round(x["pps"]) for x in raw_runs],
+            "sender_pps": [round(x["sender_pps"]) for x in raw_runs],
+            "runs": raw_runs,
+            "errors": r["raw_errors"],
+        }
+        ratio = None
+        if mrc["pps_median"] and raw["pps_median"]:
+            ratio = round(mrc["pps_median"] / raw["pps_median"], 3)
+        aim = None
+        if mrc["goodput_bps_median"] is not None:
+            aim = round(mrc["goodput_bps_median"] / AIM_BPS, 3)
+        return {"links": links, "payload": p, "mrc": mrc, "raw_udp": raw,
+                "mrc_vs_raw_pps": ratio, "mrc_goodput_vs_1gbit": aim}
+
+
+def first_touch_us_per_page(mib: int = 64) -> float:
+    """Microseconds to fault in one fresh 4 KiB page of anonymous memory (mrc-recv --discard
+    writes every packet into fresh memory, so this cost is on its per-packet path)."""
+    m = mmap.mmap(-1, mib << 20)
+    try:
+        t = time.perf_counter()
+        for off in range(0, len(m), 4096):
+            m[off] = 1
+        return round((time.perf_counter() - t) / (len(m) // 4096) * 1e6, 3)
+    finally:
+        m.close()
+
+
+def _mem_available() -> int:
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 1 << 30
+
+
+def warm_memory(size: int) -> dict[str, Any]:
+    """Touch and free ``4 * size`` bytes (capped) before measuring.
+
+    Both tools put every byte of a transfer in fresh memory (the sender's generated data, the
+    receiver's region). On a VM, guest pages never touched before cost several times more to
+    fault in than recycled ones, so without this the first runs are slower than later ones.
+    """
+    n = min(4 * size, 4 << 30, _mem_available() // 4)
+    n -= n % 4096
+    if n <= 0:
+        return {"bytes": 0, "seconds": 0.0}
+    t = time.perf_counter()
+    m = mmap.mmap(-1, n)
+    try:
+        for off in range(0, n, 4096):
+            m[off] = 1
+    finally:
+        m.close()
+    return {"bytes": n, "seconds": round(time.perf_counter() - t, 3)}
+
+
+def _machine() -> dict[str, Any]:
+    try:
+        from mrc.transport.loop import loop_name
+        loop = loop_name()
+    except ImportError:
+        loop = "unknown"
+    model = ""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    commit = None
+    here = Path(__file__).resolve().parent.parent
+    with contextlib.suppress(OSError):
+        res = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True)
+        if res.returncode == 0:
+            dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "mrc"],
+                                   capture_output=True, text=True).stdout.strip()
+            commit = res.stdout.strip() + ("-dirty" if dirty else "")
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "loop": loop,
+        "loadavg_start": os.getloadavg(),
+        "first_touch_us_per_page_start": first_touch_us_per_page(),
+        "mrc_commit": commit,
+    }
+
+
+def _table(out: dict[str, Any]) -> str:
+    head = (f"{'links':>5} {'payload':>7} | {'MRC Gbit/s':>10} {'MRC kpps':>8} {'rtx':>5} "
+            f"{'vs 1G':>6} | {'raw kpps':>8} {'raw Gbit/s':>10} {'snd kpps':>8} | {'MRC/raw':>7}")
+    lines = [head, "-" * len(head)]
+
+    def f(v: float | None, scale: float, fmt: str) -> str:
+        return "-" if v is None else format(v / scale, fmt)
+
+    for r in out["results"]:
+        m, w = r["mrc"], r["raw_udp"]
+        lines.append(
+            f"{r['links']:>5} {r['payload']:>7} | {f(m['goodput_bps_median'], 1e9, '10.3f')} "
+            f"{f(m['pps_median'], 1e3, '8.1f')} {f(m['retransmits_median'], 1, '5.0f')} "
+            f"{f(r['mrc_goodput_vs_1gbit'], 1, '6.2f')} | {f(w['pps_median'], 1e3, '8.1f')} "
+            f"{f(w['bps_median'], 1e9, '10.3f')} {f(w['sender_pps_median'], 1e3, '8.1f')} | "
+            f"{f(r['mrc_vs_raw_pps'], 1, '7.3f')}"
+        )
+    c = out["config"]
+    lines.append(f"(medians of {c['runs']} run(s); MRC {c['size']} bytes per transfer; raw "
+                 f"{c['duration']:g} s blasts of payload+{DATA_HDR}-byte datagrams; "
+                 f"loop {out['machine']['loop']})")
+    return "\n".join(lines)
+
+
+# ---- arguments ---------------------------------------------------------------------------
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") \
+            from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"need positive numbers, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def _pos_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {v}")
+    return v
+
+
+def _pos_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < v <= 600:
+        raise argparse.ArgumentTypeError(f"must be in (0, 600] seconds, not {text}")
+    return v
+
+
+def _size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(i?[bB])?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 64M, 1G, 1500)")
+    v = int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[
+        m.group(2).lower()])
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"size must be at least 1 byte, not {text!r}")
+    return v
+
+
+def _targets(text: str) -> list[tuple[str, str]]:
+    pairs = []
+    for item in text.split(","):
+        local, sep, remote = item.partition("/")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected LOCAL/REMOTE pairs, got {item!r}")
+        pairs.append((local, remote))
+    return pairs
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, no usage dump
+        print(f"{PROG}: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Benchmark one MRC QP (mrc-send -> mrc-recv) against a raw Python UDP "
+        "blast of the same datagram size between two namespaces joined by veth links. JSON on "
+        "stdout, a table on stderr. Needs root.",
+    )
+    p.add_argument("--size", type=_size, default=None,
+                   help="bytes per MRC transfer (default 256M; --quick 32M)")
+    p.add_argument("--payloads", type=_int_list, default=None, metavar="P[,P...]",
+                   help="MRC payload bytes per packet (default 8192); the raw blast sends "
+                   f"P+{DATA_HDR}-byte datagrams")
+    p.add_argument("--payload", dest="payloads", type=_int_list, help=argparse.SUPPRESS)
+    p.add_argument("--links", type=_int_list, default=None, metavar="N[,N...]",
+                   help="veth links (planes) between the hosts; a list runs each (default 1)")
+    p.add_argument("--runs", type=_pos_int, default=None,
+                   help="repetitions of each measurement, interleaved (default 3; --quick 1)")
+    p.add_argument("--duration", type=_pos_float, default=None, metavar="SECONDS",
+                   help="length of each raw UDP blast at the receiver (default 2; --quick 1)")
+    p.add_argument("--mtu", type=int, default=9000, help="veth MTU (default 9000)")
+    p.add_argument("--evs", type=_pos_int, default=None,
+                   help="mrc-send --evs (default: mrc-send's own, 128)")
+    p.add_argument("--window", type=_pos_int, default=None,
+                   help="mrc-send --window (default: mrc-send's own, 512)")
+    p.add_argument("--no-mem-warmup", action="store_true",
+                   help="skip touching 4 x --size of fresh memory before measuring (on a VM "
+                   "the first touch of never-used guest memory is slow; both tools put every "
+                   "transfer in fresh memory)")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes and one run (under 20 s)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="JSON only (no table, no progress)")
+    out.add_argument("--table", action="store_true",
+                     help="print the human table on stdout instead of JSON")
+    p.add_argument("--profile", metavar="DIR",
+                   help="py-spy record mrc-send and mrc-recv during the first MRC run of each "
+                   "topology into DIR (needs py-spy)")
+    # internal helper modes: the raw UDP processes
+    p.add_argument("--blast-recv", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--blast-send", type=_targets, metavar="LOCAL/REMOTE,...",
+                   help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=BLAST_PORT, help=argparse.SUPPRESS)
+    p.add_argument("--dgram", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--wait", type=float, default=10.0, help=argparse.SUPPRESS)
+    p.add_argument("--blast-window", type=float, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def _finish_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    if a.size is None:
+        a.size = (32 << 20) if a.quick else (256 << 20)
+    if a.payloads is None:
+        a.payloads = [8192]
+    if a.links is None:
+        a.links = [1]
+    if a.runs is None:
+        a.runs = 1 if a.quick else 3
+    if a.duration is None:
+        a.duration = 1.0 if a.quick else 2.0
+    if not 1280 <= a.mtu <= 65535:
+        p.error(f"--mtu must be 1280..65535, not {a.mtu}")
+    biggest = a.mtu - IPV6_UDP - IMM_HDR
+    for pl in a.payloads:
+        if pl > min(biggest, 65000):
+            p.error(f"payload {pl} does not fit one datagram on MTU {a.mtu} "
+                    f"(at most {min(biggest, 65000)} bytes)")
+    if any(n > 16 for n in a.links):
+        p.error("--links: at most 16")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.blast_recv:
+        return blast_recv(a.port, a.dgram, a.duration or 2.0, a.wait)
+    if a.blast_send:
+        return blast_send(a.blast_send, a.port, a.dgram, a.duration or 2.0,
+                          a.blast_window or a.duration or 2.0)
+    _finish_args(parser, a)
+    try:
+        from mrc.testbed import TestbedError, netns_available
+    except ImportError as exc:
+        print(f"{PROG}: error: cannot import mrc ({exc}); run with the venv's python",
+              file=sys.stderr)
+        return 1
+    why = netns_available()
+    if why is not None:
+        print(f"{PROG}: error: {why}", file=sys.stderr)
+        return 1
+
+    quiet = a.json
+
+    def log(msg: str) -> None:
+        if not quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    # a SIGTERM must still run the namespace clean-up in TwoHosts.__exit__
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.monotonic()
+    try:
+        bench = Bench(a, log)
+        out: dict[str, Any] = {
+            "machine": _machine(),
+            "config": {
+                "size": a.size,
+                "payloads": a.payloads,
+                "links": a.links,
+                "runs": a.runs,
+                "duration": a.duration,
+                "mtu": a.mtu,
+                "evs": a.evs or "mrc-send default (128)",
+                "window": a.window or "mrc-send default (512)",
+                "raw_datagram": f"payload + {DATA_HDR} bytes",
+                "quick": a.quick,
+                "aim_bps": AIM_BPS,
+            },
+            "results": [],
+        }
+        if not a.no_mem_warmup:
+            out["machine"]["memory_warmup"] = warm_memory(a.size)
+            log(f"memory warm-up: touched {out['machine']['memory_warmup']['bytes'] >> 20} MiB "
+                f"in {out['machine']['memory_warmup']['seconds']:.2f} s")
+        for links in a.links:
+            out["results"] += bench.topology(links)
+    except (BenchError, TestbedError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    out["machine"]["loadavg_end"] = os.getloadavg()
+    out["machine"]["first_touch_us_per_page_end"] = first_touch_us_per_page()
+    out["elapsed_seconds"] = round(time.monotonic() - started, 1)
+    if a.table:
+        print(_table(out))
+    else:
+        print(json.dumps(out, indent=2))
+        if not a.json:
+            print(_table(out), file=sys.stderr)
+    failed = any(r["mrc"]["errors"] or r["raw_udp"]["errors"] for r in out["results"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
