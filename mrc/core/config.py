@@ -25,6 +25,16 @@ class QPConfig:
     max_timeout_retries: int = 12
     max_nack_retries: int = 1000
     spray_seed: int = 0
+    # EV health (see mrc/core/evset.py)
+    ev_health: bool = True
+    min_active_per_plane: int = 0  # 0: a quarter of the plane's active EVs, at least 1
+    probe_interval: float = 0.02
+    probe_timeout: float = 0.1
+    resurrect_after: int = 3
+    plane_dead_losses: int = 8
+    # SACK-based loss detection: a packet is lost once one sent this much later was acked
+    reorder_min: float = 0.002
+    reorder_srtt_fraction: float = 0.5
 
     def validate(self) -> None:
         """Raise ValueError with a user-facing message for impossible settings."""

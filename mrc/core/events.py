@@ -44,3 +44,16 @@ class ProbeReplied(Event):
 
     ev: int
     rtt: float
+
+
+@dataclass(frozen=True, slots=True)
+class EVStateChanged(Event):
+    """Entropy value ``ev`` (source port ``sport``, plane ``plane``) went ``old`` -> ``new``."""
+
+    time: float
+    ev: int
+    sport: int
+    plane: int
+    old: str
+    new: str
+    reason: str

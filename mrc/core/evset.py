@@ -1,53 +1,358 @@
-"""A QP's entropy values (EVs) and the order it sprays packets over them.
+"""A QP's entropy values (EVs): the order it sprays packets over them, and their health.
 
 An EV is an index into the QP's list of paths; the transport maps each index to a UDP source
-port (and a local address/plane, and later an SRv6 route). The core only needs the wire value
-(the source port, echoed back in ACKs) and the plane of each EV.
+port, a local address (its plane) and a route. The core only needs the wire value (the source
+port, echoed back in ACKs) and the plane of each EV.
 
-Spraying walks a fresh pseudo-random permutation of all EVs each round, so every EV carries the
-same number of packets to within one per round while consecutive packets take unrelated paths.
+Spraying walks a fresh pseudo-random permutation of the usable EVs each round, so every EV
+carries the same number of packets to within one per round while consecutive packets take
+unrelated paths.
+
+Health, after the OCP MRC states (every transition is reported through ``on_change``):
+
+* GOOD: in use. The first ``active`` EVs are in the rotation; the rest wait in a backup pool.
+* SKIP: a TRIMMED NACK came back for a packet on this EV (congestion on its path): left out of
+  the next rotation round, then GOOD again. TRIMMED_LASTHOP (incast at the receiver) is not the
+  path's fault and changes nothing.
+* ASSUMED_BAD: a packet on it was lost without a trim (a timeout, SACK evidence that later
+  packets arrived, a duplicate proving an ACK was lost, or a send error). Loss means failure:
+  the EV leaves the rotation at once and a backup EV *of the same plane* takes its place, so
+  planes stay equally loaded. It is probed every ``probe_interval``; ``resurrect_after``
+  consecutive answered probes make it GOOD again (active if its plane is short, else backup).
+  A floor of ``min_active_per_plane`` usable EVs per plane is kept: a loss on an EV at the
+  floor, with no backup to replace it, does not retire it (a noisy episode cannot retire
+  everything).
+* DENIED: set by the operator; never used, never probed.
+
+A plane goes down when ``plane_dead_losses`` losses in a row hit it with no delivery in
+between (or the transport reports its NIC down): all its EVs become ASSUMED_BAD and are probed;
+the first answered probe brings the plane back. The planes a peer reports down in the
+port-state bitmap of its SACKs are avoided too, for data and ACKs alike.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from enum import IntEnum
+
+
+class EVState(IntEnum):
+    GOOD = 0
+    SKIP = 1
+    ASSUMED_BAD = 2
+    DENIED = 3
+
+
+# on_change(ev, old_state, new_state, reason, now); states as describe() names them
+ChangeCallback = Callable[[int, str, str, str, float], None]
+
+
+def _nothing(ev: int, old: str, new: str, reason: str, now: float) -> None:
+    return None
 
 
 class EVSet:
-    def __init__(self, ports: list[int], planes: list[int] | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        ports: list[int],
+        planes: list[int] | None = None,
+        seed: int = 0,
+        active: int | None = None,
+        min_active_per_plane: int = 0,
+        probe_interval: float = 0.02,
+        probe_timeout: float = 0.1,
+        resurrect_after: int = 3,
+        plane_dead_losses: int = 8,
+        on_change: ChangeCallback | None = None,
+    ) -> None:
         if not ports:
             raise ValueError("an EV set needs at least one entropy value")
         if len(set(ports)) != len(ports):
             raise ValueError("entropy values (source ports) must be distinct")
+        n = len(ports)
         self.ports = list(ports)
-        self.planes = list(planes) if planes is not None else [0] * len(ports)
-        if len(self.planes) != len(self.ports):
+        self.planes = list(planes) if planes is not None else [0] * n
+        if len(self.planes) != n:
             raise ValueError("need one plane per entropy value")
+        self.nplanes = max(self.planes) + 1
         self.index_of_port = {p: i for i, p in enumerate(self.ports)}
-        self.packets = [0] * len(self.ports)
+        self.packets = [0] * n
+        n_active = n if active is None else max(1, min(active, n))
+        self.state = [EVState.GOOD] * n
+        self.active = [i < n_active for i in range(n)]
+        self.target = [0] * self.nplanes  # active EVs each plane should have
+        for i in range(n_active):
+            self.target[self.planes[i]] += 1
+        self.floor = [
+            min(t, min_active_per_plane) if min_active_per_plane else max(1, t // 4)
+            for t in self.target
+        ]
+        self.plane_down = [False] * self.nplanes
+        self.peer_plane_down = [False] * self.nplanes
+        self.loss_streak = [0] * self.nplanes
+        self.usable = list(self.active)
+        self.probe_interval = probe_interval
+        self.probe_timeout = probe_timeout
+        self.resurrect_after = resurrect_after
+        self.plane_dead_losses = plane_dead_losses
+        self.on_change: ChangeCallback = on_change or _nothing
+        self._next_probe: dict[int, float] = {}  # ASSUMED_BAD ev -> next probe time
+        self._probe_sent: dict[int, float] = {}  # ev -> when its unanswered probe left
+        self._probe_ok: dict[int, int] = {}  # ev -> consecutive answered probes
+        self._skipped: list[int] = []
+        self._skipped_prev: list[int] = []
+        self._now = 0.0  # time of the latest evidence, for transitions found while spraying
+        # counters
+        self.assumed_bad = 0
+        self.resurrected = 0
+        self.skips = 0
+        self.planes_lost = 0
+        self.floor_holds = 0
         self._rng = random.Random(seed)
-        self._order = list(range(len(self.ports)))
-        self._rng.shuffle(self._order)
+        self._order: list[int] = []
         self._pos = 0
+        self._rebuild()
 
     def __len__(self) -> int:
         return len(self.ports)
 
+    # ---- spraying ----------------------------------------------------------------------
+
+    def _rebuild(self) -> None:
+        # a trimmed EV sits out the rest of its round and the whole next one
+        for ev in self._skipped_prev:
+            if self.state[ev] == EVState.SKIP:
+                self._set(ev, EVState.GOOD, "skip over", self._now)
+        self._skipped_prev = self._skipped
+        self._skipped = []
+        order = [i for i, ok in enumerate(self.usable) if ok]
+        if not order:
+            # nothing known to work: keep trying everything the operator allows, so data
+            # still flows if the evidence was wrong and the retry budget still runs out if not
+            order = [i for i, s in enumerate(self.state) if s != EVState.DENIED]
+        self._rng.shuffle(order)
+        self._order = order
+        self._pos = 0
+
     def next(self) -> int:
         """The EV for the next packet."""
-        pos = self._pos
-        if pos == len(self._order):
-            self._rng.shuffle(self._order)
-            pos = 0
-        ev = self._order[pos]
-        self._pos = pos + 1
-        return ev
+        usable = self.usable
+        while True:
+            pos = self._pos
+            if pos >= len(self._order):
+                self._rebuild()
+                pos = 0
+                if not any(usable):
+                    ev = self._order[0] if self._order else 0
+                    self._pos = 1
+                    return ev
+            ev = self._order[pos]
+            self._pos = pos + 1
+            if usable[ev]:
+                return ev
 
     def next_other(self, avoid: int) -> int:
         """The next EV that is not ``avoid`` (used for retransmissions)."""
         ev = self.next()
+        tries = len(self.ports) + 1
         # ``while``, not ``if``: the second draw can start a fresh permutation whose first
         # entry is ``avoid`` again.
-        while ev == avoid and len(self._order) > 1:
+        while ev == avoid and tries:
             ev = self.next()
+            tries -= 1
+        if ev == avoid:
+            # ``avoid`` is the only usable EV: take another that is merely resting (backup or
+            # SKIP) before one assumed bad, and never a denied one
+            rank = {EVState.GOOD: 0, EVState.SKIP: 1, EVState.ASSUMED_BAD: 2}
+            others = [i for i, st in enumerate(self.state)
+                      if i != avoid and st != EVState.DENIED]
+            if others:
+                ev = min(others, key=lambda i: (rank[self.state[i]], i))
         return ev
+
+    # ---- evidence ----------------------------------------------------------------------
+
+    def delivered(self, ev: int) -> None:
+        """A packet sent on ``ev`` was acknowledged: its plane is alive."""
+        self.loss_streak[self.planes[ev]] = 0
+
+    def lost(self, ev: int, now: float, reason: str) -> None:
+        """A packet sent on ``ev`` was lost without a trim: loss means failure."""
+        plane = self.planes[ev]
+        self.loss_streak[plane] += 1
+        if self.loss_streak[plane] >= self.plane_dead_losses and not self.plane_down[plane]:
+            self.set_plane_down(plane, now, f"{self.loss_streak[plane]} losses in a row")
+            return
+        if self.state[ev] not in (EVState.GOOD, EVState.SKIP) or not self.active[ev]:
+            return
+        backup = self._backup_for(plane)
+        if backup is None and self._active_in_plane(plane) <= self.floor[plane]:
+            self.floor_holds += 1
+            return
+        self._retire(ev, now, reason)
+        if backup is not None:
+            self.active[backup] = True
+            self._refresh(backup)
+            self.on_change(backup, "GOOD (backup)", "GOOD", f"replaces EV {ev}", now)
+
+    def trimmed(self, ev: int, now: float) -> None:
+        """A TRIMMED NACK: congestion on this EV's path; skip it for a round."""
+        self._now = now
+        if self.state[ev] == EVState.GOOD and self.active[ev]:
+            self.skips += 1
+            self._set(ev, EVState.SKIP, "trimmed", now)
+            self._skipped.append(ev)
+
+    def deny(self, ev: int, now: float = 0.0) -> None:
+        """Operator denylist: never use this EV again."""
+        was_active = self.active[ev] and self.state[ev] in (EVState.GOOD, EVState.SKIP)
+        self._probe_cleanup(ev)
+        self._set(ev, EVState.DENIED, "denied by operator", now)
+        self.active[ev] = False
+        self._refresh(ev)
+        if was_active:
+            backup = self._backup_for(self.planes[ev])
+            if backup is not None:
+                self.active[backup] = True
+                self._refresh(backup)
+
+    def set_plane_down(self, plane: int, now: float, reason: str) -> None:
+        if self.plane_down[plane]:
+            return
+        self.plane_down[plane] = True
+        self.planes_lost += 1
+        for ev in range(len(self.ports)):
+            if self.planes[ev] == plane and self.state[ev] in (EVState.GOOD, EVState.SKIP):
+                self._retire(ev, now, f"plane {plane} down: {reason}")
+        self._refresh_plane(plane)
+
+    def set_peer_planes(self, port_state: int) -> None:
+        """The peer's port-state bitmap (bit p set: its plane p works)."""
+        for plane in range(self.nplanes):
+            down = not (port_state >> plane) & 1
+            if down != self.peer_plane_down[plane]:
+                self.peer_plane_down[plane] = down
+                self._refresh_plane(plane)
+
+    def port_state(self) -> int:
+        """Our port-state bitmap for SACKs: bit p clear when plane p is down here."""
+        bits = 0xFFFF
+        for plane, down in enumerate(self.plane_down):
+            if down:
+                bits &= ~(1 << plane)
+        return bits
+
+    # ---- probing -----------------------------------------------------------------------
+
+    def probes_due(self, now: float) -> list[int]:
+        """ASSUMED_BAD EVs to probe now (at most one unanswered probe per EV)."""
+        if not self._next_probe:
+            return []
+        due = []
+        for ev, when in self._next_probe.items():
+            sent = self._probe_sent.get(ev)
+            if sent is not None and sent + self.probe_timeout <= now:  # as next_probe_time
+                del self._probe_sent[ev]  # unanswered: the streak starts again
+                self._probe_ok[ev] = 0
+                sent = None
+            if sent is None and when <= now:
+                due.append(ev)
+        for ev in due:
+            self._next_probe[ev] = now + self.probe_interval
+            self._probe_sent[ev] = now
+        return due
+
+    def probe_answered(self, ev: int, now: float) -> None:
+        if self._probe_sent.pop(ev, None) is None or self.state[ev] != EVState.ASSUMED_BAD:
+            return
+        plane = self.planes[ev]
+        if self.plane_down[plane]:
+            self.plane_down[plane] = False
+            self.loss_streak[plane] = 0
+            self._refresh_plane(plane)
+        ok = self._probe_ok.get(ev, 0) + 1
+        self._probe_ok[ev] = ok
+        if ok >= self.resurrect_after:
+            self._probe_cleanup(ev)
+            self.resurrected += 1
+            self.active[ev] = self._active_in_plane(plane) < self.target[plane]
+            self._set(ev, EVState.GOOD, f"resurrected: {ok} probes answered", now)
+
+    def next_probe_time(self) -> float | None:
+        """When probes_due() will next have something to do (a probe or a probe timeout)."""
+        if not self._next_probe:
+            return None
+        sent = self._probe_sent
+        timeout = self.probe_timeout
+        return min(
+            sent[ev] + timeout if ev in sent else when for ev, when in self._next_probe.items()
+        )
+
+    def is_probing(self, ev: int) -> bool:
+        return ev in self._probe_sent
+
+    # ---- reporting ---------------------------------------------------------------------
+
+    def describe(self, ev: int) -> str:
+        s = self.state[ev]
+        if s == EVState.GOOD and not self.active[ev]:
+            return "GOOD (backup)"
+        return s.name
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "evs_assumed_bad": self.assumed_bad,
+            "evs_resurrected": self.resurrected,
+            "evs_skipped": self.skips,
+            "planes_lost": self.planes_lost,
+            "floor_holds": self.floor_holds,
+        }
+
+    # ---- internals ---------------------------------------------------------------------
+
+    def _retire(self, ev: int, now: float, reason: str) -> None:
+        self.assumed_bad += 1
+        self.active[ev] = False
+        self._set(ev, EVState.ASSUMED_BAD, reason, now)
+        self._next_probe[ev] = now + self.probe_interval
+        self._probe_ok[ev] = 0
+
+    def _probe_cleanup(self, ev: int) -> None:
+        self._next_probe.pop(ev, None)
+        self._probe_sent.pop(ev, None)
+        self._probe_ok.pop(ev, None)
+
+    def _set(self, ev: int, new: EVState, reason: str, now: float) -> None:
+        old = self.state[ev]
+        before = self.describe(ev)
+        self.state[ev] = new
+        self._refresh(ev)
+        if old != new:
+            self.on_change(ev, before, self.describe(ev), reason, now)
+
+    def _refresh(self, ev: int) -> None:
+        plane = self.planes[ev]
+        self.usable[ev] = (
+            self.active[ev]
+            and self.state[ev] == EVState.GOOD
+            and not self.plane_down[plane]
+            and not self.peer_plane_down[plane]
+        )
+
+    def _refresh_plane(self, plane: int) -> None:
+        for ev in range(len(self.ports)):
+            if self.planes[ev] == plane:
+                self._refresh(ev)
+
+    def _backup_for(self, plane: int) -> int | None:
+        for ev in range(len(self.ports)):
+            if (self.planes[ev] == plane and not self.active[ev]
+                    and self.state[ev] == EVState.GOOD):
+                return ev
+        return None
+
+    def _active_in_plane(self, plane: int) -> int:
+        return sum(1 for ev in range(len(self.ports))
+                   if self.planes[ev] == plane and self.active[ev]
+                   and self.state[ev] in (EVState.GOOD, EVState.SKIP))

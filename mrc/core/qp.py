@@ -14,7 +14,7 @@ from collections import deque
 
 from mrc import wire
 from mrc.core.config import QPConfig
-from mrc.core.events import Event, ProbeReplied
+from mrc.core.events import Event, EVStateChanged, ProbeReplied
 from mrc.core.evset import EVSet
 from mrc.core.memory import ProtectionDomain
 from mrc.core.requester import Requester
@@ -39,7 +39,11 @@ class QueuePair:
         ev_planes: list[int] | None = None,
         config: QPConfig | None = None,
         initial_psn: int = 0,
+        active_evs: int | None = None,
     ) -> None:
+        """``ev_ports[i]``/``ev_planes[i]``: source port and plane of EV i. The first
+        ``active_evs`` EVs (all, by default) are sprayed over; the rest are the backup pool
+        that replaces EVs found bad, plane by plane."""
         self.config = config or QPConfig()
         self.config.validate()
         if not 0 < qpn <= wire.QPN_MASK:
@@ -47,8 +51,20 @@ class QueuePair:
         self.qpn = qpn
         self.initial_psn = initial_psn & wire.PSN_MASK
         self.stats = QPStats()
-        self.evs = EVSet(ev_ports, ev_planes, seed=self.config.spray_seed ^ qpn)
+        cfg = self.config
         self._events: deque[Event] = deque()
+        self.evs = EVSet(
+            ev_ports,
+            ev_planes,
+            seed=cfg.spray_seed ^ qpn,
+            active=active_evs,
+            min_active_per_plane=cfg.min_active_per_plane,
+            probe_interval=cfg.probe_interval,
+            probe_timeout=cfg.probe_timeout,
+            resurrect_after=cfg.resurrect_after,
+            plane_dead_losses=cfg.plane_dead_losses,
+            on_change=self._ev_changed,
+        )
         emit = self._events.append
         self.requester = Requester(self.config, qpn, self.initial_psn, self.evs, self.stats, emit)
         self.responder = Responder(self.config, qpn, self.evs, pd, self.stats, emit)
@@ -87,6 +103,21 @@ class QueuePair:
         pkt = wire.pack_probe(self.remote_qpn or 0, 0, self.evs.ports[ev], token, reply=False)
         self._control.append((ev, pkt, b""))
         self.stats.probes_sent += 1
+
+    def deny_ev(self, ev: int, now: float = 0.0) -> None:
+        """Operator denylist: EV ``ev`` is never used again (state DENIED)."""
+        self.evs.deny(ev, now)
+
+    def send_failed(self, ev: int, now: float, reason: str) -> None:
+        """The transport could not send on ``ev`` (e.g. its NIC is down): that is a loss."""
+        if self.config.ev_health:
+            self.evs.lost(ev, now, f"send error: {reason}")
+
+    def _ev_changed(self, ev: int, old: str, new: str, reason: str, now: float) -> None:
+        evs = self.evs
+        self._events.append(
+            EVStateChanged(self.qpn, now, ev, evs.ports[ev], evs.planes[ev], old, new, reason)
+        )
 
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None
@@ -128,8 +159,11 @@ class QueuePair:
             ev = self.evs.index_of_port.get(ev_port)
             if ev is not None:
                 self.stats.probes_answered += 1
-                rtt = max(0.0, now - token / 1e6) if token <= int(now * 1e6) else 0.0
-                self._events.append(ProbeReplied(self.qpn, ev, rtt))
+                if self.evs.is_probing(ev):
+                    self.evs.probe_answered(ev, now)  # a health probe of an ASSUMED_BAD EV
+                else:
+                    rtt = max(0.0, now - token / 1e6) if token <= int(now * 1e6) else 0.0
+                    self._events.append(ProbeReplied(self.qpn, ev, rtt))
             return
         if self.remote_qpn is None:
             return
@@ -138,6 +172,9 @@ class QueuePair:
 
     def datagrams_to_send(self, now: float) -> list[Datagram]:
         out: list[Datagram] = []
+        if self.config.ev_health and self.remote_qpn is not None and not self.failed:
+            for ev in self.evs.probes_due(now):
+                self.send_probe(ev, now)
         if self._control:
             out.extend(self._control)
             self._control.clear()
@@ -146,18 +183,21 @@ class QueuePair:
         return out
 
     def get_timer(self) -> float | None:
-        a = self.requester.get_timer()
-        b = self.responder.get_timer()
-        if a is None:
-            return b
-        return a if b is None or a < b else b
+        probe = None
+        if self.config.ev_health and self.remote_qpn is not None and not self.failed:
+            probe = self.evs.next_probe_time()
+        times = [t for t in (self.requester.get_timer(), self.responder.get_timer(), probe)
+                 if t is not None]
+        return min(times) if times else None
 
     def handle_timer(self, now: float) -> None:
         self.requester.handle_timer(now)
 
-    def ev_report(self) -> list[dict[str, int]]:
-        """Per-EV packet counts (data packets and retransmissions sent on each)."""
+    def ev_report(self) -> list[dict[str, object]]:
+        """Per EV: source port, plane, packets sent on it (incl. retransmissions), state."""
+        evs = self.evs
         return [
-            {"ev": i, "sport": port, "plane": self.evs.planes[i], "packets": n}
-            for i, (port, n) in enumerate(zip(self.evs.ports, self.evs.packets, strict=True))
+            {"ev": i, "sport": port, "plane": evs.planes[i], "packets": n,
+             "state": evs.describe(i)}
+            for i, (port, n) in enumerate(zip(evs.ports, evs.packets, strict=True))
         ]

@@ -86,6 +86,8 @@ class Requester:
         self._outstanding: dict[int, _Packet] = {}
         self._deadlines: list[tuple[float, int]] = []  # heap of (deadline, seq), lazy deletion
         self._retransmit: deque[int] = deque()
+        self._rack_latest = 0.0  # send time of the latest-sent packet known to have arrived
+        self.health = config.ev_health
 
     # ---- application side -------------------------------------------------------------
 
@@ -226,6 +228,8 @@ class Requester:
             pkt.deadline = _INF
             self._retransmit.append(seq)
             self.stats.retransmits_timeout += 1
+            if self.health:
+                self.evs.lost(pkt.ev, now, "timeout")
 
     def fail(self, reason: str) -> None:
         if not self.failed:
@@ -235,7 +239,7 @@ class Requester:
     # ---- acknowledgements --------------------------------------------------------------
 
     def on_ack(self, data: memoryview | bytes, src_port: int, now: float) -> None:
-        (_op, _f, _pk, _qpw, psnw, aeth, subj, base, bitmap, ev_port, _ports) = (
+        (_op, _f, _pk, _qpw, psnw, aeth, subj, base, bitmap, ev_port, ports) = (
             wire.ACK_PKT.unpack_from(data)
         )
         if self.failed:
@@ -246,8 +250,11 @@ class Requester:
         syndrome = aeth >> 24
         subj_seq = to_seq(ip, subj & wire.PSN_MASK, una)
         subject = outstanding.get(subj_seq)
+        evs = self.evs
+        if self.health and (ports != 0xFFFF or any(evs.peer_plane_down)):
+            evs.set_peer_planes(ports)
         if (syndrome & 0x60) == wire.AETH_NAK_BASE:
-            self._on_nack(syndrome & 0x1F, subj_seq, subject, ev_port)
+            self._on_nack(syndrome & 0x1F, subj_seq, subject, ev_port, now)
         else:
             self.stats.sacks += 1
             if subject is not None and not subject.retransmitted:
@@ -256,9 +263,16 @@ class Requester:
         cum = to_seq(ip, psnw & wire.PSN_MASK, una)
         if cum >= self._next_seq:
             return  # acknowledges what we never sent: stale or forged
+        latest = 0.0
+        planes = evs.planes
+        streak = evs.loss_streak
         if cum >= una:
             for seq in range(una, cum + 1):
-                outstanding.pop(seq, None)
+                pkt = outstanding.pop(seq, None)
+                if pkt is not None:
+                    streak[planes[pkt.ev]] = 0
+                    if pkt.sent_at > latest:
+                        latest = pkt.sent_at
             una = cum + 1
         # selective part
         base_seq = to_seq(ip, base & wire.PSN_MASK, una)
@@ -268,7 +282,11 @@ class Requester:
                 seq = base_seq + low.bit_length() - 1
                 bitmap ^= low
                 if seq >= una:
-                    outstanding.pop(seq, None)
+                    pkt = outstanding.pop(seq, None)
+                    if pkt is not None:
+                        streak[planes[pkt.ev]] = 0
+                        if pkt.sent_at > latest:
+                            latest = pkt.sent_at
         nxt = self._next_seq
         while una < nxt and una not in outstanding:
             una += 1
@@ -277,8 +295,40 @@ class Requester:
         while wrs and wrs[0].last_seq >= 0 and wrs[0].last_seq < una:
             wr = wrs.popleft()
             self._emit(WriteCompleted(self.qpn, wr.wr_id, len(wr.view)))
+        if latest > self._rack_latest:
+            self._rack_latest = latest
+            if outstanding:
+                self._detect_losses(now)
 
-    def _on_nack(self, code: int, seq: int, pkt: _Packet | None, ev_port: int) -> None:
+    def _detect_losses(self, now: float) -> None:
+        """SACK evidence: a packet sent well before one that has arrived is lost.
+
+        "Well before" is a reordering window (a fraction of the smoothed RTT, at least
+        ``reorder_min``): sprayed packets take different paths, but paths of one fabric differ
+        little. Detection takes one RTT instead of an RTO, which is what keeps delivery from
+        stalling when a path dies.
+        """
+        cfg = self.config
+        srtt = self.rtt.srtt or 0.0
+        threshold = self._rack_latest - max(cfg.reorder_min, srtt * cfg.reorder_srtt_fraction)
+        lost = []
+        for seq, pkt in self._outstanding.items():
+            if pkt.sent_at >= threshold:
+                if pkt.retransmitted:
+                    continue  # out of send order: its position is its first transmission's
+                break  # first transmissions are in send order: none later can qualify
+            if pkt.deadline != _INF:
+                lost.append((seq, pkt))
+        for seq, pkt in lost:
+            pkt.deadline = _INF
+            self._retransmit.append(seq)
+            self.stats.retransmits_sack += 1
+            if self.health:
+                self.evs.lost(pkt.ev, now, "lost: later packets arrived")
+
+    def _on_nack(
+        self, code: int, seq: int, pkt: _Packet | None, ev_port: int, now: float
+    ) -> None:
         self.stats.nacks += 1
         if pkt is None:
             self.stats.nacks_ignored += 1
@@ -292,6 +342,8 @@ class Requester:
                 pkt.deadline = _INF
                 self._retransmit.append(seq)
                 self.stats.retransmits_nack += 1
+            if self.health and code == wire.NackCode.TRIMMED:
+                self.evs.trimmed(pkt.ev, now)  # congestion on the path; LASTHOP is incast
             return
         # Fatal codes only count when they match what we last sent for that PSN, so a forged
         # datagram at the receiver cannot tear our QP down.

@@ -51,6 +51,7 @@ class Responder:
         self._subject = (0, 0)  # (seq, source port) of the latest arrival
         self._ack_deadline: float | None = None
         self._out: list[Datagram] = []
+        self._sack_ev: dict[int, int] = {}  # block -> reverse EV of the last SACK reporting it
 
     # ---- input -------------------------------------------------------------------------
 
@@ -105,6 +106,11 @@ class Responder:
         stats.packets_received += 1
         if seq <= cum or self._has(seq):
             stats.duplicates += 1
+            # the sender sent it again, so the SACK that reported it never arrived: loss on
+            # the reverse EV that carried it means failure there, as on any other
+            lost_on = self._sack_ev.pop(seq >> 6, None)
+            if lost_on is not None and self.config.ev_health:
+                self.evs.lost(lost_on, now, "ACK lost: data arrived twice")
             self._note_arrival(seq, src_port, now, force=True)
             return
         hs = hdr.size
@@ -170,6 +176,7 @@ class Responder:
             to_psn(ip, block << 6),
             self._bitmap(block),
             src_port,
+            self.evs.port_state(),
         )
 
     def flush(self) -> None:
@@ -178,10 +185,17 @@ class Responder:
             return
         seq, port = self._subject
         blocks = sorted(self._dirty)[-_MAX_SACKS_PER_FLUSH:]
+        sack_ev = self._sack_ev
         for block in blocks:
             pkt = self._ack_bytes(wire.AETH_ACK, seq, port, block)
-            self._out.append((self.evs.next(), pkt, b""))
+            ev = self.evs.next()
+            sack_ev[block] = ev
+            self._out.append((ev, pkt, b""))
             self.stats.acks_sent += 1
+        if len(sack_ev) > 4096:  # forget blocks far behind the cumulative point
+            floor = (self._cum >> 6) - 1024
+            for block in [b for b in sack_ev if b < floor]:
+                del sack_ev[block]
         self._pending = 0
         self._dirty.clear()
         self._ack_deadline = None

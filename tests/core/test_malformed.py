@@ -86,8 +86,12 @@ def _garbage(net: RecordingNetwork, t: Transfer) -> tuple[list[tuple[str, bytes,
     psn = to_psn(ip, nxt)  # a PSN the receiver has not seen and the sender has outstanding
     pkt = qa.requester._outstanding.get(nxt)
     assert pkt is not None
-    # the forger even sends from one of the sender's own EVs, just not the one this PSN used
-    spoof = qa.evs.ports[(pkt.ev + 1) % len(qa.evs)]
+    # the forger even sends from one of the sender's own EVs, just not the one this PSN used;
+    # that EV is denied so a retransmission of this PSN can never land on it before the
+    # receiver's NACK comes back (which would make the forged NACK match, as it should)
+    spoof_ev = (pkt.ev + 1) % len(qa.evs)
+    qa.deny_ev(spoof_ev)
+    spoof = qa.evs.ports[spoof_ev]
     q = qb.qpn
     other_rkey = (mr.rkey ^ 0x5A5A5A5A) or 1
     assert net.hosts["b"].core.pd.lookup(other_rkey) is None

@@ -121,7 +121,9 @@ def test_budget_counts_per_packet_not_per_connection() -> None:
     t.post(0, 0, random.Random(0).randbytes(400_000), imm=5)
     assert run_until(net, [t], max_time=500)
     t.check_final()
-    assert qa.stats.retransmits_timeout > cfg.max_timeout_retries * 5
+    # SACK-based detection repairs most losses before their timeout; together they are many
+    lost = qa.stats.retransmits_timeout + qa.stats.retransmits_sack
+    assert lost > cfg.max_timeout_retries * 5 and qa.stats.retransmits_timeout > 0
     assert not failures(net)
 
 
@@ -147,7 +149,10 @@ def test_trims_are_recovered_by_nacks_not_timeouts(seed: int) -> None:
     assert sb.trims_seen == net.trimmed  # every trimmed header arrived and was recognised
     assert sb.nacks_sent == sb.trims_seen  # each was NACKed
     assert sa.nacks == sb.nacks_sent and sa.nacks_ignored == 0
-    assert sa.retransmits == sa.retransmits_nack == sb.nacks_sent
+    # a NACK delayed past the reordering window may find its packet already repaired on SACK
+    # evidence; either way nothing waits for a timeout
+    assert sa.retransmits == sa.retransmits_nack + sa.retransmits_sack
+    assert sa.retransmits_nack >= 0.8 * sb.nacks_sent
     assert sa.retransmits_timeout == 0
     # the NACKs on the wire: code TRIMMED, about exactly the PSNs that were trimmed, echoing
     # the EV each trimmed copy travelled on

@@ -156,7 +156,9 @@ def check_run(mix: Mix, net: RecordingNetwork, transfers: list[Transfer]) -> Non
         assert len(txs) == st.data_packets_sent + st.retransmits
         assert len(last_ev) == st.data_packets_sent
         assert sorted(last_ev) == list(range(st.data_packets_sent))  # no gaps, no extras
-        assert st.retransmits == st.retransmits_nack + st.retransmits_timeout
+        assert st.retransmits == (
+            st.retransmits_nack + st.retransmits_timeout + st.retransmits_sack
+        )
 
         # retransmissions are bounded by what the faults can explain
         p = mix.loss + mix.trim
