@@ -15,7 +15,13 @@ from collections import deque
 from collections.abc import Callable
 
 from mrc.core.endpoint import EndpointCore
-from mrc.core.events import ImmediateReceived, ProbeReplied, QPFailed, WriteCompleted
+from mrc.core.events import (
+    EVStateChanged,
+    ImmediateReceived,
+    ProbeReplied,
+    QPFailed,
+    WriteCompleted,
+)
 from mrc.core.qp import QueuePair
 
 RX_BATCH = 512
@@ -38,6 +44,8 @@ class QPChannel:
         self.send_errors = 0
         self.backlog: deque[tuple[int, list]] = deque()
         self.on_error: Callable[[str], None] | None = None
+        # called with every EV state transition (e.g. to write the JSON-lines event log)
+        self.on_ev_event: Callable[[EVStateChanged], None] | None = None
 
     def fail(self, reason: str) -> None:
         if self.error is not None:
@@ -140,6 +148,7 @@ class Endpoint:
             if ch.backlog:
                 ch.backlog.extend((ev, [h, p]) for ev, h, p in datagrams)
             else:
+                errors = 0
                 for i, (ev, hdr, payload) in enumerate(datagrams):
                     try:
                         send[ev]((hdr, payload))
@@ -147,10 +156,19 @@ class Endpoint:
                         ch.backlog.extend((e, [h, p]) for e, h, p in datagrams[i:])
                         self._wait_writable(ch)
                         break
-                    except OSError:
-                        # ICMP errors surface here (e.g. port unreachable): the core's
-                        # timeouts and retry budget decide what they mean.
-                        ch.send_errors += 1
+                    except OSError as exc:
+                        # e.g. the NIC of this EV's plane is down (ENETUNREACH), or an ICMP
+                        # error came back: the datagram is lost, which is evidence on the EV
+                        errors += 1
+                        qp.send_failed(ev, now, exc.strerror or str(exc))
+                ch.send_errors += errors
+                if errors:
+                    datagrams = qp.datagrams_to_send(now)  # repairs decided just now
+                    for ev, hdr, payload in datagrams:
+                        try:
+                            send[ev]((hdr, payload))
+                        except OSError:
+                            ch.send_errors += 1
         self._dispatch_events(ch)
         deadline = qp.get_timer()
         if deadline is not None and (self._timer_at is None or deadline < self._timer_at):
@@ -186,6 +204,9 @@ class Endpoint:
                 ch.imms.put_nowait(ev.imm)
             elif isinstance(ev, QPFailed):
                 ch.fail(ev.reason)
+            elif isinstance(ev, EVStateChanged):
+                if ch.on_ev_event is not None:
+                    ch.on_ev_event(ev)
             elif isinstance(ev, ProbeReplied):
                 ch.probes.put_nowait(ev)
         if qp.idle:
