@@ -15,19 +15,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import secrets
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mrc.core.config import QPConfig
 from mrc.core.endpoint import EndpointCore
-from mrc.core.memory import Access, MemoryRegion
+from mrc.core.memory import Access, MemoryRegion, ProtectionDomain
 from mrc.core.qp import QueuePair
+from mrc.srv6.evroutes import EVRoute, fabric_routes, plain_routes
 from mrc.transport.control import PROTOCOL_VERSION, ControlChannel, ControlError, check_version
 from mrc.transport.endpoint import Endpoint, QPChannel
 from mrc.transport.sockets import ev_socket, family_of, udp_socket
 from mrc.wire import DEFAULT_PORT
+
+if TYPE_CHECKING:
+    from mrc.fabric.topology import Topology
 
 CONNECT_TIMEOUT = 5.0
 
@@ -72,24 +78,48 @@ def _new_qpn(core: EndpointCore) -> int:
             return qpn
 
 
+def _adopt(pd: ProtectionDomain, region: MemoryRegion) -> None:
+    """Make ``region`` (registered elsewhere, e.g. on a ProtectionDomain of the caller's)
+    writable through ``pd`` under the same rkey and address, so what the peer is told holds."""
+    held = pd.lookup(region.rkey)
+    if held is region:
+        return
+    if held is not None:
+        raise MRCError(f"two regions share rkey {region.rkey:#x}")
+    pd._by_rkey[region.rkey] = region
+
+
 def _plane_pairs(local: list[str], remote: list[str]) -> list[tuple[str, str]]:
     n = min(len(local), len(remote))
     return [(local[i], remote[i]) for i in range(n)]
 
 
+def _routes(pairs: list[tuple[str, str]], fabric: Topology | None) -> list[list[EVRoute]]:
+    return fabric_routes(fabric, pairs) if fabric is not None else plain_routes(pairs)
+
+
+def backup_count(active: int, planes: int) -> int:
+    """Backup EVs opened beside ``active`` ones: a quarter more, at least one per plane."""
+    return max(planes, active // 4)
+
+
 def _open_ev_sockets(
-    count: int, pairs: list[tuple[str, str]], peer_port: int
-) -> tuple[list[socket.socket], list[int]]:
-    """``count`` EV sockets spread round-robin over the (local, remote) plane pairs."""
+    count: int, routes: list[list[EVRoute]], peer_port: int
+) -> tuple[list[socket.socket], list[int], list[str]]:
+    """``count`` EV sockets: EV i is on plane i mod P and takes that plane's paths in turn,
+    so EVs are spread evenly over planes first and over paths (spines) within a plane."""
     socks: list[socket.socket] = []
     planes: list[int] = []
+    labels: list[str] = []
     used: set[int] = set()
+    nplanes = len(routes)
     try:
         for i in range(count):
-            plane = i % len(pairs)
-            local, remote = pairs[plane]
+            plane = i % nplanes
+            options = routes[plane]
+            route = options[(i // nplanes) % len(options)]
             for _attempt in range(64):
-                sock = ev_socket(local, (remote, peer_port))
+                sock = ev_socket(route.local, (route.remote, peer_port), route.srh)
                 sport = sock.getsockname()[1]
                 if sport not in used:
                     break
@@ -100,11 +130,12 @@ def _open_ev_sockets(
             used.add(sport)
             socks.append(sock)
             planes.append(plane)
+            labels.append(route.label)
     except OSError as exc:
         for s in socks:
             s.close()
         raise MRCError(f"cannot open EV sockets: {exc.strerror or exc}") from None
-    return socks, planes
+    return socks, planes, labels
 
 
 class Connection:
@@ -120,6 +151,7 @@ class Connection:
         granted: MemoryRegion | None = None,
         meta: dict[str, object] | None = None,
         plane_pairs: list[tuple[str, str]] | None = None,
+        routes: list[str] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.channel = channel
@@ -129,6 +161,7 @@ class Connection:
         self.granted = granted  # region created for this peer's request (receiver side)
         self.requested = remote_regions[0] if remote_regions else None  # sender side
         self.plane_pairs = plane_pairs or []
+        self.routes = routes or []  # route label of each EV
         self.meta = meta or {}
         self._owns_endpoint = owns_endpoint
         self._closed = False
@@ -212,11 +245,12 @@ class Connection:
         out["rto"] = self.qp.requester.rtt.rto
         return out
 
-    def ev_report(self, routes: list[str] | None = None) -> list[dict[str, object]]:
+    def ev_report(self) -> list[dict[str, object]]:
+        """One row per EV: index, source port, plane, route, packets sent on it, state."""
         rows: list[dict[str, object]] = []
         for row in self.qp.ev_report():
             r: dict[str, object] = dict(row)
-            r["route"] = routes[row["ev"]] if routes else "direct"
+            r["route"] = self.routes[row["ev"]] if self.routes else "direct"
             rows.append(r)
         return rows
 
@@ -250,8 +284,10 @@ class Listener:
         evs: int,
         config: QPConfig | None,
         region_factory: RegionFactory | None,
+        fabric: Topology | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.fabric = fabric
         self.server = server
         self.plane_addrs = plane_addrs
         self.evs = evs
@@ -306,10 +342,12 @@ class Listener:
         local = self.plane_addrs or [_any_address(peer_addrs[0])]
         pairs = _plane_pairs(local, peer_addrs)
         peer_port = int(hello["udp_port"])  # type: ignore[arg-type]
-        socks, planes = _open_ev_sockets(max(self.evs, len(pairs)), pairs, peer_port)
+        active = max(self.evs, len(pairs))
+        total = active + backup_count(active, len(pairs))
+        socks, planes, labels = _open_ev_sockets(total, _routes(pairs, self.fabric), peer_port)
         qp = QueuePair(
             _new_qpn(core), core.pd, [s.getsockname()[1] for s in socks], planes, cfg,
-            secrets.randbits(24),
+            secrets.randbits(24), active_evs=active,
         )
         qp.connect(int(hello["qpn"]), int(hello["psn"]))  # type: ignore[arg-type]
         granted = None
@@ -336,7 +374,8 @@ class Listener:
                 "regions": regions,
             }
         )
-        conn = Connection(self.endpoint, channel, control, [], False, granted, hello)
+        conn = Connection(self.endpoint, channel, control, [], False, granted, hello,
+                          plane_pairs=pairs, routes=labels)
         remote = hello.get("regions") or []
         conn.remote = {str(r["name"]): RemoteRegion.from_dict(r) for r in remote}  # type: ignore[index, union-attr, arg-type]
         return conn
@@ -368,39 +407,59 @@ async def listen(
     evs: int = 16,
     config: QPConfig | None = None,
     region_factory: RegionFactory | None = None,
+    fabric: Topology | None = None,
 ) -> Listener:
     """Listen for MRC connections: UDP on ``port`` and the TCP side channel on the same port.
 
     ``plane_addrs``: this host's address on each plane (one per NIC); data for plane p arrives
     there, and senders are told about them. Without it, one plane on whatever address the
     sender reached. ``region_factory(size, request)`` allocates memory for a sender that asks
-    for a region of ``size`` bytes (as mrc-recv does for a file).
+    for a region of ``size`` bytes (as mrc-recv does for a file). ``fabric``: an mrc-fabric
+    topology; acknowledgements are then sprayed over its SRv6 paths (every spine of every plane).
     """
     addrs = [_resolve(a) for a in plane_addrs] if plane_addrs else []
     host = _resolve(host) if host not in ("", "::", "0.0.0.0") else (host or "::")
-    udp_hosts = addrs or [host]
-    socks: list[socket.socket] = []
-    try:
-        for h in udp_hosts:
-            socks.append(udp_socket(h, port))
-            port = socks[0].getsockname()[1]
-    except OSError as exc:
-        for s in socks:
-            s.close()
-        raise MRCError(f"cannot listen on UDP [{h}]:{port}: {exc.strerror or exc}") from None
-    endpoint = Endpoint(EndpointCore(), socks)
+    tcp_hosts = addrs or [host]
+    # one UDP socket for every plane: a single receive queue keeps the arrival order across
+    # planes, which SACK-based loss detection at the sender relies on (two sockets drained in
+    # turn would reorder by a whole batch)
+    udp_hosts = [_any_address(addrs[0])] if len(addrs) > 1 else tcp_hosts
     listener: Listener | None = None
 
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         assert listener is not None
         await listener._handle(r, w)
 
-    try:
-        server = await asyncio.start_server(handler, udp_hosts, port, reuse_address=True)
-    except OSError as exc:
-        endpoint.close()
-        raise MRCError(f"cannot listen on TCP port {port}: {exc.strerror or exc}") from None
-    listener = Listener(endpoint, server, addrs, evs, config, region_factory)
+    # port 0: the kernel picks a free UDP port, which may be taken for TCP (or on another
+    # plane address): try again with another rather than fail
+    for attempt in range(32 if port == 0 else 1):
+        last = attempt == (31 if port == 0 else 0)
+        want = port
+        socks: list[socket.socket] = []
+        try:
+            for h in udp_hosts:
+                socks.append(udp_socket(h, want))
+                want = socks[0].getsockname()[1]
+        except OSError as exc:
+            for s in socks:
+                s.close()
+            if last or exc.errno != errno.EADDRINUSE:
+                raise MRCError(
+                    f"cannot listen on UDP [{h}]:{want}: {exc.strerror or exc}"
+                ) from None
+            continue
+        endpoint = Endpoint(EndpointCore(), socks)
+        try:
+            server = await asyncio.start_server(handler, tcp_hosts, want, reuse_address=True)
+        except OSError as exc:
+            endpoint.close()
+            if last or exc.errno != errno.EADDRINUSE:
+                raise MRCError(
+                    f"cannot listen on TCP port {want}: {exc.strerror or exc}"
+                ) from None
+            continue
+        break
+    listener = Listener(endpoint, server, addrs, evs, config, region_factory, fabric)
     return listener
 
 
@@ -415,12 +474,18 @@ async def connect(
     request_name: str = "",
     regions: list[MemoryRegion] | None = None,
     timeout: float = CONNECT_TIMEOUT,
+    fabric: Topology | None = None,
 ) -> Connection:
     """Connect a QP to a listener at ``host``:``port``.
+
+    ``fabric``: an mrc-fabric topology; each plane's EVs are then spread over its SRv6 paths
+    (one per spine), each EV socket carrying its path as a sticky Segment Routing Header.
 
     ``evs`` entropy values (UDP source ports) are spread evenly over the planes: plane p pairs
     ``local_addrs[p]`` with the listener's p-th plane address. ``request_size`` asks the
     listener to allocate a region of that size for us (it appears first in ``remote``).
+    ``regions``: memory of ours the listener may write into (announced in the hello; its
+    ``remote``). ``timeout`` bounds the TCP connect and the wait for the listener's answer.
     """
     if evs < 1:
         raise MRCError("need at least one EV")
@@ -429,6 +494,9 @@ async def connect(
         cfg.validate()
     except ValueError as exc:
         raise MRCError(str(exc)) from None
+    core = EndpointCore()
+    for region in regions or []:
+        _adopt(core.pd, region)
     host = _resolve(host)
     locals_ = [_resolve(a) for a in local_addrs] if local_addrs else []
     try:
@@ -449,10 +517,11 @@ async def connect(
     except OSError as exc:
         control.close()
         raise MRCError(f"cannot open a UDP socket: {exc.strerror or exc}") from None
-    endpoint = Endpoint(EndpointCore(), [rx])
+    endpoint = Endpoint(core, [rx])
     try:
         conn = await _client_setup(
-            endpoint, control, host, locals_, evs, cfg, request_size, request_name, regions or []
+            endpoint, control, host, locals_, evs, cfg, request_size, request_name,
+            regions or [], timeout, fabric,
         )
     except BaseException:
         control.close()
@@ -471,6 +540,8 @@ async def _client_setup(
     request_size: int | None,
     request_name: str,
     regions: list[MemoryRegion],
+    timeout: float = CONNECT_TIMEOUT,
+    fabric: Topology | None = None,
 ) -> Connection:
     core = endpoint.core
     qpn = _new_qpn(core)
@@ -489,9 +560,9 @@ async def _client_setup(
         hello["request"] = {"size": request_size, "name": request_name}
     try:
         await control.send(hello)
-        reply = await control.recv(timeout=CONNECT_TIMEOUT)
+        reply = await control.recv(timeout=timeout)
     except ControlError as exc:
-        raise MRCError(str(exc)) from None
+        raise MRCError(f"set-up with [{host}] failed: {exc}") from None
     if reply is None:
         raise MRCError(f"[{host}] closed the side channel during set-up")
     try:
@@ -502,9 +573,13 @@ async def _client_setup(
         raise MRCError(f"connection refused by the receiver: {reply.get('error', 'no reason')}")
     remote_addrs = [str(a) for a in reply.get("addrs") or []] or [host]  # type: ignore[union-attr]
     pairs = _plane_pairs(locals_, remote_addrs)
-    socks, planes = _open_ev_sockets(evs, pairs, int(reply["udp_port"]))  # type: ignore[arg-type]
-    qp = QueuePair(qpn, core.pd, [s.getsockname()[1] for s in socks], planes, cfg, psn)
+    total = evs + backup_count(evs, len(pairs))
+    socks, planes, labels = _open_ev_sockets(
+        total, _routes(pairs, fabric), int(reply["udp_port"])  # type: ignore[arg-type]
+    )
+    qp = QueuePair(qpn, core.pd, [s.getsockname()[1] for s in socks], planes, cfg, psn,
+                   active_evs=evs)
     qp.connect(int(reply["qpn"]), int(reply["psn"]))  # type: ignore[arg-type]
     channel = endpoint.attach(qp, socks)
     remote = [RemoteRegion.from_dict(r) for r in reply.get("regions") or []]  # type: ignore[union-attr, arg-type]
-    return Connection(endpoint, channel, control, remote, True, plane_pairs=pairs)
+    return Connection(endpoint, channel, control, remote, True, plane_pairs=pairs, routes=labels)

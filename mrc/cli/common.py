@@ -26,6 +26,13 @@ class Failure(Exception):
     """The transfer failed: reported as one line, exit status 1."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (argparse prints usage + message)."""
+
+    def error(self, message: str) -> NoReturn:
+        die(self.prog, f"{message} (see {self.prog} --help)", 2)
+
+
 def parse_size(text: str) -> int:
     """'64M' -> 64 MiB. K/M/G are binary (as dd and most transfer tools read them); KB/MB/GB
     are decimal; KiB/MiB/GiB are binary."""
@@ -58,6 +65,12 @@ def parse_endpoint(text: str, default_host: str = "::") -> tuple[str, int]:
     else:
         host = text
     return (host or default_host, DEFAULT_PORT if port is None else port)
+
+
+def endpoint_arg(text: str) -> str:
+    """argparse type for HOST[:PORT]: checked while parsing (bad usage), split later."""
+    parse_endpoint(text)
+    return text
 
 
 def _port(text: str, whole: str) -> int:

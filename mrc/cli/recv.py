@@ -11,9 +11,11 @@ import sys
 
 from mrc.cli.common import (
     Failure,
+    Parser,
     Progress,
     die,
     emit_json,
+    endpoint_arg,
     human_bytes,
     human_rate,
     parse_endpoint,
@@ -28,14 +30,14 @@ PROG = "mrc-recv"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=PROG,
         description="Receive MRC transfers from mrc-send. Each packet is written straight to "
         "its offset in an mmap of the output file (write-to-offset), in whatever order it "
         "arrives; the result is verified with SHA-256 against the sender's.",
         epilog="Exit status: 0 every transfer verified, 1 a transfer failed, 2 bad usage.",
     )
-    p.add_argument("--listen", action="append", metavar="[ADDR]:PORT",
+    p.add_argument("--listen", action="append", metavar="[ADDR]:PORT", type=endpoint_arg,
                    help="address and port to listen on (UDP data and the TCP side channel); "
                    "repeat once per plane address. Default [::]:4791")
     out = p.add_mutually_exclusive_group(required=True)
@@ -148,20 +150,15 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace) ->
     elif ok and result is not None:
         print(f"ok: received {human_bytes(size)} from {peer} in {result.seconds:.3f} s "
               f"({human_rate(result.goodput_bps)}); sha256 {result.sha256[:16]}... verified")
-    else:
+    if not ok:  # with --json too: every failure is one line on stderr
         print(f"{PROG}: error: transfer from {peer} failed: {error}", file=sys.stderr)
     return ok
 
 
 async def _main(args: argparse.Namespace) -> int:
     endpoints = [parse_endpoint(e) for e in (args.listen or ["[::]:4791"])]
-    ports = {p for _h, p in endpoints}
-    if len(ports) != 1:
-        raise Failure("all --listen addresses must use the same port")
-    port = ports.pop()
+    port = endpoints[0][1]
     hosts = [h for h, _p in endpoints]
-    if args.out and args.count > 1 and "{n}" not in args.out:
-        raise Failure("with --count > 1, --out needs a {n} placeholder in the file name")
     outputs = _Outputs(args)
     plane_addrs = hosts if len(hosts) > 1 or hosts[0] not in ("::", "0.0.0.0") else None
     listener: Listener = await listen(hosts[0], port, plane_addrs=plane_addrs, evs=args.evs,
@@ -187,8 +184,19 @@ async def _main(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors argparse cannot see on its own (exit status 2)."""
+    ports = {parse_endpoint(e)[1] for e in args.listen or []}
+    if len(ports) > 1:
+        parser.error("all --listen addresses must use the same port")
+    if args.out and args.count > 1 and "{n}" not in args.out:
+        parser.error("with --count > 1, --out needs a {n} placeholder in the file name")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_usage(parser, args)
     try:
         return run(_main(args))
     except (Failure, MRCError) as exc:

@@ -177,10 +177,15 @@ class EVSet:
         """A packet sent on ``ev`` was acknowledged: its plane is alive."""
         self.loss_streak[self.planes[ev]] = 0
 
-    def lost(self, ev: int, now: float, reason: str) -> None:
-        """A packet sent on ``ev`` was lost without a trim: loss means failure."""
+    def lost(self, ev: int, now: float, reason: str, plane_evidence: bool = True) -> None:
+        """A packet sent on ``ev`` was lost without a trim: loss means failure.
+
+        ``plane_evidence``: whether the loss also counts towards declaring the plane dead. A
+        side that only sends ACKs never hears of deliveries, so its streaks could not reset.
+        """
         plane = self.planes[ev]
-        self.loss_streak[plane] += 1
+        if plane_evidence:
+            self.loss_streak[plane] += 1
         if self.loss_streak[plane] >= self.plane_dead_losses and not self.plane_down[plane]:
             self.set_plane_down(plane, now, f"{self.loss_streak[plane]} losses in a row")
             return

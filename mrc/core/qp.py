@@ -69,6 +69,7 @@ class QueuePair:
         self.requester = Requester(self.config, qpn, self.initial_psn, self.evs, self.stats, emit)
         self.responder = Responder(self.config, qpn, self.evs, pd, self.stats, emit)
         self._control: list[Datagram] = []
+        self._announced_ports = 0xFFFF
         self.remote_qpn: int | None = None
 
     def connect(self, remote_qpn: int, remote_initial_psn: int) -> None:
@@ -175,6 +176,12 @@ class QueuePair:
         if self.config.ev_health and self.remote_qpn is not None and not self.failed:
             for ev in self.evs.probes_due(now):
                 self.send_probe(ev, now)
+            state = self.evs.port_state()
+            if state != self._announced_ports:
+                # a plane of ours went down or came back: tell the peer at once (SACKs carry
+                # the bitmap), so it stops or resumes sending data and ACKs that way
+                self._announced_ports = state
+                self.responder.announce()
         if self._control:
             out.extend(self._control)
             self._control.clear()

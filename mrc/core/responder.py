@@ -110,7 +110,7 @@ class Responder:
             # the reverse EV that carried it means failure there, as on any other
             lost_on = self._sack_ev.pop(seq >> 6, None)
             if lost_on is not None and self.config.ev_health:
-                self.evs.lost(lost_on, now, "ACK lost: data arrived twice")
+                self.evs.lost(lost_on, now, "ACK lost: data arrived twice", plane_evidence=False)
             self._note_arrival(seq, src_port, now, force=True)
             return
         hs = hdr.size
@@ -178,6 +178,12 @@ class Responder:
             src_port,
             self.evs.port_state(),
         )
+
+    def announce(self) -> None:
+        """Send an ACK now, whatever arrived: it carries our port-state bitmap to the peer."""
+        self._pending = max(self._pending, 1)
+        self._dirty.add(max(self._cum, 0) >> 6)
+        self.flush()
 
     def flush(self) -> None:
         """Queue SACKs for every block that saw arrivals since the last ACK."""

@@ -11,6 +11,7 @@ import contextlib
 import ipaddress
 import socket
 
+IPV6_RTHDR = 57  # linux/in6.h; not exported by Python's socket module
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 
@@ -52,10 +53,16 @@ def udp_socket(host: str, port: int, rcvbuf: int = RCVBUF, sndbuf: int = SNDBUF)
     return sock
 
 
-def ev_socket(local: str, peer: tuple[str, int]) -> socket.socket:
-    """A socket with its own source port, connected to ``peer``: one EV."""
+def ev_socket(local: str, peer: tuple[str, int], srh: bytes | None = None) -> socket.socket:
+    """A socket with its own source port, connected to ``peer``: one EV.
+
+    ``srh``: a Segment Routing Header to put on every packet (sticky IPV6_RTHDR, the only way
+    the kernel accepts an SRH from a UDP socket), so the EV's packets follow its path.
+    """
     sock = udp_socket(local, 0, rcvbuf=1 << 16, sndbuf=SNDBUF)
     try:
+        if srh is not None:
+            sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, srh)
         sock.connect(peer)
     except OSError:
         sock.close()

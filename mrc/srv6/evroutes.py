@@ -1,0 +1,81 @@
+"""The route of each entropy value: which local address, remote address and SRH it uses.
+
+An EV is (plane, path, UDP source port). On an ordinary network a plane has one path (whatever
+the routers choose) and EVs differ by source port only. On an mrc-fabric topology every plane
+has one source-routed path per spine, and a QP's EVs are spread evenly over planes first and
+over the paths within each plane second, so that every plane and every spine carries an equal
+share (MRC keeps equal EVs per plane).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from mrc.fabric.topology import Host, Topology
+from mrc.srv6.paths import list_paths
+
+
+@dataclass(frozen=True, slots=True)
+class EVRoute:
+    plane: int
+    local: str
+    remote: str
+    srh: bytes | None  # sticky IPV6_RTHDR value; None = plain destination routing
+    label: str  # for reports: "plane 0 direct", "p0s1"
+
+
+def plain_routes(pairs: list[tuple[str, str]]) -> list[list[EVRoute]]:
+    """One destination-routed path per plane."""
+    return [[EVRoute(p, local, remote, None, f"plane {p} direct")]
+            for p, (local, remote) in enumerate(pairs)]
+
+
+def host_of_address(topo: Topology, address: str) -> tuple[Host, int] | None:
+    """The fabric host owning ``address`` and the plane of that NIC, if any."""
+    want = _norm(address)
+    for host in topo.hosts:
+        for nic in host.nics:
+            if _norm(nic.address) == want:
+                return host, nic.plane
+    return None
+
+
+def fabric_routes(topo: Topology, pairs: list[tuple[str, str]]) -> list[list[EVRoute]]:
+    """Per plane pair, every source-routed path through the fabric (one per spine).
+
+    Pairs whose addresses are not both fabric host NICs of the same plane fall back to plain
+    routing, so a fabric file never makes a connection fail that would work without it.
+    """
+    out: list[list[EVRoute]] = []
+    for p, (local, remote) in enumerate(pairs):
+        src, dst = host_of_address(topo, local), host_of_address(topo, remote)
+        if src is None or dst is None or src[1] != dst[1] or src[0].name == dst[0].name:
+            out.append(plain_routes([(local, remote)])[0])
+            continue
+        routes = [
+            EVRoute(p, local, remote, path.srh, path.spine or f"plane {src[1]} direct")
+            for path in list_paths(topo, src[0].name, dst[0].name, planes=[src[1]])
+            if path.spine is not None
+        ]
+        out.append(routes or plain_routes([(local, remote)])[0])
+    return out
+
+
+def local_fabric_host(topo: Topology) -> Host | None:
+    """The fabric host this process runs on (its plane addresses are local here)."""
+    for host in topo.hosts:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind((host.nics[0].address, 0))
+            except OSError:
+                continue
+            return host
+    return None
+
+
+def _norm(address: str) -> str:
+    try:
+        return socket.inet_ntop(socket.AF_INET6, socket.inet_pton(socket.AF_INET6, address))
+    except OSError:
+        return address

@@ -1,0 +1,51 @@
+"""One side of a running transfer dies: the other exits 1 with one line, promptly."""
+
+from __future__ import annotations
+
+import json
+import time
+
+EVS = 8  # few EVs, so "connected" is a clear jump in the number of open sockets
+
+
+def _start_pair(mrc_tools, port: int):
+    recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{port}", "--discard", "--json",
+                           "--evs", str(EVS), "--timeout", "20")
+    recv.wait_listening(port)
+    recv_base = recv.sockets()
+    # one packet in flight at a time: 64 MiB takes far longer than this test
+    send = mrc_tools.start("mrc-send", "--size", "64M", "--window", "1", "--evs", str(EVS),
+                           "--to", f"[::1]:{port}", "--json")
+    # both sides have their EV sockets only once the connection is set up
+    send.wait_sockets(EVS + 2)
+    recv.wait_sockets(recv_base + EVS + 1)
+    return recv, send
+
+
+def test_sender_dies_mid_transfer(mrc_tools, mrc_port: int) -> None:
+    recv, send = _start_pair(mrc_tools, mrc_port)
+    send.kill()
+    t0 = time.monotonic()
+    res = recv.wait(15)
+    assert time.monotonic() - t0 < 5
+    assert res.returncode == 1, res.describe()
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mrc-recv: error: "), res.describe()
+    assert "sender went away" in lines[0]
+    out = json.loads(res.stdout)
+    assert out["ok"] is False and "sender went away" in out["error"]
+    assert out["bytes_placed"] < out["bytes"]
+
+
+def test_receiver_dies_mid_transfer(mrc_tools, mrc_port: int) -> None:
+    recv, send = _start_pair(mrc_tools, mrc_port)
+    recv.kill()
+    t0 = time.monotonic()
+    res = send.wait(15)
+    assert time.monotonic() - t0 < 5
+    assert res.returncode == 1, res.describe()
+    assert "Traceback" not in res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mrc-send: error: "), res.describe()
+    assert "receiver" in lines[0]

@@ -1,0 +1,87 @@
+"""send_buffer / receive_buffer: the SHA-256 verdict both sides agree on."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+
+import pytest
+
+import mrc
+from mrc.transfer import receive_buffer, send_buffer
+
+
+async def _pair(size: int):
+    buffers: list[bytearray] = []
+
+    def factory(n: int, _request: dict[str, object]) -> bytearray:
+        buffers.append(bytearray(max(n, 1)))
+        return buffers[-1]
+
+    listener = await mrc.listen("::1", 0, region_factory=factory)
+    conn = await mrc.connect("::1", listener.port, evs=32, request_size=size,
+                             config=mrc.QPConfig(payload_size=4096))
+    peer = await listener.accept(timeout=5)
+    return listener, conn, peer, buffers[0]
+
+
+async def test_verified_transfer_both_sides_agree() -> None:
+    size = 5 * (1 << 20) + 3
+    data = os.urandom(size)
+    listener, conn, peer, buf = await _pair(size)
+    try:
+        assert conn.requested is not None and conn.requested.length == size
+        assert peer.granted is not None and peer.granted.length == size
+        progress: list[int] = []
+        sent, got = await asyncio.gather(
+            send_buffer(conn, memoryview(data)),
+            receive_buffer(peer, peer.granted.view[:size], progress.append),
+        )
+        digest = hashlib.sha256(data).hexdigest()
+        assert sent.ok and got.ok
+        assert sent.sha256 == sent.peer_sha256 == got.sha256 == got.peer_sha256 == digest
+        assert bytes(buf[:size]) == data
+        assert sent.bytes == got.bytes == size
+        assert progress and progress[-1] == size
+        # the receiver's counters travel back with its verdict
+        assert sent.peer_stats["bytes_placed"] == size
+        assert sent.peer_stats["dropped_by_reason"] == {}
+    finally:
+        await conn.close()
+        await listener.close()
+
+
+async def test_mismatch_is_detected_on_both_sides() -> None:
+    """The receiver hashes something other than what was placed: both verdicts say no."""
+    size = 1 << 20
+    data = os.urandom(size)
+    listener, conn, peer, _buf = await _pair(size)
+    try:
+        elsewhere = memoryview(bytearray(size))  # not the region the data lands in
+        sent, got = await asyncio.gather(
+            send_buffer(conn, memoryview(data)), receive_buffer(peer, elsewhere)
+        )
+        assert not sent.ok and not got.ok
+        assert "SHA-256 mismatch" in (sent.error or "")
+        assert "SHA-256 mismatch" in (got.error or "")
+        assert sent.sha256 == hashlib.sha256(data).hexdigest()
+        assert sent.peer_sha256 == got.sha256 == hashlib.sha256(bytes(size)).hexdigest()
+    finally:
+        await conn.close()
+        await listener.close()
+
+
+async def test_receiver_sees_sender_vanish() -> None:
+    size = 1 << 20
+    listener, conn, peer, _buf = await _pair(size)
+    try:
+        # part of the data, no DONE_IMM, then the sender goes away
+        await conn.write(os.urandom(1000), conn.requested, 0)  # type: ignore[arg-type]
+        task = asyncio.ensure_future(receive_buffer(peer, peer.granted.view[:size]))  # type: ignore[union-attr]
+        await conn.close()
+        with pytest.raises(mrc.MRCError, match="sender went away"):
+            await asyncio.wait_for(task, 5)
+    finally:
+        await conn.close()
+        await listener.close()
