@@ -22,6 +22,7 @@ from mrc.cli.common import (
     parse_size,
     positive_int,
 )
+from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
 from mrc.connection import Connection, Listener, MRCError, listen
 from mrc.transfer import receive_buffer
 from mrc.transport.loop import run
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse transfers larger than this (default 64G)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="give up if no sender connects within this time")
+    add_path_args(p)
     p.add_argument("--json", action="store_true",
                    help="print one JSON object per transfer")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
@@ -92,7 +94,9 @@ class _Outputs:
         return m
 
 
-async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace) -> bool:
+async def _one(
+    conn: Connection, outputs: _Outputs, args: argparse.Namespace, evlog: EVLog
+) -> bool:
     region = conn.granted
     if region is None:
         await conn.close()
@@ -103,7 +107,9 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace) ->
     path = outputs.paths.get(id(buf))
     peer = conn.control.peer_host
     progress = Progress(size, f"receiving from {peer}", None if not args.no_progress else False)
+    evlog.attach(conn, "recv")
     try:
+        apply_denies(conn, args.deny)
         result = await receive_buffer(conn, view, progress.update)
     except MRCError as exc:
         result = None
@@ -143,6 +149,7 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace) ->
         "nacks_sent": stats["nacks_sent"],
         "acks_sent": stats["acks_sent"],
         "dropped_by_reason": stats["dropped_by_reason"],
+        **conn.qp.evs.counters(),
         "error": None if ok else error,
     }
     if args.json:
@@ -160,9 +167,13 @@ async def _main(args: argparse.Namespace) -> int:
     port = endpoints[0][1]
     hosts = [h for h, _p in endpoints]
     outputs = _Outputs(args)
+    fabric = load_fabric(args.fabric)
+    if fabric is not None and hosts == ["::"]:
+        hosts = local_plane_addrs(fabric) or hosts
     plane_addrs = hosts if len(hosts) > 1 or hosts[0] not in ("::", "0.0.0.0") else None
+    evlog = EVLog(args.ev_log)
     listener: Listener = await listen(hosts[0], port, plane_addrs=plane_addrs, evs=args.evs,
-                                      region_factory=outputs)
+                                      region_factory=outputs, fabric=fabric)
     if sys.stderr.isatty() and not args.json:
         print(f"listening on {', '.join(f'[{h}]:{listener.port}' for h in hosts)}",
               file=sys.stderr)
@@ -174,13 +185,14 @@ async def _main(args: argparse.Namespace) -> int:
                 conn = await listener.accept(args.timeout)
             except TimeoutError:
                 raise Failure(f"no sender connected within {args.timeout:g} s") from None
-            tasks.append(asyncio.ensure_future(_one(conn, outputs, args)))
+            tasks.append(asyncio.ensure_future(_one(conn, outputs, args, evlog)))
         for ok in await asyncio.gather(*tasks):
             failures += 0 if ok else 1
     finally:
         for t in tasks:
             t.cancel()
         await listener.close()
+        evlog.close()
     return 1 if failures else 0
 
 

@@ -20,6 +20,14 @@ from mrc.cli.common import (
     parse_size,
     positive_int,
 )
+from mrc.cli.pathopts import (
+    EVLog,
+    add_path_args,
+    apply_denies,
+    host_address,
+    load_fabric,
+    local_plane_addrs,
+)
 from mrc.connection import MRCError, connect
 from mrc.core.config import QPConfig
 from mrc.transfer import send_buffer
@@ -51,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="local", action="append", metavar="ADDR",
                    help="local address of one plane; repeat once per plane/NIC (default: the "
                    "address the kernel picks towards HOST)")
+    add_path_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with the result")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     return p
@@ -87,17 +96,26 @@ def _config(args: argparse.Namespace) -> QPConfig:
 async def _main(args: argparse.Namespace) -> int:
     host, port = parse_endpoint(args.to)
     config = _config(args)
+    fabric = load_fabric(args.fabric)
+    host = host_address(fabric, host)
+    local = args.local or local_plane_addrs(fabric)
     data, label = _load(args)
-    conn = await connect(host, port, evs=args.evs, local_addrs=args.local, config=config,
-                         request_size=len(data), request_name=os.path.basename(label))
+    evlog = EVLog(args.ev_log)
+    conn = await connect(host, port, evs=args.evs, local_addrs=local, config=config,
+                         request_size=len(data), request_name=os.path.basename(label),
+                         fabric=fabric)
     progress = Progress(len(data), "sending", None if not args.no_progress else False)
     try:
+        evlog.attach(conn, "send")
+        apply_denies(conn, args.deny)
         result = await send_buffer(conn, data, progress.update)
     finally:
         progress.finish()
         stats = conn.stats()
         evs = conn.ev_report()
+        health = conn.qp.evs.counters()
         await conn.close()
+        evlog.close()
     peer = result.peer_stats
     out = {
         "ok": result.ok,
@@ -119,8 +137,10 @@ async def _main(args: argparse.Namespace) -> int:
         "nacks": stats["nacks"],
         "trims_seen": peer.get("trims_seen", 0),
         "sacks": stats["sacks"],
+        "retransmits_sack": stats["retransmits_sack"],
         "srtt_ms": round(stats["srtt"] * 1000, 3) if stats["srtt"] else None,
         "dropped_by_reason": peer.get("dropped_by_reason", {}),
+        **health,
         "evs": evs,
     }
     if args.json:

@@ -318,8 +318,9 @@ class EVSet:
 
     def _retire(self, ev: int, now: float, reason: str) -> None:
         self.assumed_bad += 1
+        before = self.describe(ev)
         self.active[ev] = False
-        self._set(ev, EVState.ASSUMED_BAD, reason, now)
+        self._set(ev, EVState.ASSUMED_BAD, reason, now, before)
         self._next_probe[ev] = now + self.probe_interval
         self._probe_ok[ev] = 0
 
@@ -328,9 +329,11 @@ class EVSet:
         self._probe_sent.pop(ev, None)
         self._probe_ok.pop(ev, None)
 
-    def _set(self, ev: int, new: EVState, reason: str, now: float) -> None:
+    def _set(
+        self, ev: int, new: EVState, reason: str, now: float, before: str | None = None
+    ) -> None:
         old = self.state[ev]
-        before = self.describe(ev)
+        before = before or self.describe(ev)
         self.state[ev] = new
         self._refresh(ev)
         if old != new:

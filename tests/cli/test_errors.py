@@ -136,9 +136,9 @@ def test_recv_refuses_oversized_transfer(mrc_tools, mrc_port: int) -> None:
 
 
 SEND_FLAGS = ["--size", "--to", "--evs", "--payload", "--window", "--from", "--json",
-              "--no-progress", "--help", "file"]
+              "--no-progress", "--help", "file", "--fabric", "--deny", "--ev-log"]
 RECV_FLAGS = ["--listen", "--out", "--discard", "--count", "--evs", "--max-size", "--timeout",
-              "--json", "--no-progress", "--help"]
+              "--json", "--no-progress", "--help", "--fabric", "--deny", "--ev-log"]
 
 
 @pytest.mark.parametrize(("tool", "flags"), [("mrc-send", SEND_FLAGS), ("mrc-recv", RECV_FLAGS)])
