@@ -16,7 +16,7 @@ def add_path_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fabric", metavar="NAME|FILE",
                    help="an mrc-fabric topology (fabric name or JSON file): EVs are spread over "
                    "its SRv6 paths, every spine of every plane; this host's plane addresses "
-                   "come from it, and hosts may be named (e.g. --to h3)")
+                   "come from it, and the peer may be named by its fabric host name (h3)")
     p.add_argument("--deny", action="append", default=[], metavar="ROUTE|EV",
                    help="never use these EVs (state DENIED): a route name such as a spine "
                    "(p1s0), or an EV number; repeatable")
