@@ -16,6 +16,10 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v tc >/dev/null 2>&1 || need+=(iproute2)
 command -v sysctl >/dev/null 2>&1 || need+=(procps)
 command -v tshark >/dev/null 2>&1 || need+=(tshark)
+# mrc-fabric up --trim: compiles a tc eBPF program (clang + libbpf headers), loads it with libbpf
+command -v clang >/dev/null 2>&1 || need+=(clang)
+[ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+command -v bpftool >/dev/null 2>&1 || need+=(bpftool)
 pick_python() {
   for py in python3.13 python3.12 python3.11 python3; do
     if command -v "$py" >/dev/null 2>&1 &&

@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
             "examples:\n"
             "  mrc-fabric up                         # 4 planes x (2 spines, 2 leaves), 4 hosts\n"
             "  mrc-fabric up --planes 2 --rate 200mbit --name demo\n"
+            "  mrc-fabric up --planes 1 --rate 50mbit --trim   # trim instead of tail drop\n"
             "  mrc-fabric paths h0 h3                # SRv6 paths: plane x spine\n"
             "  mrc-fabric ping h0 h3 --via p0s1      # ICMPv6 echo over spine p0s1\n"
             "  mrc-fabric link down p0l0 p0s1        # fail a link; 'link up' heals it\n"
@@ -79,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--hosts", type=_positive_int, default=4, help="hosts, at least 2 (default 4)")
     up.add_argument("--rate", help="shape every link, both directions, with tbf (e.g. 200mbit)")
     up.add_argument("--mtu", type=_positive_int, default=1500, help="MTU of every fabric link")
+    up.add_argument(
+        "--trim",
+        action="store_true",
+        help="trim MRC data packets to their headers instead of dropping them when a link's"
+        " queue would overflow (tc eBPF on the routers; needs --rate, clang, libbpf-dev)",
+    )
     up.add_argument("--json", action="store_true", help="print the topology JSON on stdout")
 
     down = sub.add_parser(
@@ -95,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         help="per-link state and counters at both ends",
         description="For every link: admin/oper state at both ends, tx/rx packets and bytes,"
-        " drops (interface rx/tx dropped + tbf drops).",
+        " drops (interface rx/tx dropped + tbf drops); on a --trim fabric also TRIMS: MRC data"
+        " packets a router trimmed on their way out of that end.",
     )
     name_opt(st)
     st.add_argument("--json", action="store_true", help="print JSON")
@@ -169,6 +177,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         hosts=args.hosts,
         rate=args.rate,
         mtu=args.mtu,
+        trim=args.trim,
     )
     spec.validate()
     require_root()
@@ -182,6 +191,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         f"fabric {topo.name} up in {took:.2f}s: {topo.planes} planes x ({topo.spines_per_plane}"
         f" spines + {topo.leaves_per_plane} leaves), {len(topo.hosts)} hosts,"
         f" {len(topo.links)} links, mtu {topo.mtu}, rate {topo.rate or 'unshaped'}"
+        + (", trimming on" if topo.trim else "")
     )
     print(f"topology: {topology_path(topo.name)}")
     _print_hosts(topo)
@@ -230,6 +240,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
         "DROPS",
     )
     fmt = "{:<14} {:>5} {:<5} {:<10} {:<5} {:<7} {:>9} {:>9} {:>11} {:>11} {:>6}"
+    trim = bool(st.get("trim"))
+    if trim:
+        hdr = (*hdr, "TRIMS")
+        fmt += " {:>7}"
     print(fmt.format(*hdr))
     for lk in st["links"]:
         for i, (node, end) in enumerate(((lk["a"], lk["a_end"]), (lk["b"], lk["b_end"]))):
@@ -244,26 +258,31 @@ def _cmd_status(args: argparse.Namespace) -> int:
                         f"{node}:{end['ifname']}",
                         "-",
                         "missing",
-                        *["-"] * 5,
+                        *["-"] * (6 if trim else 5),
                     )
                 )
                 continue
             drops = end["rx_dropped"] + end["tx_dropped"] + end["qdisc_drops"]
-            print(
-                fmt.format(
-                    label,
-                    lk["plane"] if first else "",
-                    ("up" if lk["up"] else "DOWN") if first else "",
-                    f"{node}:{end['ifname']}",
-                    "up" if end["admin_up"] else "down",
-                    "yes" if end["carrier"] else "no",
-                    end["tx_packets"],
-                    end["rx_packets"],
-                    end["tx_bytes"],
-                    end["rx_bytes"],
-                    drops,
-                )
-            )
+            cols = [
+                label,
+                lk["plane"] if first else "",
+                ("up" if lk["up"] else "DOWN") if first else "",
+                f"{node}:{end['ifname']}",
+                "up" if end["admin_up"] else "down",
+                "yes" if end["carrier"] else "no",
+                end["tx_packets"],
+                end["rx_packets"],
+                end["tx_bytes"],
+                end["rx_bytes"],
+                drops,
+            ]
+            if trim:
+                cols.append(end["trim"]["trimmed"] if "trim" in end else "-")
+            print(fmt.format(*cols))
+    if trim:
+        for router, rs in sorted(st.get("trim_routers", {}).items()):
+            if "error" in rs:
+                print(f"trim {router}: cannot read counters: {rs['error']}")
     return 0
 
 

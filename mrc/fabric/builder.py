@@ -10,7 +10,8 @@ Order matters and is the reason this module exists as one sequence:
 3. set per-interface sysctls explicitly as well (belt and braces: SRv6 is checked on the
    *ingress interface*), add addresses with NODAD, bring links up;
 4. shape with tbf, install permanent neighbours and static routes;
-5. write the topology file last: its presence means "this fabric is complete".
+5. with ``--trim``, load and attach the trimming program (:mod:`mrc.fabric.trim`);
+6. write the topology file last: its presence means "this fabric is complete".
 """
 
 from __future__ import annotations
@@ -142,9 +143,18 @@ def up(spec: FabricSpec) -> Topology:
             f"fabric {spec.name!r} already exists ({len(existing)} namespaces);"
             f" run: mrc-fabric down --name {spec.name}"
         )
+    obj = None
+    if spec.trim:
+        from . import trim
+
+        obj = trim.prepare()  # tools, compile, bpffs: fail before building anything
     topo = plan(spec)
     try:
         build(topo)
+        if obj is not None:
+            from . import trim
+
+            trim.install(topo, obj)
         topo.save()
     except BaseException as e:
         teardown.down(spec.name)

@@ -33,7 +33,9 @@ def set_link(topo: Topology, x: str, y: str, up: bool) -> Link:
     return link
 
 
-def _end_status(h: NsHandle | None, ifname: str, cache: dict) -> dict:
+def _end_status(
+    h: NsHandle | None, ifname: str, cache: dict, trim_ports: dict[int, dict] | None = None
+) -> dict:
     if h is None:
         return {"ifname": ifname, "present": False}
     if h.ns not in cache:
@@ -44,8 +46,31 @@ def _end_status(h: NsHandle | None, ifname: str, cache: dict) -> dict:
         return {"ifname": ifname, "present": False}
     out = {"present": True, **info}
     out["qdisc_drops"] = drops.get(info["index"], 0)
+    if trim_ports is not None and info["index"] in trim_ports:
+        out["trim"] = trim_ports[info["index"]]
     del out["index"]
     return out
+
+
+def _trim_status(topo: Topology, present: list[str]) -> tuple[dict, dict[str, dict]]:
+    """({router: router-wide counters}, {router: {ifindex: port counters}}) from the pins."""
+    if not topo.trim:
+        return {}, {}
+    from . import trim
+
+    routers, ports = {}, {}
+    for r in topo.routers:
+        if r.name not in present:
+            continue
+        try:
+            got = trim.read_router(topo.name, r.name)
+        except (OSError, FabricError) as e:
+            routers[r.name] = {"error": str(e)}
+            continue
+        if got is not None:
+            routers[r.name] = got["router"]
+            ports[r.name] = got["ports"]
+    return routers, ports
 
 
 def status(topo: Topology) -> dict:
@@ -54,16 +79,21 @@ def status(topo: Topology) -> dict:
     A link is ``up`` when both ends are present, admin up and have carrier.  (Carrier, not
     operstate: the kernel updates operstate lazily, so right after ``up`` or a heal it can
     still read "down" or "unknown" while packets already flow.)
+
+    On a ``--trim`` fabric every router end also has ``trim``: the virtual queue constants and
+    counters of that port *as an egress* (packets the router sends into the link), and
+    ``trim_routers`` has each router's program-wide counters.
     """
     require_root()
     present = [n for n in topo.nodes() if netns.exists(topo.netns_of(n))]
     cache: dict = {}
+    trim_routers, trim_ports = _trim_status(topo, present)
     with handles(topo.netns_of(n) for n in present) as hs:
         by_node = {n: hs[topo.netns_of(n)] for n in present}
         links = []
         for lk in topo.links:
-            a = _end_status(by_node.get(lk.a), lk.a_ifname, cache)
-            b = _end_status(by_node.get(lk.b), lk.b_ifname, cache)
+            a = _end_status(by_node.get(lk.a), lk.a_ifname, cache, trim_ports.get(lk.a))
+            b = _end_status(by_node.get(lk.b), lk.b_ifname, cache, trim_ports.get(lk.b))
             is_up = all(e.get("present") and e["admin_up"] and e["carrier"] for e in (a, b))
             links.append(
                 {
@@ -77,7 +107,10 @@ def status(topo: Topology) -> dict:
                 }
             )
     missing = sorted(set(topo.nodes()) - set(present))
-    return {"name": topo.name, "missing_nodes": missing, "links": links}
+    out = {"name": topo.name, "missing_nodes": missing, "links": links, "trim": topo.trim}
+    if topo.trim:
+        out["trim_routers"] = trim_routers
+    return out
 
 
 def interface_counters(ns: str) -> dict[str, dict]:

@@ -23,6 +23,20 @@ IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
 
 
+def tbf_params(rate_bps: int, mtu: int) -> tuple[int, int, int]:
+    """(rate bytes/s, burst bytes, queue limit bytes) of the tbf on a link: ~1 ms of burst,
+    ~10 ms of queue.
+
+    Burst must hold at least a couple of full frames or tbf drops them; the queue is kept
+    short on purpose (MRC wants shallow buffers; ``--trim`` trims before it overflows, see
+    :mod:`mrc.fabric.trim`).  tbf counts frames from the Ethernet header on (+14 bytes).
+    """
+    rate_Bps = rate_bps // 8
+    burst = max(rate_Bps // 1000, 2 * (mtu + 14), 3200)
+    limit = max(rate_Bps // 100, burst + 4 * (mtu + 14))
+    return rate_Bps, burst, limit
+
+
 class NsHandle:
     """A netlink socket bound to one namespace plus its ifname -> ifindex cache."""
 
@@ -85,14 +99,8 @@ class NsHandle:
             )
 
     def shape(self, ifname: str, rate_bps: int, mtu: int) -> None:
-        """Root tbf on ``ifname``: rate ``rate_bps``, ~1 ms of burst, ~10 ms of queue.
-
-        Burst must hold at least a couple of full frames or tbf drops them; the queue is kept
-        short on purpose (MRC wants shallow buffers; trimming will come later).
-        """
-        rate_Bps = rate_bps // 8
-        burst = max(rate_Bps // 1000, 2 * (mtu + 14), 3200)
-        limit = max(rate_Bps // 100, burst + 4 * (mtu + 14))
+        """Root tbf on ``ifname`` with :func:`tbf_params`."""
+        rate_Bps, burst, limit = tbf_params(rate_bps, mtu)
         self.ipr.tc(
             "replace",
             "tbf",

@@ -64,7 +64,8 @@ class FabricSpec:
     """The shape of a fabric.  Every plane is an identical two-tier Clos.
 
     ``rate`` is a tc rate string applied with tbf to every fabric link in both directions
-    (``None``: unshaped); ``mtu`` is applied to every fabric link.
+    (``None``: unshaped); ``mtu`` is applied to every fabric link.  ``trim`` puts the packet
+    trimming program on every router (needs ``rate``: it trims before tbf's queue overflows).
     """
 
     name: str = "mrc"
@@ -74,6 +75,7 @@ class FabricSpec:
     hosts: int = 4
     rate: str | None = None
     mtu: int = 1500
+    trim: bool = False
 
     def validate(self) -> None:
         """Raise :class:`SpecError` with a one-line reason if this spec cannot be built."""
@@ -98,6 +100,10 @@ class FabricSpec:
             raise SpecError(f"--mtu must be between 1280 (IPv6 minimum) and 65535, got {self.mtu}")
         if self.rate is not None:
             parse_rate(self.rate)
+        if self.trim and self.rate is None:
+            raise SpecError(
+                "--trim needs --rate: trimming acts when a shaped link's queue would overflow"
+            )
         if self.namespace_count > MAX_NAMESPACES:
             raise SpecError(
                 f"fabric would need {self.namespace_count} namespaces (max {MAX_NAMESPACES})"

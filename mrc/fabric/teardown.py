@@ -16,6 +16,7 @@ import re
 from . import netns
 from .spec import NAME_RE
 from .topology import run_dir, topology_path
+from .trim.maps import fabric_pin_dir, pinned_fabrics, remove_pins
 
 _NODE = r"(?:h\d+|p\d+[ls]\d+)"
 _ANY_FABRIC = re.compile(rf"^mrc-([A-Za-z0-9_]+)-{_NODE}$")
@@ -28,7 +29,8 @@ def fabric_namespaces(name: str) -> list[str]:
 
 
 def down(name: str) -> list[str]:
-    """Remove fabric ``name``: processes, namespaces (and thus links), topology file.
+    """Remove fabric ``name``: processes, namespaces (and thus links), topology file, and the
+    trimming program's bpffs pins (``/sys/fs/bpf/mrc-<name>``).
 
     Idempotent: removing a fabric that does not exist does nothing and returns [].
     """
@@ -41,21 +43,27 @@ def down(name: str) -> list[str]:
         topology_path(name).unlink()
     with contextlib.suppress(FileNotFoundError):
         topology_path(name).with_suffix(".json.tmp").unlink()
+    remove_pins(name)
     return removed
 
 
 def list_fabrics() -> dict[str, dict]:
-    """Every fabric visible on this machine: {name: {"namespaces": n, "topology": path|None}}."""
+    """Every fabric visible on this machine:
+    {name: {"namespaces": n, "topology": path|None, "bpf_pins": path|None}}."""
     found: dict[str, dict] = {}
+
+    def entry(name: str) -> dict:
+        return found.setdefault(name, {"namespaces": 0, "topology": None, "bpf_pins": None})
+
     for ns in netns.list_netns():
         m = _ANY_FABRIC.match(ns)
         if m:
-            entry = found.setdefault(m.group(1), {"namespaces": 0, "topology": None})
-            entry["namespaces"] += 1
+            entry(m.group(1))["namespaces"] += 1
     d = run_dir()
     if d.is_dir():
         for f in sorted(d.glob("fabric-*.json")):
-            name = f.name[len("fabric-") : -len(".json")]
-            entry = found.setdefault(name, {"namespaces": 0, "topology": None})
-            entry["topology"] = str(f)
+            entry(f.name[len("fabric-") : -len(".json")])["topology"] = str(f)
+    for name in pinned_fabrics():
+        if NAME_RE.match(name):
+            entry(name)["bpf_pins"] = fabric_pin_dir(name)
     return dict(sorted(found.items()))

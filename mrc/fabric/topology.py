@@ -122,6 +122,7 @@ class Topology:
     links: tuple[Link, ...]
     version: int = FORMAT_VERSION
     created: float = field(default=0.0, compare=False)
+    trim: bool = False  # packet trimming on the routers (mrc.fabric.trim)
 
     # --- lookups -----------------------------------------------------------------------------
 
@@ -203,6 +204,7 @@ class Topology:
             links=tuple(Link(**lk) for lk in d["links"]),
             version=d["version"],
             created=d.get("created", 0.0),
+            trim=bool(d.get("trim", False)),
         )
 
     def save(self, path: Path | None = None) -> Path:
@@ -322,4 +324,5 @@ def plan(spec: FabricSpec) -> Topology:
         routers=tuple(routers),
         links=tuple(links),
         created=time.time(),
+        trim=spec.trim,
     )
