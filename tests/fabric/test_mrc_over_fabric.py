@@ -1,0 +1,159 @@
+"""MRC over the multi-plane SRv6 fabric: mrc-send -> mrc-recv between fabric hosts.
+
+One module-scoped fabric of the default shape (4 planes x 2 spines x 2 leaves, 4 hosts; h0,h1 on
+leaf 0, h2,h3 on leaf 1), MTU 9000, unshaped.  With ``--fabric`` both ends spread their EVs over
+every SRv6 path (plane x spine), so one queue pair must load every plane and every spine equally.
+We check that with the *routers'* interface counters (``Fabric.status``, the same data as
+``mrc-fabric status --json``), not only with the sender's own per-EV report, and that the two
+agree.  (The SRH itself is decoded with scapy in test_fabric_traffic.py; not repeated here.)
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from fabric_helpers import SKIP_REASON, needs_netns, running_fabric, unique_name
+
+from mrc.fabric import Fabric, FabricSpec, Topology
+
+pytestmark = [needs_netns, pytest.mark.netns]
+
+MiB = 1 << 20
+PAYLOAD = 8192  # jumbo frames: 8192 + headers + SRH < 9000
+FAIR_LO, FAIR_HI = 0.6, 1.4  # every spine / plane within this factor of its fair share
+
+
+@pytest.fixture(scope="module")
+def jfab() -> Topology:
+    if SKIP_REASON is not None:
+        pytest.skip(SKIP_REASON)
+    with running_fabric(FabricSpec(name=unique_name("o"), mtu=9000)) as topo:
+        yield topo
+
+
+def counters(topo: Topology) -> dict[tuple[str, str], tuple[int, int]]:
+    """(node, ifname) -> (rx_packets, tx_packets) for every fabric interface, from the
+    routers' and hosts' own kernels."""
+    out = {}
+    for lk in Fabric.status(topo.name)["links"]:
+        for node, end in ((lk["a"], lk["a_end"]), (lk["b"], lk["b_end"])):
+            assert end["present"], (node, end)
+            out[(node, end["ifname"])] = (end["rx_packets"], end["tx_packets"])
+    return out
+
+
+def deltas(before: dict, after: dict) -> dict[tuple[str, str], tuple[int, int]]:
+    return {k: (after[k][0] - before[k][0], after[k][1] - before[k][1]) for k in after}
+
+
+def spines(topo: Topology) -> list[str]:
+    return [r.name for p in range(topo.planes) for r in topo.spines(p)]
+
+
+def transfer(topo, mrc_tools, src: str, dst: str, port: int, size: str):
+    """mrc-recv on ``dst`` and mrc-send from ``src``, both with --fabric; returns (send, recv)
+    JSON and the interface counter deltas over the transfer."""
+    recv = mrc_tools.start(
+        "mrc-recv", "--fabric", topo.name, "--listen", f"[::]:{port}", "--discard", "--json",
+        "--no-progress", ns=topo.netns_of(dst),
+    )
+    recv.wait_listening(port)
+    before = counters(topo)
+    send = mrc_tools.run(
+        "mrc-send", "--fabric", topo.name, "--to", f"{dst}:{port}", "--size", size,
+        "--payload", str(PAYLOAD), "--json", "--no-progress", ns=topo.netns_of(src), timeout=90,
+    )
+    r = recv.wait(30)
+    after = counters(topo)
+    assert send.returncode == 0, send.describe()
+    assert r.returncode == 0, r.describe()
+    s, rv = send.json, r.json
+    assert s["ok"] is True and rv["ok"] is True, (s.get("error"), rv.get("error"))
+    assert s["bytes"] == rv["bytes"] == rv["bytes_placed"]
+    assert s["sha256"] == s["sha256_receiver"] == rv["sha256"] == rv["sha256_sender"]
+    return s, rv, deltas(before, after)
+
+
+def per_route(s: dict) -> dict[str, int]:
+    got: collections.Counter[str] = collections.Counter()
+    for e in s["evs"]:
+        got[e["route"]] += e["packets"]
+    return dict(got)
+
+
+def fair(values: dict[str, int], what: str, why: str) -> None:
+    share = sum(values.values()) / len(values)
+    for k, v in values.items():
+        assert FAIR_LO * share <= v <= FAIR_HI * share, f"{what} {k}: {v} vs fair {share:.0f}; " \
+            f"all {values}; {why}"
+
+
+def test_64mib_h0_to_h3_loads_every_plane_and_spine(jfab, mrc_tools) -> None:
+    """h0 -> h3 (different leaves): every packet crosses a spine; each of the 8 spines
+    carries ~1/8 of them, as counted by the spines themselves."""
+    topo = jfab
+    s, rv, d = transfer(topo, mrc_tools, "h0", "h3", 4801, "64M")
+    assert s["bytes"] == 64 * MiB
+    why = (f"retransmits {s['retransmits']} (timeout {s['retransmits_timeout']}, sack "
+           f"{s['retransmits_sack']}), evs_assumed_bad {s['evs_assumed_bad']}")
+    sent = s["packets_sent"]  # data packets including retransmissions
+    assert sent >= s["data_packets"] >= 64 * MiB // PAYLOAD
+
+    # our own view: the EVs map onto every spine of every plane, evenly
+    routes = per_route(s)
+    assert sorted(routes) == sorted(spines(topo)), routes
+    assert sum(routes.values()) == sent
+    fair(routes, "sender's EV report, route", why)
+    assert s["planes"] == topo.planes
+    assert sorted({e["plane"] for e in s["evs"]}) == list(range(topo.planes))
+
+    # the routers' view.  Data h0 -> h3 enters each spine on its port to leaf 0 ('l0') and
+    # leaves on the port to leaf 1 ('l1'); ACKs (sprayed over the spines too) go the other way.
+    data_in = {sp: d[(sp, "l0")][0] for sp in spines(topo)}
+    data_out = {sp: d[(sp, "l1")][1] for sp in spines(topo)}
+    acks_in = {sp: d[(sp, "l1")][0] for sp in spines(topo)}
+    total = sum(data_in.values())
+    # every data packet crossed some spine; little else travels that way (EV probes, if any)
+    assert sent <= total <= sent * 1.05 + 200, (total, sent, data_in)
+    fair(data_in, "spine rx from leaf 0 (data)", why)
+    for sp in data_in:
+        # forwarded, all of it (a few stray control packets, e.g. MLD, end at the spine)
+        assert data_out[sp] >= data_in[sp] - 10, (sp, data_in[sp], data_out[sp])
+        # the spine's count agrees with what the sender says it sent via that spine
+        assert abs(data_in[sp] - routes[sp]) <= 0.02 * routes[sp] + 50, (sp, data_in, routes)
+        # the receiver's ACKs are source-routed over every spine as well
+        assert acks_in[sp] > 0, ("no ACKs came back via", sp, acks_in)
+    assert sum(acks_in.values()) >= rv["acks_sent"], (acks_in, rv["acks_sent"])
+
+    # planes: the receiver's NIC in each plane got a quarter of the packets
+    per_plane = {f"p{p}": d[("h3", f"p{p}")][0] for p in range(topo.planes)}
+    fair(per_plane, "h3 rx on plane NIC", why)
+    assert sum(per_plane.values()) >= sent
+
+
+def test_same_leaf_pair_goes_through_the_spines(jfab, mrc_tools) -> None:
+    """h0 -> h1 share leaf 0, yet the EVs still take the SRv6 paths via every spine (a spine
+    hairpins the packet back down to leaf 0): each spine sees its share in and out on 'l0',
+    and nothing is carried towards leaf 1."""
+    topo = jfab
+    s, rv, d = transfer(topo, mrc_tools, "h0", "h1", 4802, "16M")
+    assert s["bytes"] == 16 * MiB
+    why = f"retransmits {s['retransmits']}, evs_assumed_bad {s['evs_assumed_bad']}"
+    sent = s["packets_sent"]
+
+    routes = per_route(s)
+    assert sorted(routes) == sorted(spines(topo)), routes  # no "direct" route on the leaf
+    fair(routes, "sender's EV report, route", why)
+
+    through = {sp: d[(sp, "l0")][0] for sp in spines(topo)}  # data + ACKs, both via leaf 0
+    back_down = {sp: d[(sp, "l0")][1] for sp in spines(topo)}
+    towards_leaf1 = sum(d[(sp, "l1")][1] for sp in spines(topo))
+    assert sum(through.values()) >= sent + rv["acks_sent"], (through, sent, rv["acks_sent"])
+    fair(through, "spine rx from leaf 0", why)
+    for sp in through:
+        assert back_down[sp] >= through[sp] - 10, (sp, through[sp], back_down[sp])
+        assert abs(through[sp] - routes[sp]) <= 0.1 * routes[sp] + 100, (sp, through, routes)
+    assert towards_leaf1 <= 0.01 * sent + 50, towards_leaf1  # nothing goes to the other leaf
+    per_plane = {f"p{p}": d[("h1", f"p{p}")][0] for p in range(topo.planes)}
+    fair(per_plane, "h1 rx on plane NIC", why)

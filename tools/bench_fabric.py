@@ -1,0 +1,419 @@
+#!/usr/bin/env python3
+"""Benchmark one MRC queue pair across a shaped mrc-fabric against single-path kernel TCP.
+
+Builds a fabric (``--planes`` planes x ``--spines`` spines x 2 leaves, 4 hosts, every link shaped
+to ``--rate`` with tbf, MTU ``--mtu``), then for every run measures, between h0 and h3 (on
+different leaves, so every packet crosses a spine):
+
+* **mrc**: ``mrc-recv --fabric --discard`` in h3 and ``mrc-send --fabric --size S`` from h0:
+  one QP sprayed over every plane and every spine (SRv6).  Its goodput is compared with the sum
+  of its plane capacities (planes x rate), the most it could possibly get.
+* **tcp**: kernel TCP (a small Python sender/receiver, one connection) between h0's and h3's
+  *plane 0* addresses: one path (destination routing goes via spine 0), so at most one link's
+  rate.  This is the single-path baseline MRC should beat by about the number of planes.
+
+The two alternate within each run, so both see the same noise; medians over ``--runs``.
+Output: a table on stderr; ``--json`` prints one JSON object on stdout (otherwise stdout gets
+a one-line summary).  The fabric is always torn down (also on Ctrl-C / SIGTERM).  Needs root.
+
+    sudo .venv/bin/python tools/bench_fabric.py                   # 200mbit x 4 planes, 64M x 3
+    sudo .venv/bin/python tools/bench_fabric.py --rate 500mbit --json
+    sudo .venv/bin/python tools/bench_fabric.py --window 16,512   # compare MRC windows
+    sudo .venv/bin/python tools/bench_fabric.py --planes 8        # window auto = 32
+    sudo .venv/bin/python tools/bench_fabric.py --quick           # ~10 s smoke run
+
+Why ``--window auto`` (4 packets per plane: 16 for 4 planes) by default: the transport has no
+congestion control yet (a fixed window of ``--window`` packets; mrc-send's default is 512).  On
+a shaped fabric a window much larger than the path's bandwidth-delay product plus a plane's queue
+only builds queues, and the queueing skew between planes makes the SACK loss detector declare
+packets lost that are merely late (spurious retransmissions, EVs retired, even planes declared
+down).  16 x 8 KiB is about the BDP of 4 x 200 Mbit/s at this machine's ~1 ms round trip; with
+8 planes, 16 leaves them short (65-90% of capacity) and 32 fills them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from mrc.cli.common import parse_size
+from mrc.fabric import Fabric, FabricSpec, Topology, netns
+from mrc.fabric.spec import parse_rate
+
+BIN = Path(sys.executable).parent
+MRC_PORT = 4791
+TCP_PORT = 5201
+# bytes of one MRC data frame besides the payload, as tbf counts it (L2 frame):
+# Ethernet 14 + IPv6 40 + SRH with 2 segments 40 + UDP 8 + BTH/RETH 28
+MRC_OVERHEAD = 14 + 40 + 40 + 8 + 28
+TCP_OVERHEAD = 14 + 40 + 20 + 12  # + TCP timestamps option
+
+
+class BenchError(Exception):
+    pass
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if not found:
+        raise BenchError(f"{name} not found next to {sys.executable} nor on PATH")
+    return found
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            with contextlib.suppress(ValueError):
+                return json.loads(line)
+    return None
+
+
+def _kill(proc: subprocess.Popen[str] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            proc.communicate(timeout=5)
+
+
+def _child_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, topo: Topology) -> None:
+        self.args = args
+        self.topo = topo
+        self.fabric_cli = _tool("mrc-fabric")
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def _exec(self, node: str, *argv: str) -> list[str]:
+        return [self.fabric_cli, "exec", "--name", self.topo.name, node, "--", *argv]
+
+    def _popen(self, argv: list[str]) -> subprocess.Popen[str]:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def close(self) -> None:
+        for p in self.procs:
+            _kill(p)
+
+    def _wait_listening(self, proc: subprocess.Popen[str], port: int, timeout: float = 10) -> None:
+        want = f":{port:04X} "
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                return  # died: the caller reports its stderr
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{proc.pid}/net/tcp6").read_text().splitlines()[1:]:
+                    cols = line.split()
+                    if (cols[1] + " ").endswith(want) and cols[3] == "0A":
+                        return
+            time.sleep(0.01)
+        raise BenchError(f"mrc-recv not listening on {port} after {timeout} s")
+
+    # ---- MRC -------------------------------------------------------------------------------
+
+    def mrc_run(self, size: int, window: int) -> dict[str, Any]:
+        a = self.args
+        name = self.topo.name
+        cpu0 = _child_cpu()
+        recv = self._popen(self._exec(
+            "h3", _tool("mrc-recv"), "--fabric", name, "--listen", f"[::]:{MRC_PORT}",
+            "--discard", "--json", "--no-progress", "--timeout", "30"))
+        self._wait_listening(recv, MRC_PORT)
+        send = self._popen(self._exec(
+            "h0", _tool("mrc-send"), "--fabric", name, "--to", f"h3:{MRC_PORT}",
+            "--size", str(size), "--payload", str(a.payload), "--window", str(window),
+            "--evs", str(a.evs), "--json", "--no-progress"))
+        try:
+            s_out, s_err = send.communicate(timeout=a.timeout)
+            r_out, r_err = recv.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            _kill(send)
+            _kill(recv)
+            raise BenchError(
+                f"mrc transfer of {size} bytes did not finish in {a.timeout} s"
+            ) from None
+        sj, rj = _last_json(s_out), _last_json(r_out)
+        if send.returncode != 0 or sj is None or not sj.get("ok"):
+            raise BenchError(f"mrc-send failed ({send.returncode}): {s_err.strip()[-500:]}")
+        if recv.returncode != 0 or rj is None or not rj.get("ok"):
+            raise BenchError(f"mrc-recv failed ({recv.returncode}): {r_err.strip()[-500:]}")
+        if sj["sha256"] != rj["sha256"]:
+            raise BenchError("SHA-256 mismatch between sender and receiver")
+        routes: dict[str, int] = {}
+        for e in sj["evs"]:
+            routes[e["route"]] = routes.get(e["route"], 0) + e["packets"]
+        keys = ("retransmits", "retransmits_nack", "retransmits_sack", "retransmits_timeout",
+                "evs_assumed_bad", "planes_lost", "srtt_ms", "packets_sent", "data_packets")
+        return {
+            "window": window,
+            "goodput_bps": sj["goodput_bps"],
+            "seconds": sj["seconds"],
+            **{k: sj.get(k) for k in keys},
+            "duplicates": rj.get("duplicates"),
+            "packets_per_route": routes,
+            "cpu_seconds": round(_child_cpu() - cpu0, 3),  # sender + receiver processes
+        }
+
+    # ---- kernel TCP on plane 0 ---------------------------------------------------------------
+
+    def tcp_run(self, size: int) -> dict[str, Any]:
+        src = self.topo.host("h0").nic(0).address
+        dst = self.topo.host("h3").nic(0).address
+        with netns.entered(self.topo.netns_of("h3")):
+            lsock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        with netns.entered(self.topo.netns_of("h0")):
+            csock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        result: dict[str, Any] = {}
+        try:
+            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            lsock.bind((dst, TCP_PORT))
+            lsock.listen(1)
+            lsock.settimeout(10)
+
+            def receive() -> None:
+                try:
+                    conn, _ = lsock.accept()
+                except OSError as exc:
+                    result["error"] = f"accept: {exc}"
+                    return
+                with conn:
+                    conn.settimeout(self.args.timeout)
+                    buf = bytearray(1 << 20)
+                    got, first = 0, None
+                    while got < size:
+                        n = conn.recv_into(buf)
+                        if n == 0:
+                            break
+                        if first is None:
+                            first = time.perf_counter()
+                        got += n
+                    result.update(bytes=got, first=first, last=time.perf_counter())
+
+            rx = threading.Thread(target=receive, daemon=True)
+            rx.start()
+            csock.bind((src, 0))
+            csock.settimeout(self.args.timeout)
+            csock.connect((dst, TCP_PORT))
+            chunk = memoryview(os.urandom(1 << 22))
+            start = time.perf_counter()
+            left = size
+            while left > 0:
+                n = min(left, len(chunk))
+                csock.sendall(chunk[:n])
+                left -= n
+            csock.shutdown(socket.SHUT_WR)
+            rx.join(self.args.timeout)
+            if rx.is_alive() or "error" in result or result.get("bytes") != size:
+                raise BenchError(f"tcp transfer incomplete: {result}")
+            seconds = result["last"] - start
+            return {
+                "goodput_bps": round(size * 8 / seconds),
+                "seconds": round(seconds, 6),
+                "path": f"[{src}] -> [{dst}] (plane 0, default route via p0s0)",
+            }
+        finally:
+            csock.close()
+            lsock.close()
+
+    def warm_up(self) -> None:
+        self.mrc_run(1 << 20, self.args.window[0])
+        self.tcp_run(1 << 20)
+
+
+def fmt_rate(bps: float | None) -> str:
+    return "-" if bps is None else f"{bps / 1e6:8.1f} Mbit/s"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rate_bps = parse_rate(args.rate)
+    capacity = args.planes * rate_bps
+    name = args.name or f"bench{os.getpid()}"
+    spec = FabricSpec(name=name, planes=args.planes, spines=args.spines, leaves=2, hosts=4,
+                      rate=args.rate, mtu=args.mtu)
+    log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.quiet else (
+        lambda *a: None)
+    load0 = os.getloadavg()
+    log(f"fabric {name}: {args.planes} planes x {args.spines} spines, links {args.rate} "
+        f"(MRC ceiling {capacity / 1e6:.0f} Mbit/s), MTU {args.mtu}; "
+        f"{args.size >> 20} MiB x {args.runs} runs; load {load0[0]:.2f}")
+    t0 = time.monotonic()
+    topo = Fabric.up(spec)
+    bench = Bench(args, topo)
+    mrc: dict[int, list[dict[str, Any]]] = {w: [] for w in args.window}
+    tcp: list[dict[str, Any]] = []
+    try:
+        bench.warm_up()
+        for i in range(args.runs):
+            for w in args.window:
+                r = bench.mrc_run(args.size, w)
+                mrc[w].append(r)
+                log(f"  run {i + 1}: mrc window {w:4d}: {fmt_rate(r['goodput_bps'])} "
+                    f"({r['goodput_bps'] / capacity:6.1%}), {r['retransmits']} retransmits, "
+                    f"{r['evs_assumed_bad']} EVs assumed bad, cpu {r['cpu_seconds']:.2f} s")
+            if not args.no_tcp:
+                r = bench.tcp_run(args.size)
+                tcp.append(r)
+                log(f"  run {i + 1}: tcp plane 0    : {fmt_rate(r['goodput_bps'])} "
+                    f"({r['goodput_bps'] / rate_bps:6.1%} of one link)")
+    finally:
+        bench.close()
+        Fabric.down(name)
+    frame = args.payload + MRC_OVERHEAD
+    out: dict[str, Any] = {
+        "fabric": {"name": name, "planes": args.planes, "spines": args.spines, "leaves": 2,
+                   "hosts": 4, "rate": args.rate, "rate_bps": rate_bps, "mtu": args.mtu},
+        "pair": ["h0", "h3"],
+        "size": args.size,
+        "runs": args.runs,
+        "payload": args.payload,
+        "evs": args.evs,
+        "capacity_bps": capacity,
+        "mrc_wire_ceiling": round(args.payload / frame, 4),  # goodput / line rate at best
+        "mrc": [],
+        "tcp": None,
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
+                    "load_before": [round(x, 2) for x in load0],
+                    "load_after": [round(x, 2) for x in os.getloadavg()]},
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    for w, rs in mrc.items():
+        med = _median([r["goodput_bps"] for r in rs])
+        out["mrc"].append({
+            "window": w,
+            "goodput_bps": round(med) if med else None,
+            "fraction_of_capacity": round(med / capacity, 4) if med else None,
+            "retransmits": _median([r["retransmits"] for r in rs]),
+            "runs": rs,
+        })
+    if tcp:
+        med = _median([r["goodput_bps"] for r in tcp])
+        out["tcp"] = {"goodput_bps": round(med), "fraction_of_link": round(med / rate_bps, 4),
+                      "wire_ceiling": round((args.mtu - 72) / (args.mtu + 14), 4), "runs": tcp}
+    best = max(out["mrc"], key=lambda m: m["goodput_bps"] or 0)
+    out["best_window"] = best["window"]
+    out["mrc_goodput_bps"] = best["goodput_bps"]
+    out["mrc_fraction_of_capacity"] = best["fraction_of_capacity"]
+    out["mrc_over_tcp"] = (round(best["goodput_bps"] / out["tcp"]["goodput_bps"], 2)
+                           if tcp and best["goodput_bps"] else None)
+    return out
+
+
+def table(out: dict[str, Any]) -> str:
+    f = out["fabric"]
+    row = "{:<22}{:>16}  {:>24}  {:>11}"
+    lines = [
+        f"MRC over mrc-fabric: {f['planes']} planes x {f['spines']} spines, links {f['rate']}, "
+        f"MTU {f['mtu']}, h0 -> h3, {out['size'] >> 20} MiB, median of {out['runs']}",
+        row.format("", "goodput", "of capacity", "retransmits"),
+    ]
+    cap = out["capacity_bps"]
+    for m in out["mrc"]:
+        lines.append(row.format(f"mrc, window {m['window']}", fmt_rate(m["goodput_bps"]),
+                                f"{m['fraction_of_capacity']:.1%} of {cap / 1e6:.0f} Mbit/s",
+                                f"{m['retransmits']:g}"))
+    if out["tcp"]:
+        t = out["tcp"]
+        lines.append(row.format("kernel tcp, plane 0", fmt_rate(t["goodput_bps"]),
+                                f"{t['fraction_of_link']:.1%} of {f['rate_bps'] / 1e6:.0f} Mbit/s",
+                                "-"))
+        lines.append(f"mrc / tcp: {out['mrc_over_tcp']}x (planes: {f['planes']}); "
+                     f"MRC wire ceiling {out['mrc_wire_ceiling']:.1%} of line rate")
+    m = out["machine"]
+    lines.append(f"machine: {m['cpus']} cpus, load {m['load_before'][0]} -> "
+                 f"{m['load_after'][0]}; {out['seconds']} s in all")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench_fabric.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", default="200mbit", help="tbf rate of every link (default 200mbit)")
+    p.add_argument("--planes", type=int, default=4, help="planes (default 4)")
+    p.add_argument("--spines", type=int, default=2, help="spines per plane (default 2)")
+    p.add_argument("--mtu", type=int, default=9000, help="fabric MTU (default 9000)")
+    p.add_argument("--size", type=parse_size, default=64 << 20, help="bytes per run (64M)")
+    p.add_argument("--runs", type=int, default=3, help="runs; medians are reported (3)")
+    p.add_argument("--payload", type=int, default=8192, help="MRC payload per packet (8192)")
+    p.add_argument("--window", default="auto",
+                   help="MRC window(s) in packets, comma-separated; 'auto' = 4 per plane (16 "
+                   "for 4 planes); mrc-send's own default is 512")
+    p.add_argument("--evs", type=int, default=128, help="MRC entropy values (128)")
+    p.add_argument("--no-tcp", action="store_true", help="skip the kernel TCP baseline")
+    p.add_argument("--timeout", type=float, default=120.0, help="per transfer, seconds")
+    p.add_argument("--name", help="fabric name (default bench<pid>)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p.add_argument("--quick", action="store_true", help="16M, 1 run: a smoke test")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = p.parse_args(argv)
+    try:
+        args.window = [max(8, 4 * args.planes) if w == "auto" else int(w)
+                       for w in str(args.window).split(",") if w]
+    except ValueError:
+        p.error(f"bad --window {args.window!r}: expected auto, 16 or 16,512")
+    if not args.window or min(args.window) < 1:
+        p.error("--window must be positive")
+    if args.quick:
+        args.size, args.runs = 16 << 20, 1
+    if args.runs < 1:
+        p.error("--runs must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_fabric.py: needs root (network namespaces, tc)", file=sys.stderr)
+        return 1
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # unwinds through run()'s finally: children killed, fabric down
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        out = run(args)
+    except KeyboardInterrupt:
+        print("bench_fabric.py: interrupted (fabric removed)", file=sys.stderr)
+        return 130
+    except BenchError as exc:
+        print(f"bench_fabric.py: {exc}", file=sys.stderr)
+        return 1
+    print(table(out), file=sys.stderr)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"mrc {out['mrc_goodput_bps'] / 1e6:.1f} Mbit/s "
+              f"({out['mrc_fraction_of_capacity']:.1%} of {out['capacity_bps'] / 1e6:.0f}); "
+              + (f"tcp {out['tcp']['goodput_bps'] / 1e6:.1f} Mbit/s; "
+                 f"ratio {out['mrc_over_tcp']}x" if out["tcp"] else "no tcp"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
