@@ -1,0 +1,260 @@
+"""What ``mrc-bench`` prints: the JSON document, the markdown table, the aims, the plots."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import time
+from typing import Any
+
+AIM_LINK_DOWN_FACTOR = 1.5
+AIM_INCAST_FACTOR = 1.2
+
+
+def machine_info(load_start: tuple[float, float, float]) -> dict[str, Any]:
+    import mrc
+    from mrc.transport.loop import loop_name
+
+    try:
+        load_end = os.getloadavg()
+    except OSError:
+        load_end = (0.0, 0.0, 0.0)
+    return {
+        "hostname": socket.gethostname(),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "event_loop": loop_name(),
+        "mrc_version": mrc.__version__,
+        "loadavg_start": [round(x, 2) for x in load_start],
+        "loadavg_end": [round(x, 2) for x in load_end],
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _find(rows: list[dict[str, Any]], workload: str, condition: str,
+          transport: str) -> dict[str, Any] | None:
+    for r in rows:
+        if (r["workload"], r["condition"], r["transport"]) == (workload, condition, transport):
+            return r
+    return None
+
+
+def aims(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets, checked against this run (``pass`` is None when not measured)."""
+    out: list[dict[str, Any]] = []
+    m = _find(rows, "alltoall", "clean", "mrc")
+    t = _find(rows, "alltoall", "clean", "tcp")
+    mp = _find(rows, "alltoall", "clean", "mptcp")
+    ok = None
+    if m and (t or mp) and m["p100_ms"] is not None:
+        ok = all(m["p100_ms"] <= x["p100_ms"] for x in (t, mp) if x and x["p100_ms"] is not None)
+        ok = ok and m["failed_steps"] == 0
+    out.append({
+        "aim": "clean alltoall: MRC P100 <= TCP P100 and <= MPTCP P100",
+        "measured": {
+            "mrc_p100_ms": m and m["p100_ms"],
+            "tcp_p100_ms": t and t["p100_ms"],
+            "mptcp_p100_ms": mp and mp["p100_ms"],
+        },
+        "pass": ok,
+    })
+    ld = _find(rows, "alltoall", "link_down", "mrc")
+    ok = None
+    if ld and m and m["p100_ms"] and ld["p100_ms"] is not None:
+        ok = ld["p100_ms"] <= AIM_LINK_DOWN_FACTOR * m["p100_ms"] and ld["failed_steps"] == 0
+    out.append({
+        "aim": f"link down mid-run: MRC alltoall P100 <= {AIM_LINK_DOWN_FACTOR}x its clean"
+        " P100, no failed step",
+        "measured": {
+            "mrc_p100_ms": ld and ld["p100_ms"],
+            "mrc_clean_p100_ms": m and m["p100_ms"],
+            "ratio": round(ld["p100_ms"] / m["p100_ms"], 3)
+            if ld and m and m["p100_ms"] and ld["p100_ms"] is not None else None,
+            "failed_steps": ld and ld["failed_steps"],
+        },
+        "pass": ok,
+    })
+    lt = _find(rows, "alltoall", "link_down", "tcp")
+    ok = None
+    if lt and lt.get("fault"):
+        ok = bool(lt["fault"].get("stalled_until_heal"))
+    out.append({
+        "aim": "link down mid-run: TCP (pinned to plane 0's spine 0) stalls until the heal",
+        "measured": {
+            "tcp_p100_ms": lt and lt["p100_ms"],
+            "outage_ms": lt and (lt.get("fault") or {}).get("outage_ms"),
+            "stalled_until_heal": lt and (lt.get("fault") or {}).get("stalled_until_heal"),
+        },
+        "pass": ok,
+    })
+    it = _find(rows, "incast", "trim", "mrc")
+    ok = None
+    if it and it.get("ideal_ms") and it["p100_ms"] is not None:
+        ok = it["p100_ms"] <= AIM_INCAST_FACTOR * it["ideal_ms"] and it["failed_steps"] == 0
+    out.append({
+        "aim": f"incast N-1 -> 1 with trimming: MRC P100 <= {AIM_INCAST_FACTOR}x ideal"
+        " (bytes / bottleneck rate)",
+        "measured": {
+            "mrc_p100_ms": it and it["p100_ms"],
+            "ideal_ms": it and it.get("ideal_ms"),
+            "ratio": round(it["p100_ms"] / it["ideal_ms"], 3)
+            if it and it.get("ideal_ms") and it["p100_ms"] is not None else None,
+        },
+        "pass": ok,
+    })
+    return out
+
+
+def _fmt(x: Any, nd: int = 1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f}"
+
+
+def _extra(r: dict[str, Any]) -> str:
+    """A few counters worth seeing next to the times."""
+    st = r.get("transport_stats") or {}
+    bits = []
+    if r["transport"] == "mrc":
+        if st.get("retransmits"):
+            bits.append(f"rtx {st['retransmits']}")
+        if st.get("trims_seen"):
+            bits.append(f"trims {st['trims_seen']}")
+        if st.get("evs_assumed_bad"):
+            bits.append(f"EVs bad {st['evs_assumed_bad']}")
+    else:
+        if st.get("retrans_segs"):
+            bits.append(f"rtx {st['retrans_segs']}")
+        sub = st.get("subflows_per_connection")
+        if sub:
+            vals = sorted({v for d in sub.values() for v in (d or {}).values() if v is not None})
+            if vals:
+                bits.append("+subflows " + "/".join(str(v) for v in vals))
+    if r.get("injected_drops"):
+        bits.append(f"dropped {r['injected_drops']}")
+    f = r.get("fault")
+    if f and f.get("stalled_until_heal"):
+        bits.append("stalled until heal")
+    return ", ".join(bits)
+
+
+def table(doc: dict[str, Any]) -> str:
+    rows = doc["results"]
+    head = ("| workload | condition | transport | steps | failed | P50 ms | P99 ms | P100 ms"
+            " | ideal ms | goodput Mbit/s | verified MiB | SHA-256 | notes |")
+    sep = "|" + "---|" * 13
+    lines = [head, sep]
+    for r in rows:
+        lines.append(
+            f"| {r['workload']} | {r['condition']} | {r['transport']} | {r['steps']}"
+            f" | {r['failed_steps']} | {_fmt(r['p50_ms'])} | {_fmt(r['p99_ms'])}"
+            f" | **{_fmt(r['p100_ms'])}** | {_fmt(r.get('ideal_ms'))}"
+            f" | {r['goodput_bps'] / 1e6:.1f} | {_mib(r['bytes_verified'])}"
+            f"/{_mib(r['bytes_expected'])} | {'ok' if r['sha256_ok'] else 'FAIL'}"
+            f" | {_extra(r)} |"
+        )
+    out = "\n".join(lines) + "\n"
+    if doc.get("aims"):
+        out += "\n| aim | measured | result |\n|---|---|---|\n"
+        for a in doc["aims"]:
+            meas = ", ".join(f"{k} {v}" for k, v in a["measured"].items() if v is not None)
+            res = {True: "met", False: "NOT met", None: "not measured"}[a["pass"]]
+            out += f"| {a['aim']} | {meas or '-'} | {res} |\n"
+    if doc.get("skipped"):
+        out += "\n" + "\n".join(
+            f"- condition `{s['condition']}` skipped: {s['reason']}" for s in doc["skipped"]
+        ) + "\n"
+    return out
+
+
+COLORS = {"mrc": "tab:blue", "tcp": "tab:red", "mptcp": "tab:green"}
+
+
+def plots(doc: dict[str, Any], outdir: str) -> list[str]:
+    """Per (workload, condition): step time over the run (failure and heal marked) and the CDF
+    of step times, one line per transport. Returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.ticker import ScalarFormatter
+
+    os.makedirs(outdir, exist_ok=True)
+    written = []
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in doc["results"]:
+        groups.setdefault((r["workload"], r["condition"]), []).append(r)
+    for (workload, condition), rows in groups.items():
+        fig, ax = plt.subplots(figsize=(8, 4.2))
+        faulted = any(r.get("fault") for r in rows)
+        for r in rows:
+            if not r["step_ms"]:
+                continue
+            c = COLORS.get(r["transport"])
+            f = r.get("fault")
+            # with a link failure, time is counted from the failure, so transports line up
+            shift = f["down_s"] if f else 0.0
+            x = [s + ms / 1e3 - shift
+                 for s, ms in zip(r["step_start_s"], r["step_ms"], strict=True)]
+            ax.plot(x, r["step_ms"], marker="o", ms=3, lw=1.2, color=c,
+                    label=f"{r['transport']} (P100 {r['p100_ms']:.0f} ms)")
+            bad = r.get("failed_step_indices") or []
+            if bad:
+                ax.scatter([x[i] for i in bad], [r["step_ms"][i] for i in bad], marker="x",
+                           s=60, color=c, zorder=5, label=f"{r['transport']} failed step")
+            if f and f.get("up_s") is not None:
+                ax.axvline(f["up_s"] - shift, color=c, ls=":", lw=1.2)
+        if faulted:
+            ax.axvline(0, color="black", ls="--", lw=1.2, label="link down")
+            ax.plot([], [], color="grey", ls=":", label="link healed (per transport)")
+        ideal = next((r.get("ideal_ms") for r in rows if r.get("ideal_ms")), None)
+        if ideal:
+            ax.axhline(ideal, color="black", lw=0.8, ls="-.", label=f"ideal {ideal:.0f} ms")
+        ax.set_xlabel("time since the link failed (s), at each step's end" if faulted
+                      else "time since the series started (s), at each step's end")
+        ax.set_ylabel("step time (ms)")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
+        ax.tick_params(axis="y", which="minor", labelsize=7)
+        ax.set_title(f"mrc-bench {workload} / {condition}: synchronized step times")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(outdir, f"steps-{workload}-{condition}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for r in rows:
+            if not r["step_ms"]:
+                continue
+            v = np.sort(np.array(r["step_ms"]))
+            y = np.arange(1, len(v) + 1) / len(v)
+            ax.step(np.r_[v[0], v], np.r_[0.0, y], where="post", color=COLORS.get(r["transport"]),
+                    label=f"{r['transport']} (P50 {r['p50_ms']:.0f}, P100 {r['p100_ms']:.0f} ms)")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(ScalarFormatter())
+        ax.tick_params(axis="x", which="minor", labelsize=7)
+        ax.set_xlabel("step time (ms)")
+        ax.set_ylabel("fraction of steps")
+        ax.set_title(f"CDF of step times: {workload} / {condition}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(outdir, f"cdf-{workload}-{condition}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

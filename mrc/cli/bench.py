@@ -1,0 +1,344 @@
+"""``mrc-bench``: collective workloads as synchronized steps on an mrc-fabric, MRC vs TCP vs MPTCP.
+
+Training jobs wait for their slowest transfer, so the number reported first is the P100 (the
+worst) step time. See docs/BENCH.md. Every user-caused failure is one line on stderr,
+``mrc-bench: error: ...``: exit 2 for bad arguments, 1 for other failures, 130 when interrupted.
+Fabrics and agents are always removed, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from mrc.bench.common import CONDITIONS, TRANSPORTS, WORKLOADS
+from mrc.cli.common import Parser, parse_size
+
+PROG = "mrc-bench"
+MAX_SIZE = 256 << 20
+
+
+def _list_of(choices: Sequence[str], what: str):  # -> argparse type
+    def parse(text: str) -> list[str]:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if items == ["all"]:
+            return list(choices)
+        bad = [x for x in items if x not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(bad) or repr(text)}: choose from {', '.join(choices)}"
+            )
+        return list(dict.fromkeys(items))
+
+    return parse
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {v}")
+        return v
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= v <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 s, not {v}")
+    return v
+
+
+def _probability(text: str) -> float:
+    try:
+        v = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a probability: {text!r}") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (or 0%..100%), not {text}")
+    return v
+
+
+def _size(text: str) -> int:
+    v = parse_size(text)
+    if not 1 <= v <= MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"size must be 1 byte .. 256M, not {text}")
+    return v
+
+
+def _link(text: str) -> tuple[str, str]:
+    parts = [p for p in text.replace(",", "-").split("-") if p]
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected two nodes like p0l0-p0s0, not {text!r}")
+    return parts[0], parts[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog=PROG,
+        description=(
+            "Run collective workloads (alltoall, ring, incast, pair) as synchronized steps"
+            " between the hosts of an mrc-fabric, over MRC, kernel TCP (plane 0 only) and"
+            " MPTCP (one subflow per plane), under conditions (clean, a spine link failing"
+            " mid-run, random loss on a link, incast with and without packet trimming)."
+            " Reports P50/P99/P100 step times, goodput and SHA-256-verified bytes. Needs root."
+            " See docs/BENCH.md."
+        ),
+        epilog=(
+            "examples:\n"
+            "  mrc-bench --quick                     # < 1 min smoke run, every condition\n"
+            "  mrc-bench --json > bench.json         # the default run (a few minutes)\n"
+            "  mrc-bench --conditions clean,link_down --workloads alltoall --plots plots/\n"
+            "  mrc-bench --table BENCH-table.md --plots docs/bench\n"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("what to run")
+    g.add_argument("--quick", action="store_true",
+                   help="smoke run in under a minute: 2 planes, 4 hosts, 3 small steps of every"
+                   " workload and transport, every condition with a 1 s outage (other options"
+                   " still apply: --conditions clean for the fastest)")
+    g.add_argument("--workloads", type=_list_of(WORKLOADS, "workload"),
+                   help="comma list of alltoall,ring,incast,pair (default: per condition: clean"
+                   " runs all four; link_down and lossy alltoall; trim and no_trim incast)")
+    g.add_argument("--transports", type=_list_of(TRANSPORTS, "transport"),
+                   help="comma list of mrc,tcp,mptcp (default all)")
+    g.add_argument("--conditions", type=_list_of(CONDITIONS, "condition"),
+                   help="comma list of clean,link_down,lossy,trim,no_trim (default all)")
+    g.add_argument("--steps", type=_int_at_least(1),
+                   help="measured steps per workload and transport (default 12; --quick 3);"
+                   " link_down runs on until the heal plus a few steps")
+    g.add_argument("--warmup", type=_int_at_least(0), help="unmeasured steps first (default 1)")
+    g.add_argument("--size", type=_size,
+                   help="bytes per transfer for alltoall, ring, incast (default 1M; --quick 256K)")
+    g.add_argument("--pair-size", type=_size,
+                   help="bytes per step of the pair workload (default 8M; --quick 1M)")
+    g.add_argument("--seed", type=int, default=1, help="seed of the data every host sends")
+
+    f = p.add_argument_group("fabric (built fresh for every condition)")
+    f.add_argument("--hosts", type=_int_at_least(2), help="hosts (default 4)")
+    f.add_argument("--planes", type=_int_at_least(1), help="planes (default 2)")
+    f.add_argument("--spines", type=_int_at_least(1), help="spines per plane (default 2)")
+    f.add_argument("--leaves", type=_int_at_least(1), help="leaves per plane (default 2)")
+    f.add_argument("--rate", help="tbf rate of every link (default 100mbit; 'none': unshaped)")
+    f.add_argument("--mtu", type=_int_at_least(1280), help="MTU of every link (default 9000)")
+
+    m = p.add_argument_group("MRC")
+    m.add_argument("--evs", type=_int_at_least(1), help="EVs per QP (default 128)")
+    m.add_argument("--payload", type=_int_at_least(64),
+                   help="payload bytes per packet (default 8192, or what the MTU allows)")
+    m.add_argument("--window", type=_int_at_least(1),
+                   help="packets in flight per QP (default 4: with no congestion control in"
+                   " the core yet, a window that fits the fabric's queues)")
+    m.add_argument("--incast-window", type=_int_at_least(1),
+                   help="window per QP under the trim/no_trim conditions (default 16: enough"
+                   " for N-1 senders to overflow the last hop, which is what trimming is for)")
+
+    c = p.add_argument_group("conditions")
+    c.add_argument("--outage", type=_seconds, help="link_down: seconds the link stays down"
+                   " (default 2)")
+    c.add_argument("--fail-step", type=_int_at_least(0),
+                   help="link_down: the step during which the link goes down (default steps/3)")
+    c.add_argument("--fail-link", type=_link,
+                   help="link_down: the link to fail (default p0l0-p0s0, on the plane-0"
+                   " spine-0 path TCP is pinned to)")
+    c.add_argument("--loss", type=_probability,
+                   help="lossy: drop probability each way on one link (default 0.03)")
+    c.add_argument("--loss-link", type=_link,
+                   help="lossy: ROUTER-PEER link whose router drops (default p0s0-p0l0)")
+    c.add_argument("--step-timeout", type=_seconds,
+                   help="a step not complete after this long fails (default outage + 20 s)")
+
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    o.add_argument("--table", metavar="FILE", help="also write the markdown table to FILE")
+    o.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    o.add_argument("-v", "--verbose", action="store_true",
+                   help="also print agents' logs when something fails")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    from mrc.bench.coordinator import BenchConfig
+
+    cfg = BenchConfig()
+    if args.quick:
+        cfg.quick = True
+        cfg.planes = 2
+        cfg.hosts = 4
+        cfg.steps = 3
+        cfg.size = 256 << 10
+        cfg.pair_size = 1 << 20
+        cfg.outage = 1.0
+    for name in ("steps", "warmup", "size", "pair_size", "hosts", "planes", "spines", "leaves",
+                 "mtu", "evs", "window", "incast_window", "outage", "fail_step", "fail_link",
+                 "loss", "loss_link", "step_timeout", "transports", "workloads", "conditions"):
+        v = getattr(args, name)
+        if v is not None:
+            setattr(cfg, name, v)
+    cfg.seed = args.seed
+    cfg.verbose = args.verbose
+    if args.rate is not None:
+        cfg.rate = None if args.rate.lower() in ("none", "0", "") else args.rate
+    if args.payload is not None:
+        cfg.payload = args.payload
+    else:
+        # IPv6 40 + SRH with two segments 40 + UDP 8 + MRC header 32 = 120 bytes of headers
+        cfg.payload = min(8192, (cfg.mtu - 128) // 8 * 8)
+    return cfg
+
+
+def validate(cfg: Any) -> str | None:
+    """One-line reason the configuration cannot run, or None."""
+    from mrc.fabric import FabricSpec, SpecError
+
+    try:
+        FabricSpec(name="check", planes=cfg.planes, spines=cfg.spines, leaves=cfg.leaves,
+                   hosts=cfg.hosts, rate=cfg.rate, mtu=cfg.mtu).validate()
+    except SpecError as exc:
+        return str(exc)
+    if cfg.payload > cfg.mtu - 120:
+        return f"--payload {cfg.payload} does not fit the MTU {cfg.mtu} (max {cfg.mtu - 120})"
+    names = {f"h{i}" for i in range(cfg.hosts)}
+    names |= {f"p{p}{t}{i}" for p in range(cfg.planes)
+              for t, n in (("l", cfg.leaves), ("s", cfg.spines)) for i in range(n)}
+    if "link_down" in cfg.conditions:
+        a, b = cfg.fail_link
+        if a not in names or b not in names:
+            return f"--fail-link {a}-{b}: no such nodes in this fabric"
+    if "lossy" in cfg.conditions:
+        a, b = cfg.loss_link
+        if a not in names or b not in names or a.startswith("h"):
+            return f"--loss-link {a}-{b}: the first node must be a router of this fabric"
+    if ("trim" in cfg.conditions) and not cfg.rate:
+        return "the trim condition needs a shaped fabric (--rate)"
+    return None
+
+
+def progress_printer():
+    start = time.monotonic()
+
+    def progress(msg: str) -> None:
+        sys.stderr.write(f"[{PROG} {time.monotonic() - start:6.1f}s] {msg}\n")
+        sys.stderr.flush()
+
+    return progress
+
+
+async def _run(bench: Any) -> None:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        await bench.run()
+    finally:
+        await bench.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = config_from_args(args)
+    why = validate(cfg)
+    if why:
+        print(f"{PROG}: error: {why}", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print(f"{PROG}: error: needs root (network namespaces, veth links, tc); run it as root",
+              file=sys.stderr)
+        return 1
+    if args.plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print(f"{PROG}: error: --plots needs matplotlib (pip install matplotlib)",
+                  file=sys.stderr)
+            return 1
+    from mrc.bench.coordinator import AgentError, Bench, BenchError, config_dict
+    from mrc.bench.report import aims, machine_info, plots, table
+    from mrc.fabric import FabricError
+
+    progress = progress_printer()
+    try:
+        load_start = os.getloadavg()
+    except OSError:
+        load_start = (0.0, 0.0, 0.0)
+    t0 = time.monotonic()
+    bench = Bench(cfg, progress)
+    progress(f"conditions {', '.join(cfg.conditions)}; transports {', '.join(cfg.transports)};"
+             f" load average {load_start[0]:.2f} on {os.cpu_count()} CPUs")
+    status = 0
+    try:
+        asyncio.run(_run(bench))
+    except KeyboardInterrupt:
+        print(f"{PROG}: error: interrupted (fabrics and agents removed)", file=sys.stderr)
+        status = 130
+    except asyncio.CancelledError:
+        print(f"{PROG}: error: terminated (fabrics and agents removed)", file=sys.stderr)
+        status = 130
+    except (BenchError, AgentError, FabricError) as exc:
+        if cfg.verbose:
+            for a in bench.agents:
+                print(f"{PROG}: h{a.index} log: {a.log_tail(20)}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        status = 1
+    except Exception as exc:  # noqa: BLE001 - one line, unless MRC_DEBUG
+        if os.environ.get("MRC_DEBUG"):
+            raise
+        print(f"{PROG}: error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        status = 1
+    finally:
+        bench.cleanup_sync()  # whatever the loop could not remove (idempotent)
+    if status:
+        return status
+    doc: dict[str, Any] = {
+        "tool": PROG,
+        "format": 1,
+        "config": config_dict(cfg),
+        "machine": machine_info(load_start),
+        "duration_s": round(time.monotonic() - t0, 1),
+        "results": bench.rows,
+        "aims": aims(bench.rows),
+        "skipped": bench.skipped,
+    }
+    md = table(doc)
+    if args.table:
+        try:
+            with open(args.table, "w") as f:
+                f.write(md)
+        except OSError as exc:
+            print(f"{PROG}: error: cannot write {args.table}: {exc.strerror}", file=sys.stderr)
+            return 1
+    if args.plots:
+        files = plots(doc, args.plots)
+        progress(f"{len(files)} plots in {args.plots}")
+    try:
+        if args.json:
+            print(json.dumps(doc, indent=1))
+        else:
+            print(md, end="")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    progress(f"done in {doc['duration_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
