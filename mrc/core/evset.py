@@ -6,7 +6,11 @@ port, echoed back in ACKs) and the plane of each EV.
 
 Spraying walks a fresh pseudo-random permutation of the usable EVs each round, so every EV
 carries the same number of packets to within one per round while consecutive packets take
-unrelated paths.
+unrelated paths. With several planes the round is interleaved: one EV of every live plane per
+row, planes in a fresh random order per row, so consecutive packets go to different planes and
+every plane gets the same share even when it has fewer usable EVs than the others (its EVs
+then carry more each). Per-plane queues stay level, which keeps the reordering that SACK-based
+loss detection must tolerate small.
 
 Health, after the OCP MRC states (every transition is reported through ``on_change``):
 
@@ -26,8 +30,12 @@ Health, after the OCP MRC states (every transition is reported through ``on_chan
 
 A plane goes down when ``plane_dead_losses`` losses in a row hit it with no delivery in
 between (or the transport reports its NIC down): all its EVs become ASSUMED_BAD and are probed;
-the first answered probe brings the plane back. The planes a peer reports down in the
-port-state bitmap of its SACKs are avoided too, for data and ACKs alike.
+the first answered probe brings the plane back. "In between" is in send order: the loss of a
+packet sent no later than one the plane is known to have delivered (acknowledged data, or an
+answered probe) does not count, so losses found together (one SACK, late timeouts of packets
+sent during an outage that has ended) cannot take down a plane that demonstrably works.
+The planes a peer reports down in the port-state bitmap of its SACKs are avoided too, for data
+and ACKs alike.
 """
 
 from __future__ import annotations
@@ -91,6 +99,9 @@ class EVSet:
         self.plane_down = [False] * self.nplanes
         self.peer_plane_down = [False] * self.nplanes
         self.loss_streak = [0] * self.nplanes
+        # send time of the latest packet known delivered, per plane: a loss of a packet sent
+        # no later than that is no evidence against the plane (it worked after that send)
+        self.plane_alive_sent = [float("-inf")] * self.nplanes
         self.usable = list(self.active)
         self.probe_interval = probe_interval
         self.probe_timeout = probe_timeout
@@ -127,13 +138,45 @@ class EVSet:
         self._skipped_prev = self._skipped
         self._skipped = []
         order = [i for i, ok in enumerate(self.usable) if ok]
+        rng = self._rng
         if not order:
             # nothing known to work: keep trying everything the operator allows, so data
             # still flows if the evidence was wrong and the retry budget still runs out if not
             order = [i for i, s in enumerate(self.state) if s != EVState.DENIED]
-        self._rng.shuffle(order)
+            rng.shuffle(order)
+        elif self.nplanes == 1:
+            rng.shuffle(order)
+        else:
+            order = self._interleave(order)
         self._order = order
         self._pos = 0
+
+    def _interleave(self, usable: list[int]) -> list[int]:
+        """One round over several planes: every plane with a usable EV gets the same number
+        of slots, and consecutive packets go to different planes.
+
+        Each plane's usable EVs are shuffled; a plane with fewer of them (its backups ran out,
+        or it sits at the floor) repeats some, so its NIC still gets an equal share. The round
+        is laid out row by row, one EV of every plane per row in a shuffled plane order: the
+        planes' queues stay level packet by packet, so sprayed packets arrive nearly in order
+        and the reordering window of loss detection can stay tight.
+        """
+        rng = self._rng
+        planes = self.planes
+        by_plane: dict[int, list[int]] = {}
+        for ev in usable:
+            by_plane.setdefault(planes[ev], []).append(ev)
+        lists = list(by_plane.values())
+        width = max(len(evs) for evs in lists)
+        for evs in lists:
+            rng.shuffle(evs)
+            k = len(evs)
+            evs.extend(evs[j % k] for j in range(width - k))
+        order: list[int] = []
+        for row in range(width):
+            rng.shuffle(lists)
+            order.extend(evs[row] for evs in lists)
+        return order
 
     def next(self) -> int:
         """The EV for the next packet."""
@@ -173,17 +216,32 @@ class EVSet:
 
     # ---- evidence ----------------------------------------------------------------------
 
-    def delivered(self, ev: int) -> None:
-        """A packet sent on ``ev`` was acknowledged: its plane is alive."""
-        self.loss_streak[self.planes[ev]] = 0
+    def delivered(self, ev: int, sent_at: float | None = None) -> None:
+        """A packet sent on ``ev`` (at ``sent_at``) was acknowledged: its plane is alive."""
+        plane = self.planes[ev]
+        self.loss_streak[plane] = 0
+        if sent_at is not None and sent_at > self.plane_alive_sent[plane]:
+            self.plane_alive_sent[plane] = sent_at
 
-    def lost(self, ev: int, now: float, reason: str, plane_evidence: bool = True) -> None:
-        """A packet sent on ``ev`` was lost without a trim: loss means failure.
+    def lost(
+        self,
+        ev: int,
+        now: float,
+        reason: str,
+        plane_evidence: bool = True,
+        sent_at: float | None = None,
+    ) -> None:
+        """A packet sent on ``ev`` (at ``sent_at``) was lost without a trim: loss means failure.
 
         ``plane_evidence``: whether the loss also counts towards declaring the plane dead. A
         side that only sends ACKs never hears of deliveries, so its streaks could not reset.
+        A loss of a packet sent before (or with) one the plane is known to have delivered is
+        no evidence against the plane either: losses declared together (one SACK, or timeouts
+        found late) would otherwise add up to a "dead" plane that is demonstrably alive.
         """
         plane = self.planes[ev]
+        if plane_evidence and sent_at is not None and sent_at <= self.plane_alive_sent[plane]:
+            plane_evidence = False
         if plane_evidence:
             self.loss_streak[plane] += 1
         if self.loss_streak[plane] >= self.plane_dead_losses and not self.plane_down[plane]:
@@ -221,6 +279,7 @@ class EVSet:
             if backup is not None:
                 self.active[backup] = True
                 self._refresh(backup)
+                self.on_change(backup, "GOOD (backup)", "GOOD", f"replaces EV {ev}", now)
 
     def set_plane_down(self, plane: int, now: float, reason: str) -> None:
         if self.plane_down[plane]:
@@ -269,9 +328,16 @@ class EVSet:
         return due
 
     def probe_answered(self, ev: int, now: float) -> None:
-        if self._probe_sent.pop(ev, None) is None or self.state[ev] != EVState.ASSUMED_BAD:
+        sent = self._probe_sent.pop(ev, None)
+        if sent is None or self.state[ev] != EVState.ASSUMED_BAD:
             return
         plane = self.planes[ev]
+        # the plane carried a packet sent at ``sent``: losses of packets sent before that
+        # (e.g. timeouts of retransmissions that went out during the outage) are no evidence
+        # that it is dead now
+        self.loss_streak[plane] = 0
+        if sent > self.plane_alive_sent[plane]:
+            self.plane_alive_sent[plane] = sent
         if self.plane_down[plane]:
             self.plane_down[plane] = False
             self.loss_streak[plane] = 0

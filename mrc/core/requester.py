@@ -24,6 +24,7 @@ from mrc.core.rtt import RttEstimator
 from mrc.core.stats import QPStats
 
 _INF = float("inf")
+_NEG_INF = float("-inf")
 
 # (ev index, header bytes, payload) as the transport should send it
 Datagram = tuple[int, bytes, memoryview | bytes]
@@ -87,6 +88,11 @@ class Requester:
         self._deadlines: list[tuple[float, int]] = []  # heap of (deadline, seq), lazy deletion
         self._retransmit: deque[int] = deque()
         self._rack_latest = 0.0  # send time of the latest-sent packet known to have arrived
+        # per 64-PSN block: send time of the latest-sent packet the receiver already had when
+        # it reported on that block (the subject of a SACK for it); see _detect_losses
+        self._block_news: dict[int, float] = {}
+        self._last_subject = (-1, 0.0)  # (seq, sent_at): SACKs of one flush share a subject
+        self.losses_unblamed = 0
         self.health = config.ev_health
 
     # ---- application side -------------------------------------------------------------
@@ -229,7 +235,7 @@ class Requester:
             self._retransmit.append(seq)
             self.stats.retransmits_timeout += 1
             if self.health:
-                self.evs.lost(pkt.ev, now, "timeout")
+                self.evs.lost(pkt.ev, now, "timeout", sent_at=pkt.sent_at)
 
     def fail(self, reason: str) -> None:
         if not self.failed:
@@ -250,6 +256,13 @@ class Requester:
         syndrome = aeth >> 24
         subj_seq = to_seq(ip, subj & wire.PSN_MASK, una)
         subject = outstanding.get(subj_seq)
+        if subject is not None:
+            subj_sent: float | None = subject.sent_at
+            self._last_subject = (subj_seq, subject.sent_at)
+        elif subj_seq == self._last_subject[0]:
+            subj_sent = self._last_subject[1]
+        else:
+            subj_sent = None  # a duplicate's ACK, or stale: no news about timing
         evs = self.evs
         if self.health and (ports != 0xFFFF or any(evs.peer_plane_down)):
             evs.set_peer_planes(ports)
@@ -266,16 +279,29 @@ class Requester:
         latest = 0.0
         planes = evs.planes
         streak = evs.loss_streak
+        alive = evs.plane_alive_sent  # per plane; doubles as the per-plane RACK point
         if cum >= una:
             for seq in range(una, cum + 1):
                 pkt = outstanding.pop(seq, None)
                 if pkt is not None:
-                    streak[planes[pkt.ev]] = 0
+                    plane = planes[pkt.ev]
+                    streak[plane] = 0
+                    if pkt.sent_at > alive[plane]:
+                        alive[plane] = pkt.sent_at
                     if pkt.sent_at > latest:
                         latest = pkt.sent_at
             una = cum + 1
         # selective part
         base_seq = to_seq(ip, base & wire.PSN_MASK, una)
+        if subj_sent is not None:
+            news = self._block_news
+            block = base_seq >> 6
+            if subj_sent > news.get(block, _NEG_INF):
+                news[block] = subj_sent
+            if len(news) > 1024:
+                floor = una >> 6
+                for b in [b for b in news if b < floor]:
+                    del news[b]
         if bitmap and base_seq + 64 > una and base_seq < self._next_seq:
             while bitmap:
                 low = bitmap & -bitmap
@@ -284,7 +310,10 @@ class Requester:
                 if seq >= una:
                     pkt = outstanding.pop(seq, None)
                     if pkt is not None:
-                        streak[planes[pkt.ev]] = 0
+                        plane = planes[pkt.ev]
+                        streak[plane] = 0
+                        if pkt.sent_at > alive[plane]:
+                            alive[plane] = pkt.sent_at
                         if pkt.sent_at > latest:
                             latest = pkt.sent_at
         nxt = self._next_seq
@@ -304,27 +333,47 @@ class Requester:
         """SACK evidence: a packet sent well before one that has arrived is lost.
 
         "Well before" is a reordering window (a fraction of the smoothed RTT, at least
-        ``reorder_min``): sprayed packets take different paths, but paths of one fabric differ
-        little. Detection takes one RTT instead of an RTO, which is what keeps delivery from
-        stalling when a path dies.
+        ``reorder_min``) when the packet that arrived travelled on the same plane: packets of
+        one plane share its NIC's queue, and its paths differ little. Evidence from other
+        planes needs twice that window: each plane has its own queue, and their depths differ
+        (most of all when a plane comes back with an empty queue while the others are full),
+        so cross-plane order says less. Detection takes about one RTT instead of an RTO, which
+        is what keeps delivery from stalling when a path dies; a whole plane dying is found by
+        cross-plane evidence.
         """
         cfg = self.config
         srtt = self.rtt.srtt or 0.0
-        threshold = self._rack_latest - max(cfg.reorder_min, srtt * cfg.reorder_srtt_fraction)
+        window = max(cfg.reorder_min, srtt * cfg.reorder_srtt_fraction)
+        threshold = self._rack_latest - window  # no packet sent after this can qualify
+        cross = self._rack_latest - 2 * window
+        per_plane = self.evs.plane_alive_sent
+        planes = self.evs.planes
         lost = []
         for seq, pkt in self._outstanding.items():
-            if pkt.sent_at >= threshold:
+            sent = pkt.sent_at
+            if sent >= threshold:
                 if pkt.retransmitted:
                     continue  # out of send order: its position is its first transmission's
                 break  # first transmissions are in send order: none later can qualify
+            if sent >= cross and sent >= per_plane[planes[pkt.ev]] - window:
+                continue  # only other planes' packets arrived since: within their skew
             if pkt.deadline != _INF:
                 lost.append((seq, pkt))
+        news = self._block_news
         for seq, pkt in lost:
             pkt.deadline = _INF
             self._retransmit.append(seq)
             self.stats.retransmits_sack += 1
-            if self.health:
-                self.evs.lost(pkt.ev, now, "lost: later packets arrived")
+            if not self.health:
+                continue
+            # Blame the EV only if the receiver reported on this packet's block after it had
+            # received a packet sent well after this one: then this one really was missing.
+            # Otherwise the evidence may just be a lost SACK (its reverse path died): the
+            # packet is resent all the same, but its healthy EV is not retired for it.
+            if news.get(seq >> 6, _NEG_INF) >= pkt.sent_at + window:
+                self.evs.lost(pkt.ev, now, "lost: later packets arrived", sent_at=pkt.sent_at)
+            else:
+                self.losses_unblamed += 1
 
     def _on_nack(
         self, code: int, seq: int, pkt: _Packet | None, ev_port: int, now: float

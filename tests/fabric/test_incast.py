@@ -8,7 +8,7 @@ at exactly 1:1 and trim too.
 With ``mrc-fabric up --trim`` the leaves cut the overflow down to headers (marked TRIMMED +
 LASTHOP, since the port faces the destination); h3 answers each with a TRIMMED_LASTHOP NACK and
 the sender retransmits at once, and should not blame the path (no SKIP, no ASSUMED_BAD: the
-latter is an xfail today, see test_incast_lasthop_trims_do_not_retire_evs).  Without trimming,
+latter is test_incast_lasthop_trims_do_not_retire_evs).  Without trimming,
 tbf tail-drops the overflow and recovery takes SACK evidence or timeouts; that must complete too.
 
 Why ``--window 24``: the transport has no congestion control yet (a fixed window, default 512
@@ -414,13 +414,6 @@ def test_incast_lasthop_trims_do_not_skip_evs(trimmed_run) -> None:
     assert sm["evs_skipped"] <= run.fab("trimmed", lasthop=False), sm
 
 
-@pytest.mark.xfail(
-    reason="mrc/core/requester.py _detect_losses: SACK evidence (a later packet arrived, reorder "
-    "window max(2 ms, srtt/2)) declares lost the packets trimmed at the last hop whose "
-    "TRIMMED_LASTHOP NACK is still on its way, and packets merely queued longer on another "
-    "plane, and retires their EVs (ASSUMED_BAD) although the fabric dropped nothing",
-    strict=False,
-)
 def test_incast_lasthop_trims_do_not_retire_evs(trimmed_run) -> None:
     """With trimming the fabric loses nothing (no drops), so no EV deserves ASSUMED_BAD: every
     retirement here is a false accusation of a path for what is incast at the receiver."""

@@ -102,13 +102,14 @@ async def test_malformed_datagrams_are_counted_and_the_transfer_survives() -> No
             await asyncio.sleep(0.01)
         assert peer.stats()["dropped_by_reason"] == expected
         assert peer.stats()["bytes_placed"] == size
-        assert peer.stats()["duplicates"] == 0
         assert not peer.error and not conn.error
         # the receiver NACKed the forgeries it could attribute to the QP; the sender ignored
         # them because they name PSNs/EVs it never used that way
         st = conn.stats()
         assert st["nacks_ignored"] == st["nacks"]
-        assert st["retransmits"] == 0
+        # no forged NACK caused a retransmission (timing-driven ones may happen on a loaded
+        # machine; they are the core's business, not the forgeries')
+        assert st["retransmits_nack"] == 0
     finally:
         forger.close()
         if conn is not None:
@@ -146,7 +147,8 @@ async def test_forgeries_before_any_data_do_not_disturb_a_later_transfer() -> No
         assert await conn.write(data, region, imm=9) == size
         assert await peer.next_immediate(timeout=5) == 9
         assert inbox == data
-        assert peer.stats()["duplicates"] == 0
+        # no real packet was taken for a duplicate of a forgery (only resends can duplicate)
+        assert peer.stats()["duplicates"] <= conn.stats()["retransmits"]
     finally:
         forger.close()
         if conn is not None:
