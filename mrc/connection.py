@@ -98,6 +98,12 @@ def _routes(pairs: list[tuple[str, str]], fabric: Topology | None) -> list[list[
     return fabric_routes(fabric, pairs) if fabric is not None else plain_routes(pairs)
 
 
+def _route_ids(labels: list[str]) -> list[int]:
+    """A small integer per distinct route label (the core only compares them)."""
+    ids: dict[str, int] = {}
+    return [ids.setdefault(label, len(ids)) for label in labels]
+
+
 def backup_count(active: int, planes: int) -> int:
     """Backup EVs opened beside ``active`` ones: a quarter more, at least one per plane."""
     return max(planes, active // 4)
@@ -347,7 +353,7 @@ class Listener:
         socks, planes, labels = _open_ev_sockets(total, _routes(pairs, self.fabric), peer_port)
         qp = QueuePair(
             _new_qpn(core), core.pd, [s.getsockname()[1] for s in socks], planes, cfg,
-            secrets.randbits(24), active_evs=active,
+            secrets.randbits(24), active_evs=active, ev_routes=_route_ids(labels),
         )
         qp.connect(int(hello["qpn"]), int(hello["psn"]))  # type: ignore[arg-type]
         granted = None
@@ -578,7 +584,7 @@ async def _client_setup(
         total, _routes(pairs, fabric), int(reply["udp_port"])  # type: ignore[arg-type]
     )
     qp = QueuePair(qpn, core.pd, [s.getsockname()[1] for s in socks], planes, cfg, psn,
-                   active_evs=evs)
+                   active_evs=evs, ev_routes=_route_ids(labels))
     qp.connect(int(reply["qpn"]), int(reply["psn"]))  # type: ignore[arg-type]
     channel = endpoint.attach(qp, socks)
     remote = [RemoteRegion.from_dict(r) for r in reply.get("regions") or []]  # type: ignore[union-attr, arg-type]

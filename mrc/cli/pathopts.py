@@ -66,7 +66,7 @@ def apply_denies(conn: Connection, denies: list[str]) -> int:
     n = 0
     for row in conn.ev_report():
         if str(row["ev"]) in wanted or str(row["route"]) in wanted:
-            conn.qp.deny_ev(int(row["ev"]))  # type: ignore[arg-type]
+            conn.qp.deny_ev(int(row["ev"]), time.monotonic())  # type: ignore[arg-type]
             n += 1
     if n == 0:
         raise Failure(f"--deny {', '.join(denies)} matches no EV of this connection")
@@ -90,7 +90,7 @@ class EVLog:
             return
         fh = self._fh
         routes = conn.routes
-        loop_start = conn.endpoint.loop.time()
+        loop_start = time.monotonic()  # the transport's clock
         wall = time.time()
 
         def write(ev: EVStateChanged) -> None:

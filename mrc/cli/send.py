@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default 128)")
     p.add_argument("--payload", type=positive_int, default=1400, metavar="BYTES",
                    help="payload bytes per packet (default 1400; 8192 or more for jumbo/loopback)")
-    p.add_argument("--window", type=positive_int, default=512, metavar="PACKETS",
-                   help="packets in flight at most (default 512)")
+    p.add_argument("--window", type=positive_int, default=None, metavar="PACKETS",
+                   help="packets in flight at most (default 512; on a --fabric shaped with a rate, "
+                   "about 1.5 ms of every plane's link rate: there is no congestion control yet)")
     p.add_argument("--from", dest="local", action="append", metavar="ADDR",
                    help="local address of one plane; repeat once per plane/NIC (default: the "
                    "address the kernel picks towards HOST)")
@@ -85,10 +86,29 @@ def _load(args: argparse.Namespace) -> tuple[memoryview, str]:
     return memoryview(buf)[: args.size], f"<{args.size} random bytes>"
 
 
+DEFAULT_WINDOW = 512
+
+
+def fabric_window(topo, payload: int) -> int | None:
+    """A window that fits a shaped fabric's queues: ~1.5 ms of every plane's link rate.
+
+    Without congestion control, a fixed window much larger than that overflows the first hop
+    (the sender's own NIC queue, which cannot trim) and tail drops look like dead paths.
+    """
+    if topo is None or not topo.rate:
+        return None
+    from mrc.fabric import parse_rate
+
+    rate = parse_rate(topo.rate)
+    per_plane = max(4, -(-int(rate / 8 * 0.0015) // payload))
+    return per_plane * topo.planes
+
+
 def _config(args: argparse.Namespace) -> QPConfig:
     """The QP settings the flags ask for; raises ValueError (bad usage) if impossible."""
-    config = QPConfig(payload_size=args.payload, max_outstanding=args.window,
-                      psn_window=max(16384, args.window * 4))
+    window = args.window or DEFAULT_WINDOW
+    config = QPConfig(payload_size=args.payload, max_outstanding=window,
+                      psn_window=max(16384, window * 4))
     config.validate()
     return config
 
@@ -97,6 +117,11 @@ async def _main(args: argparse.Namespace) -> int:
     host, port = parse_endpoint(args.to)
     config = _config(args)
     fabric = load_fabric(args.fabric)
+    if args.window is None:
+        auto = fabric_window(fabric, args.payload)
+        if auto is not None:
+            args.window = auto
+            config = _config(args)
     host = host_address(fabric, host)
     local = args.local or local_plane_addrs(fabric)
     data, label = _load(args)

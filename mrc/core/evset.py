@@ -73,6 +73,7 @@ class EVSet:
         resurrect_after: int = 3,
         plane_dead_losses: int = 8,
         on_change: ChangeCallback | None = None,
+        routes: list[int] | None = None,
     ) -> None:
         if not ports:
             raise ValueError("an EV set needs at least one entropy value")
@@ -84,6 +85,10 @@ class EVSet:
         if len(self.planes) != n:
             raise ValueError("need one plane per entropy value")
         self.nplanes = max(self.planes) + 1
+        # route id of each EV (e.g. which spine an SRv6 path turns at); all 0 when unknown
+        self.routes = list(routes) if routes is not None else [0] * n
+        if len(self.routes) != n:
+            raise ValueError("need one route id per entropy value")
         self.index_of_port = {p: i for i, p in enumerate(self.ports)}
         self.packets = [0] * n
         n_active = n if active is None else max(1, min(active, n))
@@ -249,7 +254,7 @@ class EVSet:
             return
         if self.state[ev] not in (EVState.GOOD, EVState.SKIP) or not self.active[ev]:
             return
-        backup = self._backup_for(plane)
+        backup = self._backup_for(plane, self.routes[ev])
         if backup is None and self._active_in_plane(plane) <= self.floor[plane]:
             self.floor_holds += 1
             return
@@ -275,7 +280,7 @@ class EVSet:
         self.active[ev] = False
         self._refresh(ev)
         if was_active:
-            backup = self._backup_for(self.planes[ev])
+            backup = self._backup_for(self.planes[ev], self.routes[ev])
             if backup is not None:
                 self.active[backup] = True
                 self._refresh(backup)
@@ -419,12 +424,35 @@ class EVSet:
             if self.planes[ev] == plane:
                 self._refresh(ev)
 
-    def _backup_for(self, plane: int) -> int | None:
+    def _backup_for(self, plane: int, avoid_route: int | None = None) -> int | None:
+        """A backup EV of ``plane``, preferring routes with no EV assumed bad.
+
+        A backup on the route of the EV it replaces would most likely share its fate (a dead
+        link kills every EV routed over it), so it is never chosen: better one EV fewer in the
+        plane than one that fails again at once.
+        """
+        bad_on_route: dict[int, int] = {}
+        plane_routes = set()
+        for ev, st in enumerate(self.state):
+            if self.planes[ev] == plane:
+                plane_routes.add(self.routes[ev])
+                if st == EVState.ASSUMED_BAD:
+                    bad_on_route[self.routes[ev]] = bad_on_route.get(self.routes[ev], 0) + 1
+        if len(plane_routes) < 2:
+            avoid_route = None  # one path in this plane: EVs differ by source port only
+        best = None
+        best_rank = None
         for ev in range(len(self.ports)):
-            if (self.planes[ev] == plane and not self.active[ev]
-                    and self.state[ev] == EVState.GOOD):
-                return ev
-        return None
+            if (self.planes[ev] != plane or self.active[ev]
+                    or self.state[ev] != EVState.GOOD):
+                continue
+            route = self.routes[ev]
+            if route == avoid_route:
+                continue
+            rank = (bad_on_route.get(route, 0), ev)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = ev, rank
+        return best
 
     def _active_in_plane(self, plane: int) -> int:
         return sum(1 for ev in range(len(self.ports))

@@ -40,10 +40,12 @@ class QueuePair:
         config: QPConfig | None = None,
         initial_psn: int = 0,
         active_evs: int | None = None,
+        ev_routes: list[int] | None = None,
     ) -> None:
         """``ev_ports[i]``/``ev_planes[i]``: source port and plane of EV i. The first
         ``active_evs`` EVs (all, by default) are sprayed over; the rest are the backup pool
-        that replaces EVs found bad, plane by plane."""
+        that replaces EVs found bad, plane by plane. ``ev_routes[i]``: an id of EV i's path
+        (EVs on one path share its fate, so a backup never replaces an EV on its own path)."""
         self.config = config or QPConfig()
         self.config.validate()
         if not 0 < qpn <= wire.QPN_MASK:
@@ -64,6 +66,7 @@ class QueuePair:
             resurrect_after=cfg.resurrect_after,
             plane_dead_losses=cfg.plane_dead_losses,
             on_change=self._ev_changed,
+            routes=ev_routes,
         )
         emit = self._events.append
         self.requester = Requester(self.config, qpn, self.initial_psn, self.evs, self.stats, emit)

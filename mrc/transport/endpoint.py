@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -23,6 +24,11 @@ from mrc.core.events import (
     WriteCompleted,
 )
 from mrc.core.qp import QueuePair
+
+# The core's clock: CLOCK_MONOTONIC with microsecond resolution. (uvloop's loop.time() has
+# millisecond resolution, which would round every send time, RTT sample and reordering window.)
+# Timers still go through loop.call_at: both clocks count from boot.
+_clock = time.monotonic
 
 RX_BATCH = 512
 RX_BUFFER = 65536
@@ -118,7 +124,7 @@ class Endpoint:
         buf = self._rxbuf
         view = self._rxview
         rx = self.core.receive_datagram
-        now = self.loop.time()
+        now = _clock()
         touched: dict[int, QueuePair] = {}
         for _ in range(RX_BATCH):
             try:
@@ -141,7 +147,7 @@ class Endpoint:
 
     def _pump(self, ch: QPChannel) -> None:
         qp = ch.qp
-        now = self.loop.time()
+        now = _clock()
         datagrams = qp.datagrams_to_send(now)
         if datagrams:
             send = ch.send_fns
@@ -223,7 +229,7 @@ class Endpoint:
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at = None
-        now = self.loop.time()
+        now = _clock()
         for ch in list(self.channels.values()):
             deadline = ch.qp.get_timer()
             if deadline is not None and deadline <= now:
