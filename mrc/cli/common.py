@@ -7,7 +7,8 @@ import json
 import re
 import sys
 import time
-from typing import NoReturn
+from collections.abc import Coroutine
+from typing import Any, NoReturn
 
 from mrc.wire import DEFAULT_PORT
 
@@ -143,3 +144,20 @@ class Progress:
         if self.enabled:
             sys.stderr.write("\n")
             sys.stderr.flush()
+
+
+def run_command(prog: str, main: Coroutine[Any, Any, int]) -> int:
+    """Run a command's coroutine on the fast loop; failures become one line, not a traceback.
+
+    Exit status: what ``main`` returns; 1 for a failed transfer; 130 on Ctrl-C.
+    """
+    from mrc.connection import MRCError
+    from mrc.transport.loop import run
+
+    try:
+        return run(main)
+    except (Failure, MRCError) as exc:
+        die(prog, str(exc), 1)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130

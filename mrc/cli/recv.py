@@ -13,7 +13,6 @@ from mrc.cli.common import (
     Failure,
     Parser,
     Progress,
-    die,
     emit_json,
     endpoint_arg,
     human_bytes,
@@ -21,11 +20,11 @@ from mrc.cli.common import (
     parse_endpoint,
     parse_size,
     positive_int,
+    run_command,
 )
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
 from mrc.connection import Connection, Listener, MRCError, listen
 from mrc.transfer import receive_buffer
-from mrc.transport.loop import run
 
 PROG = "mrc-recv"
 
@@ -223,13 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_usage(parser, args)
-    try:
-        return run(_main(args))
-    except (Failure, MRCError) as exc:
-        die(PROG, str(exc), 1)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    return run_command(PROG, _main(args))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from mrc.cli.common import (
     Failure,
     Parser,
     Progress,
-    die,
     emit_json,
     endpoint_arg,
     human_bytes,
@@ -19,6 +18,7 @@ from mrc.cli.common import (
     parse_endpoint,
     parse_size,
     positive_int,
+    run_command,
 )
 from mrc.cli.pathopts import (
     EVLog,
@@ -28,10 +28,9 @@ from mrc.cli.pathopts import (
     load_fabric,
     local_plane_addrs,
 )
-from mrc.connection import MRCError, connect
+from mrc.connection import connect
 from mrc.core.config import QPConfig
 from mrc.transfer import send_buffer
-from mrc.transport.loop import run
 
 PROG = "mrc-send"
 
@@ -186,13 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         _config(args)
     except ValueError as exc:
         parser.error(str(exc))
-    try:
-        return run(_main(args))
-    except (Failure, MRCError) as exc:
-        die(PROG, str(exc), 1)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    return run_command(PROG, _main(args))
 
 
 if __name__ == "__main__":
