@@ -20,6 +20,8 @@ command -v tshark >/dev/null 2>&1 || need+=(tshark)
 command -v clang >/dev/null 2>&1 || need+=(clang)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 command -v bpftool >/dev/null 2>&1 || need+=(bpftool)
+# mrc-bench's lossy condition drops packets with ip6tables' statistic match
+command -v ip6tables >/dev/null 2>&1 || need+=(iptables)
 pick_python() {
   for py in python3.13 python3.12 python3.11 python3; do
     if command -v "$py" >/dev/null 2>&1 &&
