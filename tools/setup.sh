@@ -19,7 +19,6 @@ command -v tshark >/dev/null 2>&1 || need+=(tshark)
 # mrc-fabric up --trim: compiles a tc eBPF program (clang + libbpf headers), loads it with libbpf
 command -v clang >/dev/null 2>&1 || need+=(clang)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
-command -v bpftool >/dev/null 2>&1 || need+=(bpftool)
 # mrc-bench's lossy condition drops packets with ip6tables' statistic match
 command -v ip6tables >/dev/null 2>&1 || need+=(iptables)
 pick_python() {
