@@ -162,6 +162,7 @@ async def _main(args: argparse.Namespace) -> int:
         "trims_seen": peer.get("trims_seen", 0),
         "sacks": stats["sacks"],
         "retransmits_sack": stats["retransmits_sack"],
+        "retransmits_tlp": stats["retransmits_tlp"],
         "srtt_ms": round(stats["srtt"] * 1000, 3) if stats["srtt"] else None,
         "dropped_by_reason": peer.get("dropped_by_reason", {}),
         **health,

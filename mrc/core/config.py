@@ -34,6 +34,8 @@ class QPConfig:
     plane_dead_losses: int = 8
     # SACK-based loss detection: a packet is lost once one sent this much later was acked
     reorder_min: float = 0.002
+    # tail loss probe: resend the newest packet after max(tlp_min, 2 srtt) without an ACK
+    tlp_min: float = 0.005
     reorder_srtt_fraction: float = 0.5
 
     def validate(self) -> None:

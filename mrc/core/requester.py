@@ -93,6 +93,10 @@ class Requester:
         self._block_news: dict[int, float] = {}
         self._last_subject = (-1, 0.0)  # (seq, sent_at): SACKs of one flush share a subject
         self.losses_unblamed = 0
+        # tail loss probe: when no ACK has come for a while, resend the newest outstanding
+        # packet so that its ACK (SACK evidence) repairs a lost tail without waiting for an RTO
+        self._tlp_at: float | None = None
+        self._tlp_out = False
         self.health = config.ev_health
 
     # ---- application side -------------------------------------------------------------
@@ -133,6 +137,7 @@ class Requester:
         rto = self.rtt.rto
         outstanding = self._outstanding
         retransmit = self._retransmit
+        sent_before = len(out)
         while retransmit:
             seq = retransmit.popleft()
             pkt = outstanding.get(seq)
@@ -178,6 +183,16 @@ class Requester:
             out.append(self._build(seq, pkt))
             self.stats.data_packets_sent += 1
             self.stats.bytes_sent += length
+        if len(out) > sent_before:
+            self._arm_tlp(now)
+
+    def _arm_tlp(self, now: float) -> None:
+        if not self._outstanding or self._tlp_out:
+            self._tlp_at = None
+            return
+        srtt = self.rtt.srtt
+        pto = 2 * srtt if srtt is not None else self.config.initial_rto / 2
+        self._tlp_at = now + max(self.config.tlp_min, pto)
 
     def _build(self, seq: int, pkt: _Packet) -> Datagram:
         wr = pkt.wr
@@ -212,7 +227,10 @@ class Requester:
         if self.failed:
             return None
         top = self._live_top()
-        return None if top is None else top[0]
+        tlp = self._tlp_at
+        if top is None:
+            return tlp
+        return top[0] if tlp is None or top[0] < tlp else tlp
 
     def handle_timer(self, now: float) -> None:
         outstanding = self._outstanding
@@ -236,6 +254,16 @@ class Requester:
             self.stats.retransmits_timeout += 1
             if self.health:
                 self.evs.lost(pkt.ev, now, "timeout", sent_at=pkt.sent_at)
+        if self._tlp_at is not None and self._tlp_at <= now and not self.failed:
+            self._tlp_at = None
+            if outstanding:
+                seq = next(reversed(outstanding))  # insertion order is seq order
+                pkt = outstanding[seq]
+                if pkt.deadline != _INF:  # not already queued for a resend
+                    pkt.deadline = _INF
+                    self._retransmit.append(seq)
+                    self.stats.retransmits_tlp += 1
+                    self._tlp_out = True
 
     def fail(self, reason: str) -> None:
         if not self.failed:
@@ -324,6 +352,9 @@ class Requester:
         while wrs and wrs[0].last_seq >= 0 and wrs[0].last_seq < una:
             wr = wrs.popleft()
             self._emit(WriteCompleted(self.qpn, wr.wr_id, len(wr.view)))
+        if latest:
+            self._tlp_out = False  # news arrived: the next silence may be probed again
+            self._arm_tlp(now)
         if latest > self._rack_latest:
             self._rack_latest = latest
             if outstanding:

@@ -17,6 +17,7 @@ class QPStats:
     retransmits_nack: int = 0
     retransmits_timeout: int = 0
     retransmits_sack: int = 0
+    retransmits_tlp: int = 0
     nacks: int = 0
     nacks_ignored: int = 0
     sacks: int = 0
