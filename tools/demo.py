@@ -68,7 +68,8 @@ def run_pair(send_prefix: list[str], recv_prefix: list[str], recv_listen: list[s
 
 
 def report(sent: dict, got: dict, kernel: dict[str, int] | None) -> None:
-    evs = sent["evs"]
+    evs = [e for e in sent["evs"] if e["state"] != "GOOD (backup)"]  # the backup pool idles
+    backups = len(sent["evs"]) - len(evs)
     per_plane = Counter()
     for e in evs:
         per_plane[e["plane"]] += e["packets"]
@@ -84,7 +85,7 @@ def report(sent: dict, got: dict, kernel: dict[str, int] | None) -> None:
           f"{sent['sacks']} SACKs, receiver drops {got['dropped_by_reason'] or 'none'}")
     print(f"  spraying      {used} of {len(evs)} EVs carried traffic; per EV "
           f"min {min(e['packets'] for e in evs)} / fair {fair:.0f} / "
-          f"max {max(e['packets'] for e in evs)}")
+          f"max {max(e['packets'] for e in evs)} ({backups} more EVs wait as backups)")
     for plane, n in sorted(per_plane.items()):
         line = f"  plane {plane}       {n} packets from our counters"
         if kernel is not None:
