@@ -229,11 +229,7 @@ def plots(doc: dict[str, Any], outdir: str) -> list[str]:
         ax.set_title(f"mrc-bench {workload} / {condition}: synchronized step times")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = os.path.join(outdir, f"steps-{workload}-{condition}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, os.path.join(outdir, f"steps-{workload}-{condition}.png")))
 
         fig, ax = plt.subplots(figsize=(6, 4))
         for r in rows:
@@ -252,9 +248,15 @@ def plots(doc: dict[str, Any], outdir: str) -> list[str]:
         ax.set_title(f"CDF of step times: {workload} / {condition}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = os.path.join(outdir, f"cdf-{workload}-{condition}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, os.path.join(outdir, f"cdf-{workload}-{condition}.png")))
     return written
+
+
+def _save(fig, path: str) -> str:  # noqa: ANN001 - a matplotlib Figure
+    """Lay out, write and close one plot; returns its path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
