@@ -352,8 +352,14 @@ class Listener:
         total = active + backup_count(active, len(pairs))
         socks, planes, labels = _open_ev_sockets(total, _routes(pairs, self.fabric), peer_port)
         qp = QueuePair(
-            _new_qpn(core), core.pd, [s.getsockname()[1] for s in socks], planes, cfg,
-            secrets.randbits(24), active_evs=active, ev_routes=_route_ids(labels),
+            _new_qpn(core),
+            core.pd,
+            [s.getsockname()[1] for s in socks],
+            planes,
+            cfg,
+            secrets.randbits(24),
+            active_evs=active,
+            ev_routes=_route_ids(labels),
         )
         qp.connect(int(hello["qpn"]), int(hello["psn"]))  # type: ignore[arg-type]
         granted = None
@@ -380,8 +386,17 @@ class Listener:
                 "regions": regions,
             }
         )
-        conn = Connection(self.endpoint, channel, control, [], False, granted, hello,
-                          plane_pairs=pairs, routes=labels)
+        conn = Connection(
+            self.endpoint,
+            channel,
+            control,
+            [],
+            False,
+            granted,
+            hello,
+            plane_pairs=pairs,
+            routes=labels,
+        )
         remote = hello.get("regions") or []
         conn.remote = {str(r["name"]): RemoteRegion.from_dict(r) for r in remote}  # type: ignore[index, union-attr, arg-type]
         return conn
@@ -460,9 +475,7 @@ async def listen(
         except OSError as exc:
             endpoint.close()
             if last or exc.errno != errno.EADDRINUSE:
-                raise MRCError(
-                    f"cannot listen on TCP port {want}: {exc.strerror or exc}"
-                ) from None
+                raise MRCError(f"cannot listen on TCP port {want}: {exc.strerror or exc}") from None
             continue
         break
     listener = Listener(endpoint, server, addrs, evs, config, region_factory, fabric)
@@ -526,8 +539,17 @@ async def connect(
     endpoint = Endpoint(core, [rx])
     try:
         conn = await _client_setup(
-            endpoint, control, host, locals_, evs, cfg, request_size, request_name,
-            regions or [], timeout, fabric,
+            endpoint,
+            control,
+            host,
+            locals_,
+            evs,
+            cfg,
+            request_size,
+            request_name,
+            regions or [],
+            timeout,
+            fabric,
         )
     except BaseException:
         control.close()
@@ -581,10 +603,20 @@ async def _client_setup(
     pairs = _plane_pairs(locals_, remote_addrs)
     total = evs + backup_count(evs, len(pairs))
     socks, planes, labels = _open_ev_sockets(
-        total, _routes(pairs, fabric), int(reply["udp_port"])  # type: ignore[arg-type]
+        total,
+        _routes(pairs, fabric),
+        int(reply["udp_port"]),  # type: ignore[arg-type]
     )
-    qp = QueuePair(qpn, core.pd, [s.getsockname()[1] for s in socks], planes, cfg, psn,
-                   active_evs=evs, ev_routes=_route_ids(labels))
+    qp = QueuePair(
+        qpn,
+        core.pd,
+        [s.getsockname()[1] for s in socks],
+        planes,
+        cfg,
+        psn,
+        active_evs=evs,
+        ev_routes=_route_ids(labels),
+    )
     qp.connect(int(reply["qpn"]), int(reply["psn"]))  # type: ignore[arg-type]
     channel = endpoint.attach(qp, socks)
     remote = [RemoteRegion.from_dict(r) for r in reply.get("regions") or []]  # type: ignore[union-attr, arg-type]

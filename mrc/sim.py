@@ -130,8 +130,10 @@ class SimNetwork:
         if data[0] in (wire.Opcode.RDMA_WRITE_ONLY, wire.Opcode.RDMA_WRITE_ONLY_IMM) and (
             r.random() < f.trim
         ):
-            hl = wire.DATA_IMM_HDR_LEN if data[0] == wire.Opcode.RDMA_WRITE_ONLY_IMM else (
-                wire.DATA_HDR_LEN
+            hl = (
+                wire.DATA_IMM_HDR_LEN
+                if data[0] == wire.Opcode.RDMA_WRITE_ONLY_IMM
+                else (wire.DATA_HDR_LEN)
             )
             cut = bytearray(data[:hl])
             cut[4] |= wire.BTH_TRIMMED

@@ -87,8 +87,20 @@ class TwoHosts:
             _ip("link", "set", "lo", "up", ns=ns)
         for plane in range(self.links):
             ia, ib = self.link_names(plane)
-            _ip("link", "add", ia, "netns", self.a, "type", "veth", "peer", "name", ib,
-                "netns", self.b)
+            _ip(
+                "link",
+                "add",
+                ia,
+                "netns",
+                self.a,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                ib,
+                "netns",
+                self.b,
+            )
             aa, ab = f"fd00:{plane + 1}::1", f"fd00:{plane + 1}::2"
             for ns, ifname, addr in ((self.a, ia, aa), (self.b, ib, ab)):
                 _ip("link", "set", ifname, "mtu", str(self.mtu), "up", ns=ns)
@@ -123,8 +135,23 @@ class TwoHosts:
 
 
 def _tc_rate(ns: str, ifname: str, rate: str) -> None:
-    cmd = ["tc", "-n", ns, "qdisc", "replace", "dev", ifname, "root", "tbf", "rate", rate,
-           "burst", "256kb", "latency", "20ms"]
+    cmd = [
+        "tc",
+        "-n",
+        ns,
+        "qdisc",
+        "replace",
+        "dev",
+        ifname,
+        "root",
+        "tbf",
+        "rate",
+        rate,
+        "burst",
+        "256kb",
+        "latency",
+        "20ms",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         raise TestbedError(f"{' '.join(cmd)}: {res.stderr.strip()}")
@@ -133,5 +160,8 @@ def _tc_rate(ns: str, ifname: str, rate: str) -> None:
 def leftover_namespaces(prefix: str) -> list[str]:
     """Namespaces whose name starts with ``prefix`` (to check that nothing leaked)."""
     res = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
-    return [line.split()[0] for line in res.stdout.splitlines()
-            if line.split() and line.split()[0].startswith(prefix)]
+    return [
+        line.split()[0]
+        for line in res.stdout.splitlines()
+        if line.split() and line.split()[0].startswith(prefix)
+    ]

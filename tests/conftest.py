@@ -50,8 +50,12 @@ def two_hosts() -> Iterator[TwoHosts]:
 
 
 def _mac(ns: str, ifname: str) -> str:
-    res = subprocess.run(["ip", "-n", ns, "-j", "link", "show", "dev", ifname],
-                         capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        ["ip", "-n", ns, "-j", "link", "show", "dev", ifname],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return str(json.loads(res.stdout)[0]["address"])
 
 
@@ -66,9 +70,24 @@ def _pin_neighbours(hosts: TwoHosts) -> None:
             (hosts.a, ia, hosts.b_addrs[plane], hosts.b, ib),
             (hosts.b, ib, hosts.a_addrs[plane], hosts.a, ia),
         ):
-            subprocess.run(["ip", "-n", ns, "neigh", "replace", addr, "lladdr",
-                            _mac(peer_ns, peer_dev), "dev", dev, "nud", "permanent"],
-                           check=True, capture_output=True)
+            subprocess.run(
+                [
+                    "ip",
+                    "-n",
+                    ns,
+                    "neigh",
+                    "replace",
+                    addr,
+                    "lladdr",
+                    _mac(peer_ns, peer_dev),
+                    "dev",
+                    dev,
+                    "nud",
+                    "permanent",
+                ],
+                check=True,
+                capture_output=True,
+            )
 
 
 def free_port(host: str = "::1") -> int:
@@ -101,8 +120,10 @@ class Result:
         return self.objects[0]
 
     def describe(self) -> str:
-        return (f"{' '.join(self.argv)} -> {self.returncode}\n"
-                f"stdout: {self.stdout[:2000]}\nstderr: {self.stderr[-2000:]}")
+        return (
+            f"{' '.join(self.argv)} -> {self.returncode}\n"
+            f"stdout: {self.stdout[:2000]}\nstderr: {self.stderr[-2000:]}"
+        )
 
 
 def _parse_objects(stdout: str) -> list[dict[str, object]]:
@@ -115,7 +136,10 @@ class Running:
     def __init__(self, argv: list[str]) -> None:
         self.argv = argv
         self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             start_new_session=True,
         )
         self.result: Result | None = None

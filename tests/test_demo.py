@@ -19,8 +19,9 @@ def test_demo_transfers_over_two_planes_and_verifies() -> None:
     why = netns_available()
     if why is not None:
         pytest.skip(why)
-    res = subprocess.run([sys.executable, str(DEMO), "--size", "16M"], capture_output=True,
-                         text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(DEMO), "--size", "16M"], capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     assert "-> MATCH" in out

@@ -13,8 +13,9 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 def test_readme_library_example_runs() -> None:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     assert blocks, "README has no python example"
-    res = subprocess.run([sys.executable, "-c", blocks[0]], capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-c", blocks[0]], capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     m = re.fullmatch(r"placed (\d+) packets on (\d+) EVs\n", res.stdout)
     assert m, res.stdout

@@ -113,8 +113,9 @@ class Bench:
         return [self.fabric_cli, "exec", "--name", self.topo.name, node, "--", *argv]
 
     def _popen(self, argv: list[str]) -> subprocess.Popen[str]:
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         self.procs.append(p)
         return p
 
@@ -142,14 +143,42 @@ class Bench:
         a = self.args
         name = self.topo.name
         cpu0 = _child_cpu()
-        recv = self._popen(self._exec(
-            "h3", _tool("mrc-recv"), "--fabric", name, "--listen", f"[::]:{MRC_PORT}",
-            "--discard", "--json", "--no-progress", "--timeout", "30"))
+        recv = self._popen(
+            self._exec(
+                "h3",
+                _tool("mrc-recv"),
+                "--fabric",
+                name,
+                "--listen",
+                f"[::]:{MRC_PORT}",
+                "--discard",
+                "--json",
+                "--no-progress",
+                "--timeout",
+                "30",
+            )
+        )
         self._wait_listening(recv, MRC_PORT)
-        send = self._popen(self._exec(
-            "h0", _tool("mrc-send"), "--fabric", name, "--to", f"h3:{MRC_PORT}",
-            "--size", str(size), "--payload", str(a.payload), "--window", str(window),
-            "--evs", str(a.evs), "--json", "--no-progress"))
+        send = self._popen(
+            self._exec(
+                "h0",
+                _tool("mrc-send"),
+                "--fabric",
+                name,
+                "--to",
+                f"h3:{MRC_PORT}",
+                "--size",
+                str(size),
+                "--payload",
+                str(a.payload),
+                "--window",
+                str(window),
+                "--evs",
+                str(a.evs),
+                "--json",
+                "--no-progress",
+            )
+        )
         try:
             s_out, s_err = send.communicate(timeout=a.timeout)
             r_out, r_err = recv.communicate(timeout=30)
@@ -169,8 +198,17 @@ class Bench:
         routes: dict[str, int] = {}
         for e in sj["evs"]:
             routes[e["route"]] = routes.get(e["route"], 0) + e["packets"]
-        keys = ("retransmits", "retransmits_nack", "retransmits_sack", "retransmits_timeout",
-                "evs_assumed_bad", "planes_lost", "srtt_ms", "packets_sent", "data_packets")
+        keys = (
+            "retransmits",
+            "retransmits_nack",
+            "retransmits_sack",
+            "retransmits_timeout",
+            "evs_assumed_bad",
+            "planes_lost",
+            "srtt_ms",
+            "packets_sent",
+            "data_packets",
+        )
         return {
             "window": window,
             "goodput_bps": sj["goodput_bps"],
@@ -255,14 +293,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rate_bps = parse_rate(args.rate)
     capacity = args.planes * rate_bps
     name = args.name or f"bench{os.getpid()}"
-    spec = FabricSpec(name=name, planes=args.planes, spines=args.spines, leaves=2, hosts=4,
-                      rate=args.rate, mtu=args.mtu)
-    log = (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.quiet else (
-        lambda *a: None)
+    spec = FabricSpec(
+        name=name,
+        planes=args.planes,
+        spines=args.spines,
+        leaves=2,
+        hosts=4,
+        rate=args.rate,
+        mtu=args.mtu,
+    )
+    log = (
+        (lambda *a: print(*a, file=sys.stderr, flush=True)) if not args.quiet else (lambda *a: None)
+    )
     load0 = os.getloadavg()
-    log(f"fabric {name}: {args.planes} planes x {args.spines} spines, links {args.rate} "
+    log(
+        f"fabric {name}: {args.planes} planes x {args.spines} spines, links {args.rate} "
         f"(MRC ceiling {capacity / 1e6:.0f} Mbit/s), MTU {args.mtu}; "
-        f"{args.size >> 20} MiB x {args.runs} runs; load {load0[0]:.2f}")
+        f"{args.size >> 20} MiB x {args.runs} runs; load {load0[0]:.2f}"
+    )
     t0 = time.monotonic()
     topo = Fabric.up(spec)
     bench = Bench(args, topo)
@@ -274,21 +322,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for w in args.window:
                 r = bench.mrc_run(args.size, w)
                 mrc[w].append(r)
-                log(f"  run {i + 1}: mrc window {w:4d}: {fmt_rate(r['goodput_bps'])} "
+                log(
+                    f"  run {i + 1}: mrc window {w:4d}: {fmt_rate(r['goodput_bps'])} "
                     f"({r['goodput_bps'] / capacity:6.1%}), {r['retransmits']} retransmits, "
-                    f"{r['evs_assumed_bad']} EVs assumed bad, cpu {r['cpu_seconds']:.2f} s")
+                    f"{r['evs_assumed_bad']} EVs assumed bad, cpu {r['cpu_seconds']:.2f} s"
+                )
             if not args.no_tcp:
                 r = bench.tcp_run(args.size)
                 tcp.append(r)
-                log(f"  run {i + 1}: tcp plane 0    : {fmt_rate(r['goodput_bps'])} "
-                    f"({r['goodput_bps'] / rate_bps:6.1%} of one link)")
+                log(
+                    f"  run {i + 1}: tcp plane 0    : {fmt_rate(r['goodput_bps'])} "
+                    f"({r['goodput_bps'] / rate_bps:6.1%} of one link)"
+                )
     finally:
         bench.close()
         Fabric.down(name)
     frame = args.payload + MRC_OVERHEAD
     out: dict[str, Any] = {
-        "fabric": {"name": name, "planes": args.planes, "spines": args.spines, "leaves": 2,
-                   "hosts": 4, "rate": args.rate, "rate_bps": rate_bps, "mtu": args.mtu},
+        "fabric": {
+            "name": name,
+            "planes": args.planes,
+            "spines": args.spines,
+            "leaves": 2,
+            "hosts": 4,
+            "rate": args.rate,
+            "rate_bps": rate_bps,
+            "mtu": args.mtu,
+        },
         "pair": ["h0", "h3"],
         "size": args.size,
         "runs": args.runs,
@@ -298,30 +358,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "mrc_wire_ceiling": round(args.payload / frame, 4),  # goodput / line rate at best
         "mrc": [],
         "tcp": None,
-        "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
-                    "load_before": [round(x, 2) for x in load0],
-                    "load_after": [round(x, 2) for x in os.getloadavg()]},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "kernel": platform.release(),
+            "load_before": [round(x, 2) for x in load0],
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+        },
         "seconds": round(time.monotonic() - t0, 1),
     }
     for w, rs in mrc.items():
         med = _median([r["goodput_bps"] for r in rs])
-        out["mrc"].append({
-            "window": w,
-            "goodput_bps": round(med) if med else None,
-            "fraction_of_capacity": round(med / capacity, 4) if med else None,
-            "retransmits": _median([r["retransmits"] for r in rs]),
-            "runs": rs,
-        })
+        out["mrc"].append(
+            {
+                "window": w,
+                "goodput_bps": round(med) if med else None,
+                "fraction_of_capacity": round(med / capacity, 4) if med else None,
+                "retransmits": _median([r["retransmits"] for r in rs]),
+                "runs": rs,
+            }
+        )
     if tcp:
         med = _median([r["goodput_bps"] for r in tcp])
-        out["tcp"] = {"goodput_bps": round(med), "fraction_of_link": round(med / rate_bps, 4),
-                      "wire_ceiling": round((args.mtu - 72) / (args.mtu + 14), 4), "runs": tcp}
+        out["tcp"] = {
+            "goodput_bps": round(med),
+            "fraction_of_link": round(med / rate_bps, 4),
+            "wire_ceiling": round((args.mtu - 72) / (args.mtu + 14), 4),
+            "runs": tcp,
+        }
     best = max(out["mrc"], key=lambda m: m["goodput_bps"] or 0)
     out["best_window"] = best["window"]
     out["mrc_goodput_bps"] = best["goodput_bps"]
     out["mrc_fraction_of_capacity"] = best["fraction_of_capacity"]
-    out["mrc_over_tcp"] = (round(best["goodput_bps"] / out["tcp"]["goodput_bps"], 2)
-                           if tcp and best["goodput_bps"] else None)
+    out["mrc_over_tcp"] = (
+        round(best["goodput_bps"] / out["tcp"]["goodput_bps"], 2)
+        if tcp and best["goodput_bps"]
+        else None
+    )
     return out
 
 
@@ -335,25 +407,42 @@ def table(out: dict[str, Any]) -> str:
     ]
     cap = out["capacity_bps"]
     for m in out["mrc"]:
-        lines.append(row.format(f"mrc, window {m['window']}", fmt_rate(m["goodput_bps"]),
-                                f"{m['fraction_of_capacity']:.1%} of {cap / 1e6:.0f} Mbit/s",
-                                f"{m['retransmits']:g}"))
+        lines.append(
+            row.format(
+                f"mrc, window {m['window']}",
+                fmt_rate(m["goodput_bps"]),
+                f"{m['fraction_of_capacity']:.1%} of {cap / 1e6:.0f} Mbit/s",
+                f"{m['retransmits']:g}",
+            )
+        )
     if out["tcp"]:
         t = out["tcp"]
-        lines.append(row.format("kernel tcp, plane 0", fmt_rate(t["goodput_bps"]),
-                                f"{t['fraction_of_link']:.1%} of {f['rate_bps'] / 1e6:.0f} Mbit/s",
-                                "-"))
-        lines.append(f"mrc / tcp: {out['mrc_over_tcp']}x (planes: {f['planes']}); "
-                     f"MRC wire ceiling {out['mrc_wire_ceiling']:.1%} of line rate")
+        lines.append(
+            row.format(
+                "kernel tcp, plane 0",
+                fmt_rate(t["goodput_bps"]),
+                f"{t['fraction_of_link']:.1%} of {f['rate_bps'] / 1e6:.0f} Mbit/s",
+                "-",
+            )
+        )
+        lines.append(
+            f"mrc / tcp: {out['mrc_over_tcp']}x (planes: {f['planes']}); "
+            f"MRC wire ceiling {out['mrc_wire_ceiling']:.1%} of line rate"
+        )
     m = out["machine"]
-    lines.append(f"machine: {m['cpus']} cpus, load {m['load_before'][0]} -> "
-                 f"{m['load_after'][0]}; {out['seconds']} s in all")
+    lines.append(
+        f"machine: {m['cpus']} cpus, load {m['load_before'][0]} -> "
+        f"{m['load_after'][0]}; {out['seconds']} s in all"
+    )
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bench_fabric.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="bench_fabric.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--rate", default="200mbit", help="tbf rate of every link (default 200mbit)")
     p.add_argument("--planes", type=int, default=4, help="planes (default 4)")
     p.add_argument("--spines", type=int, default=2, help="spines per plane (default 2)")
@@ -361,9 +450,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--size", type=parse_size, default=64 << 20, help="bytes per run (64M)")
     p.add_argument("--runs", type=int, default=3, help="runs; medians are reported (3)")
     p.add_argument("--payload", type=int, default=8192, help="MRC payload per packet (8192)")
-    p.add_argument("--window", default="auto",
-                   help="MRC window(s) in packets, comma-separated; 'auto' = 4 per plane (16 "
-                   "for 4 planes); mrc-send's own default is 512")
+    p.add_argument(
+        "--window",
+        default="auto",
+        help="MRC window(s) in packets, comma-separated; 'auto' = 4 per plane (16 "
+        "for 4 planes); mrc-send's own default is 512",
+    )
     p.add_argument("--evs", type=int, default=128, help="MRC entropy values (128)")
     p.add_argument("--no-tcp", action="store_true", help="skip the kernel TCP baseline")
     p.add_argument("--timeout", type=float, default=120.0, help="per transfer, seconds")
@@ -373,8 +465,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     args = p.parse_args(argv)
     try:
-        args.window = [max(8, 4 * args.planes) if w == "auto" else int(w)
-                       for w in str(args.window).split(",") if w]
+        args.window = [
+            max(8, 4 * args.planes) if w == "auto" else int(w)
+            for w in str(args.window).split(",")
+            if w
+        ]
     except ValueError:
         p.error(f"bad --window {args.window!r}: expected auto, 16 or 16,512")
     if not args.window or min(args.window) < 1:
@@ -408,10 +503,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"mrc {out['mrc_goodput_bps'] / 1e6:.1f} Mbit/s "
-              f"({out['mrc_fraction_of_capacity']:.1%} of {out['capacity_bps'] / 1e6:.0f}); "
-              + (f"tcp {out['tcp']['goodput_bps'] / 1e6:.1f} Mbit/s; "
-                 f"ratio {out['mrc_over_tcp']}x" if out["tcp"] else "no tcp"))
+        print(
+            f"mrc {out['mrc_goodput_bps'] / 1e6:.1f} Mbit/s "
+            f"({out['mrc_fraction_of_capacity']:.1%} of {out['capacity_bps'] / 1e6:.0f}); "
+            + (
+                f"tcp {out['tcp']['goodput_bps'] / 1e6:.1f} Mbit/s; ratio {out['mrc_over_tcp']}x"
+                if out["tcp"]
+                else "no tcp"
+            )
+        )
     return 0
 
 

@@ -116,22 +116,29 @@ def blast_recv(port: int, size: int, duration: float, wait: float) -> int:
         stopped_early = True
     seconds = now - t0
     after = _udp6_counters()
-    print(json.dumps({
-        "received": count,
-        "seconds": seconds,
-        "pps": count / seconds if seconds > 0 else 0.0,
-        "bps": count * size * 8 / seconds if seconds > 0 else 0.0,
-        "first_size": first,
-        "rcvbuf": rcvbuf,
-        "stopped_early": stopped_early,
-        "rcvbuf_errors": after.get("Udp6RcvbufErrors", 0) - before.get("Udp6RcvbufErrors", 0),
-        "in_errors": after.get("Udp6InErrors", 0) - before.get("Udp6InErrors", 0),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "received": count,
+                "seconds": seconds,
+                "pps": count / seconds if seconds > 0 else 0.0,
+                "bps": count * size * 8 / seconds if seconds > 0 else 0.0,
+                "first_size": first,
+                "rcvbuf": rcvbuf,
+                "stopped_early": stopped_early,
+                "rcvbuf_errors": after.get("Udp6RcvbufErrors", 0)
+                - before.get("Udp6RcvbufErrors", 0),
+                "in_errors": after.get("Udp6InErrors", 0) - before.get("Udp6InErrors", 0),
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
-def blast_send(targets: list[tuple[str, str]], port: int, size: int, duration: float,
-               window: float) -> int:
+def blast_send(
+    targets: list[tuple[str, str]], port: int, size: int, duration: float, window: float
+) -> int:
     """Send ``size``-byte datagrams round-robin over (local, remote) pairs for ``duration`` s.
 
     The rate reported is that of the first ``window`` seconds (the receiver's window): once
@@ -167,15 +174,20 @@ def blast_send(targets: list[tuple[str, str]], port: int, size: int, duration: f
             in_window = (count, now - t0)
     seconds = now - t0
     wcount, wsecs = in_window or (count, seconds)
-    print(json.dumps({
-        "sent": count,
-        "seconds": seconds,
-        "sent_in_window": wcount,
-        "window_seconds": wsecs,
-        "pps": wcount / wsecs if wsecs > 0 else 0.0,
-        "bps": wcount * size * 8 / wsecs if wsecs > 0 else 0.0,
-        "send_errors": errors,
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "sent": count,
+                "seconds": seconds,
+                "sent_in_window": wcount,
+                "window_seconds": wsecs,
+                "pps": wcount / wsecs if wsecs > 0 else 0.0,
+                "bps": wcount * size * 8 / wsecs if wsecs > 0 else 0.0,
+                "send_errors": errors,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
@@ -218,8 +230,9 @@ def _tool(name: str) -> str:
         return str(here)
     found = shutil.which(name)
     if found is None:
-        raise BenchError(f"{name} not found next to {sys.executable} or on PATH "
-                         f"(pip install -e . in the venv)")
+        raise BenchError(
+            f"{name} not found next to {sys.executable} or on PATH (pip install -e . in the venv)"
+        )
     return found
 
 
@@ -244,15 +257,23 @@ class Bench:
             time.sleep(0.02)
         raise BenchError(f"mrc-recv did not listen on port {port} within 15 s")
 
-    def mrc_run(self, hosts: Any, payload: int, size: int, profile: bool = False
-                ) -> dict[str, Any]:
+    def mrc_run(self, hosts: Any, payload: int, size: int, profile: bool = False) -> dict[str, Any]:
         a = self.args
         n = hosts.links
         recv_argv = [self.mrc_recv, "--discard", "--json", "--no-progress", "--timeout", "30"]
         for addr in hosts.b_addrs[:n]:
             recv_argv += ["--listen", f"[{addr}]:{MRC_PORT}"]
-        send_argv = [self.mrc_send, "--size", str(size), "--payload", str(payload), "--json",
-                     "--no-progress", "--to", f"[{hosts.b_addrs[0]}]:{MRC_PORT}"]
+        send_argv = [
+            self.mrc_send,
+            "--size",
+            str(size),
+            "--payload",
+            str(payload),
+            "--json",
+            "--no-progress",
+            "--to",
+            f"[{hosts.b_addrs[0]}]:{MRC_PORT}",
+        ]
         for addr in hosts.a_addrs[:n]:
             send_argv += ["--from", addr]
         if a.evs:
@@ -264,11 +285,19 @@ class Bench:
         spies: list[subprocess.Popen[bytes]] = []
         t0 = time.monotonic()
         try:
-            recv = subprocess.Popen(hosts.exec_argv("b", recv_argv), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+            recv = subprocess.Popen(
+                hosts.exec_argv("b", recv_argv),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             self._wait_listening(hosts, recv, MRC_PORT)
-            send = subprocess.Popen(hosts.exec_argv("a", send_argv), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+            send = subprocess.Popen(
+                hosts.exec_argv("a", send_argv),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             if profile and a.profile:
                 spies = self._profile(send, recv, f"l{hosts.links}-p{payload}")
             try:
@@ -319,8 +348,9 @@ class Bench:
                 run["recv_pps"] = rj["packets_received"] / rj["seconds"]
         return run
 
-    def _profile(self, send: subprocess.Popen[str], recv: subprocess.Popen[str], tag: str
-                 ) -> list[subprocess.Popen[bytes]]:
+    def _profile(
+        self, send: subprocess.Popen[str], recv: subprocess.Popen[str], tag: str
+    ) -> list[subprocess.Popen[bytes]]:
         """py-spy record both ends of the first MRC run (``--profile DIR``)."""
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if not Path(spy).exists():
@@ -329,9 +359,23 @@ class Bench:
         out.mkdir(parents=True, exist_ok=True)
         return [
             subprocess.Popen(
-                [spy, "record", "--nonblocking", "--idle", "-r", "250", "-f", "raw", "-o",
-                 str(out / f"{name}-{tag}.txt"), "--pid", str(proc.pid)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                [
+                    spy,
+                    "record",
+                    "--nonblocking",
+                    "--idle",
+                    "-r",
+                    "250",
+                    "-f",
+                    "raw",
+                    "-o",
+                    str(out / f"{name}-{tag}.txt"),
+                    "--pid",
+                    str(proc.pid),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             for name, proc in (("send", send), ("recv", recv))
         ]
 
@@ -343,23 +387,52 @@ class Bench:
         size = payload + DATA_HDR
         me = str(Path(__file__).resolve())
         py = sys.executable
-        recv_argv = [py, me, "--blast-recv", "--port", str(BLAST_PORT), "--dgram", str(size),
-                     "--duration", str(a.duration)]
-        targets = ",".join(f"{la}/{rb}" for la, rb in zip(hosts.a_addrs[:n], hosts.b_addrs[:n],
-                                                           strict=True))
-        send_argv = [py, me, "--blast-send", targets, "--port", str(BLAST_PORT),
-                     "--dgram", str(size), "--duration", str(a.duration + BLAST_LEAD),
-                     "--blast-window", str(a.duration)]
+        recv_argv = [
+            py,
+            me,
+            "--blast-recv",
+            "--port",
+            str(BLAST_PORT),
+            "--dgram",
+            str(size),
+            "--duration",
+            str(a.duration),
+        ]
+        targets = ",".join(
+            f"{la}/{rb}" for la, rb in zip(hosts.a_addrs[:n], hosts.b_addrs[:n], strict=True)
+        )
+        send_argv = [
+            py,
+            me,
+            "--blast-send",
+            targets,
+            "--port",
+            str(BLAST_PORT),
+            "--dgram",
+            str(size),
+            "--duration",
+            str(a.duration + BLAST_LEAD),
+            "--blast-window",
+            str(a.duration),
+        ]
         recv = send = None
         try:
-            recv = subprocess.Popen(hosts.exec_argv("b", recv_argv), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+            recv = subprocess.Popen(
+                hosts.exec_argv("b", recv_argv),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             assert recv.stdout is not None
             if recv.stdout.readline().strip() != "ready":
                 recv.wait(5)
                 raise BenchError(f"raw receiver did not start: {_tail(recv.stderr.read())}")
-            send = subprocess.Popen(hosts.exec_argv("a", send_argv), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
+            send = subprocess.Popen(
+                hosts.exec_argv("a", send_argv),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             try:
                 s_out, s_err = send.communicate(timeout=a.duration + 30)
                 r_out, r_err = recv.communicate(timeout=15)
@@ -375,8 +448,9 @@ class Bench:
         if sj is None:
             raise BenchError(f"raw sender failed: {_tail(s_err) or f'exit {send.returncode}'}")
         if rj.get("first_size") != size:
-            raise BenchError(f"raw receiver got {rj.get('first_size')}-byte datagrams, "
-                             f"expected {size}")
+            raise BenchError(
+                f"raw receiver got {rj.get('first_size')}-byte datagrams, expected {size}"
+            )
         return {
             "pps": rj["pps"],
             "bps": rj["bps"],
@@ -399,8 +473,10 @@ class Bench:
         """Neighbour discovery on every plane, both ways, plus the tools' first start."""
         t0 = time.monotonic()
         self.mrc_run(hosts, self.args.payloads[0], 1 << 20)
-        self.log(f"  warm-up (1 MiB MRC transfer over {hosts.links} plane(s)): "
-                 f"{time.monotonic() - t0:.1f} s")
+        self.log(
+            f"  warm-up (1 MiB MRC transfer over {hosts.links} plane(s)): "
+            f"{time.monotonic() - t0:.1f} s"
+        )
 
     def topology(self, links: int) -> list[dict[str, Any]]:
         from mrc.testbed import TwoHosts, leftover_namespaces
@@ -421,8 +497,9 @@ class Bench:
                             r = results[p]
                             try:
                                 if kind == "mrc":
-                                    r["mrc"].append(self.mrc_run(hosts, p, a.size,
-                                                                 profile=run == 0))
+                                    r["mrc"].append(
+                                        self.mrc_run(hosts, p, a.size, profile=run == 0)
+                                    )
                                 else:
                                     r["raw"].append(self.raw_run(hosts, p))
                             except BenchError as exc:
@@ -436,14 +513,20 @@ class Bench:
         return [self._summarise(links, p, results[p]) for p in a.payloads]
 
     def _log_run(self, run: int, links: int, p: int, r: dict[str, list[Any]]) -> None:
-        m = r["mrc"][-1] if r["mrc"] and len(r["mrc"]) + len(r["mrc_errors"]) == run + 1 \
-            else None
-        w = r["raw"][-1] if r["raw"] and len(r["raw"]) + len(r["raw_errors"]) == run + 1 \
-            else None
-        ms = (f"mrc {m['goodput_bps'] / 1e9:.2f} Gbit/s {m['pps'] / 1e3:.1f}k pps "
-              f"{m['retransmits']} rtx" if m else "mrc failed")
-        ws = (f"raw {w['pps'] / 1e3:.1f}k pps {w['bps'] / 1e9:.2f} Gbit/s "
-              f"(sent {w['sender_pps'] / 1e3:.1f}k pps)" if w else "raw failed")
+        m = r["mrc"][-1] if r["mrc"] and len(r["mrc"]) + len(r["mrc_errors"]) == run + 1 else None
+        w = r["raw"][-1] if r["raw"] and len(r["raw"]) + len(r["raw_errors"]) == run + 1 else None
+        ms = (
+            f"mrc {m['goodput_bps'] / 1e9:.2f} Gbit/s {m['pps'] / 1e3:.1f}k pps "
+            f"{m['retransmits']} rtx"
+            if m
+            else "mrc failed"
+        )
+        ws = (
+            f"raw {w['pps'] / 1e3:.1f}k pps {w['bps'] / 1e9:.2f} Gbit/s "
+            f"(sent {w['sender_pps'] / 1e3:.1f}k pps)"
+            if w
+            else "raw failed"
+        )
         self.log(f"  run {run + 1}/{self.args.runs} links={links} P={p}: {ms} | {ws}")
 
     def _summarise(self, links: int, p: int, r: dict[str, list[Any]]) -> dict[str, Any]:
@@ -476,8 +559,14 @@ class Bench:
         aim = None
         if mrc["goodput_bps_median"] is not None:
             aim = round(mrc["goodput_bps_median"] / AIM_BPS, 3)
-        return {"links": links, "payload": p, "mrc": mrc, "raw_udp": raw,
-                "mrc_vs_raw_pps": ratio, "mrc_goodput_vs_1gbit": aim}
+        return {
+            "links": links,
+            "payload": p,
+            "mrc": mrc,
+            "raw_udp": raw,
+            "mrc_vs_raw_pps": ratio,
+            "mrc_goodput_vs_1gbit": aim,
+        }
 
 
 def first_touch_us_per_page(mib: int = 64) -> float:
@@ -525,6 +614,7 @@ def warm_memory(size: int) -> dict[str, Any]:
 def _machine() -> dict[str, Any]:
     try:
         from mrc.transport.loop import loop_name
+
         loop = loop_name()
     except ImportError:
         loop = "unknown"
@@ -537,11 +627,15 @@ def _machine() -> dict[str, Any]:
     commit = None
     here = Path(__file__).resolve().parent.parent
     with contextlib.suppress(OSError):
-        res = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True)
+        res = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
         if res.returncode == 0:
-            dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "mrc"],
-                                   capture_output=True, text=True).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "-C", str(here), "status", "--porcelain", "mrc"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
             commit = res.stdout.strip() + ("-dirty" if dirty else "")
     return {
         "cpus": os.cpu_count(),
@@ -556,8 +650,10 @@ def _machine() -> dict[str, Any]:
 
 
 def _table(out: dict[str, Any]) -> str:
-    head = (f"{'links':>5} {'payload':>7} | {'MRC Gbit/s':>10} {'MRC kpps':>8} {'rtx':>5} "
-            f"{'vs 1G':>6} | {'raw kpps':>8} {'raw Gbit/s':>10} {'snd kpps':>8} | {'MRC/raw':>7}")
+    head = (
+        f"{'links':>5} {'payload':>7} | {'MRC Gbit/s':>10} {'MRC kpps':>8} {'rtx':>5} "
+        f"{'vs 1G':>6} | {'raw kpps':>8} {'raw Gbit/s':>10} {'snd kpps':>8} | {'MRC/raw':>7}"
+    )
     lines = [head, "-" * len(head)]
 
     def f(v: float | None, scale: float, fmt: str) -> str:
@@ -573,9 +669,11 @@ def _table(out: dict[str, Any]) -> str:
             f"{f(r['mrc_vs_raw_pps'], 1, '7.3f')}"
         )
     c = out["config"]
-    lines.append(f"(medians of {c['runs']} run(s); MRC {c['size']} bytes per transfer; raw "
-                 f"{c['duration']:g} s blasts of payload+{DATA_HDR}-byte datagrams; "
-                 f"loop {out['machine']['loop']})")
+    lines.append(
+        f"(medians of {c['runs']} run(s); MRC {c['size']} bytes per transfer; raw "
+        f"{c['duration']:g} s blasts of payload+{DATA_HDR}-byte datagrams; "
+        f"loop {out['machine']['loop']})"
+    )
     return "\n".join(lines)
 
 
@@ -586,8 +684,9 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") \
-            from None
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of numbers: {text!r}"
+        ) from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"need positive numbers, got {text!r}")
     return list(dict.fromkeys(values))
@@ -617,8 +716,9 @@ def _size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(i?[bB])?\s*", text)
     if not m:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 64M, 1G, 1500)")
-    v = int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[
-        m.group(2).lower()])
+    v = int(
+        float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+    )
     if v < 1:
         raise argparse.ArgumentTypeError(f"size must be at least 1 byte, not {text!r}")
     return v
@@ -647,40 +747,75 @@ def build_parser() -> argparse.ArgumentParser:
         "blast of the same datagram size between two namespaces joined by veth links. JSON on "
         "stdout, a table on stderr. Needs root.",
     )
-    p.add_argument("--size", type=_size, default=None,
-                   help="bytes per MRC transfer (default 256M; --quick 32M)")
-    p.add_argument("--payloads", type=_int_list, default=None, metavar="P[,P...]",
-                   help="MRC payload bytes per packet (default 8192); the raw blast sends "
-                   f"P+{DATA_HDR}-byte datagrams")
+    p.add_argument(
+        "--size",
+        type=_size,
+        default=None,
+        help="bytes per MRC transfer (default 256M; --quick 32M)",
+    )
+    p.add_argument(
+        "--payloads",
+        type=_int_list,
+        default=None,
+        metavar="P[,P...]",
+        help="MRC payload bytes per packet (default 8192); the raw blast sends "
+        f"P+{DATA_HDR}-byte datagrams",
+    )
     p.add_argument("--payload", dest="payloads", type=_int_list, help=argparse.SUPPRESS)
-    p.add_argument("--links", type=_int_list, default=None, metavar="N[,N...]",
-                   help="veth links (planes) between the hosts; a list runs each (default 1)")
-    p.add_argument("--runs", type=_pos_int, default=None,
-                   help="repetitions of each measurement, interleaved (default 3; --quick 1)")
-    p.add_argument("--duration", type=_pos_float, default=None, metavar="SECONDS",
-                   help="length of each raw UDP blast at the receiver (default 2; --quick 1)")
+    p.add_argument(
+        "--links",
+        type=_int_list,
+        default=None,
+        metavar="N[,N...]",
+        help="veth links (planes) between the hosts; a list runs each (default 1)",
+    )
+    p.add_argument(
+        "--runs",
+        type=_pos_int,
+        default=None,
+        help="repetitions of each measurement, interleaved (default 3; --quick 1)",
+    )
+    p.add_argument(
+        "--duration",
+        type=_pos_float,
+        default=None,
+        metavar="SECONDS",
+        help="length of each raw UDP blast at the receiver (default 2; --quick 1)",
+    )
     p.add_argument("--mtu", type=int, default=9000, help="veth MTU (default 9000)")
-    p.add_argument("--evs", type=_pos_int, default=None,
-                   help="mrc-send --evs (default: mrc-send's own, 128)")
-    p.add_argument("--window", type=_pos_int, default=None,
-                   help="mrc-send --window (default: mrc-send's own, 512)")
-    p.add_argument("--no-mem-warmup", action="store_true",
-                   help="skip touching 4 x --size of fresh memory before measuring (on a VM "
-                   "the first touch of never-used guest memory is slow; both tools put every "
-                   "transfer in fresh memory)")
-    p.add_argument("--quick", action="store_true",
-                   help="small sizes and one run (under 20 s)")
+    p.add_argument(
+        "--evs", type=_pos_int, default=None, help="mrc-send --evs (default: mrc-send's own, 128)"
+    )
+    p.add_argument(
+        "--window",
+        type=_pos_int,
+        default=None,
+        help="mrc-send --window (default: mrc-send's own, 512)",
+    )
+    p.add_argument(
+        "--no-mem-warmup",
+        action="store_true",
+        help="skip touching 4 x --size of fresh memory before measuring (on a VM "
+        "the first touch of never-used guest memory is slow; both tools put every "
+        "transfer in fresh memory)",
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes and one run (under 20 s)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="JSON only (no table, no progress)")
-    out.add_argument("--table", action="store_true",
-                     help="print the human table on stdout instead of JSON")
-    p.add_argument("--profile", metavar="DIR",
-                   help="py-spy record mrc-send and mrc-recv during the first MRC run of each "
-                   "topology into DIR (needs py-spy)")
+    out.add_argument(
+        "--table", action="store_true", help="print the human table on stdout instead of JSON"
+    )
+    p.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="py-spy record mrc-send and mrc-recv during the first MRC run of each "
+        "topology into DIR (needs py-spy)",
+    )
     # internal helper modes: the raw UDP processes
     p.add_argument("--blast-recv", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--blast-send", type=_targets, metavar="LOCAL/REMOTE,...",
-                   help=argparse.SUPPRESS)
+    p.add_argument(
+        "--blast-send", type=_targets, metavar="LOCAL/REMOTE,...", help=argparse.SUPPRESS
+    )
     p.add_argument("--port", type=int, default=BLAST_PORT, help=argparse.SUPPRESS)
     p.add_argument("--dgram", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--wait", type=float, default=10.0, help=argparse.SUPPRESS)
@@ -704,8 +839,10 @@ def _finish_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     biggest = a.mtu - IPV6_UDP - IMM_HDR
     for pl in a.payloads:
         if pl > min(biggest, 65000):
-            p.error(f"payload {pl} does not fit one datagram on MTU {a.mtu} "
-                    f"(at most {min(biggest, 65000)} bytes)")
+            p.error(
+                f"payload {pl} does not fit one datagram on MTU {a.mtu} "
+                f"(at most {min(biggest, 65000)} bytes)"
+            )
     if any(n > 16 for n in a.links):
         p.error("--links: at most 16")
 
@@ -716,14 +853,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.blast_recv:
         return blast_recv(a.port, a.dgram, a.duration or 2.0, a.wait)
     if a.blast_send:
-        return blast_send(a.blast_send, a.port, a.dgram, a.duration or 2.0,
-                          a.blast_window or a.duration or 2.0)
+        return blast_send(
+            a.blast_send, a.port, a.dgram, a.duration or 2.0, a.blast_window or a.duration or 2.0
+        )
     _finish_args(parser, a)
     try:
         from mrc.testbed import TestbedError, netns_available
     except ImportError as exc:
-        print(f"{PROG}: error: cannot import mrc ({exc}); run with the venv's python",
-              file=sys.stderr)
+        print(
+            f"{PROG}: error: cannot import mrc ({exc}); run with the venv's python", file=sys.stderr
+        )
         return 1
     why = netns_available()
     if why is not None:
@@ -760,8 +899,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         if not a.no_mem_warmup:
             out["machine"]["memory_warmup"] = warm_memory(a.size)
-            log(f"memory warm-up: touched {out['machine']['memory_warmup']['bytes'] >> 20} MiB "
-                f"in {out['machine']['memory_warmup']['seconds']:.2f} s")
+            log(
+                f"memory warm-up: touched {out['machine']['memory_warmup']['bytes'] >> 20} MiB "
+                f"in {out['machine']['memory_warmup']['seconds']:.2f} s"
+            )
         for links in a.links:
             out["results"] += bench.topology(links)
     except (BenchError, TestbedError) as exc:

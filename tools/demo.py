@@ -28,9 +28,7 @@ BIN = Path(sys.executable).parent
 def wait_listening(argv_prefix: list[str], host: str, port: int, deadline: float) -> None:
     """Poll until mrc-recv accepts TCP on (host, port) inside the namespace."""
     probe = (
-        "import socket,sys\n"
-        f"s=socket.create_connection(('{host}',{port}),timeout=0.2)\n"
-        "s.close()"
+        f"import socket,sys\ns=socket.create_connection(('{host}',{port}),timeout=0.2)\ns.close()"
     )
     while time.monotonic() < deadline:
         r = subprocess.run([*argv_prefix, sys.executable, "-c", probe], capture_output=True)
@@ -41,23 +39,53 @@ def wait_listening(argv_prefix: list[str], host: str, port: int, deadline: float
 
 
 def rx_packets(prefix: list[str], ifname: str) -> int:
-    out = subprocess.run([*prefix, "ip", "-s", "-j", "link", "show", ifname],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [*prefix, "ip", "-s", "-j", "link", "show", ifname],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
 
 
-def run_pair(send_prefix: list[str], recv_prefix: list[str], recv_listen: list[str],
-             send_args: list[str], to: str) -> tuple[dict, dict]:
+def run_pair(
+    send_prefix: list[str],
+    recv_prefix: list[str],
+    recv_listen: list[str],
+    send_args: list[str],
+    to: str,
+) -> tuple[dict, dict]:
     recv = subprocess.Popen(
-        [*recv_prefix, str(BIN / "mrc-recv"), *sum((["--listen", x] for x in recv_listen), []),
-         "--discard", "--json", "--timeout", "30"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            *recv_prefix,
+            str(BIN / "mrc-recv"),
+            *sum((["--listen", x] for x in recv_listen), []),
+            "--discard",
+            "--json",
+            "--timeout",
+            "30",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         host, _, port = to.rpartition(":")
         wait_listening(recv_prefix, host.strip("[]"), int(port), time.monotonic() + 10)
-        send = subprocess.run([*send_prefix, str(BIN / "mrc-send"), *send_args, "--to", to,
-                               "--json", "--no-progress"], capture_output=True, text=True,
-                              timeout=120)
+        send = subprocess.run(
+            [
+                *send_prefix,
+                str(BIN / "mrc-send"),
+                *send_args,
+                "--to",
+                to,
+                "--json",
+                "--no-progress",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         rout, rerr = recv.communicate(timeout=60)
     finally:
         if recv.poll() is None:
@@ -76,16 +104,24 @@ def report(sent: dict, got: dict, kernel: dict[str, int] | None) -> None:
     used = sum(1 for e in evs if e["packets"])
     fair = sum(e["packets"] for e in evs) / len(evs)
     print()
-    print(f"  transfer      {human_bytes(sent['bytes'])} in {sent['seconds']:.3f} s = "
-          f"{human_rate(sent['goodput_bps'])}")
+    print(
+        f"  transfer      {human_bytes(sent['bytes'])} in {sent['seconds']:.3f} s = "
+        f"{human_rate(sent['goodput_bps'])}"
+    )
     print(f"  integrity     sender sha256   {sent['sha256']}")
-    print(f"                receiver sha256 {got['sha256']}  -> "
-          f"{'MATCH' if sent['sha256'] == got['sha256'] else 'MISMATCH'}")
-    print(f"  packets       {sent['packets_sent']} sent, {sent['retransmits']} retransmitted, "
-          f"{sent['sacks']} SACKs, receiver drops {got['dropped_by_reason'] or 'none'}")
-    print(f"  spraying      {used} of {len(evs)} EVs carried traffic; per EV "
-          f"min {min(e['packets'] for e in evs)} / fair {fair:.0f} / "
-          f"max {max(e['packets'] for e in evs)} ({backups} more EVs wait as backups)")
+    print(
+        f"                receiver sha256 {got['sha256']}  -> "
+        f"{'MATCH' if sent['sha256'] == got['sha256'] else 'MISMATCH'}"
+    )
+    print(
+        f"  packets       {sent['packets_sent']} sent, {sent['retransmits']} retransmitted, "
+        f"{sent['sacks']} SACKs, receiver drops {got['dropped_by_reason'] or 'none'}"
+    )
+    print(
+        f"  spraying      {used} of {len(evs)} EVs carried traffic; per EV "
+        f"min {min(e['packets'] for e in evs)} / fair {fair:.0f} / "
+        f"max {max(e['packets'] for e in evs)} ({backups} more EVs wait as backups)"
+    )
     for plane, n in sorted(per_plane.items()):
         line = f"  plane {plane}       {n} packets from our counters"
         if kernel is not None:
@@ -120,8 +156,10 @@ def main() -> int:
             before = {f"p{p}b": rx_packets(b, f"p{p}b") for p in range(2)}
             listen = [f"[{addr}]:4791" for addr in tb.b_addrs]
             sargs = send_args + sum((["--from", x] for x in tb.a_addrs), [])
-            print(f"demo: mrc-recv in {tb.b} on {', '.join(listen)}; "
-                  f"mrc-send from {tb.a} ({', '.join(tb.a_addrs)})")
+            print(
+                f"demo: mrc-recv in {tb.b} on {', '.join(listen)}; "
+                f"mrc-send from {tb.a} ({', '.join(tb.a_addrs)})"
+            )
             sent, got = run_pair(a, b, listen, sargs, listen[0])
             kernel = {k: rx_packets(b, k) - v for k, v in before.items()}
             report(sent, got, kernel)

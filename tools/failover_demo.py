@@ -104,8 +104,11 @@ class _NicCounters:
 def _mrc_config(args: argparse.Namespace):
     from mrc.core.config import QPConfig
 
-    cfg = QPConfig(payload_size=args.payload, max_outstanding=args.window,
-                   psn_window=max(16384, 4 * args.window))
+    cfg = QPConfig(
+        payload_size=args.payload,
+        max_outstanding=args.window,
+        psn_window=max(16384, 4 * args.window),
+    )
     for item in args.qp or []:
         key, _, value = item.partition("=")
         cur = getattr(cfg, key)
@@ -124,8 +127,14 @@ async def _helper_mrc_recv(args: argparse.Namespace) -> dict:
     size = args.size
     buf = mmap.mmap(-1, max(size, 1))
     view = memoryview(buf)[:size]
-    listener = await mrc.listen(addrs[0], args.port, plane_addrs=addrs, evs=args.ack_evs,
-                                config=_mrc_config(args), fabric=topo)
+    listener = await mrc.listen(
+        addrs[0],
+        args.port,
+        plane_addrs=addrs,
+        evs=args.ack_evs,
+        config=_mrc_config(args),
+        fabric=topo,
+    )
     listener.register(buf, name="data")
     print("ready", flush=True)
     conn = await listener.accept(timeout=60)
@@ -203,10 +212,22 @@ async def _helper_mrc_recv(args: argparse.Namespace) -> dict:
         "bytes": size,
         "t_done": t_done,
         "samples": {"t": list(t_s), "placed": list(placed_s), "inorder": list(inorder_s)},
-        "planes": {"t": list(plane_t), "placed": [list(a) for a in plane_s],
-                   "nic_rx": [list(a) for a in nic_s]},
-        "stats": {k: st[k] for k in ("packets_received", "bytes_placed", "duplicates",
-                                     "acks_sent", "probes_sent", "probes_answered")},
+        "planes": {
+            "t": list(plane_t),
+            "placed": [list(a) for a in plane_s],
+            "nic_rx": [list(a) for a in nic_s],
+        },
+        "stats": {
+            k: st[k]
+            for k in (
+                "packets_received",
+                "bytes_placed",
+                "duplicates",
+                "acks_sent",
+                "probes_sent",
+                "probes_answered",
+            )
+        },
         "evs": evs_counters,
     }
 
@@ -223,21 +244,33 @@ async def _helper_mrc_send(args: argparse.Namespace) -> dict:
         data = memoryview(mmap.mmap(fd, args.size, prot=mmap.PROT_READ))
     finally:
         os.close(fd)
-    conn = await mrc.connect(dst[0], args.port, evs=args.evs, local_addrs=src,
-                             config=_mrc_config(args), fabric=topo)
+    conn = await mrc.connect(
+        dst[0], args.port, evs=args.evs, local_addrs=src, config=_mrc_config(args), fabric=topo
+    )
     qp = conn.qp
     evs = qp.evs
     routes = conn.routes
     events: list[list] = []
 
     def on_ev(e) -> None:  # EVStateChanged; e.time is the loop's clock = CLOCK_MONOTONIC
-        events.append([e.time, e.ev, e.sport, e.plane, routes[e.ev] if routes else "direct",
-                       e.old, e.new, e.reason])
+        events.append(
+            [
+                e.time,
+                e.ev,
+                e.sport,
+                e.plane,
+                routes[e.ev] if routes else "direct",
+                e.old,
+                e.new,
+                e.reason,
+            ]
+        )
 
     conn.channel.on_ev_event = on_ev
     rows = conn.ev_report()
-    await conn.send_message({"type": "evmap",
-                             "evs": [[r["sport"], r["plane"], r["route"]] for r in rows]})
+    await conn.send_message(
+        {"type": "evmap", "evs": [[r["sport"], r["plane"], r["route"]] for r in rows]}
+    )
     region = conn.remote["data"]
     nplanes = max(evs.planes) + 1
     nic = _NicCounters(nplanes, "tx")
@@ -279,15 +312,30 @@ async def _helper_mrc_send(args: argparse.Namespace) -> dict:
         "ok": bool(reply and reply.get("type") == "result"),
         "t_start": t_start,
         "t_end": t_end,
-        "stats": {k: st[k] for k in ("packets_sent", "data_packets_sent", "retransmits",
-                                     "retransmits_timeout", "retransmits_sack",
-                                     "retransmits_nack", "send_errors", "srtt", "rto",
-                                     "probes_sent", "probes_answered")},
+        "stats": {
+            k: st[k]
+            for k in (
+                "packets_sent",
+                "data_packets_sent",
+                "retransmits",
+                "retransmits_timeout",
+                "retransmits_sack",
+                "retransmits_nack",
+                "send_errors",
+                "srtt",
+                "rto",
+                "probes_sent",
+                "probes_answered",
+            )
+        },
         "evs": counters,
         "ev_report": report,
         "ev_events": events,
-        "planes": {"t": list(pt), "packets": [list(a) for a in pk],
-                   "nic_tx": [list(a) for a in nic_s]},
+        "planes": {
+            "t": list(pt),
+            "packets": [list(a) for a in pk],
+            "nic_tx": [list(a) for a in nic_s],
+        },
     }
 
 
@@ -412,8 +460,13 @@ def _helper_stream_send(args: argparse.Namespace) -> dict:
     if args.mptcp:
         subflows = _mptcp_subflows(s) if subflows is None else subflows
     s.close()
-    return {"ok": ack == b"k", "t_start": t_start, "t_end": t_end, "subflows": subflows,
-            "attempts": attempts}
+    return {
+        "ok": ack == b"k",
+        "t_start": t_start,
+        "t_end": t_end,
+        "subflows": subflows,
+        "attempts": attempts,
+    }
 
 
 def helper_main(argv: list[str]) -> int:
@@ -477,8 +530,13 @@ def gaps(t: list[float], v: list[int], t0: float, t1: float) -> list[tuple[float
     return out
 
 
-def max_stall(t: list[float], v: list[int], t0: float, t1: float,
-              overlapping: tuple[float, float] | None = None) -> tuple[float, float]:
+def max_stall(
+    t: list[float],
+    v: list[int],
+    t0: float,
+    t1: float,
+    overlapping: tuple[float, float] | None = None,
+) -> tuple[float, float]:
     """Largest gap (s, start time); with ``overlapping``, only gaps that overlap it."""
     best, at = 0.0, t0
     for a, b in gaps(t, v, t0, t1):
@@ -503,14 +561,18 @@ def rate_between(t: list[float], v: list[int], a: float, b: float) -> float | No
     return (bytes_at(t, v, b) - bytes_at(t, v, a)) * 8 / (b - a)
 
 
-def longest_low(t: list[float], v: list[int], a: float, b: float, level_bps: float,
-                bin_s: float = 0.02) -> float:
+def longest_low(
+    t: list[float], v: list[int], a: float, b: float, level_bps: float, bin_s: float = 0.02
+) -> float:
     """Longest run (s) of ``bin_s`` bins in [a, b] whose goodput stays below ``level_bps``."""
     best = run = 0.0
     x = a
     while x + bin_s <= b:
-        r = rate_between(t, v, x, x + bin_s) if bin_s > 0.05 else (
-            (bytes_at(t, v, x + bin_s) - bytes_at(t, v, x)) * 8 / bin_s)
+        r = (
+            rate_between(t, v, x, x + bin_s)
+            if bin_s > 0.05
+            else ((bytes_at(t, v, x + bin_s) - bytes_at(t, v, x)) * 8 / bin_s)
+        )
         run = run + bin_s if r < level_bps else 0.0
         best = max(best, run)
         x += bin_s
@@ -521,6 +583,7 @@ def plane_capacity(topo, failed: tuple[str, str] | None, src: str, dst: str) -> 
     """Per plane: the max flow from ``src`` to ``dst`` (bit/s), two-tier Clos, one link down."""
     caps = []
     for p in range(topo.planes):
+
         def rate(x: str, y: str) -> float:
             if failed and {x, y} == set(failed):
                 return 0.0
@@ -535,12 +598,18 @@ def plane_capacity(topo, failed: tuple[str, str] | None, src: str, dst: str) -> 
     return caps
 
 
-def resurrection(events: list[list], failed_routes: set[tuple[int, str]] | None,
-                 failed_plane_all: int | None, t_fail: float, t_heal: float) -> dict:
+def resurrection(
+    events: list[list],
+    failed_routes: set[tuple[int, str]] | None,
+    failed_plane_all: int | None,
+    t_fail: float,
+    t_heal: float,
+) -> dict:
     """EVs of the failed link that went ASSUMED_BAD during the outage, and when they came back.
 
     ``failed_routes``: {(plane, route)} of EVs crossing the link (a spine link); or
     ``failed_plane_all``: every EV of that plane (a host NIC link)."""
+
     def affected(e) -> bool:
         if failed_plane_all is not None:
             return e[3] == failed_plane_all
@@ -568,15 +637,24 @@ def resurrection(events: list[list], failed_routes: set[tuple[int, str]] | None,
         "evs_back": len(back),
         "still_bad": still_bad,
         "detect_s": round(first_bad - t_fail, 4) if first_bad is not None else None,
-        "resurrection_s": (round(max(back.values()) - t_heal, 4)
-                           if back and not still_bad else None),
+        "resurrection_s": (
+            round(max(back.values()) - t_heal, 4) if back and not still_bad else None
+        ),
         "resurrection_first_s": round(min(back.values()) - t_heal, 4) if back else None,
     }
     return out
 
 
-def analyse(name: str, recv: dict, send: dict, t_start: float, t_fail: float, t_heal: float,
-            expect_sha: str, ctx: dict) -> dict:
+def analyse(
+    name: str,
+    recv: dict,
+    send: dict,
+    t_start: float,
+    t_fail: float,
+    t_heal: float,
+    expect_sha: str,
+    ctx: dict,
+) -> dict:
     s = recv["samples"]
     t, placed, inorder = s["t"], s["placed"], s["inorder"]
     # first and last delivery
@@ -604,7 +682,8 @@ def analyse(name: str, recv: dict, send: dict, t_start: float, t_fail: float, t_
     }
     if before:
         out["below_half_rate_ms"] = round(
-            1000 * longest_low(t, placed, t_fail, t_last, before / 2), 1)
+            1000 * longest_low(t, placed, t_fail, t_last, before / 2), 1
+        )
     if name == "mrc" and len(t) > 1:
         # the receiver samples every ~1 ms; a gap here is the process not being scheduled,
         # which no transport can beat: stalls shorter than this are not measurable
@@ -620,8 +699,13 @@ def analyse(name: str, recv: dict, send: dict, t_start: float, t_fail: float, t_
         out["evs_assumed_bad"] = ev.get("evs_assumed_bad")
         out["evs_resurrected"] = ev.get("evs_resurrected")
         out["planes_lost"] = ev.get("planes_lost")
-        res = resurrection(send.get("ev_events", []), ctx.get("failed_routes"),
-                           ctx.get("failed_plane_all"), t_fail, t_heal)
+        res = resurrection(
+            send.get("ev_events", []),
+            ctx.get("failed_routes"),
+            ctx.get("failed_plane_all"),
+            t_fail,
+            t_heal,
+        )
         out["resurrection_s"] = res["resurrection_s"]
         out["failed_link_evs"] = res
         st = send.get("stats", {})
@@ -647,14 +731,17 @@ class Child:
 
     def __init__(self, argv: list[str], label: str) -> None:
         self.label = label
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         self.err: list[str] = []
-        threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put),
-                         daemon=True).start()
-        threading.Thread(target=self._pump, args=(self.proc.stderr, self.err.append),
-                         daemon=True).start()
+        threading.Thread(
+            target=self._pump, args=(self.proc.stdout, self.lines.put), daemon=True
+        ).start()
+        threading.Thread(
+            target=self._pump, args=(self.proc.stderr, self.err.append), daemon=True
+        ).start()
 
     @staticmethod
     def _pump(stream, put) -> None:
@@ -666,16 +753,19 @@ class Child:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RuntimeError(f"{self.label}: no '{prefix}' in {timeout:g} s; "
-                                   f"stderr: {' | '.join(self.err[-5:])}")
+                raise RuntimeError(
+                    f"{self.label}: no '{prefix}' in {timeout:g} s; "
+                    f"stderr: {' | '.join(self.err[-5:])}"
+                )
             try:
                 line = self.lines.get(timeout=min(left, 0.2))
             except queue.Empty:
                 if self.proc.poll() is not None and self.lines.empty():
                     time.sleep(0.05)
-                    raise RuntimeError(f"{self.label} exited ({self.proc.returncode}) "
-                                       f"before '{prefix}': {' | '.join(self.err[-8:])}"
-                                       ) from None
+                    raise RuntimeError(
+                        f"{self.label} exited ({self.proc.returncode}) "
+                        f"before '{prefix}': {' | '.join(self.err[-8:])}"
+                    ) from None
                 continue
             if line.startswith(prefix):
                 return line
@@ -705,8 +795,12 @@ def _exec_argv(fabric: str, node: str, cmd: list[str]) -> list[str]:
 
 
 def _run_in(topo, node: str, *cmd: str) -> None:
-    subprocess.run(["ip", "netns", "exec", topo.netns_of(node), *cmd], check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        ["ip", "netns", "exec", topo.netns_of(node), *cmd],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
 
 
 def setup_mptcp(topo, client: str, server: str) -> None:
@@ -714,13 +808,15 @@ def setup_mptcp(topo, client: str, server: str) -> None:
     opens one subflow per plane, each routed over that plane (source = its plane address)."""
     for node in (client, server):
         _run_in(topo, node, "ip", "mptcp", "endpoint", "flush")
-        _run_in(topo, node, "ip", "mptcp", "limits", "set", "subflow", "8",
-                "add_addr_accepted", "8")
+        _run_in(
+            topo, node, "ip", "mptcp", "limits", "set", "subflow", "8", "add_addr_accepted", "8"
+        )
     for nic in topo.host(server).nics:
         if nic.plane == 0:
             continue
-        _run_in(topo, server, "ip", "mptcp", "endpoint", "add", nic.address, "dev", nic.nic,
-                "signal")
+        _run_in(
+            topo, server, "ip", "mptcp", "endpoint", "add", nic.address, "dev", nic.nic, "signal"
+        )
 
 
 class Demo:
@@ -739,10 +835,11 @@ class Demo:
         from mrc.fabric import Fabric, FabricSpec
 
         a = self.args
-        log(f"building fabric {self.name}: {a.planes} planes x 2 spines x 2 leaves, 4 hosts, "
-            f"{a.rate} per link, MTU {a.mtu}")
-        self.topo = Fabric.up(FabricSpec(name=self.name, planes=a.planes, rate=a.rate,
-                                         mtu=a.mtu))
+        log(
+            f"building fabric {self.name}: {a.planes} planes x 2 spines x 2 leaves, 4 hosts, "
+            f"{a.rate} per link, MTU {a.mtu}"
+        )
+        self.topo = Fabric.up(FabricSpec(name=self.name, planes=a.planes, rate=a.rate, mtu=a.mtu))
 
     def cleanup(self) -> None:
         for c in self.children:
@@ -803,19 +900,49 @@ class Demo:
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()
         if name == "mrc":
-            mrc_opts = ["--payload", str(a.payload), "--window", str(a.window),
-                        "--evs", str(a.evs)] + [x for q in a.qp for x in ("--qp", q)]
-            rargv = me + ["mrc-recv", *common, "--host", "h3", "--result", str(rres),
-                          *mrc_opts]
-            sargv = me + ["mrc-send", *common, "--host", "h0", "--peer", "h3",
-                          "--data", str(self.data), "--result", str(sres), *mrc_opts]
+            mrc_opts = [
+                "--payload",
+                str(a.payload),
+                "--window",
+                str(a.window),
+                "--evs",
+                str(a.evs),
+            ] + [x for q in a.qp for x in ("--qp", q)]
+            rargv = me + ["mrc-recv", *common, "--host", "h3", "--result", str(rres), *mrc_opts]
+            sargv = me + [
+                "mrc-send",
+                *common,
+                "--host",
+                "h0",
+                "--peer",
+                "h3",
+                "--data",
+                str(self.data),
+                "--result",
+                str(sres),
+                *mrc_opts,
+            ]
         else:
             extra = ["--mptcp"] if name == "mptcp" else []
             plane = a.plane if name == "tcp" else 0
             rargv = me + ["tcp-recv", *common, "--host", "h3", "--result", str(rres), *extra]
-            sargv = me + ["tcp-send", *common, "--host", "h0", "--peer", "h3",
-                          "--data", str(self.data), "--result", str(sres), "--plane",
-                          str(plane), "--want-subflows", str(a.planes), *extra]
+            sargv = me + [
+                "tcp-send",
+                *common,
+                "--host",
+                "h0",
+                "--peer",
+                "h3",
+                "--data",
+                str(self.data),
+                "--result",
+                str(sres),
+                "--plane",
+                str(plane),
+                "--want-subflows",
+                str(a.planes),
+                *extra,
+            ]
             if name == "mptcp":
                 setup_mptcp(self.topo, "h0", "h3")
         recv = Child(_exec_argv(self.name, "h3", rargv), f"{name} receiver")
@@ -837,13 +964,23 @@ class Demo:
         rc_s = send.wait(timeout)
         rc_r = recv.wait(30)
         if not rres.exists() or not sres.exists():
-            raise RuntimeError(f"{name}: helper failed (send rc {rc_s}, recv rc {rc_r}): "
-                               f"{' | '.join(send.err[-6:] + recv.err[-6:])}")
+            raise RuntimeError(
+                f"{name}: helper failed (send rc {rc_s}, recv rc {rc_r}): "
+                f"{' | '.join(send.err[-6:] + recv.err[-6:])}"
+            )
         rj = json.loads(rres.read_text())
         sj = json.loads(sres.read_text())
         log(f"{name}: done in {rj['t_done'] - t_start:.2f} s")
-        return {"recv": rj, "send": sj, "t_start": t_start, "t_fail": f0, "t_heal": h1,
-                "fail_call": [f0, f1], "heal_call": [h0_, h1], "size": size}
+        return {
+            "recv": rj,
+            "send": sj,
+            "t_start": t_start,
+            "t_fail": f0,
+            "t_heal": h1,
+            "fail_call": [f0, f1],
+            "heal_call": [h0_, h1],
+            "size": size,
+        }
 
     # ---- everything --------------------------------------------------------------------
 
@@ -859,10 +996,14 @@ class Demo:
         tcp_plane = a.plane
         capacity = {
             "mrc": (sum(cap_all), sum(cap_fail)),
-            "mptcp": (sum(_spine0_cap(topo, p, None) for p in range(topo.planes)),
-                      sum(_spine0_cap(topo, p, tuple(a.link)) for p in range(topo.planes))),
-            "tcp": (_spine0_cap(topo, tcp_plane, None),
-                    _spine0_cap(topo, tcp_plane, tuple(a.link))),
+            "mptcp": (
+                sum(_spine0_cap(topo, p, None) for p in range(topo.planes)),
+                sum(_spine0_cap(topo, p, tuple(a.link)) for p in range(topo.planes)),
+            ),
+            "tcp": (
+                _spine0_cap(topo, tcp_plane, None),
+                _spine0_cap(topo, tcp_plane, tuple(a.link)),
+            ),
         }
         duration = a.heal_at + a.after
         sizes = {}
@@ -889,18 +1030,23 @@ class Demo:
                 results[name] = {"ok": False, "sha256_match": False, "error": str(exc)}
                 continue
             raw[name] = r
-            results[name] = analyse(name, r["recv"], r["send"], r["t_start"], r["t_fail"],
-                                    r["t_heal"], sha, ctx)
+            results[name] = analyse(
+                name, r["recv"], r["send"], r["t_start"], r["t_fail"], r["t_heal"], sha, ctx
+            )
             time.sleep(0.3)
         out = {
-            "fabric": {"name": self.name, "planes": topo.planes, "spines_per_plane":
-                       topo.spines_per_plane, "rate": topo.rate, "mtu": topo.mtu},
+            "fabric": {
+                "name": self.name,
+                "planes": topo.planes,
+                "spines_per_plane": topo.spines_per_plane,
+                "rate": topo.rate,
+                "mtu": topo.mtu,
+            },
             "link": list(a.link),
             "link_kind": link.kind,
             "fail_at_s": a.fail_at,
             "heal_at_s": a.heal_at,
-            "mrc_config": {"payload": a.payload, "window": a.window, "evs": a.evs,
-                           "qp": a.qp},
+            "mrc_config": {"payload": a.payload, "window": a.window, "evs": a.evs, "qp": a.qp},
             **results,
         }
         if a.plot:
@@ -918,6 +1064,7 @@ class Demo:
 
 def _spine0_cap(topo, plane: int, failed: tuple[str, str] | None) -> float:
     """Capacity of plain destination routing h0 -> h3 in ``plane``: always via spine 0."""
+
     def rate(x: str, y: str) -> float:
         if failed and {x, y} == set(failed):
             return 0.0
@@ -956,8 +1103,7 @@ def plot(path: str, raw: dict, out: dict, failed_plane: int) -> None:
     import matplotlib.pyplot as plt
 
     names = [n for n in TRANSPORTS if n in raw]
-    fig, axes = plt.subplots(len(names) + 1, 1, figsize=(11, 2.6 * (len(names) + 1)),
-                             sharex=True)
+    fig, axes = plt.subplots(len(names) + 1, 1, figsize=(11, 2.6 * (len(names) + 1)), sharex=True)
     bin_s = 0.05
     colors = {"mrc": "tab:blue", "tcp": "tab:red", "mptcp": "tab:green"}
     ax0 = axes[0]
@@ -967,9 +1113,11 @@ def plot(path: str, raw: dict, out: dict, failed_plane: int) -> None:
         xs, ys = _series(s["t"], s["placed"], r["t_start"], bin_s)
         ax0.plot(xs, ys, label=name.upper(), color=colors[name], lw=1.2)
     ax0.set_ylabel("goodput Mbit/s")
-    ax0.set_title(f"{out['link'][0]}-{out['link'][1]} down at {out['fail_at_s']} s, up at "
-                  f"{out['heal_at_s']} s; {out['fabric']['planes']} planes x "
-                  f"{out['fabric']['rate']} ({bin_s * 1000:.0f} ms bins)")
+    ax0.set_title(
+        f"{out['link'][0]}-{out['link'][1]} down at {out['fail_at_s']} s, up at "
+        f"{out['heal_at_s']} s; {out['fabric']['planes']} planes x "
+        f"{out['fabric']['rate']} ({bin_s * 1000:.0f} ms bins)"
+    )
     ax0.legend(loc="lower right", fontsize=8)
     for i, name in enumerate(names, start=1):
         ax = axes[i]
@@ -979,12 +1127,13 @@ def plot(path: str, raw: dict, out: dict, failed_plane: int) -> None:
         what = "placed bytes" if key == "placed" else "NIC rx bytes (incl. headers)"
         for p, vals in enumerate(pl.get(key, [])):
             xs, ys = _series(pl["t"], vals, r["t_start"], 0.1)
-            ax.plot(xs, ys, lw=1.0, label=f"plane {p}" + (" (failed)" if p == failed_plane
-                                                          else ""))
+            ax.plot(xs, ys, lw=1.0, label=f"plane {p}" + (" (failed)" if p == failed_plane else ""))
         res = out.get(name, {})
-        ax.set_title(f"{name.upper()} per plane ({what}, 100 ms bins): stall "
-                     f"{res.get('max_stall_ms')} ms, during {_mbit(res.get('goodput_during_bps'))}",
-                     fontsize=9)
+        ax.set_title(
+            f"{name.upper()} per plane ({what}, 100 ms bins): stall "
+            f"{res.get('max_stall_ms')} ms, during {_mbit(res.get('goodput_during_bps'))}",
+            fontsize=9,
+        )
         ax.set_ylabel("Mbit/s")
         ax.legend(loc="lower right", fontsize=7, ncol=4)
     for ax in axes:
@@ -1011,32 +1160,66 @@ def table(out: dict) -> str:
         v = out[n].get(k)
         return "-" if v is None else fmt(v)
 
-    rows.append(("data intact (SHA-256)", *[("yes" if out[n].get("sha256_match") else "NO")
-                                             for n in names]))
-    rows.append(("max delivery stall", *[g(n, "max_stall_ms", lambda v: f"{v:.1f} ms")
-                                         for n in names]))
-    rows.append(("longest < half rate", *[g(n, "below_half_rate_ms", lambda v: f"{v:.0f} ms")
-                                          for n in names]))
-    rows.append(("max in-order stall", *[g(n, "max_stall_inorder_ms", lambda v: f"{v:.1f} ms")
-                                         for n in names]))
-    for k, label in (("goodput_before_bps", "goodput before"),
-                     ("goodput_during_bps", "goodput during failure"),
-                     ("goodput_after_bps", "goodput after heal"),
-                     ("capacity_during_bps", "capacity during failure")):
+    rows.append(
+        ("data intact (SHA-256)", *[("yes" if out[n].get("sha256_match") else "NO") for n in names])
+    )
+    rows.append(
+        ("max delivery stall", *[g(n, "max_stall_ms", lambda v: f"{v:.1f} ms") for n in names])
+    )
+    rows.append(
+        (
+            "longest < half rate",
+            *[g(n, "below_half_rate_ms", lambda v: f"{v:.0f} ms") for n in names],
+        )
+    )
+    rows.append(
+        (
+            "max in-order stall",
+            *[g(n, "max_stall_inorder_ms", lambda v: f"{v:.1f} ms") for n in names],
+        )
+    )
+    for k, label in (
+        ("goodput_before_bps", "goodput before"),
+        ("goodput_during_bps", "goodput during failure"),
+        ("goodput_after_bps", "goodput after heal"),
+        ("capacity_during_bps", "capacity during failure"),
+    ):
         rows.append((label, *[_mbit(out[n].get(k)) for n in names]))
-    rows.append(("during / capacity", *[g(n, "during_vs_capacity", lambda v: f"{v * 100:.0f}%")
-                                        for n in names]))
-    rows.append(("EVs assumed bad / resurrected",
-                 *[(f"{out[n].get('evs_assumed_bad')} / {out[n].get('evs_resurrected')}"
-                    if n == "mrc" else "-") for n in names]))
-    rows.append(("time to resurrection", *[g(n, "resurrection_s", lambda v: f"{v * 1000:.0f} ms")
-                                           if n == "mrc" else "-" for n in names]))
+    rows.append(
+        (
+            "during / capacity",
+            *[g(n, "during_vs_capacity", lambda v: f"{v * 100:.0f}%") for n in names],
+        )
+    )
+    rows.append(
+        (
+            "EVs assumed bad / resurrected",
+            *[
+                (
+                    f"{out[n].get('evs_assumed_bad')} / {out[n].get('evs_resurrected')}"
+                    if n == "mrc"
+                    else "-"
+                )
+                for n in names
+            ],
+        )
+    )
+    rows.append(
+        (
+            "time to resurrection",
+            *[
+                g(n, "resurrection_s", lambda v: f"{v * 1000:.0f} ms") if n == "mrc" else "-"
+                for n in names
+            ],
+        )
+    )
     w0 = max(len(r[0]) for r in rows)
     ws = [max(len(r[i]) for r in rows) for i in range(1, len(rows[0]))]
     lines = []
     for r in rows:
-        lines.append(r[0].ljust(w0) + "  " + "  ".join(c.rjust(w) for c, w in zip(r[1:], ws,
-                                                                                  strict=True)))
+        lines.append(
+            r[0].ljust(w0) + "  " + "  ".join(c.rjust(w) for c, w in zip(r[1:], ws, strict=True))
+        )
     return "\n".join(lines)
 
 
@@ -1046,31 +1229,49 @@ def main(argv: list[str] | None = None) -> int:
         return helper_main(argv[1:])
     p = argparse.ArgumentParser(
         prog="failover_demo.py",
-        description="Down a fabric link mid-transfer and compare MRC, TCP and MPTCP.")
-    p.add_argument("--quick", action="store_true",
-                   help="short schedule (fail at 1.5 s, heal at 3 s): all three in < 1 min")
+        description="Down a fabric link mid-transfer and compare MRC, TCP and MPTCP.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="short schedule (fail at 1.5 s, heal at 3 s): all three in < 1 min",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--name", help="fabric name (default: fo<pid>)")
     p.add_argument("--planes", type=int, default=4)
     p.add_argument("--rate", default="200mbit", help="tbf rate on every link (200mbit)")
     p.add_argument("--mtu", type=int, default=9000)
-    p.add_argument("--fail", choices=sorted(PRESETS), default="spine",
-                   help="which link: spine = p1l1-p1s0 (receiver leaf - spine 0), uplink = "
-                   "p1l0-p1s0 (sender leaf's uplink), nic = h0-p1l0 (sender NIC)")
+    p.add_argument(
+        "--fail",
+        choices=sorted(PRESETS),
+        default="spine",
+        help="which link: spine = p1l1-p1s0 (receiver leaf - spine 0), uplink = "
+        "p1l0-p1s0 (sender leaf's uplink), nic = h0-p1l0 (sender NIC)",
+    )
     p.add_argument("--plane", type=int, default=1, help="plane of the --fail link and of TCP")
     p.add_argument("--link", nargs=2, metavar=("A", "B"), help="any fabric link instead")
     p.add_argument("--fail-at", type=float, help="seconds after the sender starts (3.0)")
     p.add_argument("--heal-at", type=float, help="seconds after the sender starts (7.0)")
     p.add_argument("--after", type=float, help="seconds of transfer after the heal (3.0)")
-    p.add_argument("--transports", default=",".join(TRANSPORTS),
-                   help="comma-separated subset of mrc,tcp,mptcp")
+    p.add_argument(
+        "--transports", default=",".join(TRANSPORTS), help="comma-separated subset of mrc,tcp,mptcp"
+    )
     p.add_argument("--payload", type=int, default=8192, help="MRC payload bytes (8192)")
     p.add_argument("--window", type=int, default=64, help="MRC packets in flight (64)")
     p.add_argument("--evs", type=int, default=128, help="MRC entropy values (128)")
-    p.add_argument("--qp", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a QPConfig field for MRC, e.g. --qp probe_interval=0.01")
-    p.add_argument("--size-factor", type=float, default=1.0,
-                   help="transfer size = capacity x (heal-at + after) x this")
+    p.add_argument(
+        "--qp",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a QPConfig field for MRC, e.g. --qp probe_interval=0.01",
+    )
+    p.add_argument(
+        "--size-factor",
+        type=float,
+        default=1.0,
+        help="transfer size = capacity x (heal-at + after) x this",
+    )
     p.add_argument("--plot", default="failover.png", help="PNG to write ('' for none)")
     p.add_argument("--raw", help="also write every sample and event to this JSON file")
     p.add_argument("--keep-files", action="store_true")

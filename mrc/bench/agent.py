@@ -117,8 +117,12 @@ class MrcTransport(Transport):
         self.opts = opts
         a = self.agent
         self.listener = await mrc.listen(
-            "::", MRC_PORT, plane_addrs=a.addrs, evs=int(opts["listener_evs"]),
-            config=self._config(opts), fabric=a.topo,
+            "::",
+            MRC_PORT,
+            plane_addrs=a.addrs,
+            evs=int(opts["listener_evs"]),
+            config=self._config(opts),
+            fabric=a.topo,
         )
         self.listener.register(a.inbox, name="inbox")
         return {"port": self.listener.port}
@@ -148,8 +152,13 @@ class MrcTransport(Transport):
         async def one(dst: int) -> None:
             host = a.topo.hosts[dst].nics[side].address
             conn = await mrc.connect(
-                host, MRC_PORT, evs=int(opts["evs"]), local_addrs=a.addrs, config=cfg,
-                fabric=a.topo, timeout=float(opts.get("timeout", 10.0)),
+                host,
+                MRC_PORT,
+                evs=int(opts["evs"]),
+                local_addrs=a.addrs,
+                config=cfg,
+                fabric=a.topo,
+                timeout=float(opts.get("timeout", 10.0)),
             )
             if "inbox" not in conn.remote:
                 raise BenchFailure(f"h{dst} did not announce its inbox")
@@ -177,8 +186,9 @@ class MrcTransport(Transport):
     def send(self, k: int, dst: int, view: memoryview) -> Awaitable[object]:
         conn = self.out[dst]
         region = conn.remote["inbox"]
-        return conn.post_write(view, region, offset=self.agent.me * self.agent.slot,
-                               imm=k & IMM_MASK)
+        return conn.post_write(
+            view, region, offset=self.agent.me * self.agent.slot, imm=k & IMM_MASK
+        )
 
     async def recv(self, k: int, src: int, size: int) -> None:
         conn = self.inbound[src]
@@ -187,8 +197,17 @@ class MrcTransport(Transport):
             raise BenchFailure(f"WRITE_IMM from h{src} carried {imm}, expected step {k}")
 
     def stats(self) -> dict[str, Any]:
-        keys = ("packets_sent", "data_packets_sent", "retransmits", "retransmits_nack",
-                "retransmits_timeout", "retransmits_sack", "nacks", "sacks", "probes_sent")
+        keys = (
+            "packets_sent",
+            "data_packets_sent",
+            "retransmits",
+            "retransmits_nack",
+            "retransmits_timeout",
+            "retransmits_sack",
+            "nacks",
+            "sacks",
+            "probes_sent",
+        )
         out: dict[str, Any] = {k: 0 for k in keys}
         for conn in self.out.values():
             st = conn.stats()
@@ -263,8 +282,10 @@ class StreamTransport(Transport):
         own address in that plane (the kernel picks the source by route), so every plane gets
         a subflow. Client-side 'subflow' endpoints would pair plane-p sources with the peer's
         plane-0 address, which no plane but 0 can route."""
-        cmds = [["ip", "mptcp", "limits", "set", "subflow", "8", "add_addr_accepted", "8"],
-                ["ip", "mptcp", "endpoint", "flush"]]
+        cmds = [
+            ["ip", "mptcp", "limits", "set", "subflow", "8", "add_addr_accepted", "8"],
+            ["ip", "mptcp", "endpoint", "flush"],
+        ]
         for nic in self.agent.host.nics[1:]:
             cmds.append(["ip", "mptcp", "endpoint", "add", nic.address, "dev", nic.nic, "signal"])
         done = []
@@ -564,12 +585,16 @@ async def serve(args: argparse.Namespace) -> int:
                 result = await agent.handle(msg)
                 reply({"id": msg.get("id"), "ok": True, **result})
             except (BenchFailure, OSError, TimeoutError, KeyError, ValueError) as exc:
-                reply({"id": msg.get("id"), "ok": False,
-                       "error": str(exc) or type(exc).__name__})
+                reply({"id": msg.get("id"), "ok": False, "error": str(exc) or type(exc).__name__})
             except Exception as exc:  # noqa: BLE001 - report, keep serving
                 log(traceback.format_exc())
-                reply({"id": msg.get("id"), "ok": False,
-                       "error": f"internal error: {type(exc).__name__}: {exc}"})
+                reply(
+                    {
+                        "id": msg.get("id"),
+                        "ok": False,
+                        "error": f"internal error: {type(exc).__name__}: {exc}",
+                    }
+                )
     finally:
         await agent.close()
     return 0

@@ -143,8 +143,13 @@ class Agent:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.proc.wait(), 1.0)
         rc = self.proc.returncode
-        why = ("agent exited" if rc is None else f"agent killed by signal {-rc}" if rc < 0
-               else f"agent exited with status {rc}")
+        why = (
+            "agent exited"
+            if rc is None
+            else f"agent killed by signal {-rc}"
+            if rc < 0
+            else f"agent exited with status {rc}"
+        )
         tail = self.log_tail()
         return why + (f" ({tail})" if tail else "")
 
@@ -248,8 +253,13 @@ class Bench:
         cfg = self.cfg
         name = self._fabric_name(i)
         kwargs: dict[str, Any] = dict(
-            name=name, planes=cfg.planes, spines=cfg.spines, leaves=cfg.leaves,
-            hosts=cfg.hosts, rate=cfg.rate, mtu=cfg.mtu,
+            name=name,
+            planes=cfg.planes,
+            spines=cfg.spines,
+            leaves=cfg.leaves,
+            hosts=cfg.hosts,
+            rate=cfg.rate,
+            mtu=cfg.mtu,
         )
         if condition == "trim":
             kwargs["trim"] = True
@@ -258,10 +268,12 @@ class Bench:
         self.fabrics.append(name)
         t = time.monotonic()
         topo = await asyncio.to_thread(Fabric.up, spec)
-        self.progress(f"fabric {name} up in {time.monotonic() - t:.2f}s ({condition}):"
-                      f" {cfg.planes} planes x {cfg.spines} spines x {cfg.leaves} leaves,"
-                      f" {cfg.hosts} hosts, {cfg.rate or 'unshaped'}, mtu {cfg.mtu}"
-                      + (", trimming" if condition == "trim" else ""))
+        self.progress(
+            f"fabric {name} up in {time.monotonic() - t:.2f}s ({condition}):"
+            f" {cfg.planes} planes x {cfg.spines} spines x {cfg.leaves} leaves,"
+            f" {cfg.hosts} hosts, {cfg.rate or 'unshaped'}, mtu {cfg.mtu}"
+            + (", trimming" if condition == "trim" else "")
+        )
         return topo
 
     async def fabric_down(self, name: str) -> None:
@@ -279,14 +291,33 @@ class Bench:
             log_path = os.path.join(self.tmpdir, f"{topo.name}-{h.name}.log")
             log = open(log_path, "wb")  # noqa: SIM115 - handed to the child
             cmd = [
-                sys.executable, "-m", "mrc.cli.fabric", "exec", "--name", topo.name, h.name,
-                "--", sys.executable, "-m", "mrc.bench.agent", "--fabric", topo.name,
-                "--index", str(h.index), "--max-size", str(cfg.max_size()),
-                "--seed", str(cfg.seed),
+                sys.executable,
+                "-m",
+                "mrc.cli.fabric",
+                "exec",
+                "--name",
+                topo.name,
+                h.name,
+                "--",
+                sys.executable,
+                "-m",
+                "mrc.bench.agent",
+                "--fabric",
+                topo.name,
+                "--index",
+                str(h.index),
+                "--max-size",
+                str(cfg.max_size()),
+                "--seed",
+                str(cfg.seed),
             ]
             proc = await asyncio.create_subprocess_exec(
-                *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=log, start_new_session=True, limit=1 << 24,
+                *cmd,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,
+                limit=1 << 24,
             )
             log.close()
             agent = Agent(h.index, proc, log_path)
@@ -296,8 +327,9 @@ class Bench:
             hello = await a.read_reply(60.0)
             if not hello.get("ready"):
                 raise AgentError(f"h{a.index}: agent failed to start: {hello.get('error')}")
-        self.progress(f"{len(agents)} agents ready (pids "
-                      f"{', '.join(str(a.proc.pid) for a in agents)})")
+        self.progress(
+            f"{len(agents)} agents ready (pids {', '.join(str(a.proc.pid) for a in agents)})"
+        )
         return agents
 
     async def stop_agents(self, agents: list[Agent]) -> None:
@@ -332,27 +364,41 @@ class Bench:
     def _transport_opts(self, condition: str) -> dict[str, Any]:
         cfg = self.cfg
         window = cfg.incast_window if condition in ("trim", "no_trim") else cfg.window
-        return {"evs": cfg.evs, "listener_evs": cfg.listener_evs, "payload": cfg.payload,
-                "window": window, "timeout": 10.0}
+        return {
+            "evs": cfg.evs,
+            "listener_evs": cfg.listener_evs,
+            "payload": cfg.payload,
+            "window": window,
+            "timeout": 10.0,
+        }
 
     async def setup_transport(
         self, agents: list[Agent], transport: str, pairs: set[tuple[int, int]], condition: str
     ) -> dict[str, Any]:
         opts = self._transport_opts(condition)
-        await asyncio.gather(*(a.request({"op": "listen", "transport": transport, "opts": opts})
-                               for a in agents))
-        replies = await asyncio.gather(*(
-            a.request({
-                "op": "connect", "transport": transport, "opts": opts,
-                "peers": sorted(d for s, d in pairs if s == a.index),
-                "expect": sorted(s for s, d in pairs if d == a.index),
-            }, timeout=30.0)
-            for a in agents
-        ))
+        await asyncio.gather(
+            *(a.request({"op": "listen", "transport": transport, "opts": opts}) for a in agents)
+        )
+        replies = await asyncio.gather(
+            *(
+                a.request(
+                    {
+                        "op": "connect",
+                        "transport": transport,
+                        "opts": opts,
+                        "peers": sorted(d for s, d in pairs if s == a.index),
+                        "expect": sorted(s for s, d in pairs if d == a.index),
+                    },
+                    timeout=30.0,
+                )
+                for a in agents
+            )
+        )
         info: dict[str, Any] = {}
         if transport == "mptcp":
-            info["subflows"] = {f"h{a.index}": r.get("subflows")
-                                for a, r in zip(agents, replies, strict=True)}
+            info["subflows"] = {
+                f"h{a.index}": r.get("subflows") for a, r in zip(agents, replies, strict=True)
+            }
         if transport == "mrc":
             info["evs_per_qp"] = sorted({n for r in replies for n in (r.get("evs") or {}).values()})
             info["routes"] = sorted({x for r in replies for x in r.get("routes", [])})
@@ -360,8 +406,10 @@ class Bench:
         return info
 
     async def close_transport(self, agents: list[Agent], transport: str) -> None:
-        await asyncio.gather(*(a.request({"op": "close", "transport": transport})
-                               for a in agents), return_exceptions=True)
+        await asyncio.gather(
+            *(a.request({"op": "close", "transport": transport}) for a in agents),
+            return_exceptions=True,
+        )
 
     async def stats(self, agents: list[Agent], transport: str) -> dict[str, Any]:
         replies = await asyncio.gather(
@@ -393,13 +441,18 @@ class Bench:
         msgs = {}
         for h in involved:
             msgs[h] = {
-                "op": "step", "transport": transport, "k": k, "timeout": timeout,
+                "op": "step",
+                "transport": transport,
+                "k": k,
+                "timeout": timeout,
                 "sends": [[t.dst, t.size] for t in tlist if t.src == h],
                 "recvs": [[t.src, t.size] for t in tlist if t.dst == h],
             }
         t0 = now()
-        tasks = [asyncio.ensure_future(agents[h].request(msgs[h], timeout=timeout + 15.0))
-                 for h in involved]
+        tasks = [
+            asyncio.ensure_future(agents[h].request(msgs[h], timeout=timeout + 15.0))
+            for h in involved
+        ]
         pending: set[asyncio.Future[dict[str, Any]]] = set(tasks)
         while pending:
             _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
@@ -425,8 +478,9 @@ class Bench:
         t_end = max(times) if ok else now()
         res = StepResult(ok, t_end - t0, t0, t_end, errors)
         if ok and verify:
-            vr = await asyncio.gather(*(agents[h].request({"op": "verify", "k": k})
-                                        for h in involved))
+            vr = await asyncio.gather(
+                *(agents[h].request({"op": "verify", "k": k}) for h in involved)
+            )
             by = dict(zip(involved, vr, strict=True))
             for t in tlist:
                 sent = by[t.src]["sent"].get(str(t.dst))
@@ -462,8 +516,12 @@ class Bench:
         router = self.cfg.loss_link[0]
         try:
             ns = topo.netns_of(router)
-            out = subprocess.run(["ip", "netns", "exec", ns, "ip6tables", "-L", "FORWARD",
-                                  "-n", "-v", "-x"], capture_output=True, text=True, timeout=10)
+            out = subprocess.run(
+                ["ip", "netns", "exec", ns, "ip6tables", "-L", "FORWARD", "-n", "-v", "-x"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
         except (OSError, subprocess.SubprocessError, Exception):
             return None
         total = 0
@@ -474,8 +532,14 @@ class Bench:
         return total
 
     async def run_series(
-        self, agents: list[Agent], topo: Any, condition: str, workload: str, transport: str,
-        setup_info: dict[str, Any], pairs: set[tuple[int, int]],
+        self,
+        agents: list[Agent],
+        topo: Any,
+        condition: str,
+        workload: str,
+        transport: str,
+        setup_info: dict[str, Any],
+        pairs: set[tuple[int, int]],
     ) -> dict[str, Any]:
         cfg = self.cfg
         tlist = transfers(workload, cfg.hosts, cfg.size, cfg.pair_size)
@@ -506,7 +570,8 @@ class Bench:
                     break
                 if condition == "link_down" and i == fail_step and fault is None:
                     fault = asyncio.get_running_loop().create_task(
-                        self._fault(topo, cfg.fail_delay, marks))
+                        self._fault(topo, cfg.fail_delay, marks)
+                    )
                 res = await self.run_step(agents, transport, tlist)
                 steps.append(res)
                 i += 1
@@ -555,12 +620,20 @@ class Bench:
         dead = next((a for a in agents if a.dead), None)
         if dead is not None:
             raise BenchError(f"agent on h{dead.index} is gone: {await dead.exit_reason()}")
-        raise BenchError(f"cannot re-establish {transport} connections after a failed step"
-                         f" ({last})")
+        raise BenchError(
+            f"cannot re-establish {transport} connections after a failed step ({last})"
+        )
 
     def _row(
-        self, condition: str, workload: str, transport: str, tlist: list[Transfer],
-        steps: list[StepResult], marks: dict[str, float], started: float, topo: Any,
+        self,
+        condition: str,
+        workload: str,
+        transport: str,
+        tlist: list[Transfer],
+        steps: list[StepResult],
+        marks: dict[str, float],
+        started: float,
+        topo: Any,
     ) -> dict[str, Any]:
         cfg = self.cfg
         step_ms = [round(s.seconds * 1e3, 3) for s in steps]
@@ -581,7 +654,8 @@ class Bench:
             "failed_steps": sum(1 for s in steps if not s.ok),
             "bytes_verified": verified,
             "bytes_expected": per_step * len(steps),
-            "sha256_ok": bool(steps) and all(s.mismatches == 0 for s in steps)
+            "sha256_ok": bool(steps)
+            and all(s.mismatches == 0 for s in steps)
             and all(s.ok for s in steps),
             "step_ms": step_ms,
             "ideal_ms": _round(ideal * 1e3) if ideal is not None else None,
@@ -601,8 +675,8 @@ class Bench:
                 "down_step": _step_at(steps, down),
                 "up_step": _step_at(steps, up) if up is not None else None,
                 # one step spanned the whole outage: it waited for the heal
-                "stalled_until_heal": up is not None and any(
-                    s.t0 <= down and s.t_end >= up for s in steps),
+                "stalled_until_heal": up is not None
+                and any(s.t0 <= down and s.t_end >= up for s in steps),
             }
         return row
 
@@ -636,13 +710,32 @@ class Bench:
         ns = topo.netns_of(router)
         p = f"{self.cfg.loss:.6f}"
         for direction in ("-i", "-o"):
-            cmd = ["ip", "netns", "exec", ns, "ip6tables", "-A", "FORWARD", direction, ifname,
-                   "-m", "statistic", "--mode", "random", "--probability", p, "-j", "DROP"]
+            cmd = [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                "ip6tables",
+                "-A",
+                "FORWARD",
+                direction,
+                ifname,
+                "-m",
+                "statistic",
+                "--mode",
+                "random",
+                "--probability",
+                p,
+                "-j",
+                "DROP",
+            ]
             r = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 raise BenchError(f"ip6tables in {ns} failed: {r.stderr.strip()}")
-        self.progress(f"lossy: dropping {self.cfg.loss:.1%} of packets each way on "
-                      f"{link.a}-{link.b} (ip6tables FORWARD in {router})")
+        self.progress(
+            f"lossy: dropping {self.cfg.loss:.1%} of packets each way on "
+            f"{link.a}-{link.b} (ip6tables FORWARD in {router})"
+        )
 
     async def run_condition(self, condition: str, i: int) -> None:
         cfg = self.cfg
@@ -656,25 +749,32 @@ class Bench:
         agents: list[Agent] = []
         try:
             agents = await self.start_agents(topo)
-            pairs = {(t.src, t.dst) for w in workloads
-                     for t in transfers(w, cfg.hosts, cfg.size, cfg.pair_size)}
+            pairs = {
+                (t.src, t.dst)
+                for w in workloads
+                for t in transfers(w, cfg.hosts, cfg.size, cfg.pair_size)
+            }
             infos = {}
             for transport in cfg.transports:
                 infos[transport] = await self.setup_transport(agents, transport, pairs, condition)
-                self.progress(f"{transport}: {len(pairs)} connections up"
-                              + (f" {infos[transport]}" if infos[transport] else ""))
+                self.progress(
+                    f"{transport}: {len(pairs)} connections up"
+                    + (f" {infos[transport]}" if infos[transport] else "")
+                )
             if condition == "lossy":
                 await self.apply_loss(topo)
             for workload in workloads:
                 for transport in cfg.transports:
-                    row = await self.run_series(agents, topo, condition, workload, transport,
-                                                infos[transport], pairs)
+                    row = await self.run_series(
+                        agents, topo, condition, workload, transport, infos[transport], pairs
+                    )
                     self.rows.append(row)
                     self.progress(
                         f"== {condition} {workload} {transport}: P50 {row['p50_ms']} ms,"
                         f" P100 {row['p100_ms']} ms, failed {row['failed_steps']}/"
                         f"{row['steps']}, verified {row['bytes_verified']}/"
-                        f"{row['bytes_expected']} B")
+                        f"{row['bytes_expected']} B"
+                    )
         finally:
             await self.stop_agents(agents)
             await self.fabric_down(topo.name)
@@ -707,8 +807,12 @@ def _fabric_supports_trim() -> bool:
         return any("--trim" in a.option_strings for a in up._actions)
     except Exception:  # noqa: BLE001 - fall back to asking the command
         try:
-            out = subprocess.run([sys.executable, "-m", "mrc.cli.fabric", "up", "--help"],
-                                 capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                [sys.executable, "-m", "mrc.cli.fabric", "up", "--help"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         except (OSError, subprocess.SubprocessError):
             return False
         return "--trim" in out.stdout

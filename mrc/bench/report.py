@@ -33,8 +33,9 @@ def machine_info(load_start: tuple[float, float, float]) -> dict[str, Any]:
     }
 
 
-def _find(rows: list[dict[str, Any]], workload: str, condition: str,
-          transport: str) -> dict[str, Any] | None:
+def _find(
+    rows: list[dict[str, Any]], workload: str, condition: str, transport: str
+) -> dict[str, Any] | None:
     for r in rows:
         if (r["workload"], r["condition"], r["transport"]) == (workload, condition, transport):
             return r
@@ -51,59 +52,69 @@ def aims(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if m and (t or mp) and m["p100_ms"] is not None:
         ok = all(m["p100_ms"] <= x["p100_ms"] for x in (t, mp) if x and x["p100_ms"] is not None)
         ok = ok and m["failed_steps"] == 0
-    out.append({
-        "aim": "clean alltoall: MRC P100 <= TCP P100 and <= MPTCP P100",
-        "measured": {
-            "mrc_p100_ms": m and m["p100_ms"],
-            "tcp_p100_ms": t and t["p100_ms"],
-            "mptcp_p100_ms": mp and mp["p100_ms"],
-        },
-        "pass": ok,
-    })
+    out.append(
+        {
+            "aim": "clean alltoall: MRC P100 <= TCP P100 and <= MPTCP P100",
+            "measured": {
+                "mrc_p100_ms": m and m["p100_ms"],
+                "tcp_p100_ms": t and t["p100_ms"],
+                "mptcp_p100_ms": mp and mp["p100_ms"],
+            },
+            "pass": ok,
+        }
+    )
     ld = _find(rows, "alltoall", "link_down", "mrc")
     ok = None
     if ld and m and m["p100_ms"] and ld["p100_ms"] is not None:
         ok = ld["p100_ms"] <= AIM_LINK_DOWN_FACTOR * m["p100_ms"] and ld["failed_steps"] == 0
-    out.append({
-        "aim": f"link down mid-run: MRC alltoall P100 <= {AIM_LINK_DOWN_FACTOR}x its clean"
-        " P100, no failed step",
-        "measured": {
-            "mrc_p100_ms": ld and ld["p100_ms"],
-            "mrc_clean_p100_ms": m and m["p100_ms"],
-            "ratio": round(ld["p100_ms"] / m["p100_ms"], 3)
-            if ld and m and m["p100_ms"] and ld["p100_ms"] is not None else None,
-            "failed_steps": ld and ld["failed_steps"],
-        },
-        "pass": ok,
-    })
+    out.append(
+        {
+            "aim": f"link down mid-run: MRC alltoall P100 <= {AIM_LINK_DOWN_FACTOR}x its clean"
+            " P100, no failed step",
+            "measured": {
+                "mrc_p100_ms": ld and ld["p100_ms"],
+                "mrc_clean_p100_ms": m and m["p100_ms"],
+                "ratio": round(ld["p100_ms"] / m["p100_ms"], 3)
+                if ld and m and m["p100_ms"] and ld["p100_ms"] is not None
+                else None,
+                "failed_steps": ld and ld["failed_steps"],
+            },
+            "pass": ok,
+        }
+    )
     lt = _find(rows, "alltoall", "link_down", "tcp")
     ok = None
     if lt and lt.get("fault"):
         ok = bool(lt["fault"].get("stalled_until_heal"))
-    out.append({
-        "aim": "link down mid-run: TCP (pinned to plane 0's spine 0) stalls until the heal",
-        "measured": {
-            "tcp_p100_ms": lt and lt["p100_ms"],
-            "outage_ms": lt and (lt.get("fault") or {}).get("outage_ms"),
-            "stalled_until_heal": lt and (lt.get("fault") or {}).get("stalled_until_heal"),
-        },
-        "pass": ok,
-    })
+    out.append(
+        {
+            "aim": "link down mid-run: TCP (pinned to plane 0's spine 0) stalls until the heal",
+            "measured": {
+                "tcp_p100_ms": lt and lt["p100_ms"],
+                "outage_ms": lt and (lt.get("fault") or {}).get("outage_ms"),
+                "stalled_until_heal": lt and (lt.get("fault") or {}).get("stalled_until_heal"),
+            },
+            "pass": ok,
+        }
+    )
     it = _find(rows, "incast", "trim", "mrc")
     ok = None
     if it and it.get("ideal_ms") and it["p100_ms"] is not None:
         ok = it["p100_ms"] <= AIM_INCAST_FACTOR * it["ideal_ms"] and it["failed_steps"] == 0
-    out.append({
-        "aim": f"incast N-1 -> 1 with trimming: MRC P100 <= {AIM_INCAST_FACTOR}x ideal"
-        " (bytes / bottleneck rate)",
-        "measured": {
-            "mrc_p100_ms": it and it["p100_ms"],
-            "ideal_ms": it and it.get("ideal_ms"),
-            "ratio": round(it["p100_ms"] / it["ideal_ms"], 3)
-            if it and it.get("ideal_ms") and it["p100_ms"] is not None else None,
-        },
-        "pass": ok,
-    })
+    out.append(
+        {
+            "aim": f"incast N-1 -> 1 with trimming: MRC P100 <= {AIM_INCAST_FACTOR}x ideal"
+            " (bytes / bottleneck rate)",
+            "measured": {
+                "mrc_p100_ms": it and it["p100_ms"],
+                "ideal_ms": it and it.get("ideal_ms"),
+                "ratio": round(it["p100_ms"] / it["ideal_ms"], 3)
+                if it and it.get("ideal_ms") and it["p100_ms"] is not None
+                else None,
+            },
+            "pass": ok,
+        }
+    )
     return out
 
 
@@ -148,8 +159,10 @@ def _extra(r: dict[str, Any]) -> str:
 
 def table(doc: dict[str, Any]) -> str:
     rows = doc["results"]
-    head = ("| workload | condition | transport | steps | failed | P50 ms | P99 ms | P100 ms"
-            " | ideal ms | goodput Mbit/s | verified MiB | SHA-256 | notes |")
+    head = (
+        "| workload | condition | transport | steps | failed | P50 ms | P99 ms | P100 ms"
+        " | ideal ms | goodput Mbit/s | verified MiB | SHA-256 | notes |"
+    )
     sep = "|" + "---|" * 13
     lines = [head, sep]
     for r in rows:
@@ -169,9 +182,13 @@ def table(doc: dict[str, Any]) -> str:
             res = {True: "met", False: "NOT met", None: "not measured"}[a["pass"]]
             out += f"| {a['aim']} | {meas or '-'} | {res} |\n"
     if doc.get("skipped"):
-        out += "\n" + "\n".join(
-            f"- condition `{s['condition']}` skipped: {s['reason']}" for s in doc["skipped"]
-        ) + "\n"
+        out += (
+            "\n"
+            + "\n".join(
+                f"- condition `{s['condition']}` skipped: {s['reason']}" for s in doc["skipped"]
+            )
+            + "\n"
+        )
     return out
 
 
@@ -203,14 +220,29 @@ def plots(doc: dict[str, Any], outdir: str) -> list[str]:
             f = r.get("fault")
             # with a link failure, time is counted from the failure, so transports line up
             shift = f["down_s"] if f else 0.0
-            x = [s + ms / 1e3 - shift
-                 for s, ms in zip(r["step_start_s"], r["step_ms"], strict=True)]
-            ax.plot(x, r["step_ms"], marker="o", ms=3, lw=1.2, color=c,
-                    label=f"{r['transport']} (P100 {r['p100_ms']:.0f} ms)")
+            x = [
+                s + ms / 1e3 - shift for s, ms in zip(r["step_start_s"], r["step_ms"], strict=True)
+            ]
+            ax.plot(
+                x,
+                r["step_ms"],
+                marker="o",
+                ms=3,
+                lw=1.2,
+                color=c,
+                label=f"{r['transport']} (P100 {r['p100_ms']:.0f} ms)",
+            )
             bad = r.get("failed_step_indices") or []
             if bad:
-                ax.scatter([x[i] for i in bad], [r["step_ms"][i] for i in bad], marker="x",
-                           s=60, color=c, zorder=5, label=f"{r['transport']} failed step")
+                ax.scatter(
+                    [x[i] for i in bad],
+                    [r["step_ms"][i] for i in bad],
+                    marker="x",
+                    s=60,
+                    color=c,
+                    zorder=5,
+                    label=f"{r['transport']} failed step",
+                )
             if f and f.get("up_s") is not None:
                 ax.axvline(f["up_s"] - shift, color=c, ls=":", lw=1.2)
         if faulted:
@@ -219,8 +251,11 @@ def plots(doc: dict[str, Any], outdir: str) -> list[str]:
         ideal = next((r.get("ideal_ms") for r in rows if r.get("ideal_ms")), None)
         if ideal:
             ax.axhline(ideal, color="black", lw=0.8, ls="-.", label=f"ideal {ideal:.0f} ms")
-        ax.set_xlabel("time since the link failed (s), at each step's end" if faulted
-                      else "time since the series started (s), at each step's end")
+        ax.set_xlabel(
+            "time since the link failed (s), at each step's end"
+            if faulted
+            else "time since the series started (s), at each step's end"
+        )
         ax.set_ylabel("step time (ms)")
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(ScalarFormatter())
@@ -237,8 +272,13 @@ def plots(doc: dict[str, Any], outdir: str) -> list[str]:
                 continue
             v = np.sort(np.array(r["step_ms"]))
             y = np.arange(1, len(v) + 1) / len(v)
-            ax.step(np.r_[v[0], v], np.r_[0.0, y], where="post", color=COLORS.get(r["transport"]),
-                    label=f"{r['transport']} (P50 {r['p50_ms']:.0f}, P100 {r['p100_ms']:.0f} ms)")
+            ax.step(
+                np.r_[v[0], v],
+                np.r_[0.0, y],
+                where="post",
+                color=COLORS.get(r["transport"]),
+                label=f"{r['transport']} (P50 {r['p50_ms']:.0f}, P100 {r['p100_ms']:.0f} ms)",
+            )
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.xaxis.set_minor_formatter(ScalarFormatter())

@@ -109,25 +109,46 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("what to run")
-    g.add_argument("--quick", action="store_true",
-                   help="smoke run in under a minute: 2 planes, 4 hosts, 3 small steps of every"
-                   " workload and transport, every condition with a 1 s outage (other options"
-                   " still apply: --conditions clean for the fastest)")
-    g.add_argument("--workloads", type=_list_of(WORKLOADS, "workload"),
-                   help="comma list of alltoall,ring,incast,pair (default: per condition: clean"
-                   " runs all four; link_down and lossy alltoall; trim and no_trim incast)")
-    g.add_argument("--transports", type=_list_of(TRANSPORTS, "transport"),
-                   help="comma list of mrc,tcp,mptcp (default all)")
-    g.add_argument("--conditions", type=_list_of(CONDITIONS, "condition"),
-                   help="comma list of clean,link_down,lossy,trim,no_trim (default all)")
-    g.add_argument("--steps", type=_int_at_least(1),
-                   help="measured steps per workload and transport (default 12; --quick 3);"
-                   " link_down runs on until the heal plus a few steps")
+    g.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run in under a minute: 2 planes, 4 hosts, 3 small steps of every"
+        " workload and transport, every condition with a 1 s outage (other options"
+        " still apply: --conditions clean for the fastest)",
+    )
+    g.add_argument(
+        "--workloads",
+        type=_list_of(WORKLOADS, "workload"),
+        help="comma list of alltoall,ring,incast,pair (default: per condition: clean"
+        " runs all four; link_down and lossy alltoall; trim and no_trim incast)",
+    )
+    g.add_argument(
+        "--transports",
+        type=_list_of(TRANSPORTS, "transport"),
+        help="comma list of mrc,tcp,mptcp (default all)",
+    )
+    g.add_argument(
+        "--conditions",
+        type=_list_of(CONDITIONS, "condition"),
+        help="comma list of clean,link_down,lossy,trim,no_trim (default all)",
+    )
+    g.add_argument(
+        "--steps",
+        type=_int_at_least(1),
+        help="measured steps per workload and transport (default 12; --quick 3);"
+        " link_down runs on until the heal plus a few steps",
+    )
     g.add_argument("--warmup", type=_int_at_least(0), help="unmeasured steps first (default 1)")
-    g.add_argument("--size", type=_size,
-                   help="bytes per transfer for alltoall, ring, incast (default 1M; --quick 256K)")
-    g.add_argument("--pair-size", type=_size,
-                   help="bytes per step of the pair workload (default 8M; --quick 1M)")
+    g.add_argument(
+        "--size",
+        type=_size,
+        help="bytes per transfer for alltoall, ring, incast (default 1M; --quick 256K)",
+    )
+    g.add_argument(
+        "--pair-size",
+        type=_size,
+        help="bytes per step of the pair workload (default 8M; --quick 1M)",
+    )
     g.add_argument("--seed", type=int, default=1, help="seed of the data every host sends")
 
     f = p.add_argument_group("fabric (built fresh for every condition)")
@@ -140,36 +161,62 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = p.add_argument_group("MRC")
     m.add_argument("--evs", type=_int_at_least(1), help="EVs per QP (default 128)")
-    m.add_argument("--payload", type=_int_at_least(64),
-                   help="payload bytes per packet (default 8192, or what the MTU allows)")
-    m.add_argument("--window", type=_int_at_least(1),
-                   help="packets in flight per QP (default 4: with no congestion control in"
-                   " the core yet, a window that fits the fabric's queues)")
-    m.add_argument("--incast-window", type=_int_at_least(1),
-                   help="window per QP under the trim/no_trim conditions (default 16: enough"
-                   " for N-1 senders to overflow the last hop, which is what trimming is for)")
+    m.add_argument(
+        "--payload",
+        type=_int_at_least(64),
+        help="payload bytes per packet (default 8192, or what the MTU allows)",
+    )
+    m.add_argument(
+        "--window",
+        type=_int_at_least(1),
+        help="packets in flight per QP (default 4: with no congestion control in"
+        " the core yet, a window that fits the fabric's queues)",
+    )
+    m.add_argument(
+        "--incast-window",
+        type=_int_at_least(1),
+        help="window per QP under the trim/no_trim conditions (default 16: enough"
+        " for N-1 senders to overflow the last hop, which is what trimming is for)",
+    )
 
     c = p.add_argument_group("conditions")
-    c.add_argument("--outage", type=_seconds, help="link_down: seconds the link stays down"
-                   " (default 2)")
-    c.add_argument("--fail-step", type=_int_at_least(0),
-                   help="link_down: the step during which the link goes down (default steps/3)")
-    c.add_argument("--fail-link", type=_link,
-                   help="link_down: the link to fail (default p0l0-p0s0, on the plane-0"
-                   " spine-0 path TCP is pinned to)")
-    c.add_argument("--loss", type=_probability,
-                   help="lossy: drop probability each way on one link (default 0.03)")
-    c.add_argument("--loss-link", type=_link,
-                   help="lossy: ROUTER-PEER link whose router drops (default p0s0-p0l0)")
-    c.add_argument("--step-timeout", type=_seconds,
-                   help="a step not complete after this long fails (default outage + 20 s)")
+    c.add_argument(
+        "--outage", type=_seconds, help="link_down: seconds the link stays down (default 2)"
+    )
+    c.add_argument(
+        "--fail-step",
+        type=_int_at_least(0),
+        help="link_down: the step during which the link goes down (default steps/3)",
+    )
+    c.add_argument(
+        "--fail-link",
+        type=_link,
+        help="link_down: the link to fail (default p0l0-p0s0, on the plane-0"
+        " spine-0 path TCP is pinned to)",
+    )
+    c.add_argument(
+        "--loss",
+        type=_probability,
+        help="lossy: drop probability each way on one link (default 0.03)",
+    )
+    c.add_argument(
+        "--loss-link",
+        type=_link,
+        help="lossy: ROUTER-PEER link whose router drops (default p0s0-p0l0)",
+    )
+    c.add_argument(
+        "--step-timeout",
+        type=_seconds,
+        help="a step not complete after this long fails (default outage + 20 s)",
+    )
 
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     o.add_argument("--table", metavar="FILE", help="also write the markdown table to FILE")
     o.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
-    o.add_argument("-v", "--verbose", action="store_true",
-                   help="also print agents' logs when something fails")
+    o.add_argument(
+        "-v", "--verbose", action="store_true", help="also print agents' logs when something fails"
+    )
     return p
 
 
@@ -185,9 +232,29 @@ def config_from_args(args: argparse.Namespace) -> Any:
         cfg.size = 256 << 10
         cfg.pair_size = 1 << 20
         cfg.outage = 1.0
-    for name in ("steps", "warmup", "size", "pair_size", "hosts", "planes", "spines", "leaves",
-                 "mtu", "evs", "window", "incast_window", "outage", "fail_step", "fail_link",
-                 "loss", "loss_link", "step_timeout", "transports", "workloads", "conditions"):
+    for name in (
+        "steps",
+        "warmup",
+        "size",
+        "pair_size",
+        "hosts",
+        "planes",
+        "spines",
+        "leaves",
+        "mtu",
+        "evs",
+        "window",
+        "incast_window",
+        "outage",
+        "fail_step",
+        "fail_link",
+        "loss",
+        "loss_link",
+        "step_timeout",
+        "transports",
+        "workloads",
+        "conditions",
+    ):
         v = getattr(args, name)
         if v is not None:
             setattr(cfg, name, v)
@@ -208,15 +275,26 @@ def validate(cfg: Any) -> str | None:
     from mrc.fabric import FabricSpec, SpecError
 
     try:
-        FabricSpec(name="check", planes=cfg.planes, spines=cfg.spines, leaves=cfg.leaves,
-                   hosts=cfg.hosts, rate=cfg.rate, mtu=cfg.mtu).validate()
+        FabricSpec(
+            name="check",
+            planes=cfg.planes,
+            spines=cfg.spines,
+            leaves=cfg.leaves,
+            hosts=cfg.hosts,
+            rate=cfg.rate,
+            mtu=cfg.mtu,
+        ).validate()
     except SpecError as exc:
         return str(exc)
     if cfg.payload > cfg.mtu - 120:
         return f"--payload {cfg.payload} does not fit the MTU {cfg.mtu} (max {cfg.mtu - 120})"
     names = {f"h{i}" for i in range(cfg.hosts)}
-    names |= {f"p{p}{t}{i}" for p in range(cfg.planes)
-              for t, n in (("l", cfg.leaves), ("s", cfg.spines)) for i in range(n)}
+    names |= {
+        f"p{p}{t}{i}"
+        for p in range(cfg.planes)
+        for t, n in (("l", cfg.leaves), ("s", cfg.spines))
+        for i in range(n)
+    }
     if "link_down" in cfg.conditions:
         a, b = cfg.fail_link
         if a not in names or b not in names:
@@ -260,15 +338,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {why}", file=sys.stderr)
         return 2
     if os.geteuid() != 0:
-        print(f"{PROG}: error: needs root (network namespaces, veth links, tc); run it as root",
-              file=sys.stderr)
+        print(
+            f"{PROG}: error: needs root (network namespaces, veth links, tc); run it as root",
+            file=sys.stderr,
+        )
         return 1
     if args.plots:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print(f"{PROG}: error: --plots needs matplotlib (pip install matplotlib)",
-                  file=sys.stderr)
+            print(
+                f"{PROG}: error: --plots needs matplotlib (pip install matplotlib)", file=sys.stderr
+            )
             return 1
     from mrc.bench.coordinator import AgentError, Bench, BenchError, config_dict
     from mrc.bench.report import aims, machine_info, plots, table
@@ -281,8 +362,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_start = (0.0, 0.0, 0.0)
     t0 = time.monotonic()
     bench = Bench(cfg, progress)
-    progress(f"conditions {', '.join(cfg.conditions)}; transports {', '.join(cfg.transports)};"
-             f" load average {load_start[0]:.2f} on {os.cpu_count()} CPUs")
+    progress(
+        f"conditions {', '.join(cfg.conditions)}; transports {', '.join(cfg.transports)};"
+        f" load average {load_start[0]:.2f} on {os.cpu_count()} CPUs"
+    )
     status = 0
     try:
         asyncio.run(_run(bench))

@@ -13,15 +13,24 @@ from mrc.core.events import EVStateChanged
 
 
 def add_path_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fabric", metavar="NAME|FILE",
-                   help="an mrc-fabric topology (fabric name or JSON file): EVs are spread over "
-                   "its SRv6 paths, every spine of every plane; this host's plane addresses "
-                   "come from it, and the peer may be named by its fabric host name (h3)")
-    p.add_argument("--deny", action="append", default=[], metavar="ROUTE|EV",
-                   help="never use these EVs (state DENIED): a route name such as a spine "
-                   "(p1s0), or an EV number; repeatable")
-    p.add_argument("--ev-log", metavar="FILE",
-                   help="write every EV state change as one JSON object per line")
+    p.add_argument(
+        "--fabric",
+        metavar="NAME|FILE",
+        help="an mrc-fabric topology (fabric name or JSON file): EVs are spread over "
+        "its SRv6 paths, every spine of every plane; this host's plane addresses "
+        "come from it, and the peer may be named by its fabric host name (h3)",
+    )
+    p.add_argument(
+        "--deny",
+        action="append",
+        default=[],
+        metavar="ROUTE|EV",
+        help="never use these EVs (state DENIED): a route name such as a spine "
+        "(p1s0), or an EV number; repeatable",
+    )
+    p.add_argument(
+        "--ev-log", metavar="FILE", help="write every EV state change as one JSON object per line"
+    )
 
 
 def load_fabric(name: str | None):  # -> Topology | None
@@ -53,8 +62,10 @@ def local_plane_addrs(topo) -> list[str] | None:
 
     host = local_fabric_host(topo)
     if host is None:
-        raise Failure(f"this process is not on a host of fabric {topo.name!r} "
-                      f"(run it with: mrc-fabric exec HOST -- ...)")
+        raise Failure(
+            f"this process is not on a host of fabric {topo.name!r} "
+            f"(run it with: mrc-fabric exec HOST -- ...)"
+        )
     return [nic.address for nic in sorted(host.nics, key=lambda n: n.plane)]
 
 
@@ -94,18 +105,23 @@ class EVLog:
         wall = time.time()
 
         def write(ev: EVStateChanged) -> None:
-            fh.write(json.dumps({
-                "t": round(wall + (ev.time - loop_start), 6),
-                "role": role,
-                "qpn": ev.qpn,
-                "ev": ev.ev,
-                "sport": ev.sport,
-                "plane": ev.plane,
-                "route": routes[ev.ev] if routes else "direct",
-                "from": ev.old,
-                "to": ev.new,
-                "reason": ev.reason,
-            }) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "t": round(wall + (ev.time - loop_start), 6),
+                        "role": role,
+                        "qpn": ev.qpn,
+                        "ev": ev.ev,
+                        "sport": ev.sport,
+                        "plane": ev.plane,
+                        "route": routes[ev.ev] if routes else "direct",
+                        "from": ev.old,
+                        "to": ev.new,
+                        "reason": ev.reason,
+                    }
+                )
+                + "\n"
+            )
 
         conn.channel.on_ev_event = write
 

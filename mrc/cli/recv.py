@@ -37,26 +37,53 @@ def build_parser() -> argparse.ArgumentParser:
         "arrives; the result is verified with SHA-256 against the sender's.",
         epilog="Exit status: 0 every transfer verified, 1 a transfer failed, 2 bad usage.",
     )
-    p.add_argument("--listen", action="append", metavar="[ADDR]:PORT", type=endpoint_arg,
-                   help="address and port to listen on (UDP data and the TCP side channel); "
-                   "repeat once per plane address. Default [::]:4791")
+    p.add_argument(
+        "--listen",
+        action="append",
+        metavar="[ADDR]:PORT",
+        type=endpoint_arg,
+        help="address and port to listen on (UDP data and the TCP side channel); "
+        "repeat once per plane address. Default [::]:4791",
+    )
     out = p.add_mutually_exclusive_group(required=True)
-    out.add_argument("--out", metavar="FILE",
-                     help="write the data here ({n} in the name is replaced by the transfer "
-                     "number when --count > 1); written as FILE.part and renamed when verified")
-    out.add_argument("--discard", action="store_true",
-                     help="receive into memory, verify, and throw the data away")
-    p.add_argument("--count", type=positive_int, default=1,
-                   help="transfers to accept before exiting; they may run at once (default 1)")
-    p.add_argument("--evs", type=positive_int, default=16,
-                   help="entropy values for acknowledgements, split across planes (default 16)")
-    p.add_argument("--max-size", type=parse_size, default=parse_size("64G"),
-                   help="refuse transfers larger than this (default 64G)")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="give up if no sender connects within this time")
+    out.add_argument(
+        "--out",
+        metavar="FILE",
+        help="write the data here ({n} in the name is replaced by the transfer "
+        "number when --count > 1); written as FILE.part and renamed when verified",
+    )
+    out.add_argument(
+        "--discard",
+        action="store_true",
+        help="receive into memory, verify, and throw the data away",
+    )
+    p.add_argument(
+        "--count",
+        type=positive_int,
+        default=1,
+        help="transfers to accept before exiting; they may run at once (default 1)",
+    )
+    p.add_argument(
+        "--evs",
+        type=positive_int,
+        default=16,
+        help="entropy values for acknowledgements, split across planes (default 16)",
+    )
+    p.add_argument(
+        "--max-size",
+        type=parse_size,
+        default=parse_size("64G"),
+        help="refuse transfers larger than this (default 64G)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="give up if no sender connects within this time",
+    )
     add_path_args(p)
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object per transfer")
+    p.add_argument("--json", action="store_true", help="print one JSON object per transfer")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     return p
 
@@ -107,9 +134,7 @@ class _Outputs:
         return m
 
 
-async def _one(
-    conn: Connection, outputs: _Outputs, args: argparse.Namespace, evlog: EVLog
-) -> bool:
+async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, evlog: EVLog) -> bool:
     region = conn.granted
     if region is None:
         await conn.close()
@@ -168,8 +193,10 @@ async def _one(
     if args.json:
         emit_json(out)
     elif ok and result is not None:
-        print(f"ok: received {human_bytes(size)} from {peer} in {result.seconds:.3f} s "
-              f"({human_rate(result.goodput_bps)}); sha256 {result.sha256[:16]}... verified")
+        print(
+            f"ok: received {human_bytes(size)} from {peer} in {result.seconds:.3f} s "
+            f"({human_rate(result.goodput_bps)}); sha256 {result.sha256[:16]}... verified"
+        )
     if not ok:  # with --json too: every failure is one line on stderr
         print(f"{PROG}: error: transfer from {peer} failed: {error}", file=sys.stderr)
     return ok
@@ -185,11 +212,11 @@ async def _main(args: argparse.Namespace) -> int:
         hosts = local_plane_addrs(fabric) or hosts
     plane_addrs = hosts if len(hosts) > 1 or hosts[0] not in ("::", "0.0.0.0") else None
     evlog = EVLog(args.ev_log)
-    listener: Listener = await listen(hosts[0], port, plane_addrs=plane_addrs, evs=args.evs,
-                                      region_factory=outputs, fabric=fabric)
+    listener: Listener = await listen(
+        hosts[0], port, plane_addrs=plane_addrs, evs=args.evs, region_factory=outputs, fabric=fabric
+    )
     if sys.stderr.isatty() and not args.json:
-        print(f"listening on {', '.join(f'[{h}]:{listener.port}' for h in hosts)}",
-              file=sys.stderr)
+        print(f"listening on {', '.join(f'[{h}]:{listener.port}' for h in hosts)}", file=sys.stderr)
     failures = 0
     tasks = []
     try:

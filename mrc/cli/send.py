@@ -46,19 +46,42 @@ def build_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("file", nargs="?", help="file to send")
     src.add_argument("--size", type=parse_size, help="send N random bytes instead (64M, 1G...)")
-    p.add_argument("--to", required=True, metavar="HOST[:PORT]", type=endpoint_arg,
-                   help="where mrc-recv listens, e.g. [fd00::2]:4791 (port default 4791)")
-    p.add_argument("--evs", type=positive_int, default=128,
-                   help="entropy values (paths) to spray over, split evenly across planes "
-                   "(default 128)")
-    p.add_argument("--payload", type=positive_int, default=1400, metavar="BYTES",
-                   help="payload bytes per packet (default 1400; 8192 or more for jumbo/loopback)")
-    p.add_argument("--window", type=positive_int, default=None, metavar="PACKETS",
-                   help="packets in flight at most (default 512; on a --fabric shaped with a rate, "
-                   "about 1.5 ms of every plane's link rate: there is no congestion control yet)")
-    p.add_argument("--from", dest="local", action="append", metavar="ADDR",
-                   help="local address of one plane; repeat once per plane/NIC (default: the "
-                   "address the kernel picks towards HOST)")
+    p.add_argument(
+        "--to",
+        required=True,
+        metavar="HOST[:PORT]",
+        type=endpoint_arg,
+        help="where mrc-recv listens, e.g. [fd00::2]:4791 (port default 4791)",
+    )
+    p.add_argument(
+        "--evs",
+        type=positive_int,
+        default=128,
+        help="entropy values (paths) to spray over, split evenly across planes (default 128)",
+    )
+    p.add_argument(
+        "--payload",
+        type=positive_int,
+        default=1400,
+        metavar="BYTES",
+        help="payload bytes per packet (default 1400; 8192 or more for jumbo/loopback)",
+    )
+    p.add_argument(
+        "--window",
+        type=positive_int,
+        default=None,
+        metavar="PACKETS",
+        help="packets in flight at most (default 512; on a --fabric shaped with a rate, "
+        "about 1.5 ms of every plane's link rate: there is no congestion control yet)",
+    )
+    p.add_argument(
+        "--from",
+        dest="local",
+        action="append",
+        metavar="ADDR",
+        help="local address of one plane; repeat once per plane/NIC (default: the "
+        "address the kernel picks towards HOST)",
+    )
     add_path_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object with the result")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
@@ -106,8 +129,9 @@ def fabric_window(topo, payload: int) -> int | None:
 def _config(args: argparse.Namespace) -> QPConfig:
     """The QP settings the flags ask for; raises ValueError (bad usage) if impossible."""
     window = args.window or DEFAULT_WINDOW
-    config = QPConfig(payload_size=args.payload, max_outstanding=window,
-                      psn_window=max(16384, window * 4))
+    config = QPConfig(
+        payload_size=args.payload, max_outstanding=window, psn_window=max(16384, window * 4)
+    )
     config.validate()
     return config
 
@@ -125,9 +149,16 @@ async def _main(args: argparse.Namespace) -> int:
     local = args.local or local_plane_addrs(fabric)
     data, label = _load(args)
     evlog = EVLog(args.ev_log)
-    conn = await connect(host, port, evs=args.evs, local_addrs=local, config=config,
-                         request_size=len(data), request_name=os.path.basename(label),
-                         fabric=fabric)
+    conn = await connect(
+        host,
+        port,
+        evs=args.evs,
+        local_addrs=local,
+        config=config,
+        request_size=len(data),
+        request_name=os.path.basename(label),
+        fabric=fabric,
+    )
     progress = Progress(len(data), "sending", None if not args.no_progress else False)
     try:
         evlog.attach(conn, "send")
@@ -171,9 +202,11 @@ async def _main(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(out)
     else:
-        print(f"{'ok' if result.ok else 'FAILED'}: sent {human_bytes(result.bytes)} in "
-              f"{result.seconds:.3f} s ({human_rate(result.goodput_bps)}) over {len(evs)} EVs, "
-              f"{stats['retransmits']} retransmits; sha256 {result.sha256[:16]}...")
+        print(
+            f"{'ok' if result.ok else 'FAILED'}: sent {human_bytes(result.bytes)} in "
+            f"{result.seconds:.3f} s ({human_rate(result.goodput_bps)}) over {len(evs)} EVs, "
+            f"{stats['retransmits']} retransmits; sha256 {result.sha256[:16]}..."
+        )
     if not result.ok:
         raise Failure(result.error or "transfer failed")
     return 0

@@ -213,8 +213,7 @@ class EVSet:
             # ``avoid`` is the only usable EV: take another that is merely resting (backup or
             # SKIP) before one assumed bad, and never a denied one
             rank = {EVState.GOOD: 0, EVState.SKIP: 1, EVState.ASSUMED_BAD: 2}
-            others = [i for i, st in enumerate(self.state)
-                      if i != avoid and st != EVState.DENIED]
+            others = [i for i, st in enumerate(self.state) if i != avoid and st != EVState.DENIED]
             if others:
                 ev = min(others, key=lambda i: (rank[self.state[i]], i))
         return ev
@@ -443,8 +442,7 @@ class EVSet:
         best = None
         best_rank = None
         for ev in range(len(self.ports)):
-            if (self.planes[ev] != plane or self.active[ev]
-                    or self.state[ev] != EVState.GOOD):
+            if self.planes[ev] != plane or self.active[ev] or self.state[ev] != EVState.GOOD:
                 continue
             route = self.routes[ev]
             if route == avoid_route:
@@ -455,6 +453,10 @@ class EVSet:
         return best
 
     def _active_in_plane(self, plane: int) -> int:
-        return sum(1 for ev in range(len(self.ports))
-                   if self.planes[ev] == plane and self.active[ev]
-                   and self.state[ev] in (EVState.GOOD, EVState.SKIP))
+        return sum(
+            1
+            for ev in range(len(self.ports))
+            if self.planes[ev] == plane
+            and self.active[ev]
+            and self.state[ev] in (EVState.GOOD, EVState.SKIP)
+        )

@@ -22,4 +22,3 @@ def to_seq(initial_psn: int, psn: int, near_seq: int) -> int:
     near_psn = (initial_psn + near_seq) & PSN_MASK
     delta = ((psn - near_psn + _HALF) & PSN_MASK) - _HALF
     return near_seq + delta
-

@@ -196,8 +196,11 @@ class QueuePair:
         probe = None
         if self.config.ev_health and self.remote_qpn is not None and not self.failed:
             probe = self.evs.next_probe_time()
-        times = [t for t in (self.requester.get_timer(), self.responder.get_timer(), probe)
-                 if t is not None]
+        times = [
+            t
+            for t in (self.requester.get_timer(), self.responder.get_timer(), probe)
+            if t is not None
+        ]
         return min(times) if times else None
 
     def handle_timer(self, now: float) -> None:
@@ -207,7 +210,6 @@ class QueuePair:
         """Per EV: source port, plane, packets sent on it (incl. retransmissions), state."""
         evs = self.evs
         return [
-            {"ev": i, "sport": port, "plane": evs.planes[i], "packets": n,
-             "state": evs.describe(i)}
+            {"ev": i, "sport": port, "plane": evs.planes[i], "packets": n, "state": evs.describe(i)}
             for i, (port, n) in enumerate(zip(evs.ports, evs.packets, strict=True))
         ]

@@ -43,8 +43,18 @@ class _WorkRequest:
 
 
 class _Packet:
-    __slots__ = ("wr", "offset", "length", "last", "ev", "sent_at", "deadline", "timeouts",
-                 "nacks", "retransmitted")
+    __slots__ = (
+        "wr",
+        "offset",
+        "length",
+        "last",
+        "ev",
+        "sent_at",
+        "deadline",
+        "timeouts",
+        "nacks",
+        "retransmitted",
+    )
 
     def __init__(self, wr: _WorkRequest, offset: int, length: int, last: bool) -> None:
         self.wr = wr
@@ -406,9 +416,7 @@ class Requester:
             else:
                 self.losses_unblamed += 1
 
-    def _on_nack(
-        self, code: int, seq: int, pkt: _Packet | None, ev_port: int, now: float
-    ) -> None:
+    def _on_nack(self, code: int, seq: int, pkt: _Packet | None, ev_port: int, now: float) -> None:
         self.stats.nacks += 1
         if pkt is None:
             self.stats.nacks_ignored += 1

@@ -27,8 +27,10 @@ class EVRoute:
 
 def plain_routes(pairs: list[tuple[str, str]]) -> list[list[EVRoute]]:
     """One destination-routed path per plane."""
-    return [[EVRoute(p, local, remote, None, f"plane {p} direct")]
-            for p, (local, remote) in enumerate(pairs)]
+    return [
+        [EVRoute(p, local, remote, None, f"plane {p} direct")]
+        for p, (local, remote) in enumerate(pairs)
+    ]
 
 
 def host_of_address(topo: Topology, address: str) -> tuple[Host, int] | None:

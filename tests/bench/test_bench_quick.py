@@ -58,11 +58,19 @@ def _leftovers(pid: int) -> tuple[list[str], list[str]]:
 def test_quick_run_every_workload_and_transport_verified(tmp_path: Path) -> None:
     table = tmp_path / "table.md"
     plots = tmp_path / "plots"
-    argv = [str(BIN / "mrc-bench"), "--quick", "--json", "--table", str(table),
-            "--plots", str(plots)]
+    argv = [
+        str(BIN / "mrc-bench"),
+        "--quick",
+        "--json",
+        "--table",
+        str(table),
+        "--plots",
+        str(plots),
+    ]
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
@@ -108,8 +116,9 @@ def test_quick_run_every_workload_and_transport_verified(tmp_path: Path) -> None
             f = r["fault"]
             assert f["outage_ms"] >= cfg["outage"] * 1e3 * 0.9, f"{what}: {f}"
             assert f["up_s"] > f["down_s"], what
-    assert set(cfg["conditions"]) == {c for _, c, _ in rows} | {s["condition"]
-                                                               for s in doc["skipped"]}
+    assert set(cfg["conditions"]) == {c for _, c, _ in rows} | {
+        s["condition"] for s in doc["skipped"]
+    }
     text = table.read_text()
     assert text.startswith("| workload |") and text.count("\n|") >= len(rows)
     pngs = sorted(p.name for p in plots.glob("*.png"))

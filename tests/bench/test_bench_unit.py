@@ -30,8 +30,9 @@ BIN = Path(os.environ.get("MRC_BIN_DIR") or Path(sys.executable).parent)
     ],
 )
 def test_usage_errors_are_one_line_exit_2(args: list[str], needle: str) -> None:
-    res = subprocess.run([str(BIN / "mrc-bench"), *args], capture_output=True, text=True,
-                         timeout=30)
+    res = subprocess.run(
+        [str(BIN / "mrc-bench"), *args], capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 2, res.stderr
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("mrc-bench: error: "), res.stderr
@@ -53,22 +54,39 @@ def test_not_root_is_one_line_exit_1(monkeypatch, capsys) -> None:
 
 def test_workload_transfers() -> None:
     assert len(transfers("alltoall", 4, 10, 99)) == 12
-    assert {(t.src, t.dst) for t in transfers("ring", 4, 10, 99)} == {(0, 1), (1, 2), (2, 3),
-                                                                       (3, 0)}
+    assert {(t.src, t.dst) for t in transfers("ring", 4, 10, 99)} == {
+        (0, 1),
+        (1, 2),
+        (2, 3),
+        (3, 0),
+    }
     assert {(t.src, t.dst) for t in transfers("incast", 4, 10, 99)} == {(1, 0), (2, 0), (3, 0)}
     [p] = transfers("pair", 4, 10, 99)
     assert (p.src, p.dst, p.size) == (0, 3, 99)
     # incast 3 x 1 MiB into one host with 2 planes of 100 Mbit/s: 3 MiB / 200 Mbit/s
     assert ideal_seconds(transfers("incast", 4, 1 << 20, 0), 2, 100_000_000) == pytest.approx(
-        3 * (1 << 20) * 8 / 200e6)
+        3 * (1 << 20) * 8 / 200e6
+    )
     assert ideal_seconds(transfers("incast", 4, 1, 0), 2, None) is None
 
 
 def _row(w: str, c: str, t: str, p100: float, failed: int = 0, **extra) -> dict:
-    return {"workload": w, "condition": c, "transport": t, "p50_ms": p100, "p99_ms": p100,
-            "p100_ms": p100, "goodput_bps": 1e6, "steps": 3, "failed_steps": failed,
-            "bytes_verified": 3, "bytes_expected": 3, "sha256_ok": True, "step_ms": [p100] * 3,
-            **extra}
+    return {
+        "workload": w,
+        "condition": c,
+        "transport": t,
+        "p50_ms": p100,
+        "p99_ms": p100,
+        "p100_ms": p100,
+        "goodput_bps": 1e6,
+        "steps": 3,
+        "failed_steps": failed,
+        "bytes_verified": 3,
+        "bytes_expected": 3,
+        "sha256_ok": True,
+        "step_ms": [p100] * 3,
+        **extra,
+    }
 
 
 def test_aims_and_table() -> None:
@@ -77,12 +95,22 @@ def test_aims_and_table() -> None:
         _row("alltoall", "clean", "tcp", 300.0),
         _row("alltoall", "clean", "mptcp", 200.0),
         _row("alltoall", "link_down", "mrc", 160.0),
-        _row("alltoall", "link_down", "tcp", 2500.0,
-             fault={"stalled_until_heal": True, "outage_ms": 2000.0}),
+        _row(
+            "alltoall",
+            "link_down",
+            "tcp",
+            2500.0,
+            fault={"stalled_until_heal": True, "outage_ms": 2000.0},
+        ),
         _row("incast", "trim", "mrc", 110.0, ideal_ms=100.0),
     ]
     assert [a["pass"] for a in aims(rows)] == [True, False, True, True]  # 160 > 1.5 x 100
-    md = table({"results": rows, "aims": aims(rows),
-                "skipped": [{"condition": "lossy", "reason": "no ip6tables"}]})
+    md = table(
+        {
+            "results": rows,
+            "aims": aims(rows),
+            "skipped": [{"condition": "lossy", "reason": "no ip6tables"}],
+        }
+    )
     assert md.count("| alltoall |") == 5
     assert "**2500.0**" in md and "NOT met" in md and "`lossy` skipped: no ip6tables" in md

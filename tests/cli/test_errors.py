@@ -34,8 +34,18 @@ def one_line(res, tool: str) -> str:
         (["--size", "1M", "--to", "::1", "--evs", "x"], r"--evs"),
         (["--size", "1M", "--to", "::1", "--bogus"], r"--bogus"),
     ],
-    ids=["no-to", "bad-size", "bad-port", "bad-bracket", "no-source", "file-and-size",
-         "payload-0", "payload-huge", "evs-nan", "unknown-flag"],
+    ids=[
+        "no-to",
+        "bad-size",
+        "bad-port",
+        "bad-bracket",
+        "no-source",
+        "file-and-size",
+        "payload-0",
+        "payload-huge",
+        "evs-nan",
+        "unknown-flag",
+    ],
 )
 def test_send_usage_errors(mrc_tools, args: list[str], pattern: str) -> None:
     res = mrc_tools.run("mrc-send", *args, timeout=20)
@@ -54,8 +64,15 @@ def test_send_usage_errors(mrc_tools, args: list[str], pattern: str) -> None:
         (["--discard", "--count", "0"], r"--count"),
         (["--discard", "--max-size", "lots"], r"lots"),
     ],
-    ids=["out-and-discard", "no-output", "count-without-n", "bad-port", "ports-differ",
-         "count-0", "bad-max-size"],
+    ids=[
+        "out-and-discard",
+        "no-output",
+        "count-without-n",
+        "bad-port",
+        "ports-differ",
+        "count-0",
+        "bad-max-size",
+    ],
 )
 def test_recv_usage_errors(mrc_tools, args: list[str], pattern: str) -> None:
     res = mrc_tools.run("mrc-recv", *args, timeout=20)
@@ -78,23 +95,24 @@ def test_send_missing_input_file(mrc_tools, mrc_port: int, tmp_path: Path) -> No
 
 
 def test_send_unresolvable_host(mrc_tools) -> None:
-    res = mrc_tools.run("mrc-send", "--size", "1M", "--to", "no-such-host.invalid:4791",
-                        timeout=30)
+    res = mrc_tools.run("mrc-send", "--size", "1M", "--to", "no-such-host.invalid:4791", timeout=30)
     assert res.returncode == 1, res.describe()
     assert "cannot resolve 'no-such-host.invalid'" in one_line(res, "mrc-send")
 
 
 def test_send_json_failure_still_one_line(mrc_tools, mrc_port: int) -> None:
-    res = mrc_tools.run("mrc-send", "--size", "1M", "--to", f"[::1]:{mrc_port}", "--json",
-                        timeout=20)
+    res = mrc_tools.run(
+        "mrc-send", "--size", "1M", "--to", f"[::1]:{mrc_port}", "--json", timeout=20
+    )
     assert res.returncode == 1, res.describe()
     one_line(res, "mrc-send")
 
 
 def test_recv_timeout_without_sender(mrc_tools, mrc_port: int) -> None:
     t0 = time.monotonic()
-    res = mrc_tools.run("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard",
-                        "--timeout", "0.5", timeout=20)
+    res = mrc_tools.run(
+        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--timeout", "0.5", timeout=20
+    )
     elapsed = time.monotonic() - t0
     assert res.returncode == 1, res.describe()
     assert "no sender connected within 0.5 s" in one_line(res, "mrc-recv")
@@ -104,17 +122,20 @@ def test_recv_timeout_without_sender(mrc_tools, mrc_port: int) -> None:
 def test_recv_port_in_use(mrc_tools, mrc_port: int) -> None:
     with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as busy:
         busy.bind(("::1", mrc_port))
-        res = mrc_tools.run("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard",
-                            "--timeout", "0.5", timeout=20)
+        res = mrc_tools.run(
+            "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--timeout", "0.5", timeout=20
+        )
     assert res.returncode == 1, res.describe()
     assert "in use" in one_line(res, "mrc-recv")
 
 
-def test_recv_unwritable_output_fails_the_sender_too(mrc_tools, mrc_port: int,
-                                                      tmp_path: Path) -> None:
+def test_recv_unwritable_output_fails_the_sender_too(
+    mrc_tools, mrc_port: int, tmp_path: Path
+) -> None:
     out = tmp_path / "missing-dir" / "x.bin"
-    recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out),
-                           "--timeout", "2")
+    recv = mrc_tools.start(
+        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), "--timeout", "2"
+    )
     recv.wait_listening(mrc_port)
     send = mrc_tools.run("mrc-send", "--size", "10K", "--to", f"[::1]:{mrc_port}", timeout=20)
     assert send.returncode == 1, send.describe()
@@ -126,8 +147,16 @@ def test_recv_unwritable_output_fails_the_sender_too(mrc_tools, mrc_port: int,
 
 
 def test_recv_refuses_oversized_transfer(mrc_tools, mrc_port: int) -> None:
-    recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard",
-                           "--max-size", "1M", "--timeout", "3")
+    recv = mrc_tools.start(
+        "mrc-recv",
+        "--listen",
+        f"[::1]:{mrc_port}",
+        "--discard",
+        "--max-size",
+        "1M",
+        "--timeout",
+        "3",
+    )
     recv.wait_listening(mrc_port)
     send = mrc_tools.run("mrc-send", "--size", "2M", "--to", f"[::1]:{mrc_port}", timeout=20)
     assert send.returncode == 1, send.describe()
@@ -135,10 +164,36 @@ def test_recv_refuses_oversized_transfer(mrc_tools, mrc_port: int) -> None:
     recv.kill()
 
 
-SEND_FLAGS = ["--size", "--to", "--evs", "--payload", "--window", "--from", "--json",
-              "--no-progress", "--help", "file", "--fabric", "--deny", "--ev-log"]
-RECV_FLAGS = ["--listen", "--out", "--discard", "--count", "--evs", "--max-size", "--timeout",
-              "--json", "--no-progress", "--help", "--fabric", "--deny", "--ev-log"]
+SEND_FLAGS = [
+    "--size",
+    "--to",
+    "--evs",
+    "--payload",
+    "--window",
+    "--from",
+    "--json",
+    "--no-progress",
+    "--help",
+    "file",
+    "--fabric",
+    "--deny",
+    "--ev-log",
+]
+RECV_FLAGS = [
+    "--listen",
+    "--out",
+    "--discard",
+    "--count",
+    "--evs",
+    "--max-size",
+    "--timeout",
+    "--json",
+    "--no-progress",
+    "--help",
+    "--fabric",
+    "--deny",
+    "--ev-log",
+]
 
 
 @pytest.mark.parametrize(("tool", "flags"), [("mrc-send", SEND_FLAGS), ("mrc-recv", RECV_FLAGS)])

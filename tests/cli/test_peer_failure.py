@@ -9,13 +9,32 @@ EVS = 8  # few EVs, so "connected" is a clear jump in the number of open sockets
 
 
 def _start_pair(mrc_tools, port: int):
-    recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{port}", "--discard", "--json",
-                           "--evs", str(EVS), "--timeout", "20")
+    recv = mrc_tools.start(
+        "mrc-recv",
+        "--listen",
+        f"[::1]:{port}",
+        "--discard",
+        "--json",
+        "--evs",
+        str(EVS),
+        "--timeout",
+        "20",
+    )
     recv.wait_listening(port)
     recv_base = recv.sockets()
     # one packet in flight at a time: 64 MiB takes far longer than this test
-    send = mrc_tools.start("mrc-send", "--size", "64M", "--window", "1", "--evs", str(EVS),
-                           "--to", f"[::1]:{port}", "--json")
+    send = mrc_tools.start(
+        "mrc-send",
+        "--size",
+        "64M",
+        "--window",
+        "1",
+        "--evs",
+        str(EVS),
+        "--to",
+        f"[::1]:{port}",
+        "--json",
+    )
     # both sides have their EV sockets only once the connection is set up
     send.wait_sockets(EVS + 2)
     recv.wait_sockets(recv_base + EVS + 1)

@@ -7,9 +7,14 @@ from mrc.core.evset import EVSet, EVState
 
 def _evset(routes: list[int], active: int) -> tuple[EVSet, list[tuple[int, str, str, str]]]:
     log: list[tuple[int, str, str, str]] = []
-    evs = EVSet(list(range(1000, 1000 + len(routes))), [0] * len(routes), seed=1,
-                active=active, routes=routes,
-                on_change=lambda ev, old, new, why, now: log.append((ev, old, new, why)))
+    evs = EVSet(
+        list(range(1000, 1000 + len(routes))),
+        [0] * len(routes),
+        seed=1,
+        active=active,
+        routes=routes,
+        on_change=lambda ev, old, new, why, now: log.append((ev, old, new, why)),
+    )
     return evs, log
 
 

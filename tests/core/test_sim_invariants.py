@@ -157,8 +157,7 @@ def check_run(mix: Mix, net: RecordingNetwork, transfers: list[Transfer]) -> Non
         assert len(last_ev) == st.data_packets_sent
         assert sorted(last_ev) == list(range(st.data_packets_sent))  # no gaps, no extras
         assert st.retransmits == (
-            st.retransmits_nack + st.retransmits_timeout + st.retransmits_sack
-            + st.retransmits_tlp
+            st.retransmits_nack + st.retransmits_timeout + st.retransmits_sack + st.retransmits_tlp
         )
 
         # retransmissions are bounded by what the faults can explain

@@ -80,8 +80,9 @@ def _one_way(
     net = RecordingNetwork(seed, faults)
     net.add_host("a")
     net.add_host("b")
-    cfg = QPConfig(payload_size=payload, max_outstanding=max_outstanding, spray_seed=seed,
-                   ev_health=ev_health)
+    cfg = QPConfig(
+        payload_size=payload, max_outstanding=max_outstanding, spray_seed=seed, ev_health=ev_health
+    )
     qa, qb = net.connect("a", "b", evs=evs, config=cfg, planes=planes, psn_a=seed * 977)
     t = make_transfer(net, "a", "b", qa, qb, [nbytes], seed)
     rng = random.Random(seed)
@@ -130,8 +131,9 @@ def test_spraying_is_fair_on_a_clean_network(evs: int) -> None:
 @pytest.mark.parametrize("evs", [8, 32, 128])
 def test_spraying_stays_fair_with_retransmissions(evs: int) -> None:
     # the sprayer alone: EV health would (rightly) take lossy and trimmed EVs out of rotation
-    net, t = _one_way(evs + 1, Faults(loss=0.02, trim=0.1, reorder=0.3), evs, 40 * evs * 500,
-                      ev_health=False)
+    net, t = _one_way(
+        evs + 1, Faults(loss=0.02, trim=0.1, reorder=0.3), evs, 40 * evs * 500, ev_health=False
+    )
     txs = net.data_tx[("a", t.qp.qpn)]
     assert t.qp.stats.retransmits > 0
     per_ev = Counter(tx.ev for tx in txs)

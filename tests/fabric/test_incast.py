@@ -84,8 +84,13 @@ class Proc:
 
     def __init__(self, ns: str, tool: str, *args: str) -> None:
         self.argv = ["ip", "netns", "exec", ns, str(BIN / tool), *args]
-        self.p = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, start_new_session=True)
+        self.p = subprocess.Popen(
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.out = self.err = ""
 
     def wait(self, timeout: float) -> list[dict]:
@@ -95,8 +100,9 @@ class Proc:
             self.kill()
             self.out, self.err = self.p.communicate()
             pytest.fail(f"{' '.join(self.argv)}: no exit in {timeout} s; stderr {self.err[-2000:]}")
-        assert self.p.returncode == 0, f"{' '.join(self.argv)} -> {self.p.returncode}: " \
-            f"{self.err[-2000:]}"
+        assert self.p.returncode == 0, (
+            f"{' '.join(self.argv)} -> {self.p.returncode}: {self.err[-2000:]}"
+        )
         return [json.loads(x) for x in self.out.splitlines() if x.startswith("{")]
 
     def kill(self) -> None:
@@ -132,13 +138,16 @@ SMALL = 300  # trimmed data (~130 B with an SRH), ACK/NACK (~140 B); full data f
 def _small_only(sock: socket.socket) -> None:
     """Classic BPF: accept frames of at most SMALL bytes, so the kernel never copies the 8 kB
     data frames to us."""
-    prog = [(0x80, 0, 0, 0),  # ld len
-            (0x25, 1, 0, SMALL),  # jgt SMALL -> drop
-            (0x06, 0, 0, 0xFFFF),  # ret accept
-            (0x06, 0, 0, 0)]  # ret drop
+    prog = [
+        (0x80, 0, 0, 0),  # ld len
+        (0x25, 1, 0, SMALL),  # jgt SMALL -> drop
+        (0x06, 0, 0, 0xFFFF),  # ret accept
+        (0x06, 0, 0, 0),
+    ]  # ret drop
     insns = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *i) for i in prog))
-    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
-                    struct.pack("HL", len(prog), ctypes.addressof(insns)))
+    sock.setsockopt(
+        socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("HL", len(prog), ctypes.addressof(insns))
+    )
 
 
 def _udp_payload(frame: bytes) -> tuple[bytes, bytes, bytes] | None:
@@ -155,7 +164,7 @@ def _udp_payload(frame: bytes) -> tuple[bytes, bytes, bytes] | None:
         nh, off = frame[off], off + (frame[off + 1] + 1) * 8
     if nh != 17:
         return None
-    return frame[22:38], dst, frame[off + 8:]
+    return frame[22:38], dst, frame[off + 8 :]
 
 
 @dataclass
@@ -167,8 +176,9 @@ class Capture:
     frames: int = 0
 
     def run(self, topo: Topology, stop: threading.Event, ready: threading.Event) -> None:
-        owner = {socket.inet_pton(socket.AF_INET6, n.address): h.name
-                 for h in topo.hosts for n in h.nics}
+        owner = {
+            socket.inet_pton(socket.AF_INET6, n.address): h.name for h in topo.hosts for n in h.nics
+        }
         socks = []
         with netns.entered(topo.netns_of(RECEIVER)):
             for p in range(topo.planes):
@@ -241,20 +251,29 @@ class Incast:
         return sum(s[key] for s in self.sends.values())
 
     def fab(self, key: str, lasthop: bool | None = None) -> int:
-        return sum(v[key] for v in self.fabric.values()
-                   if lasthop is None or v["lasthop"] == lasthop)
+        return sum(
+            v[key] for v in self.fabric.values() if lasthop is None or v["lasthop"] == lasthop
+        )
 
     def summary(self) -> dict:
-        keys = ("retransmits", "retransmits_nack", "retransmits_sack", "retransmits_timeout",
-                "nacks", "trims_seen", "evs_assumed_bad", "evs_skipped", "planes_lost")
+        keys = (
+            "retransmits",
+            "retransmits_nack",
+            "retransmits_sack",
+            "retransmits_timeout",
+            "nacks",
+            "trims_seen",
+            "evs_assumed_bad",
+            "evs_skipped",
+            "planes_lost",
+        )
         out = {
             "wall_seconds": round(self.seconds, 3),  # includes process start-up
             "seconds": {h: s["seconds"] for h, s in self.sends.items()},
             "goodput_mbps": {h: round(s["goodput_bps"] / 1e6, 1) for h, s in self.sends.items()},
             # each sender's own bytes/seconds, summed: can exceed the last hop's 4 x RATE a bit
             # because the three processes do not start at exactly the same moment
-            "sum_goodput_mbps": round(sum(s["goodput_bps"] for s in self.sends.values()) / 1e6,
-                                      1),
+            "sum_goodput_mbps": round(sum(s["goodput_bps"] for s in self.sends.values()) / 1e6, 1),
             **{k: self.total(k) for k in keys},
             "data_packets": self.total("data_packets"),
             "receiver_trims_seen": sum(r["trims_seen"] for r in self.recvs),
@@ -266,8 +285,10 @@ class Incast:
         }
         if self.capture is not None:
             codes = [c for _, _, c in self.capture.nacks]
-            out["nacks_captured"] = {"TRIMMED": codes.count(wire.NackCode.TRIMMED),
-                                     "TRIMMED_LASTHOP": codes.count(wire.NackCode.TRIMMED_LASTHOP)}
+            out["nacks_captured"] = {
+                "TRIMMED": codes.count(wire.NackCode.TRIMMED),
+                "TRIMMED_LASTHOP": codes.count(wire.NackCode.TRIMMED_LASTHOP),
+            }
         return out
 
 
@@ -278,9 +299,19 @@ def run_incast(topo: Topology, port: int, capture: bool) -> Incast:
     thread = None
     logdir = tempfile.TemporaryDirectory(prefix="mrc-incast-")
     try:
-        recv = Proc(topo.netns_of(RECEIVER), "mrc-recv", "--fabric", topo.name, "--listen",
-                    f"[::]:{port}", "--count", str(len(SENDERS)), "--discard", "--json",
-                    "--no-progress")
+        recv = Proc(
+            topo.netns_of(RECEIVER),
+            "mrc-recv",
+            "--fabric",
+            topo.name,
+            "--listen",
+            f"[::]:{port}",
+            "--count",
+            str(len(SENDERS)),
+            "--discard",
+            "--json",
+            "--no-progress",
+        )
         procs.append(recv)
         recv.wait_listening(port)
         if cap is not None:
@@ -291,10 +322,24 @@ def run_incast(topo: Topology, port: int, capture: bool) -> Incast:
         t0 = time.monotonic()
         senders = {}
         for h in SENDERS:
-            senders[h] = Proc(topo.netns_of(h), "mrc-send", "--fabric", topo.name, "--to",
-                              f"{RECEIVER}:{port}", "--size", SIZE, "--payload", str(PAYLOAD),
-                              "--window", str(WINDOW), "--ev-log", f"{logdir.name}/{h}.jsonl",
-                              "--json", "--no-progress")
+            senders[h] = Proc(
+                topo.netns_of(h),
+                "mrc-send",
+                "--fabric",
+                topo.name,
+                "--to",
+                f"{RECEIVER}:{port}",
+                "--size",
+                SIZE,
+                "--payload",
+                str(PAYLOAD),
+                "--window",
+                str(WINDOW),
+                "--ev-log",
+                f"{logdir.name}/{h}.jsonl",
+                "--json",
+                "--no-progress",
+            )
             procs.append(senders[h])
         sends = {h: p.wait(90)[0] for h, p in senders.items()}
         seconds = time.monotonic() - t0
@@ -308,8 +353,13 @@ def run_incast(topo: Topology, port: int, capture: bool) -> Incast:
             thread.join(5)
         for p in procs:
             p.kill()
-    fabric = {k: {**after[k], **{c: after[k][c] - before[k][c]
-                                 for c in ("drops", "trimmed", "tail_drops")}} for k in after}
+    fabric = {
+        k: {
+            **after[k],
+            **{c: after[k][c] - before[k][c] for c in ("drops", "trimmed", "tail_drops")},
+        }
+        for k in after
+    }
     return Incast(sends, recvs, seconds, fabric, cap, reasons)
 
 

@@ -55,14 +55,32 @@ def transfer(topo, mrc_tools, src: str, dst: str, port: int, size: str):
     """mrc-recv on ``dst`` and mrc-send from ``src``, both with --fabric; returns (send, recv)
     JSON and the interface counter deltas over the transfer."""
     recv = mrc_tools.start(
-        "mrc-recv", "--fabric", topo.name, "--listen", f"[::]:{port}", "--discard", "--json",
-        "--no-progress", ns=topo.netns_of(dst),
+        "mrc-recv",
+        "--fabric",
+        topo.name,
+        "--listen",
+        f"[::]:{port}",
+        "--discard",
+        "--json",
+        "--no-progress",
+        ns=topo.netns_of(dst),
     )
     recv.wait_listening(port)
     before = counters(topo)
     send = mrc_tools.run(
-        "mrc-send", "--fabric", topo.name, "--to", f"{dst}:{port}", "--size", size,
-        "--payload", str(PAYLOAD), "--json", "--no-progress", ns=topo.netns_of(src), timeout=90,
+        "mrc-send",
+        "--fabric",
+        topo.name,
+        "--to",
+        f"{dst}:{port}",
+        "--size",
+        size,
+        "--payload",
+        str(PAYLOAD),
+        "--json",
+        "--no-progress",
+        ns=topo.netns_of(src),
+        timeout=90,
     )
     r = recv.wait(30)
     after = counters(topo)
@@ -85,8 +103,9 @@ def per_route(s: dict) -> dict[str, int]:
 def fair(values: dict[str, int], what: str, why: str) -> None:
     share = sum(values.values()) / len(values)
     for k, v in values.items():
-        assert FAIR_LO * share <= v <= FAIR_HI * share, f"{what} {k}: {v} vs fair {share:.0f}; " \
-            f"all {values}; {why}"
+        assert FAIR_LO * share <= v <= FAIR_HI * share, (
+            f"{what} {k}: {v} vs fair {share:.0f}; all {values}; {why}"
+        )
 
 
 def test_64mib_h0_to_h3_loads_every_plane_and_spine(jfab, mrc_tools) -> None:
@@ -95,8 +114,10 @@ def test_64mib_h0_to_h3_loads_every_plane_and_spine(jfab, mrc_tools) -> None:
     topo = jfab
     s, rv, d = transfer(topo, mrc_tools, "h0", "h3", 4801, "64M")
     assert s["bytes"] == 64 * MiB
-    why = (f"retransmits {s['retransmits']} (timeout {s['retransmits_timeout']}, sack "
-           f"{s['retransmits_sack']}), evs_assumed_bad {s['evs_assumed_bad']}")
+    why = (
+        f"retransmits {s['retransmits']} (timeout {s['retransmits_timeout']}, sack "
+        f"{s['retransmits_sack']}), evs_assumed_bad {s['evs_assumed_bad']}"
+    )
     sent = s["packets_sent"]  # data packets including retransmissions
     assert sent >= s["data_packets"] >= 64 * MiB // PAYLOAD
 

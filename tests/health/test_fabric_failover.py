@@ -70,8 +70,12 @@ def payload_file() -> Iterator[Path]:
 
 def _counters(topo, node: str, ifname: str) -> tuple[int, int]:
     """(tx_packets, rx_packets) of ``ifname`` in ``node``'s namespace."""
-    out = subprocess.run(["ip", "-n", topo.netns_of(node), "-s", "-j", "link", "show", "dev",
-                          ifname], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ip", "-n", topo.netns_of(node), "-s", "-j", "link", "show", "dev", ifname],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     st = json.loads(out)[0]["stats64"]
     return int(st["tx"]["packets"]), int(st["rx"]["packets"])
 
@@ -88,15 +92,50 @@ class Transfer:
         self.rlog = tmp / "recv.jsonl"
         self.slog = tmp / "send.jsonl"
         self.recv = subprocess.Popen(
-            _exec(topo, "h3", str(BIN / "mrc-recv"), "--fabric", topo.name, "--discard",
-                  "--json", "--no-progress", "--ev-log", str(self.rlog), "--timeout", "30"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            _exec(
+                topo,
+                "h3",
+                str(BIN / "mrc-recv"),
+                "--fabric",
+                topo.name,
+                "--discard",
+                "--json",
+                "--no-progress",
+                "--ev-log",
+                str(self.rlog),
+                "--timeout",
+                "30",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self._wait_listening()
         self.send = subprocess.Popen(
-            _exec(topo, "h0", str(BIN / "mrc-send"), str(src), "--fabric", topo.name,
-                  "--to", "h3", "--payload", "8192", "--window", "64", "--json",
-                  "--no-progress", "--ev-log", str(self.slog)),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            _exec(
+                topo,
+                "h0",
+                str(BIN / "mrc-send"),
+                str(src),
+                "--fabric",
+                topo.name,
+                "--to",
+                "h3",
+                "--payload",
+                "8192",
+                "--window",
+                "64",
+                "--json",
+                "--no-progress",
+                "--ev-log",
+                str(self.slog),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     def _wait_listening(self) -> None:
         deadline = time.monotonic() + 10
@@ -105,8 +144,10 @@ class Transfer:
                 pytest.fail(f"mrc-recv exited: {self.recv.communicate()}")
             with contextlib.suppress(OSError):
                 text = Path(f"/proc/{self.recv.pid}/net/tcp6").read_text()
-                if any(cols[1].endswith(":12B7") and cols[3] == "0A"  # port 4791, LISTEN
-                       for cols in (line.split() for line in text.splitlines()[1:])):
+                if any(
+                    cols[1].endswith(":12B7") and cols[3] == "0A"  # port 4791, LISTEN
+                    for cols in (line.split() for line in text.splitlines()[1:])
+                ):
                     return
             time.sleep(0.02)
         pytest.fail("mrc-recv did not start listening")
@@ -121,7 +162,8 @@ class Transfer:
         assert self.send.returncode == 0, s_err[-2000:]
         assert self.recv.returncode == 0, r_err[-2000:]
         return json.loads(s_out.strip().splitlines()[-1]), json.loads(
-            r_out.strip().splitlines()[-1])
+            r_out.strip().splitlines()[-1]
+        )
 
     def kill(self) -> None:
         for p in (self.send, self.recv):
@@ -188,16 +230,16 @@ def test_spine_link_down_and_up_mid_transfer(fabric, payload_file: Path, tmp_pat
     assert set(back) >= bad, f"not resurrected: {sorted(bad - set(back))}"
     assert max(back.values()) - t_up < 1.0, max(back.values()) - t_up
     # while down, no EV through the failed link was resurrected
-    assert not [e for e in on_link if e["from"] == "ASSUMED_BAD" and t_down + 0.05 < e["t"]
-                < t_up - 0.05]
+    assert not [
+        e for e in on_link if e["from"] == "ASSUMED_BAD" and t_down + 0.05 < e["t"] < t_up - 0.05
+    ]
     assert sres["evs_resurrected"] >= len(bad)
     # (no plane should be declared down for one spine link: checked deterministically in
     # test_state_machine.py; here the two Python processes share two noisy cores with the
     # forwarding, and a long enough scheduling hiccup can still look like a dead plane)
 
 
-def test_host_nic_link_down_and_up_mid_transfer(fabric, payload_file: Path,
-                                                tmp_path: Path) -> None:
+def test_host_nic_link_down_and_up_mid_transfer(fabric, payload_file: Path, tmp_path: Path) -> None:
     from mrc.fabric import Fabric
 
     topo = fabric

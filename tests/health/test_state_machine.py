@@ -104,7 +104,8 @@ class HealthNet(SimNetwork):
                 if n < evs.floor[plane]:
                     self.violations.append(
                         f"t={self.now:.4f} {host.name}: plane {plane} has {n} active EVs, "
-                        f"floor {evs.floor[plane]}")
+                        f"floor {evs.floor[plane]}"
+                    )
 
     def _transmit(self, data: bytes, sport: int, dst: str) -> None:
         assert self._cur is not None
@@ -118,8 +119,19 @@ class HealthNet(SimNetwork):
             seen = self._sent_seqs[host.name]
             retx = psn in seen
             seen.add(psn)
-        self.tx.append(Tx(self.now, host.name, ev, evs.planes[ev], op, evs.state[ev],
-                          evs.active[ev], any(evs.usable), retx))
+        self.tx.append(
+            Tx(
+                self.now,
+                host.name,
+                ev,
+                evs.planes[ev],
+                op,
+                evs.state[ev],
+                evs.active[ev],
+                any(evs.usable),
+                retx,
+            )
+        )
         if self.drop.dead(sport, self.now) or self.drop.extra(sport, data, self.now):
             self.lost += 1
             return
@@ -152,8 +164,9 @@ class Run:
         return [t for t in self.net.tx if t.host == host and t.op in DATA_OPS]
 
 
-def connect(net: HealthNet, active: int, backups: int, planes: int,
-            config: QPConfig) -> tuple[QueuePair, QueuePair]:
+def connect(
+    net: HealthNet, active: int, backups: int, planes: int, config: QPConfig
+) -> tuple[QueuePair, QueuePair]:
     """A QP pair with ``active`` EVs in rotation plus ``backups`` in the pool, EV i on plane
     i mod ``planes`` (as mrc.connection lays them out)."""
     total = active + backups
@@ -161,8 +174,9 @@ def connect(net: HealthNet, active: int, backups: int, planes: int,
     qs = []
     for name in ("a", "b"):
         ports = net._ports(total)
-        qs.append(QueuePair(1, net.hosts[name].core.pd, ports, plane_of, config, 0,
-                            active_evs=active))
+        qs.append(
+            QueuePair(1, net.hosts[name].core.pd, ports, plane_of, config, 0, active_evs=active)
+        )
     qa, qb = qs
     qa.connect(1, 0)
     qb.connect(1, 0)
@@ -226,7 +240,8 @@ def check_invariants(run: Run, denied: set[int] | None = None) -> None:
         assert t.state != EVState.DENIED, f"data on DENIED EV {t.ev} at {t.time:.4f}"
         assert not t.any_usable or t.retransmission, (
             f"{t.host}: new data on ASSUMED_BAD EV {t.ev} at t={t.time:.4f} while other EVs "
-            "were usable")
+            "were usable"
+        )
     # DENIED never used at all
     for host, qp in (("a", qa), ("b", qb)):
         dead = {i for i, s in enumerate(qp.evs.state) if s == EVState.DENIED}
@@ -256,8 +271,9 @@ def _n_active(qp: QueuePair) -> int:
 
 
 def per_plane(txs: list[Tx], t0: float, t1: float, first_only: bool = True) -> Counter[int]:
-    return Counter(t.plane for t in txs if t0 <= t.time < t1
-                   and not (first_only and t.retransmission))
+    return Counter(
+        t.plane for t in txs if t0 <= t.time < t1 and not (first_only and t.retransmission)
+    )
 
 
 def assert_balanced(counts: Counter[int], planes: int, tol: float = 0.1) -> None:
@@ -267,8 +283,9 @@ def assert_balanced(counts: Counter[int], planes: int, tol: float = 0.1) -> None
         assert abs(n - fair) <= max(tol * fair, 2), (p, counts)
 
 
-def first_event(events: list[EVStateChanged], ev: int, new: str,
-                after: float = 0.0) -> EVStateChanged | None:
+def first_event(
+    events: list[EVStateChanged], ev: int, new: str, after: float = 0.0
+) -> EVStateChanged | None:
     return next((e for e in events if e.ev == ev and e.new == new and e.time >= after), None)
 
 
@@ -368,8 +385,9 @@ def test_many_losses_at_once_on_a_live_plane_do_not_take_it_down(seed: int) -> N
         holder["ports"] = {qa.evs.ports[i] for i in victims}
 
     drop = Drop(dead=lambda sport, now: now >= T and sport in holder["ports"])
-    run = run_transfer(seed=seed, size=6_000_000, backups=4, drop=drop, setup=setup,
-                       max_outstanding=96)
+    run = run_transfer(
+        seed=seed, size=6_000_000, backups=4, drop=drop, setup=setup, max_outstanding=96
+    )
     check_invariants(run)
     assert run.qa.evs.planes_lost == 0
     assert {e.ev for e in run.ev_events("a") if e.new == "ASSUMED_BAD"} >= victims - {32}
@@ -397,18 +415,21 @@ def test_healed_paths_are_resurrected_within_the_probing_bound(seed: int) -> Non
         bad = first_event(events, ev, "ASSUMED_BAD", after=T1)
         assert bad is not None and bad.time < T2
         back = first_event(events, ev, "GOOD", after=T2) or first_event(
-            events, ev, "GOOD (backup)", after=T2)
+            events, ev, "GOOD (backup)", after=T2
+        )
         assert back is not None, f"EV {ev} never resurrected"
         assert back.old == "ASSUMED_BAD" and back.reason.startswith("resurrected")
         assert back.time - T2 <= bound, (ev, back.time - T2, bound)
         # nothing came back while the path was still dead
-        early = [e for e in events if e.ev == ev and T1 < e.time < T2
-                 and e.old == "ASSUMED_BAD"]
+        early = [e for e in events if e.ev == ev and T1 < e.time < T2 and e.old == "ASSUMED_BAD"]
         assert not early, early
     assert run.qa.evs.resurrected >= len(victims)
     # probes went out while dead, every probe_timeout, and were not counted as data
-    probes = [t for t in run.net.tx if t.host == "a" and t.op == wire.Opcode.PROBE
-              and t.ev in victims and T1 < t.time < T2]
+    probes = [
+        t
+        for t in run.net.tx
+        if t.host == "a" and t.op == wire.Opcode.PROBE and t.ev in victims and T1 < t.time < T2
+    ]
     assert len(probes) >= len(victims) * int((T2 - T1 - 0.03) / cfg.probe_timeout)
 
 
@@ -448,8 +469,7 @@ def test_flapping_paths(dead_ms: int, alive_ms: int) -> None:
         assert max(counts[i] for i in flappers) < 0.2 * (sum(steady) / len(steady))
     else:
         cycles = run.done_at / period
-        assert qa.evs.resurrected >= len(flappers) * int(cycles - 1), (qa.evs.resurrected,
-                                                                         cycles)
+        assert qa.evs.resurrected >= len(flappers) * int(cycles - 1), (qa.evs.resurrected, cycles)
         assert qa.evs.assumed_bad >= len(flappers) * int(cycles)
 
 
@@ -464,8 +484,9 @@ def test_whole_plane_loss_and_return() -> None:
     holder: dict[str, set[int]] = {}
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        holder["ports"] = {q.evs.ports[i] for q in (qa, qb) for i in range(len(q.evs))
-                           if q.evs.planes[i] == 1}
+        holder["ports"] = {
+            q.evs.ports[i] for q in (qa, qb) for i in range(len(q.evs)) if q.evs.planes[i] == 1
+        }
 
     drop = Drop(dead=lambda sport, now: T1 <= now < T2 and sport in holder["ports"])
     run = run_transfer(seed=8, size=12_000_000, drop=drop, setup=setup, max_outstanding=32)
@@ -509,8 +530,9 @@ def test_whole_plane_loss_with_a_tiny_window() -> None:
     holder: dict[str, set[int]] = {}
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        holder["ports"] = {q.evs.ports[i] for q in (qa, qb) for i in range(len(q.evs))
-                           if q.evs.planes[i] == 1}
+        holder["ports"] = {
+            q.evs.ports[i] for q in (qa, qb) for i in range(len(q.evs)) if q.evs.planes[i] == 1
+        }
 
     drop = Drop(dead=lambda sport, now: now >= T1 and sport in holder["ports"])
     run = run_transfer(seed=8, size=3_000_000, drop=drop, setup=setup, max_outstanding=16)
@@ -574,6 +596,7 @@ def test_a_plane_with_a_shorter_queue_is_not_reordering_loss(seed: int) -> None:
     has just come back with an empty queue while the others are full). Plane 1's packets
     overtake the others' by 3 ms, more than the 2 ms reordering window, but less than the
     cross-plane window: no packet may be declared lost, no EV retired."""
+
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
         slow = {qa.evs.ports[i] for i in range(len(qa.evs)) if qa.evs.planes[i] != 1}
         net.extra_delay = lambda sport, now: 0.003 if sport in slow else 0.0
@@ -618,11 +641,13 @@ def test_lost_probes_delay_resurrection_but_nothing_else() -> None:
         holder["ports"] = {qa.evs.ports[i] for i in victims}
 
     def extra(sport: int, data: bytes, now: float) -> bool:
-        return data[0] in PROBE_OPS and now < T3 and (
-            sport in holder["ports"] or data[0] == wire.Opcode.PROBE_REPLY)
+        return (
+            data[0] in PROBE_OPS
+            and now < T3
+            and (sport in holder["ports"] or data[0] == wire.Opcode.PROBE_REPLY)
+        )
 
-    drop = Drop(dead=lambda sport, now: T1 <= now < T2 and sport in holder["ports"],
-                extra=extra)
+    drop = Drop(dead=lambda sport, now: T1 <= now < T2 and sport in holder["ports"], extra=extra)
     run = run_transfer(seed=10, size=8_000_000, drop=drop, setup=setup)
     check_invariants(run)
     cfg = run.qa.config
@@ -632,11 +657,16 @@ def test_lost_probes_delay_resurrection_but_nothing_else() -> None:
         assert first_event(events, ev, "ASSUMED_BAD", after=T1) is not None
         back = [e for e in events if e.ev == ev and e.old == "ASSUMED_BAD"]
         assert back and back[0].time >= T3, back[:1]
-        assert back[0].time - T3 <= cfg.probe_timeout + cfg.resurrect_after * \
-            cfg.probe_interval + 3 * RTT
+        assert (
+            back[0].time - T3
+            <= cfg.probe_timeout + cfg.resurrect_after * cfg.probe_interval + 3 * RTT
+        )
         # no first transmission on it while it waited
-        assert not [t for t in run.data_tx() if t.ev == ev and T1 + 0.03 < t.time < T3
-                    and not t.retransmission]
+        assert not [
+            t
+            for t in run.data_tx()
+            if t.ev == ev and T1 + 0.03 < t.time < T3 and not t.retransmission
+        ]
 
 
 def test_denied_evs_are_never_used_even_when_everything_else_fails() -> None:
@@ -662,8 +692,9 @@ def test_denied_evs_are_never_used_even_when_everything_else_fails() -> None:
         net_holder["net"] = net
         setup(net, qa, qb)
 
-    run = run_transfer(seed=11, size=4_000_000, active=16, backups=4, drop=Drop(dead=dead),
-                       setup=setup_all)
+    run = run_transfer(
+        seed=11, size=4_000_000, active=16, backups=4, drop=Drop(dead=dead), setup=setup_all
+    )
     check_invariants(run, denied=denied)
     qa = run.qa
     assert [qa.evs.describe(i) for i in sorted(denied)] == ["DENIED"] * 4

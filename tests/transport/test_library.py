@@ -81,7 +81,7 @@ async def test_write_and_write_imm_land_at_their_offsets(kind: str) -> None:
         assert st["dropped_by_reason"] == {}
         assert conn.stats()["data_packets_sent"] == -(-len(first) // 1400) + -(-len(second) // 1400)
     if kind == "numpy":
-        floats = np.frombuffer(first[: 4000], dtype=np.float32)
+        floats = np.frombuffer(first[:4000], dtype=np.float32)
         assert np.array_equal(buf[1024 : 1024 + 1000], floats, equal_nan=True)  # type: ignore[index]
 
 
@@ -158,14 +158,18 @@ async def test_several_senders_write_their_slices_of_one_region() -> None:
     data = [os.urandom(part) for _ in range(n)]
     cfg = mrc.QPConfig(payload_size=8192)
     async with session(shared, name="shared", senders=n, evs=32, config=cfg) as (
-        listener, conns, peers,
+        listener,
+        conns,
+        peers,
     ):
         assert len(listener.connections) == n
         assert len({c.remote["shared"].rkey for c in conns}) == 1
         assert len({p.qp.qpn for p in peers}) == n
         done = await asyncio.gather(
-            *(c.write(data[i], c.remote["shared"], offset=i * part, imm=i)
-              for i, c in enumerate(conns))
+            *(
+                c.write(data[i], c.remote["shared"], offset=i * part, imm=i)
+                for i, c in enumerate(conns)
+            )
         )
         assert done == [part] * n
         # each sender's immediate arrives on its own connection at the listener

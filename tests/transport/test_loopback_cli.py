@@ -58,8 +58,9 @@ def transfer(mrc_tools, port: int, recv_args: list[str], send_args: list[str]):
 def test_64mib_sprayed_over_128_evs_into_a_file(mrc_tools, mrc_port, tmp_path: Path) -> None:
     size = 64 * MiB
     out = tmp_path / "out.bin"
-    send, recv = transfer(mrc_tools, mrc_port, ["--out", str(out)],
-                          ["--size", "64M", "--payload", "8192"])
+    send, recv = transfer(
+        mrc_tools, mrc_port, ["--out", str(out)], ["--size", "64M", "--payload", "8192"]
+    )
     check_pair(send, recv, size)
     assert out.stat().st_size == size
     assert not (tmp_path / "out.bin.part").exists()
@@ -81,8 +82,9 @@ def test_file_transfer(mrc_tools, mrc_port, tmp_path: Path, size: int) -> None:
     src.write_bytes(os.urandom(size))
     out = tmp_path / "sub" / "copy.bin"
     out.parent.mkdir()
-    send, recv = transfer(mrc_tools, mrc_port, ["--out", str(out)],
-                          [str(src), "--payload", "8192", "--evs", "32"])
+    send, recv = transfer(
+        mrc_tools, mrc_port, ["--out", str(out)], [str(src), "--payload", "8192", "--evs", "32"]
+    )
     check_pair(send, recv, size)
     assert send["source"] == str(src)
     assert send["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
@@ -107,8 +109,16 @@ def test_count_two_transfers_numbered_files(mrc_tools, mrc_port, tmp_path: Path)
         p = tmp_path / f"src{i}"
         p.write_bytes(os.urandom(size))
         srcs.append(p)
-    recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--json", "--count", "2",
-                           "--out", str(tmp_path / "got{n}.bin"))
+    recv = mrc_tools.start(
+        "mrc-recv",
+        "--listen",
+        f"[::1]:{mrc_port}",
+        "--json",
+        "--count",
+        "2",
+        "--out",
+        str(tmp_path / "got{n}.bin"),
+    )
     recv.wait_listening(mrc_port)
     for p in srcs:
         res = mrc_tools.run("mrc-send", str(p), "--to", f"[::1]:{mrc_port}", "--json")

@@ -128,14 +128,17 @@ async def test_forgeries_before_any_data_do_not_disturb_a_later_transfer() -> No
     forger = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
         listener.register(inbox, name="inbox")
-        conn = await mrc.connect("::1", listener.port, evs=16,
-                                 config=mrc.QPConfig(payload_size=8192))
+        conn = await mrc.connect(
+            "::1", listener.port, evs=16, config=mrc.QPConfig(payload_size=8192)
+        )
         peer = await listener.accept(timeout=5)
         region = conn.remote["inbox"]
         qpn = peer.qp.qpn
-        cases = [c for c in forgeries(qpn, qpn ^ 1, conn.qp.initial_psn, region.addr,
-                                      region.rkey, size)
-                 if c[0] not in ("short", "bad_version", "unknown_qp")]
+        cases = [
+            c
+            for c in forgeries(qpn, qpn ^ 1, conn.qp.initial_psn, region.addr, region.rkey, size)
+            if c[0] not in ("short", "bad_version", "unknown_qp")
+        ]
         forger.connect(("::1", listener.port))
         for _reason, dgram in cases:
             forger.send(dgram)

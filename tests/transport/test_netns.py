@@ -15,8 +15,9 @@ MiB = 1 << 20
 
 def rx_packets(ns: str) -> dict[str, int]:
     """The kernel's rx_packets of every interface in ``ns``."""
-    res = subprocess.run(["ip", "-n", ns, "-s", "-j", "link", "show"], capture_output=True,
-                         text=True, check=True)
+    res = subprocess.run(
+        ["ip", "-n", ns, "-s", "-j", "link", "show"], capture_output=True, text=True, check=True
+    )
     return {i["ifname"]: i["stats64"]["rx"]["packets"] for i in json.loads(res.stdout)}
 
 
@@ -24,15 +25,32 @@ def test_64mib_over_two_planes(two_hosts, mrc_tools) -> None:
     h = two_hosts
     planes = [h.link_names(p)[1] for p in range(2)]  # B's end of each link
     recv = mrc_tools.start(
-        "mrc-recv", "--listen", f"[{h.b_addrs[0]}]:{PORT}", "--listen", f"[{h.b_addrs[1]}]:{PORT}",
-        "--discard", "--json", ns=h.b,
+        "mrc-recv",
+        "--listen",
+        f"[{h.b_addrs[0]}]:{PORT}",
+        "--listen",
+        f"[{h.b_addrs[1]}]:{PORT}",
+        "--discard",
+        "--json",
+        ns=h.b,
     )
     recv.wait_listening(PORT)
     before = rx_packets(h.b)
     send = mrc_tools.run(
-        "mrc-send", "--size", "64M", "--to", f"[{h.b_addrs[0]}]:{PORT}",
-        "--from", h.a_addrs[0], "--from", h.a_addrs[1], "--payload", "8192", "--json",
-        ns=h.a, timeout=60,
+        "mrc-send",
+        "--size",
+        "64M",
+        "--to",
+        f"[{h.b_addrs[0]}]:{PORT}",
+        "--from",
+        h.a_addrs[0],
+        "--from",
+        h.a_addrs[1],
+        "--payload",
+        "8192",
+        "--json",
+        ns=h.a,
+        timeout=60,
     )
     r = recv.wait(30)
     after = rx_packets(h.b)

@@ -20,8 +20,9 @@ async def _pair(size: int):
         return buffers[-1]
 
     listener = await mrc.listen("::1", 0, region_factory=factory)
-    conn = await mrc.connect("::1", listener.port, evs=32, request_size=size,
-                             config=mrc.QPConfig(payload_size=4096))
+    conn = await mrc.connect(
+        "::1", listener.port, evs=32, request_size=size, config=mrc.QPConfig(payload_size=4096)
+    )
     peer = await listener.accept(timeout=5)
     return listener, conn, peer, buffers[0]
 
