@@ -26,6 +26,7 @@ from mrc.core.config import QPConfig
 from mrc.core.endpoint import EndpointCore
 from mrc.core.memory import Access, MemoryRegion, ProtectionDomain
 from mrc.core.qp import QueuePair
+from mrc.errors import MRCError
 from mrc.srv6.evroutes import EVRoute, fabric_routes, plain_routes
 from mrc.transport.control import PROTOCOL_VERSION, ControlChannel, ControlError, check_version
 from mrc.transport.endpoint import Endpoint, QPChannel
@@ -36,10 +37,6 @@ if TYPE_CHECKING:
     from mrc.fabric.topology import Topology
 
 CONNECT_TIMEOUT = 5.0
-
-
-class MRCError(Exception):
-    """A failure to report to a user as one line (no traceback)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -384,8 +384,8 @@ def _cmd_paths(args: argparse.Namespace) -> int:
 
 
 def _cmd_ping(args: argparse.Namespace) -> int:
-    from mrc.fabric.probe import ping
     from mrc.srv6.paths import default_path, path_via
+    from mrc.srv6.ping import ping
 
     require_root()
     topo = load_topology(args.name)

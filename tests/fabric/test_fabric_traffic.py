@@ -12,8 +12,8 @@ from fabric_helpers import drain, needs_netns, run_cli, udp_socket_in
 
 from mrc.fabric import Topology, netns
 from mrc.fabric.control import interface_counters
-from mrc.fabric.probe import ping
 from mrc.srv6.paths import default_path, list_paths, open_path_socket, path_via
+from mrc.srv6.ping import ping
 from mrc.srv6.srh import IPV6_RECVRTHDR, IPV6_RTHDR, decode_srh
 
 pytestmark = [needs_netns, pytest.mark.netns]

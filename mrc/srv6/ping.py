@@ -1,4 +1,5 @@
-"""ICMPv6 echo ("ping") from inside a fabric host, optionally source-routed.
+"""ICMPv6 echo ("ping") from inside a fabric host, optionally source-routed (here, not in
+mrc.fabric, so that srv6 depends on the fabric and never the other way round).
 
 Why our own ping: the machines this runs on need not have iputils, and ``ping -6`` cannot set
 an SRv6 segment list anyway.  A raw ICMPv6 socket with the path's sticky SRH pings *over a
