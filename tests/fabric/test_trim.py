@@ -29,6 +29,8 @@ from mrc import wire
 from mrc.fabric import Fabric, FabricSpec, Topology, load_topology, netns
 from mrc.fabric.topology import topology_path
 from mrc.fabric.trim import read_router, router_pin_dir, unavailable_reason
+from mrc.security.handshake import new_nonce, session_keys, transcript
+from mrc.security.packet import DATA_OVERHEAD, SEC_BLOCK_LEN, Mode, Opener, Sealer
 from mrc.srv6.paths import default_path, open_path_socket, path_via
 
 TRIM_REASON = unavailable_reason() if SKIP_REASON is None else SKIP_REASON
@@ -38,6 +40,9 @@ needs_trim = pytest.mark.skipif(
 pytestmark = [needs_netns, needs_trim, pytest.mark.netns]
 
 RATE = "50mbit"
+# one direction's keys for the protected flows (integrity mode: payload in clear)
+KEYS = session_keys(bytes(32), transcript(new_nonce(), new_nonce(), b"trim test"))[0]
+SEALER = Sealer(KEYS, Mode.INTEGRITY)
 PAY = 1400  # UDP payload 1428: a 1476-byte IPv6 packet, fits MTU 1500
 PAY_SRH = 1360  # + a 40-byte SRH (2 segments) still fits
 PPS = 3600  # per sender: ~43 Mbit/s, just under the 50 Mbit/s of its own NIC
@@ -79,11 +84,26 @@ class Flow:
     src: str
     qpn: int
     via: str | None = None
-    kind: str = "write"  # write | imm | junk | gso
+    kind: str = "write"  # write | imm | junk | gso | secure | secure_imm
     sent: int = 0
+    sealed: dict[int, bytes] = field(default_factory=dict)  # secure kinds: PSN -> datagram
+
+    @property
+    def header_len(self) -> int:
+        """What a trim keeps: BTH + RETH (+ ImmDt) (+ the security block)."""
+        hdr = wire.DATA_IMM_HDR_LEN if self.kind.endswith("imm") else wire.DATA_HDR_LEN
+        return hdr + (SEC_BLOCK_LEN if self.kind.startswith("secure") else 0)
 
     def packet(self, n: int) -> bytes:
         size = PAY_SRH if self.via else PAY
+        if self.kind.startswith("secure"):  # sealed once per PSN: the counter moves on
+            if n not in self.sealed:
+                size -= DATA_OVERHEAD
+                imm = 0xABCD if self.kind == "secure_imm" else None
+                hdr = wire.pack_data(self.qpn, n, n * size, 0x1234, size, False, imm)
+                parts = SEALER.seal(hdr, payload(self.qpn, n, size))
+                self.sealed[n] = b"".join(bytes(p) for p in parts)
+            return self.sealed[n]
         if self.kind == "junk":  # not MRC: first byte anything but 0x0A / 0x0B
             first = 0x0C + (n % 200)
             return bytes([first]) + payload(self.qpn, n, wire.DATA_HDR_LEN + size - 1)
@@ -241,7 +261,7 @@ def check_trimmed(res: Result, flows: list[Flow]) -> None:
         f = kinds[qpn]
         sent = f.packet(psn)
         if d[4] & T:
-            keep = wire.DATA_IMM_HDR_LEN if f.kind == "imm" else wire.DATA_HDR_LEN
+            keep = f.header_len
             assert len(d) == keep, (f, len(d))
             assert d[4] & ~(T | L) == 0
             assert d[:4] + d[5:] == sent[:4] + sent[5:keep], "trimmed headers changed"
@@ -337,6 +357,31 @@ def test_incast_trims_at_last_hop_and_on_the_spine_uplink(tfab: Topology) -> Non
     short = short_udp_frames(res.frames, srh=False)
     assert len(short) >= len(trimmed)
     assert all(udp_checksum_ok(f) for f in sample(short))
+
+
+def test_protected_packets_trim_to_an_authentic_header(tfab: Topology) -> None:
+    """With S set the trim keeps the security block: the receiver authenticates every trimmed
+    header (its ICV was computed with T/L clear), and every whole datagram in full."""
+    flows = [Flow("h0", 21, kind="secure"), Flow("h1", 22, kind="secure_imm"), Flow("h3", 23)]
+    res = blast(tfab, flows)
+    check_trimmed(res, flows)
+    trimmed = [d for d in res.trimmed() if int.from_bytes(d[5:8], "big") in (21, 22)]
+    assert len(trimmed) > 100, f"expected trimmed protected packets, got {len(trimmed)}"
+    opener = Opener(KEYS, Mode.INTEGRITY)
+    authentic = whole = 0
+    for d in res.of(21) + res.of(22):
+        hdr_len = (
+            wire.DATA_IMM_HDR_LEN if d[0] == wire.Opcode.RDMA_WRITE_ONLY_IMM else wire.DATA_HDR_LEN
+        )
+        ctr = opener.open_headers(memoryview(d), hdr_len)  # raises if not authentic
+        if d[4] & T:
+            assert len(d) == hdr_len + SEC_BLOCK_LEN
+            authentic += 1
+        else:
+            opener.open_payload(memoryview(d), hdr_len, ctr)
+            whole += 1
+        opener.accept(ctr)
+    assert authentic == len(trimmed) and whole > 0
 
 
 def test_srv6_paths_trim(tfab: Topology) -> None:

@@ -10,7 +10,9 @@
  * and the packet is an MRC data packet (UDP, possibly behind an SRv6 routing header, whose
  * payload starts with a BTH of opcode 0x0A RDMA WRITE ONLY or 0x0B WRITE ONLY with immediate),
  * its payload is cut off: the packet keeps the Ethernet/IPv6(/SRH)/UDP headers and the first
- * 28 (0x0A) or 32 (0x0B) bytes of UDP payload, i.e. BTH + RETH (+ ImmDt).  The IPv6 payload
+ * 28 (0x0A) or 32 (0x0B) bytes of UDP payload, i.e. BTH + RETH (+ ImmDt), plus the 28-byte
+ * security block when BTH byte 8 has S (0x40) set: its header ICV must survive the cut so the
+ * receiver can authenticate the trimmed header (docs/PROTOCOL.md section 11).  The IPv6 payload
  * length, UDP length and UDP checksum are rewritten and BTH byte 4 gets TRIMMED (0x20), plus
  * LASTHOP (0x10) when the egress port faces the destination host.  Everything else passes
  * untouched (and may be tail-dropped by tbf).  The program never drops a packet.
@@ -41,6 +43,10 @@
 #define BTH_LASTHOP 0x10
 #define KEEP_WRITE 28     /* BTH(12) + RETH(16) */
 #define KEEP_WRITE_IMM 32 /* BTH(12) + RETH(16) + ImmDt(4) */
+#define BTH_SECURE 0x40   /* BTH byte 8: a security block follows the headers */
+#define SEC_BLOCK 28      /* key id (4) + counter (8) + header ICV (16) */
+#define SEC_ICV 16        /* payload ICV at the end of a protected data packet */
+#define KEEP_MAX (KEEP_WRITE_IMM + SEC_BLOCK)
 
 #define EGRESS_LASTHOP 0x1 /* egress port faces the destination host */
 
@@ -123,7 +129,7 @@ int mrc_trim(struct __sk_buff *skb)
 	struct srh_fixed rh;
 	struct in6_addr final, eff;
 	struct udphdr udp;
-	__u16 hdr[KEEP_WRITE_IMM / 2]; /* BTH + RETH (+ ImmDt), as 16-bit words */
+	__u16 hdr[KEEP_MAX / 2]; /* BTH + RETH (+ ImmDt) (+ security block), as 16-bit words */
 	__u8 *hb = (__u8 *)hdr;
 	__u32 l4off = ETH_HLEN + sizeof(struct ipv6hdr);
 	__u8 proto;
@@ -211,12 +217,23 @@ int mrc_trim(struct __sk_buff *skb)
 		    l4off + ulen == len) {
 			__u32 dma = ((__u32)hb[24] << 24) | ((__u32)hb[25] << 16) |
 				    ((__u32)hb[26] << 8) | hb[27];
-			if (dma > 0 && dma < 65536 && ulen == sizeof(udp) + want + dma)
-				keep = want;
+			__u32 sec = (hb[8] & BTH_SECURE) ? SEC_BLOCK : 0;
+			__u32 icv = sec ? SEC_ICV : 0;
+			if (dma > 0 && dma < 65536 && ulen == sizeof(udp) + want + sec + dma + icv)
+				keep = want + sec;
 		}
-		if (keep == KEEP_WRITE_IMM &&
-		    bpf_skb_load_bytes(skb, l4off + sizeof(udp) + KEEP_WRITE, &hdr[KEEP_WRITE / 2], 4))
-			keep = 0;
+		/* the bytes kept beyond BTH + RETH feed the checksum: load them (constant sizes) */
+		__u32 more = l4off + sizeof(udp) + KEEP_WRITE;
+		if (keep == KEEP_WRITE_IMM) {
+			if (bpf_skb_load_bytes(skb, more, &hb[KEEP_WRITE], 4))
+				keep = 0;
+		} else if (keep == KEEP_WRITE + SEC_BLOCK) {
+			if (bpf_skb_load_bytes(skb, more, &hb[KEEP_WRITE], SEC_BLOCK))
+				keep = 0;
+		} else if (keep == KEEP_WRITE_IMM + SEC_BLOCK) {
+			if (bpf_skb_load_bytes(skb, more, &hb[KEEP_WRITE], 4 + SEC_BLOCK))
+				keep = 0;
+		}
 	}
 
 	/* --- the virtual queue ------------------------------------------------------------ */
@@ -274,7 +291,7 @@ int mrc_trim(struct __sk_buff *skb)
 	sum += nulen + bpf_htons(IPPROTO_UDP);
 	sum += udp.source + udp.dest + nulen;
 #pragma unroll
-	for (int i = 0; i < KEEP_WRITE_IMM / 2; i++)
+	for (int i = 0; i < KEEP_MAX / 2; i++)
 		if (i < keep / 2)
 			sum += hdr[i];
 	__u16 csum = ~fold(sum) & 0xffff;
