@@ -29,6 +29,7 @@ from typing import Any
 
 from mrc.bench.common import dumps, now
 from mrc.bench.workloads import Transfer, ideal_seconds, transfers
+from mrc.errors import AgentError, MRCError
 
 DEFAULT_WORKLOADS = {
     "clean": ("alltoall", "ring", "incast", "pair"),
@@ -37,10 +38,6 @@ DEFAULT_WORKLOADS = {
     "trim": ("incast",),
     "no_trim": ("incast",),
 }
-
-
-class BenchError(Exception):
-    """A failure to report as one line."""
 
 
 @dataclass
@@ -100,10 +97,6 @@ class StepResult:
     mismatches: int = 0
 
 
-class AgentError(BenchError):
-    pass
-
-
 class Agent:
     """One agent process and its pipes."""
 
@@ -135,7 +128,8 @@ class Agent:
             self.dead = True
             raise AgentError(f"h{self.index}: {await self.exit_reason()}")
         try:
-            return json.loads(line)
+            reply: dict[str, Any] = json.loads(line)
+            return reply
         except ValueError:
             raise AgentError(f"h{self.index}: agent said {line[:120]!r}") from None
 
@@ -462,7 +456,7 @@ class Bench:
                 for t in pending:
                     t.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
-                raise BenchError(f"agent on h{dead.index} is gone: {await dead.exit_reason()}")
+                raise MRCError(f"agent on h{dead.index} is gone: {await dead.exit_reason()}")
         replies = [t.exception() or t.result() for t in tasks]
         errors: list[str] = []
         times: list[float] = []
@@ -482,14 +476,14 @@ class Bench:
                 *(agents[h].request({"op": "verify", "k": k}) for h in involved)
             )
             by = dict(zip(involved, vr, strict=True))
-            for t in tlist:
-                sent = by[t.src]["sent"].get(str(t.dst))
-                got = by[t.dst]["recv"].get(str(t.src))
+            for tr in tlist:
+                sent = by[tr.src]["sent"].get(str(tr.dst))
+                got = by[tr.dst]["recv"].get(str(tr.src))
                 if sent is not None and sent == got:
-                    res.verified += t.size
+                    res.verified += tr.size
                 else:
                     res.mismatches += 1
-                    res.errors.append(f"h{t.src}->h{t.dst}: SHA-256 mismatch")
+                    res.errors.append(f"h{tr.src}->h{tr.dst}: SHA-256 mismatch")
             if res.mismatches:
                 res.ok = False
         return res
@@ -522,7 +516,7 @@ class Bench:
                 text=True,
                 timeout=10,
             )
-        except (OSError, subprocess.SubprocessError, Exception):
+        except (OSError, subprocess.SubprocessError, MRCError):  # no ip6tables, no router
             return None
         total = 0
         for line in out.stdout.splitlines():
@@ -619,10 +613,8 @@ class Bench:
                 await asyncio.sleep(1.0 + attempt)
         dead = next((a for a in agents if a.dead), None)
         if dead is not None:
-            raise BenchError(f"agent on h{dead.index} is gone: {await dead.exit_reason()}")
-        raise BenchError(
-            f"cannot re-establish {transport} connections after a failed step ({last})"
-        )
+            raise MRCError(f"agent on h{dead.index} is gone: {await dead.exit_reason()}")
+        raise MRCError(f"cannot re-establish {transport} connections after a failed step ({last})")
 
     def _row(
         self,
@@ -690,8 +682,6 @@ class Bench:
         if condition == "trim":
             if not self.cfg.rate:
                 return "trimming needs a shaped fabric (--rate)"
-            if not _fabric_supports_trim():
-                return "this mrc-fabric has no --trim"
             try:
                 from mrc.fabric.trim import unavailable_reason
             except ImportError:
@@ -731,7 +721,7 @@ class Bench:
             ]
             r = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True)
             if r.returncode != 0:
-                raise BenchError(f"ip6tables in {ns} failed: {r.stderr.strip()}")
+                raise MRCError(f"ip6tables in {ns} failed: {r.stderr.strip()}")
         self.progress(
             f"lossy: dropping {self.cfg.loss:.1%} of packets each way on "
             f"{link.a}-{link.b} (ip6tables FORWARD in {router})"
@@ -794,28 +784,6 @@ def _step_at(steps: list[StepResult], t: float) -> int | None:
         if s.t0 <= t <= s.t_end or t < s.t0:
             return i
     return None
-
-
-def _fabric_supports_trim() -> bool:
-    """``mrc-fabric up --help`` mentions --trim (the option was added while this was written)."""
-    try:
-        from mrc.cli.fabric import build_parser
-
-        parser = build_parser()
-        sub = next(a for a in parser._actions if a.dest == "command")
-        up = sub.choices["up"]  # type: ignore[attr-defined]
-        return any("--trim" in a.option_strings for a in up._actions)
-    except Exception:  # noqa: BLE001 - fall back to asking the command
-        try:
-            out = subprocess.run(
-                [sys.executable, "-m", "mrc.cli.fabric", "up", "--help"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-        except (OSError, subprocess.SubprocessError):
-            return False
-        return "--trim" in out.stdout
 
 
 def config_dict(cfg: BenchConfig) -> dict[str, Any]:

@@ -19,8 +19,9 @@ from __future__ import annotations
 import os
 import time
 
+from mrc.errors import FabricError
+
 from . import netns, teardown
-from .errors import FabricError
 from .kernel import NsHandle, handles
 from .routes import node_neighbours, node_routes
 from .spec import FabricSpec

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from mrc.errors import FabricError
+
 from . import netns
 from .builder import configure_node, require_root
-from .errors import FabricError
 from .kernel import NsHandle, handles
 from .topology import Link, Topology
 

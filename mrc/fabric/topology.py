@@ -14,8 +14,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mrc.errors import FabricError, UsageError
+
 from . import addressing as A
-from .errors import FabricError, SpecError
 from .spec import FabricSpec
 
 FORMAT_VERSION = 1
@@ -56,7 +57,7 @@ class Host:
         for n in self.nics:
             if n.plane == plane:
                 return n
-        raise SpecError(f"host {self.name} has no NIC in plane {plane}")
+        raise UsageError(f"host {self.name} has no NIC in plane {plane}")
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,7 @@ class Topology:
         for item in (*self.hosts, *self.routers):
             if node in (item.name, item.netns):
                 return item
-        raise SpecError(
+        raise UsageError(
             f"unknown node {node!r} in fabric {self.name!r} (hosts h0..h{len(self.hosts) - 1},"
             f" routers like p0l0 / p0s0)"
         )
@@ -148,13 +149,13 @@ class Topology:
     def host(self, name: str) -> Host:
         item = self._node(name)
         if not isinstance(item, Host):
-            raise SpecError(f"{name!r} is a router, not a host")
+            raise UsageError(f"{name!r} is a router, not a host")
         return item
 
     def router(self, name: str) -> Router:
         item = self._node(name)
         if not isinstance(item, Router):
-            raise SpecError(f"{name!r} is a host, not a router")
+            raise UsageError(f"{name!r} is a host, not a router")
         return item
 
     def spines(self, plane: int) -> list[Router]:
@@ -172,7 +173,7 @@ class Topology:
         for lk in self.links:
             if {lk.a, lk.b} == {cx, cy}:
                 return lk
-        raise SpecError(f"no link between {x} and {y} in fabric {self.name!r}")
+        raise UsageError(f"no link between {x} and {y} in fabric {self.name!r}")
 
     # --- (de)serialisation -------------------------------------------------------------------
 

@@ -24,9 +24,10 @@ import threading
 import time
 
 from mrc import wire
+from mrc.transport.sockets import SO_RCVBUFFORCE
+from mrc.units import parse_rate
 
 from .. import Fabric, FabricSpec, Topology, netns
-from ..spec import parse_rate
 from .install import read_router
 
 PORT = 7400
@@ -34,7 +35,6 @@ PAY = 1400
 SENDERS = ("h0", "h1", "h3")
 DST = "h2"
 UDP_SEGMENT = 103
-SO_RCVBUFFORCE = 33
 SO_TIMESTAMPNS = 35
 STATS_SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from mrc.errors import FabricError
+
 from .. import netns
-from ..errors import FabricError
 from ..kernel import NsHandle, handles
 from ..topology import Topology
 from . import build, libbpf

@@ -20,7 +20,7 @@ import struct
 import threading
 from collections.abc import Iterator
 
-from ..errors import FabricError
+from mrc.errors import FabricError
 
 BPF_F_LOCK = 4  # lookup/update: copy the value under its bpf_spin_lock
 BPF_ANY = 0
