@@ -177,6 +177,7 @@ async def _main(args: argparse.Namespace) -> int:
         await conn.close()
         evlog.close()
     peer = result.peer_stats
+    srtt = stats["srtt"]
     out = {
         "ok": result.ok,
         "role": "send",
@@ -199,7 +200,7 @@ async def _main(args: argparse.Namespace) -> int:
         "sacks": stats["sacks"],
         "retransmits_sack": stats["retransmits_sack"],
         "retransmits_tlp": stats["retransmits_tlp"],
-        "srtt_ms": round(stats["srtt"] * 1000, 3) if stats["srtt"] else None,
+        "srtt_ms": round(srtt * 1000, 3) if isinstance(srtt, float) and srtt else None,
         "dropped_by_reason": peer.get("dropped_by_reason", {}),
         **health,
         "evs": evs,

@@ -52,12 +52,14 @@ def _check(ret: int, what: str, target: str = "") -> None:
 
 
 def _mount(src: str | None, dst: str, fstype: str | None, flags: int) -> int:
-    return _libc.mount(
-        src.encode() if src is not None else None,
-        dst.encode(),
-        fstype.encode() if fstype is not None else None,
-        flags,
-        None,
+    return int(
+        _libc.mount(
+            src.encode() if src is not None else None,
+            dst.encode(),
+            fstype.encode() if fstype is not None else None,
+            flags,
+            None,
+        )
     )
 
 

@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mrc.errors import FabricError, UsageError
 
@@ -135,7 +136,8 @@ class Topology:
         return self._node(node).netns
 
     def _node(self, node: str) -> Host | Router:
-        for item in (*self.hosts, *self.routers):
+        items: list[Host | Router] = [*self.hosts, *self.routers]
+        for item in items:
             if node in (item.name, item.netns):
                 return item
         raise UsageError(
@@ -177,11 +179,11 @@ class Topology:
 
     # --- (de)serialisation -------------------------------------------------------------------
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> Topology:
+    def from_dict(cls, d: dict[str, Any]) -> Topology:
         if d.get("version") != FORMAT_VERSION:
             raise FabricError(f"unsupported topology format version {d.get('version')!r}")
         hosts = tuple(
