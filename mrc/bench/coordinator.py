@@ -25,11 +25,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mrc.bench.common import dumps, now
 from mrc.bench.workloads import Transfer, ideal_seconds, transfers
 from mrc.errors import AgentError, MRCError
+
+if TYPE_CHECKING:
+    from mrc.fabric import FabricSpec
 
 DEFAULT_WORKLOADS = {
     "clean": ("alltoall", "ring", "incast", "pair"),
@@ -84,6 +87,21 @@ class BenchConfig:
 
     def max_size(self) -> int:
         return max(self.size, self.pair_size)
+
+    def fabric_spec(self, name: str, trim: bool = False) -> FabricSpec:
+        """The fabric a condition runs on (each gets a fresh one)."""
+        from mrc.fabric import FabricSpec
+
+        return FabricSpec(
+            name=name,
+            planes=self.planes,
+            spines=self.spines,
+            leaves=self.leaves,
+            hosts=self.hosts,
+            rate=self.rate,
+            mtu=self.mtu,
+            trim=trim,
+        )
 
 
 @dataclass
@@ -242,22 +260,11 @@ class Bench:
         return f"mb{os.getpid()}_{i}"[:24]
 
     async def fabric_up(self, condition: str, i: int) -> Any:
-        from mrc.fabric import Fabric, FabricSpec
+        from mrc.fabric import Fabric
 
         cfg = self.cfg
         name = self._fabric_name(i)
-        kwargs: dict[str, Any] = dict(
-            name=name,
-            planes=cfg.planes,
-            spines=cfg.spines,
-            leaves=cfg.leaves,
-            hosts=cfg.hosts,
-            rate=cfg.rate,
-            mtu=cfg.mtu,
-        )
-        if condition == "trim":
-            kwargs["trim"] = True
-        spec = FabricSpec(**kwargs)
+        spec = cfg.fabric_spec(name, trim=condition == "trim")
         spec.validate()
         self.fabrics.append(name)
         t = time.monotonic()

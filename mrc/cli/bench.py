@@ -260,17 +260,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def validate(cfg: BenchConfig) -> None:
     """Raise :class:`UsageError` with a one-line reason if the configuration cannot run."""
-    from mrc.fabric import FabricSpec
-
-    FabricSpec(
-        name="check",
-        planes=cfg.planes,
-        spines=cfg.spines,
-        leaves=cfg.leaves,
-        hosts=cfg.hosts,
-        rate=cfg.rate,
-        mtu=cfg.mtu,
-    ).validate()
+    cfg.fabric_spec("check").validate()
     if cfg.payload > cfg.mtu - 120:
         raise UsageError(
             f"--payload {cfg.payload} does not fit the MTU {cfg.mtu} (max {cfg.mtu - 120})"
