@@ -1,8 +1,9 @@
 """The one error hierarchy of the package.
 
 Every exception mrc raises on purpose derives from :class:`MRCError`, so a caller (or a
-command's ``main``) can catch one class and print one line. Subclasses exist only where a
-caller needs to tell cases apart; the message itself always says what happened.
+command's ``main``, see :func:`mrc.cli.common.run_main`) can catch one class and print one
+line. Subclasses exist only where a caller needs to tell cases apart; the message itself always
+says what happened.
 """
 
 from __future__ import annotations
@@ -12,3 +13,23 @@ class MRCError(Exception):
     """A failure to report to a user as one line (no traceback). Exit status 1."""
 
     exit_code = 1
+
+
+class UsageError(MRCError):
+    """Bad arguments or configuration: an impossible size, an unknown node name, a malformed
+    rate... The user has to change the command line, hence its own exit status (2, as argparse
+    uses for usage errors)."""
+
+    exit_code = 2
+
+
+class FabricError(MRCError):
+    """A fabric operation failed for a reason the user can act on (no topology file, a missing
+    namespace, not root...). Separate because ``mrc-fabric exec`` falls back to the naming
+    pattern of namespaces when the topology cannot be loaded, and ``Fabric.up`` passes these
+    through but wraps anything else."""
+
+
+class AgentError(MRCError):
+    """An ``mrc-bench`` agent failed a request or died. Separate because the coordinator counts
+    such a failure against one step (and reconnects) instead of ending the run."""

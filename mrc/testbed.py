@@ -3,7 +3,8 @@
 Each link is one plane: host A has ``fd00:<plane+1>::1`` and host B ``fd00:<plane+1>::2`` on it.
 The demo, the tests and the benchmark use this when they need two real hosts but not a whole
 fabric (``mrc-fabric`` builds that). Everything it creates carries the prefix it was given and
-is removed by :meth:`TwoHosts.destroy`, also after a failure half-way through set-up.
+is removed by :meth:`TwoHosts.destroy`, also after a failure half-way through set-up. A failed
+step raises :class:`~mrc.errors.MRCError` naming the command and what it printed.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ import subprocess
 import uuid
 from dataclasses import dataclass, field
 
-
-class TestbedError(Exception):
-    """Set-up failed; the message says which step and why."""
+from mrc.errors import MRCError
 
 
 def netns_available() -> str | None:
@@ -37,14 +36,14 @@ def _ip(*args: str, ns: str | None = None) -> None:
     cmd = ["ip", *(["-n", ns] if ns else []), *args]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        raise TestbedError(f"{' '.join(cmd)}: {res.stderr.strip()}")
+        raise MRCError(f"{' '.join(cmd)}: {res.stderr.strip()}")
 
 
 def _sysctl(ns: str, *settings: str) -> None:
     cmd = ["ip", "netns", "exec", ns, "sysctl", "-q", "-w", *settings]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        raise TestbedError(f"sysctl in {ns}: {res.stderr.strip()}")
+        raise MRCError(f"sysctl in {ns}: {res.stderr.strip()}")
 
 
 @dataclass
@@ -154,7 +153,7 @@ def _tc_rate(ns: str, ifname: str, rate: str) -> None:
     ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        raise TestbedError(f"{' '.join(cmd)}: {res.stderr.strip()}")
+        raise MRCError(f"{' '.join(cmd)}: {res.stderr.strip()}")
 
 
 def leftover_namespaces(prefix: str) -> list[str]:

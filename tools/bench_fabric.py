@@ -50,21 +50,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mrc.cli.common import parse_size
+from mrc.cli.common import Parser, float_between, positive_int, rate_arg, run_main, size_arg
+from mrc.errors import MRCError
 from mrc.fabric import Fabric, FabricSpec, Topology, netns
-from mrc.fabric.spec import parse_rate
+from mrc.units import SIZE_HELP, parse_rate
+from mrc.wire import DATA_HDR_LEN, DEFAULT_PORT
 
+PROG = "bench_fabric.py"
 BIN = Path(sys.executable).parent
-MRC_PORT = 4791
+MRC_PORT = DEFAULT_PORT
 TCP_PORT = 5201
 # bytes of one MRC data frame besides the payload, as tbf counts it (L2 frame):
-# Ethernet 14 + IPv6 40 + SRH with 2 segments 40 + UDP 8 + BTH/RETH 28
-MRC_OVERHEAD = 14 + 40 + 40 + 8 + 28
-TCP_OVERHEAD = 14 + 40 + 20 + 12  # + TCP timestamps option
-
-
-class BenchError(Exception):
-    pass
+# Ethernet 14 + IPv6 40 + SRH with 2 segments 40 + UDP 8 + BTH/RETH
+MRC_OVERHEAD = 14 + 40 + 40 + 8 + DATA_HDR_LEN
 
 
 def _tool(name: str) -> str:
@@ -73,7 +71,7 @@ def _tool(name: str) -> str:
         return str(path)
     found = shutil.which(name)
     if not found:
-        raise BenchError(f"{name} not found next to {sys.executable} nor on PATH")
+        raise MRCError(f"{name} not found next to {sys.executable} nor on PATH")
     return found
 
 
@@ -135,7 +133,7 @@ class Bench:
                     if (cols[1] + " ").endswith(want) and cols[3] == "0A":
                         return
             time.sleep(0.01)
-        raise BenchError(f"mrc-recv not listening on {port} after {timeout} s")
+        raise MRCError(f"mrc-recv not listening on {port} after {timeout} s")
 
     # ---- MRC -------------------------------------------------------------------------------
 
@@ -185,16 +183,16 @@ class Bench:
         except subprocess.TimeoutExpired:
             _kill(send)
             _kill(recv)
-            raise BenchError(
+            raise MRCError(
                 f"mrc transfer of {size} bytes did not finish in {a.timeout} s"
             ) from None
         sj, rj = _last_json(s_out), _last_json(r_out)
         if send.returncode != 0 or sj is None or not sj.get("ok"):
-            raise BenchError(f"mrc-send failed ({send.returncode}): {s_err.strip()[-500:]}")
+            raise MRCError(f"mrc-send failed ({send.returncode}): {s_err.strip()[-500:]}")
         if recv.returncode != 0 or rj is None or not rj.get("ok"):
-            raise BenchError(f"mrc-recv failed ({recv.returncode}): {r_err.strip()[-500:]}")
+            raise MRCError(f"mrc-recv failed ({recv.returncode}): {r_err.strip()[-500:]}")
         if sj["sha256"] != rj["sha256"]:
-            raise BenchError("SHA-256 mismatch between sender and receiver")
+            raise MRCError("SHA-256 mismatch between sender and receiver")
         routes: dict[str, int] = {}
         for e in sj["evs"]:
             routes[e["route"]] = routes.get(e["route"], 0) + e["packets"]
@@ -269,7 +267,7 @@ class Bench:
             csock.shutdown(socket.SHUT_WR)
             rx.join(self.args.timeout)
             if rx.is_alive() or "error" in result or result.get("bytes") != size:
-                raise BenchError(f"tcp transfer incomplete: {result}")
+                raise MRCError(f"tcp transfer incomplete: {result}")
             seconds = result["last"] - start
             return {
                 "goodput_bps": round(size * 8 / seconds),
@@ -438,27 +436,35 @@ def table(out: dict[str, Any]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="bench_fabric.py",
+    p = Parser(
+        prog=PROG,
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--rate", default="200mbit", help="tbf rate of every link (default 200mbit)")
-    p.add_argument("--planes", type=int, default=4, help="planes (default 4)")
-    p.add_argument("--spines", type=int, default=2, help="spines per plane (default 2)")
-    p.add_argument("--mtu", type=int, default=9000, help="fabric MTU (default 9000)")
-    p.add_argument("--size", type=parse_size, default=64 << 20, help="bytes per run (64M)")
-    p.add_argument("--runs", type=int, default=3, help="runs; medians are reported (3)")
-    p.add_argument("--payload", type=int, default=8192, help="MRC payload per packet (8192)")
+    p.add_argument(
+        "--rate", type=rate_arg, default="200mbit", help="tbf rate of every link (default 200mbit)"
+    )
+    p.add_argument("--planes", type=positive_int, default=4, help="planes (default 4)")
+    p.add_argument("--spines", type=positive_int, default=2, help="spines per plane (default 2)")
+    p.add_argument("--mtu", type=positive_int, default=9000, help="fabric MTU (default 9000)")
+    p.add_argument(
+        "--size", type=size_arg, default=64 << 20, help=f"bytes per run (64M; {SIZE_HELP})"
+    )
+    p.add_argument("--runs", type=positive_int, default=3, help="runs; medians are reported (3)")
+    p.add_argument(
+        "--payload", type=positive_int, default=8192, help="MRC payload per packet (8192)"
+    )
     p.add_argument(
         "--window",
         default="auto",
         help="MRC window(s) in packets, comma-separated; 'auto' = 4 per plane (16 "
         "for 4 planes); mrc-send's own default is 512",
     )
-    p.add_argument("--evs", type=int, default=128, help="MRC entropy values (128)")
+    p.add_argument("--evs", type=positive_int, default=128, help="MRC entropy values (128)")
     p.add_argument("--no-tcp", action="store_true", help="skip the kernel TCP baseline")
-    p.add_argument("--timeout", type=float, default=120.0, help="per transfer, seconds")
+    p.add_argument(
+        "--timeout", type=float_between(0, 3600), default=120.0, help="per transfer, seconds"
+    )
     p.add_argument("--name", help="fabric name (default bench<pid>)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--quick", action="store_true", help="16M, 1 run: a smoke test")
@@ -476,29 +482,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--window must be positive")
     if args.quick:
         args.size, args.runs = 16 << 20, 1
-    if args.runs < 1:
-        p.error("--runs must be at least 1")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_main(PROG, lambda: _main(args), "interrupted (fabric removed)")
+
+
+def _main(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
-        print("bench_fabric.py: needs root (network namespaces, tc)", file=sys.stderr)
-        return 1
+        raise MRCError("needs root (network namespaces, tc)")
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # unwinds through run()'s finally: children killed, fabric down
 
     signal.signal(signal.SIGTERM, on_term)
-    try:
-        out = run(args)
-    except KeyboardInterrupt:
-        print("bench_fabric.py: interrupted (fabric removed)", file=sys.stderr)
-        return 130
-    except BenchError as exc:
-        print(f"bench_fabric.py: {exc}", file=sys.stderr)
-        return 1
+    out = run(args)
     print(table(out), file=sys.stderr)
     if args.json:
         print(json.dumps(out, indent=2))

@@ -31,7 +31,6 @@ import json
 import mmap
 import os
 import platform
-import re
 import shutil
 import signal
 import socket
@@ -41,26 +40,27 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 PROG = "bench_qp.py"
-MRC_PORT = 4791
+try:
+    from mrc.cli.common import Parser, float_between, positive_int, run_main, size_arg
+    from mrc.errors import MRCError
+    from mrc.transport.sockets import SO_RCVBUFFORCE, SO_SNDBUFFORCE
+    from mrc.units import SIZE_HELP
+    from mrc.wire import DATA_HDR_LEN, DATA_IMM_HDR_LEN, DEFAULT_PORT
+except ImportError as exc:  # a python without mrc installed: say so in one line
+    sys.exit(f"{PROG}: error: cannot import mrc ({exc}); run with the venv's python")
+
+MRC_PORT = DEFAULT_PORT
 BLAST_PORT = 5001
-DATA_HDR = 28  # BTH + RETH: the bytes an MRC data datagram carries besides its payload
-IMM_HDR = 32  # the last (zero-length) WRITE_IMM packet's header
 IPV6_UDP = 48  # IPv6 + UDP headers
 AIM_BPS = 1e9
-SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
-SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 BLAST_RCVBUF = 64 << 20
 BLAST_SNDBUF = 4 << 20
 BLAST_LEAD = 0.5  # the sender keeps going this long past the receiver's window
 CHUNK = 256  # datagrams per tight inner loop between clock checks
 IDLE_TIMEOUT = 1  # seconds of silence after which the raw receiver stops
-
-
-class BenchError(Exception):
-    """A run or the set-up failed: reported as one line."""
 
 
 # ---- raw UDP helper processes (run inside a namespace) ----------------------------------
@@ -230,7 +230,7 @@ def _tool(name: str) -> str:
         return str(here)
     found = shutil.which(name)
     if found is None:
-        raise BenchError(
+        raise MRCError(
             f"{name} not found next to {sys.executable} or on PATH (pip install -e . in the venv)"
         )
     return found
@@ -255,7 +255,7 @@ class Bench:
             if res.stdout.strip():
                 return
             time.sleep(0.02)
-        raise BenchError(f"mrc-recv did not listen on port {port} within 15 s")
+        raise MRCError(f"mrc-recv did not listen on port {port} within 15 s")
 
     def mrc_run(self, hosts: Any, payload: int, size: int, profile: bool = False) -> dict[str, Any]:
         a = self.args
@@ -303,7 +303,7 @@ class Bench:
             try:
                 s_out, s_err = send.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
-                raise BenchError(f"MRC run timed out after {timeout:.0f} s") from None
+                raise MRCError(f"MRC run timed out after {timeout:.0f} s") from None
             try:  # a receiver whose sender failed may wait a long time: don't
                 r_out, r_err = recv.communicate(timeout=30 if send.returncode == 0 else 3)
             except subprocess.TimeoutExpired:
@@ -320,7 +320,7 @@ class Bench:
         sj, rj = _last_json(s_out), _last_json(r_out)
         if sj is None or send.returncode != 0:
             why = (sj or {}).get("error") or _tail(s_err) or f"exit {send.returncode}"
-            raise BenchError(f"mrc-send failed: {why} (mrc-recv: {_tail(r_err) or 'no error'})")
+            raise MRCError(f"mrc-send failed: {why} (mrc-recv: {_tail(r_err) or 'no error'})")
         seconds = float(sj["seconds"])
         run: dict[str, Any] = {
             "ok": bool(sj.get("ok")) and bool(rj and rj.get("ok")),
@@ -354,7 +354,7 @@ class Bench:
         """py-spy record both ends of the first MRC run (``--profile DIR``)."""
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if not Path(spy).exists():
-            raise BenchError("--profile needs py-spy (pip install py-spy into the venv)")
+            raise MRCError("--profile needs py-spy (pip install py-spy into the venv)")
         out = Path(self.args.profile)
         out.mkdir(parents=True, exist_ok=True)
         return [
@@ -384,7 +384,7 @@ class Bench:
     def raw_run(self, hosts: Any, payload: int) -> dict[str, Any]:
         a = self.args
         n = hosts.links
-        size = payload + DATA_HDR
+        size = payload + DATA_HDR_LEN
         me = str(Path(__file__).resolve())
         py = sys.executable
         recv_argv = [
@@ -426,7 +426,7 @@ class Bench:
             assert recv.stdout is not None
             if recv.stdout.readline().strip() != "ready":
                 recv.wait(5)
-                raise BenchError(f"raw receiver did not start: {_tail(recv.stderr.read())}")
+                raise MRCError(f"raw receiver did not start: {_tail(recv.stderr.read())}")
             send = subprocess.Popen(
                 hosts.exec_argv("a", send_argv),
                 stdout=subprocess.PIPE,
@@ -437,18 +437,18 @@ class Bench:
                 s_out, s_err = send.communicate(timeout=a.duration + 30)
                 r_out, r_err = recv.communicate(timeout=15)
             except subprocess.TimeoutExpired:
-                raise BenchError("raw UDP run timed out") from None
+                raise MRCError("raw UDP run timed out") from None
         finally:
             _stop(send)
             _stop(recv)
         sj, rj = _last_json(s_out), _last_json(r_out)
         if rj is None or "error" in rj:
             why = (rj or {}).get("error") or _tail(r_err) or f"exit {recv.returncode}"
-            raise BenchError(f"raw receiver failed: {why} (sender: {_tail(s_err) or 'ok'})")
+            raise MRCError(f"raw receiver failed: {why} (sender: {_tail(s_err) or 'ok'})")
         if sj is None:
-            raise BenchError(f"raw sender failed: {_tail(s_err) or f'exit {send.returncode}'}")
+            raise MRCError(f"raw sender failed: {_tail(s_err) or f'exit {send.returncode}'}")
         if rj.get("first_size") != size:
-            raise BenchError(
+            raise MRCError(
                 f"raw receiver got {rj.get('first_size')}-byte datagrams, expected {size}"
             )
         return {
@@ -502,7 +502,7 @@ class Bench:
                                     )
                                 else:
                                     r["raw"].append(self.raw_run(hosts, p))
-                            except BenchError as exc:
+                            except MRCError as exc:
                                 r[f"{kind}_errors"].append(str(exc))
                                 self.log(f"  run {run + 1} {kind} P={p}: FAILED: {exc}")
                         self._log_run(run, links, p, results[p])
@@ -543,7 +543,7 @@ class Bench:
             "errors": r["mrc_errors"],
         }
         raw = {
-            "datagram_bytes": p + DATA_HDR,
+            "datagram_bytes": p + DATA_HDR_LEN,
             "pps_median": _median([x["pps"] for x in raw_runs]),
             "bps_median": _median([x["bps"] for x in raw_runs]),
             "payload_bps_median": _median([x["payload_bps"] for x in raw_runs]),
@@ -671,7 +671,7 @@ def _table(out: dict[str, Any]) -> str:
     c = out["config"]
     lines.append(
         f"(medians of {c['runs']} run(s); MRC {c['size']} bytes per transfer; raw "
-        f"{c['duration']:g} s blasts of payload+{DATA_HDR}-byte datagrams; "
+        f"{c['duration']:g} s blasts of payload+{DATA_HDR_LEN}-byte datagrams; "
         f"loop {out['machine']['loop']})"
     )
     return "\n".join(lines)
@@ -692,38 +692,6 @@ def _int_list(text: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {v}")
-    return v
-
-
-def _pos_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 < v <= 600:
-        raise argparse.ArgumentTypeError(f"must be in (0, 600] seconds, not {text}")
-    return v
-
-
-def _size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(i?[bB])?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 64M, 1G, 1500)")
-    v = int(
-        float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
-    )
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"size must be at least 1 byte, not {text!r}")
-    return v
-
-
 def _targets(text: str) -> list[tuple[str, str]]:
     pairs = []
     for item in text.split(","):
@@ -734,14 +702,8 @@ def _targets(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, no usage dump
-        print(f"{PROG}: error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog=PROG,
         description="Benchmark one MRC QP (mrc-send -> mrc-recv) against a raw Python UDP "
         "blast of the same datagram size between two namespaces joined by veth links. JSON on "
@@ -749,9 +711,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--size",
-        type=_size,
+        type=size_arg,
         default=None,
-        help="bytes per MRC transfer (default 256M; --quick 32M)",
+        help=f"bytes per MRC transfer (default 256M; --quick 32M; {SIZE_HELP})",
     )
     p.add_argument(
         "--payloads",
@@ -759,7 +721,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="P[,P...]",
         help="MRC payload bytes per packet (default 8192); the raw blast sends "
-        f"P+{DATA_HDR}-byte datagrams",
+        f"P+{DATA_HDR_LEN}-byte datagrams",
     )
     p.add_argument("--payload", dest="payloads", type=_int_list, help=argparse.SUPPRESS)
     p.add_argument(
@@ -771,24 +733,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--runs",
-        type=_pos_int,
+        type=positive_int,
         default=None,
         help="repetitions of each measurement, interleaved (default 3; --quick 1)",
     )
     p.add_argument(
         "--duration",
-        type=_pos_float,
+        type=float_between(0, 600, " s"),
         default=None,
         metavar="SECONDS",
         help="length of each raw UDP blast at the receiver (default 2; --quick 1)",
     )
     p.add_argument("--mtu", type=int, default=9000, help="veth MTU (default 9000)")
     p.add_argument(
-        "--evs", type=_pos_int, default=None, help="mrc-send --evs (default: mrc-send's own, 128)"
+        "--evs",
+        type=positive_int,
+        default=None,
+        help="mrc-send --evs (default: mrc-send's own, 128)",
     )
     p.add_argument(
         "--window",
-        type=_pos_int,
+        type=positive_int,
         default=None,
         help="mrc-send --window (default: mrc-send's own, 512)",
     )
@@ -826,6 +791,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _finish_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.size is None:
         a.size = (32 << 20) if a.quick else (256 << 20)
+    if a.size < 1:
+        p.error(f"--size must be at least 1 byte, not {a.size}")
     if a.payloads is None:
         a.payloads = [8192]
     if a.links is None:
@@ -836,7 +803,7 @@ def _finish_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         a.duration = 1.0 if a.quick else 2.0
     if not 1280 <= a.mtu <= 65535:
         p.error(f"--mtu must be 1280..65535, not {a.mtu}")
-    biggest = a.mtu - IPV6_UDP - IMM_HDR
+    biggest = a.mtu - IPV6_UDP - DATA_IMM_HDR_LEN  # the last (zero-length) WRITE_IMM packet
     for pl in a.payloads:
         if pl > min(biggest, 65000):
             p.error(
@@ -857,17 +824,15 @@ def main(argv: list[str] | None = None) -> int:
             a.blast_send, a.port, a.dgram, a.duration or 2.0, a.blast_window or a.duration or 2.0
         )
     _finish_args(parser, a)
-    try:
-        from mrc.testbed import TestbedError, netns_available
-    except ImportError as exc:
-        print(
-            f"{PROG}: error: cannot import mrc ({exc}); run with the venv's python", file=sys.stderr
-        )
-        return 1
+    return run_main(PROG, lambda: _main(a))
+
+
+def _main(a: argparse.Namespace) -> int:
+    from mrc.testbed import netns_available
+
     why = netns_available()
     if why is not None:
-        print(f"{PROG}: error: {why}", file=sys.stderr)
-        return 1
+        raise MRCError(why)
 
     quiet = a.json
 
@@ -878,39 +843,32 @@ def main(argv: list[str] | None = None) -> int:
     # a SIGTERM must still run the namespace clean-up in TwoHosts.__exit__
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
-    try:
-        bench = Bench(a, log)
-        out: dict[str, Any] = {
-            "machine": _machine(),
-            "config": {
-                "size": a.size,
-                "payloads": a.payloads,
-                "links": a.links,
-                "runs": a.runs,
-                "duration": a.duration,
-                "mtu": a.mtu,
-                "evs": a.evs or "mrc-send default (128)",
-                "window": a.window or "mrc-send default (512)",
-                "raw_datagram": f"payload + {DATA_HDR} bytes",
-                "quick": a.quick,
-                "aim_bps": AIM_BPS,
-            },
-            "results": [],
-        }
-        if not a.no_mem_warmup:
-            out["machine"]["memory_warmup"] = warm_memory(a.size)
-            log(
-                f"memory warm-up: touched {out['machine']['memory_warmup']['bytes'] >> 20} MiB "
-                f"in {out['machine']['memory_warmup']['seconds']:.2f} s"
-            )
-        for links in a.links:
-            out["results"] += bench.topology(links)
-    except (BenchError, TestbedError) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
+    bench = Bench(a, log)
+    out: dict[str, Any] = {
+        "machine": _machine(),
+        "config": {
+            "size": a.size,
+            "payloads": a.payloads,
+            "links": a.links,
+            "runs": a.runs,
+            "duration": a.duration,
+            "mtu": a.mtu,
+            "evs": a.evs or "mrc-send default (128)",
+            "window": a.window or "mrc-send default (512)",
+            "raw_datagram": f"payload + {DATA_HDR_LEN} bytes",
+            "quick": a.quick,
+            "aim_bps": AIM_BPS,
+        },
+        "results": [],
+    }
+    if not a.no_mem_warmup:
+        out["machine"]["memory_warmup"] = warm_memory(a.size)
+        log(
+            f"memory warm-up: touched {out['machine']['memory_warmup']['bytes'] >> 20} MiB "
+            f"in {out['machine']['memory_warmup']['seconds']:.2f} s"
+        )
+    for links in a.links:
+        out["results"] += bench.topology(links)
     out["machine"]["loadavg_end"] = os.getloadavg()
     out["machine"]["first_touch_us_per_page_end"] = first_touch_us_per_page()
     out["elapsed_seconds"] = round(time.monotonic() - started, 1)

@@ -19,8 +19,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from mrc.cli.common import human_bytes, human_rate
-from mrc.testbed import TestbedError, TwoHosts, netns_available
+from mrc.cli.common import Parser, human_bytes, human_rate, positive_int, run_main, size_arg
+from mrc.errors import MRCError
+from mrc.testbed import TwoHosts, netns_available
+from mrc.units import SIZE_HELP
+from mrc.wire import DEFAULT_PORT
 
 BIN = Path(sys.executable).parent
 
@@ -35,7 +38,7 @@ def wait_listening(argv_prefix: list[str], host: str, port: int, deadline: float
         if r.returncode == 0:
             return
         time.sleep(0.05)
-    raise TestbedError("mrc-recv did not start listening in time")
+    raise MRCError("mrc-recv did not start listening in time")
 
 
 def rx_packets(prefix: list[str], ifname: str) -> int:
@@ -91,7 +94,7 @@ def run_pair(
         if recv.poll() is None:
             recv.kill()
     if send.returncode != 0 or recv.returncode != 0:
-        raise TestbedError(f"transfer failed: {send.stderr.strip()} {rerr.strip()}")
+        raise MRCError(f"transfer failed: {send.stderr.strip()} {rerr.strip()}")
     return json.loads(send.stdout), json.loads(rout)
 
 
@@ -131,13 +134,25 @@ def report(sent: dict, got: dict, kernel: dict[str, int] | None) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="64M", help="bytes to send (default 64M)")
-    ap.add_argument("--payload", default="8192", help="payload bytes per packet (default 8192)")
-    ap.add_argument("--evs", default="128", help="entropy values (default 128)")
+    ap = Parser(prog="demo.py", description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--size", type=size_arg, default=64 << 20, help=f"bytes to send (default 64M; {SIZE_HELP})"
+    )
+    ap.add_argument(
+        "--payload", type=positive_int, default=8192, help="payload bytes per packet (default 8192)"
+    )
+    ap.add_argument("--evs", type=positive_int, default=128, help="entropy values (default 128)")
     ap.add_argument("--loopback", action="store_true", help="skip namespaces; use ::1")
     args = ap.parse_args()
-    send_args = ["--size", args.size, "--payload", args.payload, "--evs", args.evs]
+    return run_main("demo.py", lambda: _main(args))
+
+
+def _main(args: argparse.Namespace) -> int:
+    send_args = [
+        *("--size", str(args.size)),
+        *("--payload", str(args.payload)),
+        *("--evs", str(args.evs)),
+    ]
     why = "requested" if args.loopback else netns_available()
     if why is not None:
         print(f"demo: namespaces unavailable ({why}); running on loopback instead")
@@ -149,23 +164,19 @@ def main() -> int:
         return 0 if sent["ok"] and got["ok"] else 1
     prefix = f"mrcdemo{os.getpid()}"
     print(f"demo: two namespaces ({prefix}-a, {prefix}-b) joined by two veth links = two planes")
-    try:
-        with TwoHosts(prefix, links=2, mtu=9000) as tb:
-            a = ["ip", "netns", "exec", tb.a]
-            b = ["ip", "netns", "exec", tb.b]
-            before = {f"p{p}b": rx_packets(b, f"p{p}b") for p in range(2)}
-            listen = [f"[{addr}]:4791" for addr in tb.b_addrs]
-            sargs = send_args + sum((["--from", x] for x in tb.a_addrs), [])
-            print(
-                f"demo: mrc-recv in {tb.b} on {', '.join(listen)}; "
-                f"mrc-send from {tb.a} ({', '.join(tb.a_addrs)})"
-            )
-            sent, got = run_pair(a, b, listen, sargs, listen[0])
-            kernel = {k: rx_packets(b, k) - v for k, v in before.items()}
-            report(sent, got, kernel)
-    except TestbedError as exc:
-        print(f"demo: error: {exc}", file=sys.stderr)
-        return 1
+    with TwoHosts(prefix, links=2, mtu=9000) as tb:
+        a = ["ip", "netns", "exec", tb.a]
+        b = ["ip", "netns", "exec", tb.b]
+        before = {f"p{p}b": rx_packets(b, f"p{p}b") for p in range(2)}
+        listen = [f"[{addr}]:{DEFAULT_PORT}" for addr in tb.b_addrs]
+        sargs = send_args + sum((["--from", x] for x in tb.a_addrs), [])
+        print(
+            f"demo: mrc-recv in {tb.b} on {', '.join(listen)}; "
+            f"mrc-send from {tb.a} ({', '.join(tb.a_addrs)})"
+        )
+        sent, got = run_pair(a, b, listen, sargs, listen[0])
+        kernel = {k: rx_packets(b, k) - v for k, v in before.items()}
+        report(sent, got, kernel)
     return 0 if sent["ok"] and got["ok"] else 1
 
 

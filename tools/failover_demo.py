@@ -50,9 +50,22 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
-IPPROTO_MPTCP = 262
-SOL_MPTCP = 284
-MPTCP_INFO = 1
+from mrc.bench.common import (  # noqa: E402 - after the sys.path fix above
+    IPPROTO_MPTCP,
+    mptcp_setup_commands,
+    mptcp_subflows,
+)
+from mrc.cli.common import (  # noqa: E402
+    Parser,
+    float_between,
+    non_negative_int,
+    positive_int,
+    rate_arg,
+    run_main,
+)
+from mrc.errors import MRCError  # noqa: E402
+
+PROG = "failover_demo.py"
 DONE_IMM = 0x444F4E45  # "DONE"
 CHUNK = 16 << 20
 TRANSPORTS = ("mrc", "tcp", "mptcp")
@@ -402,14 +415,6 @@ def _helper_stream_recv(args: argparse.Namespace) -> dict:
     }
 
 
-def _mptcp_subflows(sock: socket.socket) -> int | None:
-    try:
-        info = sock.getsockopt(SOL_MPTCP, MPTCP_INFO, 64)
-    except OSError:
-        return None
-    return info[0] if info else None
-
-
 def _helper_stream_send(args: argparse.Namespace) -> dict:
     from mrc.fabric import load_topology
 
@@ -433,7 +438,7 @@ def _helper_stream_send(args: argparse.Namespace) -> dict:
         # repeated after net.mptcp.add_addr_timeout (120 s), so start again rather than wait
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
-            subflows = _mptcp_subflows(s)
+            subflows = mptcp_subflows(s)
             if subflows is not None and subflows >= args.want_subflows - 1:
                 break
             time.sleep(0.01)
@@ -458,7 +463,7 @@ def _helper_stream_send(args: argparse.Namespace) -> dict:
     s.settimeout(120)
     ack = s.recv(1)
     if args.mptcp:
-        subflows = _mptcp_subflows(s) if subflows is None else subflows
+        subflows = mptcp_subflows(s) if subflows is None else subflows
     s.close()
     return {
         "ok": ack == b"k",
@@ -753,7 +758,7 @@ class Child:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise RuntimeError(
+                raise MRCError(
                     f"{self.label}: no '{prefix}' in {timeout:g} s; "
                     f"stderr: {' | '.join(self.err[-5:])}"
                 )
@@ -762,7 +767,7 @@ class Child:
             except queue.Empty:
                 if self.proc.poll() is not None and self.lines.empty():
                     time.sleep(0.05)
-                    raise RuntimeError(
+                    raise MRCError(
                         f"{self.label} exited ({self.proc.returncode}) "
                         f"before '{prefix}': {' | '.join(self.err[-8:])}"
                     ) from None
@@ -775,7 +780,7 @@ class Child:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise RuntimeError(f"{self.label} did not finish in {timeout:g} s") from None
+            raise MRCError(f"{self.label} did not finish in {timeout:g} s") from None
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -806,17 +811,9 @@ def _run_in(topo, node: str, *cmd: str) -> None:
 def setup_mptcp(topo, client: str, server: str) -> None:
     """Server announces its other plane addresses (ADD_ADDR); the client accepts them and
     opens one subflow per plane, each routed over that plane (source = its plane address)."""
-    for node in (client, server):
-        _run_in(topo, node, "ip", "mptcp", "endpoint", "flush")
-        _run_in(
-            topo, node, "ip", "mptcp", "limits", "set", "subflow", "8", "add_addr_accepted", "8"
-        )
-    for nic in topo.host(server).nics:
-        if nic.plane == 0:
-            continue
-        _run_in(
-            topo, server, "ip", "mptcp", "endpoint", "add", nic.address, "dev", nic.nic, "signal"
-        )
+    for node, announce in ((client, False), (server, True)):
+        for cmd in mptcp_setup_commands(topo.host(node), announce):
+            _run_in(topo, node, *cmd)
 
 
 class Demo:
@@ -964,7 +961,7 @@ class Demo:
         rc_s = send.wait(timeout)
         rc_r = recv.wait(30)
         if not rres.exists() or not sres.exists():
-            raise RuntimeError(
+            raise MRCError(
                 f"{name}: helper failed (send rc {rc_s}, recv rc {rc_r}): "
                 f"{' | '.join(send.err[-6:] + recv.err[-6:])}"
             )
@@ -1023,7 +1020,7 @@ class Demo:
             sha = self.sha_prefix(sizes[name])
             try:
                 r = self.run_one(name, sizes[name], 5000 + i)
-            except RuntimeError as exc:
+            except MRCError as exc:
                 log(f"{name}: FAILED: {exc}")
                 if self.link_state_down:
                     self.link(up=True)
@@ -1227,8 +1224,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "_helper":
         return helper_main(argv[1:])
-    p = argparse.ArgumentParser(
-        prog="failover_demo.py",
+    p = Parser(
+        prog=PROG,
         description="Down a fabric link mid-transfer and compare MRC, TCP and MPTCP.",
     )
     p.add_argument(
@@ -1238,9 +1235,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--name", help="fabric name (default: fo<pid>)")
-    p.add_argument("--planes", type=int, default=4)
-    p.add_argument("--rate", default="200mbit", help="tbf rate on every link (200mbit)")
-    p.add_argument("--mtu", type=int, default=9000)
+    p.add_argument("--planes", type=positive_int, default=4)
+    p.add_argument(
+        "--rate", type=rate_arg, default="200mbit", help="tbf rate on every link (200mbit)"
+    )
+    p.add_argument("--mtu", type=positive_int, default=9000)
     p.add_argument(
         "--fail",
         choices=sorted(PRESETS),
@@ -1248,17 +1247,20 @@ def main(argv: list[str] | None = None) -> int:
         help="which link: spine = p1l1-p1s0 (receiver leaf - spine 0), uplink = "
         "p1l0-p1s0 (sender leaf's uplink), nic = h0-p1l0 (sender NIC)",
     )
-    p.add_argument("--plane", type=int, default=1, help="plane of the --fail link and of TCP")
+    p.add_argument(
+        "--plane", type=non_negative_int, default=1, help="plane of the --fail link and of TCP"
+    )
     p.add_argument("--link", nargs=2, metavar=("A", "B"), help="any fabric link instead")
-    p.add_argument("--fail-at", type=float, help="seconds after the sender starts (3.0)")
-    p.add_argument("--heal-at", type=float, help="seconds after the sender starts (7.0)")
-    p.add_argument("--after", type=float, help="seconds of transfer after the heal (3.0)")
+    seconds = float_between(0, 3600, " s")
+    p.add_argument("--fail-at", type=seconds, help="seconds after the sender starts (3.0)")
+    p.add_argument("--heal-at", type=seconds, help="seconds after the sender starts (7.0)")
+    p.add_argument("--after", type=seconds, help="seconds of transfer after the heal (3.0)")
     p.add_argument(
         "--transports", default=",".join(TRANSPORTS), help="comma-separated subset of mrc,tcp,mptcp"
     )
-    p.add_argument("--payload", type=int, default=8192, help="MRC payload bytes (8192)")
-    p.add_argument("--window", type=int, default=64, help="MRC packets in flight (64)")
-    p.add_argument("--evs", type=int, default=128, help="MRC entropy values (128)")
+    p.add_argument("--payload", type=positive_int, default=8192, help="MRC payload bytes (8192)")
+    p.add_argument("--window", type=positive_int, default=64, help="MRC packets in flight (64)")
+    p.add_argument("--evs", type=positive_int, default=128, help="MRC entropy values (128)")
     p.add_argument(
         "--qp",
         action="append",
@@ -1268,7 +1270,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--size-factor",
-        type=float,
+        type=float_between(0, 100),
         default=1.0,
         help="transfer size = capacity x (heal-at + after) x this",
     )
@@ -1276,9 +1278,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw", help="also write every sample and event to this JSON file")
     p.add_argument("--keep-files", action="store_true")
     a = p.parse_args(argv)
-    if os.geteuid() != 0:
-        print("failover_demo.py: error: needs root (network namespaces, tc)", file=sys.stderr)
-        return 2
     a.fail_at = a.fail_at if a.fail_at is not None else (1.5 if a.quick else 3.0)
     a.heal_at = a.heal_at if a.heal_at is not None else (3.0 if a.quick else 7.0)
     a.after = a.after if a.after is not None else (1.5 if a.quick else 3.0)
@@ -1290,6 +1289,12 @@ def main(argv: list[str] | None = None) -> int:
     for t in a.transports:
         if t not in TRANSPORTS:
             p.error(f"unknown transport {t!r}")
+    return run_main(PROG, lambda: _main(a), "interrupted (fabric removed)")
+
+
+def _main(a: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        raise MRCError("needs root (network namespaces, tc)")
     demo = Demo(a)
 
     def on_term(signum, frame):
@@ -1299,14 +1304,6 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     try:
         out = demo.run()
-    except KeyboardInterrupt:
-        log("interrupted: cleaning up")
-        return 130
-    except Exception as exc:  # one line, not a traceback (MRC_DEBUG=1 shows it)
-        if os.environ.get("MRC_DEBUG"):
-            raise
-        log(f"failover_demo.py: error: {type(exc).__name__}: {exc}")
-        return 1
     finally:
         demo.cleanup()
     out["wall_s"] = round(time.monotonic() - t0, 1)

@@ -38,17 +38,18 @@ from typing import Any
 from mrc.bench.common import (
     IMM_MASK,
     IPPROTO_MPTCP,
-    MPTCP_INFO,
     MPTCP_PORT,
     MRC_PORT,
-    SOL_MPTCP,
     TCP_PORT,
     dumps,
     make_pool,
+    mptcp_setup_commands,
+    mptcp_subflows,
     now,
     send_offset,
     sha256,
 )
+from mrc.errors import MRCError
 
 HDR = struct.Struct("!II")  # stream framing: step number, byte count
 HELLO = struct.Struct("!I")  # stream hello: the connecting host's index
@@ -57,10 +58,6 @@ HELLO = struct.Struct("!I")  # stream hello: the connecting host's index
 def log(msg: str) -> None:
     sys.stderr.write(f"[agent] {msg}\n")
     sys.stderr.flush()
-
-
-class BenchFailure(Exception):
-    """A request failed: reported to the coordinator as one line."""
 
 
 # ---- transports --------------------------------------------------------------------------
@@ -161,7 +158,7 @@ class MrcTransport(Transport):
                 timeout=float(opts.get("timeout", 10.0)),
             )
             if "inbox" not in conn.remote:
-                raise BenchFailure(f"h{dst} did not announce its inbox")
+                raise MRCError(f"h{dst} did not announce its inbox")
             conn.channel.on_ev_event = self._ev_counter("data")
             self.out[dst] = conn
 
@@ -172,12 +169,12 @@ class MrcTransport(Transport):
             left = deadline - now()
             if left <= 0:
                 missing = [f"h{s}" for s in expect if s not in self.inbound]
-                raise BenchFailure(f"no MRC connection from {', '.join(missing)} in time")
+                raise MRCError(f"no MRC connection from {', '.join(missing)} in time")
             conn = await self.listener.accept(timeout=left)
             addrs = conn.meta.get("addrs") or []
             src = by_addr.get(str(addrs[0])) if addrs else None
             if src is None:
-                raise BenchFailure(f"MRC connection from an unknown host {addrs}")
+                raise MRCError(f"MRC connection from an unknown host {addrs}")
             conn.channel.on_ev_event = self._ev_counter("acks")
             self.inbound[src] = conn
         evs = {d: len(c.ev_report()) for d, c in self.out.items()}
@@ -186,15 +183,16 @@ class MrcTransport(Transport):
     def send(self, k: int, dst: int, view: memoryview) -> Awaitable[object]:
         conn = self.out[dst]
         region = conn.remote["inbox"]
-        return conn.post_write(
+        done: Awaitable[object] = conn.post_write(
             view, region, offset=self.agent.me * self.agent.slot, imm=k & IMM_MASK
         )
+        return done
 
     async def recv(self, k: int, src: int, size: int) -> None:
         conn = self.inbound[src]
         imm = await conn.next_immediate()
         if imm != k & IMM_MASK:
-            raise BenchFailure(f"WRITE_IMM from h{src} carried {imm}, expected step {k}")
+            raise MRCError(f"WRITE_IMM from h{src} carried {imm}, expected step {k}")
 
     def stats(self) -> dict[str, Any]:
         keys = (
@@ -277,22 +275,12 @@ class StreamTransport(Transport):
         return s
 
     def _mptcp_setup(self) -> list[str]:
-        """In-kernel path manager: accept up to 8 subflows and announce our other planes'
-        addresses (ADD_ADDR). A peer then opens one subflow per announced address from its
-        own address in that plane (the kernel picks the source by route), so every plane gets
-        a subflow. Client-side 'subflow' endpoints would pair plane-p sources with the peer's
-        plane-0 address, which no plane but 0 can route."""
-        cmds = [
-            ["ip", "mptcp", "limits", "set", "subflow", "8", "add_addr_accepted", "8"],
-            ["ip", "mptcp", "endpoint", "flush"],
-        ]
-        for nic in self.agent.host.nics[1:]:
-            cmds.append(["ip", "mptcp", "endpoint", "add", nic.address, "dev", nic.nic, "signal"])
+        """Set the in-kernel path manager up (see :func:`mptcp_setup_commands`)."""
         done = []
-        for cmd in cmds:
+        for cmd in mptcp_setup_commands(self.agent.host):
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
-                raise BenchFailure(f"{' '.join(cmd)}: {r.stderr.strip() or r.returncode}")
+                raise MRCError(f"{' '.join(cmd)}: {r.stderr.strip() or r.returncode}")
             done.append(" ".join(cmd))
         return done
 
@@ -320,7 +308,7 @@ class StreamTransport(Transport):
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
                 hello = await asyncio.wait_for(self._read_exact(conn, HELLO.size), 5.0)
-            except (TimeoutError, OSError, BenchFailure):
+            except (TimeoutError, OSError, MRCError):
                 conn.close()
                 continue
             (src,) = HELLO.unpack(hello)
@@ -338,15 +326,9 @@ class StreamTransport(Transport):
         while got < n:
             r = await loop.sock_recv_into(sock, view[got:])
             if r == 0:
-                raise BenchFailure("peer closed the connection")
+                raise MRCError("peer closed the connection")
             got += r
         return bytes(buf)
-
-    def subflows(self, sock: socket.socket) -> int | None:
-        try:
-            return sock.getsockopt(SOL_MPTCP, MPTCP_INFO, 64)[0]
-        except OSError:
-            return None
 
     async def connect(
         self, peers: list[int], expect: list[int], opts: dict[str, Any]
@@ -365,7 +347,7 @@ class StreamTransport(Transport):
                 await loop.sock_sendall(s, HELLO.pack(a.me))
             except (OSError, TimeoutError) as exc:
                 s.close()
-                raise BenchFailure(f"{self.name} connect to h{dst}: {exc or 'timed out'}") from None
+                raise MRCError(f"{self.name} connect to h{dst}: {exc or 'timed out'}") from None
             self.out[dst] = s
 
         await asyncio.gather(*(one(d) for d in peers if d not in self.out))
@@ -374,7 +356,7 @@ class StreamTransport(Transport):
             left = deadline - now()
             if left <= 0:
                 missing = [f"h{s}" for s in expect if s not in self.inbound]
-                raise BenchFailure(f"no {self.name} connection from {', '.join(missing)} in time")
+                raise MRCError(f"no {self.name} connection from {', '.join(missing)} in time")
             self.inbound_event.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.inbound_event.wait(), left)
@@ -383,9 +365,9 @@ class StreamTransport(Transport):
             # wait (briefly) until each connection has its extra subflows: one per other plane
             want = a.topo.planes - 1
             until = now() + float(opts.get("subflow_wait", 3.0))
-            while now() < until and any((self.subflows(s) or 0) < want for s in self.out.values()):
+            while now() < until and any((mptcp_subflows(s) or 0) < want for s in self.out.values()):
                 await asyncio.sleep(0.02)
-            info["subflows"] = {d: self.subflows(s) for d, s in self.out.items()}
+            info["subflows"] = {d: mptcp_subflows(s) for d, s in self.out.items()}
         return info
 
     async def _send(self, k: int, view: memoryview, sock: socket.socket) -> None:
@@ -401,14 +383,14 @@ class StreamTransport(Transport):
         sock = self.inbound[src]
         hdr = HDR.unpack(await self._read_exact(sock, HDR.size))
         if hdr != (k & IMM_MASK, size):
-            raise BenchFailure(f"h{src} framed step {hdr[0]} ({hdr[1]} bytes), expected {k}")
+            raise MRCError(f"h{src} framed step {hdr[0]} ({hdr[1]} bytes), expected {k}")
         a = self.agent
         view = a.inbox_view[src * a.slot : src * a.slot + size]
         got = 0
         while got < size:
             r = await loop.sock_recv_into(sock, view[got:])
             if r == 0:
-                raise BenchFailure(f"h{src} closed the connection mid-transfer")
+                raise MRCError(f"h{src} closed the connection mid-transfer")
             got += r
 
     def stats(self) -> dict[str, Any]:
@@ -418,7 +400,7 @@ class StreamTransport(Transport):
             "out_segs": cur.get("OutSegs", 0) - self.base.get("OutSegs", 0),
         }
         if self.proto == IPPROTO_MPTCP:
-            out["subflows"] = {d: self.subflows(s) for d, s in self.out.items()}
+            out["subflows"] = {d: mptcp_subflows(s) for d, s in self.out.items()}
         return out
 
     async def close(self) -> None:
@@ -457,7 +439,7 @@ class Agent:
         t = self.transports.get(name)
         if t is None:
             if not create:
-                raise BenchFailure(f"transport {name} is not set up")
+                raise MRCError(f"transport {name} is not set up")
             if name == "mrc":
                 t = MrcTransport(self)
             elif name == "tcp":
@@ -465,7 +447,7 @@ class Agent:
             elif name == "mptcp":
                 t = StreamTransport(self, "mptcp", IPPROTO_MPTCP, MPTCP_PORT)
             else:
-                raise BenchFailure(f"unknown transport {name!r}")
+                raise MRCError(f"unknown transport {name!r}")
             self.transports[name] = t
         return t
 
@@ -489,11 +471,10 @@ class Agent:
         if op == "stats":
             return self.transport(msg["transport"]).stats()
         if op == "close":
-            t = self.transports.pop(msg["transport"], None)
-            if t is not None:
-                await t.close()
+            if msg["transport"] in self.transports:
+                await self.transports.pop(msg["transport"]).close()
             return {}
-        raise BenchFailure(f"unknown request {op!r}")
+        raise MRCError(f"unknown request {op!r}")
 
     async def step(self, msg: dict[str, Any]) -> dict[str, Any]:
         t_cmd = now()
@@ -535,7 +516,7 @@ class Agent:
 
     def verify(self, k: int) -> dict[str, Any]:
         if self.last.get("k") != k:
-            raise BenchFailure(f"verify {k}: the last step here was {self.last.get('k')}")
+            raise MRCError(f"verify {k}: the last step here was {self.last.get('k')}")
         sent = {str(d): sha256(self.send_view(k, d, n)) for d, n in self.last["sends"]}
         recv = {
             str(s): sha256(self.inbox_view[s * self.slot : s * self.slot + n])
@@ -584,7 +565,7 @@ async def serve(args: argparse.Namespace) -> int:
             try:
                 result = await agent.handle(msg)
                 reply({"id": msg.get("id"), "ok": True, **result})
-            except (BenchFailure, OSError, TimeoutError, KeyError, ValueError) as exc:
+            except (MRCError, OSError, TimeoutError, KeyError, ValueError) as exc:
                 reply({"id": msg.get("id"), "ok": False, "error": str(exc) or type(exc).__name__})
             except Exception as exc:  # noqa: BLE001 - report, keep serving
                 log(traceback.format_exc())

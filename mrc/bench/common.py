@@ -13,15 +13,24 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import socket
 import time
+from typing import TYPE_CHECKING
+
+from mrc.wire import DEFAULT_PORT
+
+if TYPE_CHECKING:
+    from mrc.fabric.topology import Host
 
 TRANSPORTS = ("mrc", "tcp", "mptcp")
 WORKLOADS = ("alltoall", "ring", "incast", "pair")
 CONDITIONS = ("clean", "link_down", "lossy", "trim", "no_trim")
 
-MRC_PORT = 4791
+MRC_PORT = DEFAULT_PORT
 TCP_PORT = 5201
 MPTCP_PORT = 5202
+
+# Linux MPTCP, which Python's socket module does not name (linux/in.h, linux/mptcp.h)
 IPPROTO_MPTCP = 262
 SOL_MPTCP = 284
 MPTCP_INFO = 1
@@ -58,3 +67,33 @@ def now() -> float:
 
 def dumps(obj: object) -> bytes:
     return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+
+
+def mptcp_subflows(sock: socket.socket) -> int | None:
+    """Extra subflows of an MPTCP socket (``mptcpi_subflows``), None if the kernel won't say."""
+    try:
+        info = sock.getsockopt(SOL_MPTCP, MPTCP_INFO, 64)
+    except OSError:
+        return None
+    return info[0] if info else None
+
+
+def mptcp_setup_commands(host: Host, announce: bool = True) -> list[list[str]]:
+    """``ip mptcp`` commands for ``host``'s namespace: the in-kernel path manager accepts up to
+    8 subflows and, with ``announce``, announces the host's other planes' addresses (ADD_ADDR).
+
+    A peer then opens one subflow per announced address from its own address in that plane (the
+    kernel picks the source by route), so every plane gets a subflow. Client-side 'subflow'
+    endpoints would pair plane-p sources with the peer's plane-0 address, which no plane but 0
+    can route."""
+    cmds = [
+        ["ip", "mptcp", "endpoint", "flush"],
+        ["ip", "mptcp", "limits", "set", "subflow", "8", "add_addr_accepted", "8"],
+    ]
+    if announce:
+        cmds += [
+            ["ip", "mptcp", "endpoint", "add", nic.address, "dev", nic.nic, "signal"]
+            for nic in host.nics
+            if nic.plane != 0
+        ]
+    return cmds

@@ -25,10 +25,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mrc.bench.common import dumps, now
 from mrc.bench.workloads import Transfer, ideal_seconds, transfers
+from mrc.errors import AgentError, MRCError
+
+if TYPE_CHECKING:
+    from mrc.fabric import FabricSpec
 
 DEFAULT_WORKLOADS = {
     "clean": ("alltoall", "ring", "incast", "pair"),
@@ -37,10 +41,6 @@ DEFAULT_WORKLOADS = {
     "trim": ("incast",),
     "no_trim": ("incast",),
 }
-
-
-class BenchError(Exception):
-    """A failure to report as one line."""
 
 
 @dataclass
@@ -88,6 +88,21 @@ class BenchConfig:
     def max_size(self) -> int:
         return max(self.size, self.pair_size)
 
+    def fabric_spec(self, name: str, trim: bool = False) -> FabricSpec:
+        """The fabric a condition runs on (each gets a fresh one)."""
+        from mrc.fabric import FabricSpec
+
+        return FabricSpec(
+            name=name,
+            planes=self.planes,
+            spines=self.spines,
+            leaves=self.leaves,
+            hosts=self.hosts,
+            rate=self.rate,
+            mtu=self.mtu,
+            trim=trim,
+        )
+
 
 @dataclass
 class StepResult:
@@ -98,10 +113,6 @@ class StepResult:
     errors: list[str]
     verified: int = 0
     mismatches: int = 0
-
-
-class AgentError(BenchError):
-    pass
 
 
 class Agent:
@@ -135,7 +146,8 @@ class Agent:
             self.dead = True
             raise AgentError(f"h{self.index}: {await self.exit_reason()}")
         try:
-            return json.loads(line)
+            reply: dict[str, Any] = json.loads(line)
+            return reply
         except ValueError:
             raise AgentError(f"h{self.index}: agent said {line[:120]!r}") from None
 
@@ -248,22 +260,11 @@ class Bench:
         return f"mb{os.getpid()}_{i}"[:24]
 
     async def fabric_up(self, condition: str, i: int) -> Any:
-        from mrc.fabric import Fabric, FabricSpec
+        from mrc.fabric import Fabric
 
         cfg = self.cfg
         name = self._fabric_name(i)
-        kwargs: dict[str, Any] = dict(
-            name=name,
-            planes=cfg.planes,
-            spines=cfg.spines,
-            leaves=cfg.leaves,
-            hosts=cfg.hosts,
-            rate=cfg.rate,
-            mtu=cfg.mtu,
-        )
-        if condition == "trim":
-            kwargs["trim"] = True
-        spec = FabricSpec(**kwargs)
+        spec = cfg.fabric_spec(name, trim=condition == "trim")
         spec.validate()
         self.fabrics.append(name)
         t = time.monotonic()
@@ -462,7 +463,7 @@ class Bench:
                 for t in pending:
                     t.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
-                raise BenchError(f"agent on h{dead.index} is gone: {await dead.exit_reason()}")
+                raise MRCError(f"agent on h{dead.index} is gone: {await dead.exit_reason()}")
         replies = [t.exception() or t.result() for t in tasks]
         errors: list[str] = []
         times: list[float] = []
@@ -482,14 +483,14 @@ class Bench:
                 *(agents[h].request({"op": "verify", "k": k}) for h in involved)
             )
             by = dict(zip(involved, vr, strict=True))
-            for t in tlist:
-                sent = by[t.src]["sent"].get(str(t.dst))
-                got = by[t.dst]["recv"].get(str(t.src))
+            for tr in tlist:
+                sent = by[tr.src]["sent"].get(str(tr.dst))
+                got = by[tr.dst]["recv"].get(str(tr.src))
                 if sent is not None and sent == got:
-                    res.verified += t.size
+                    res.verified += tr.size
                 else:
                     res.mismatches += 1
-                    res.errors.append(f"h{t.src}->h{t.dst}: SHA-256 mismatch")
+                    res.errors.append(f"h{tr.src}->h{tr.dst}: SHA-256 mismatch")
             if res.mismatches:
                 res.ok = False
         return res
@@ -522,7 +523,7 @@ class Bench:
                 text=True,
                 timeout=10,
             )
-        except (OSError, subprocess.SubprocessError, Exception):
+        except (OSError, subprocess.SubprocessError, MRCError):  # no ip6tables, no router
             return None
         total = 0
         for line in out.stdout.splitlines():
@@ -619,10 +620,8 @@ class Bench:
                 await asyncio.sleep(1.0 + attempt)
         dead = next((a for a in agents if a.dead), None)
         if dead is not None:
-            raise BenchError(f"agent on h{dead.index} is gone: {await dead.exit_reason()}")
-        raise BenchError(
-            f"cannot re-establish {transport} connections after a failed step ({last})"
-        )
+            raise MRCError(f"agent on h{dead.index} is gone: {await dead.exit_reason()}")
+        raise MRCError(f"cannot re-establish {transport} connections after a failed step ({last})")
 
     def _row(
         self,
@@ -690,8 +689,6 @@ class Bench:
         if condition == "trim":
             if not self.cfg.rate:
                 return "trimming needs a shaped fabric (--rate)"
-            if not _fabric_supports_trim():
-                return "this mrc-fabric has no --trim"
             try:
                 from mrc.fabric.trim import unavailable_reason
             except ImportError:
@@ -731,7 +728,7 @@ class Bench:
             ]
             r = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True)
             if r.returncode != 0:
-                raise BenchError(f"ip6tables in {ns} failed: {r.stderr.strip()}")
+                raise MRCError(f"ip6tables in {ns} failed: {r.stderr.strip()}")
         self.progress(
             f"lossy: dropping {self.cfg.loss:.1%} of packets each way on "
             f"{link.a}-{link.b} (ip6tables FORWARD in {router})"
@@ -794,28 +791,6 @@ def _step_at(steps: list[StepResult], t: float) -> int | None:
         if s.t0 <= t <= s.t_end or t < s.t0:
             return i
     return None
-
-
-def _fabric_supports_trim() -> bool:
-    """``mrc-fabric up --help`` mentions --trim (the option was added while this was written)."""
-    try:
-        from mrc.cli.fabric import build_parser
-
-        parser = build_parser()
-        sub = next(a for a in parser._actions if a.dest == "command")
-        up = sub.choices["up"]  # type: ignore[attr-defined]
-        return any("--trim" in a.option_strings for a in up._actions)
-    except Exception:  # noqa: BLE001 - fall back to asking the command
-        try:
-            out = subprocess.run(
-                [sys.executable, "-m", "mrc.cli.fabric", "up", "--help"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-        except (OSError, subprocess.SubprocessError):
-            return False
-        return "--trim" in out.stdout
 
 
 def config_dict(cfg: BenchConfig) -> dict[str, Any]:

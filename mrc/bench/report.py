@@ -292,7 +292,7 @@ def plots(doc: dict[str, Any], outdir: str) -> list[str]:
     return written
 
 
-def _save(fig, path: str) -> str:  # noqa: ANN001 - a matplotlib Figure
+def _save(fig: Any, path: str) -> str:  # a matplotlib Figure (matplotlib is untyped here)
     """Lay out, write and close one plot; returns its path."""
     import matplotlib.pyplot as plt
 

@@ -16,17 +16,24 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from mrc.bench.common import CONDITIONS, TRANSPORTS, WORKLOADS
-from mrc.cli.common import Parser, parse_size
+from mrc.cli.common import Parser, float_between, int_at_least, run_main, size_arg
+from mrc.errors import MRCError, UsageError
+from mrc.units import SIZE_HELP
+
+if TYPE_CHECKING:
+    from mrc.bench.coordinator import Bench, BenchConfig
 
 PROG = "mrc-bench"
 MAX_SIZE = 256 << 20
 
 
-def _list_of(choices: Sequence[str], what: str):  # -> argparse type
+def _list_of(choices: Sequence[str], what: str) -> Callable[[str], list[str]]:
+    """argparse type for a comma list of ``choices`` (or ``all``)."""
+
     def parse(text: str) -> list[str]:
         items = [x.strip() for x in text.split(",") if x.strip()]
         if items == ["all"]:
@@ -41,27 +48,7 @@ def _list_of(choices: Sequence[str], what: str):  # -> argparse type
     return parse
 
 
-def _int_at_least(low: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, not {v}")
-        return v
-
-    return parse
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= v <= 3600:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 s, not {v}")
-    return v
+_seconds = float_between(0, 3600, " s", low_inclusive=True)
 
 
 def _probability(text: str) -> float:
@@ -75,7 +62,7 @@ def _probability(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    v = parse_size(text)
+    v = size_arg(text)
     if not 1 <= v <= MAX_SIZE:
         raise argparse.ArgumentTypeError(f"size must be 1 byte .. 256M, not {text}")
     return v
@@ -134,15 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--steps",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         help="measured steps per workload and transport (default 12; --quick 3);"
         " link_down runs on until the heal plus a few steps",
     )
-    g.add_argument("--warmup", type=_int_at_least(0), help="unmeasured steps first (default 1)")
+    g.add_argument("--warmup", type=int_at_least(0), help="unmeasured steps first (default 1)")
     g.add_argument(
         "--size",
         type=_size,
-        help="bytes per transfer for alltoall, ring, incast (default 1M; --quick 256K)",
+        help="bytes per transfer for alltoall, ring, incast (default 1M; --quick 256K;"
+        f" {SIZE_HELP})",
     )
     g.add_argument(
         "--pair-size",
@@ -152,29 +140,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=1, help="seed of the data every host sends")
 
     f = p.add_argument_group("fabric (built fresh for every condition)")
-    f.add_argument("--hosts", type=_int_at_least(2), help="hosts (default 4)")
-    f.add_argument("--planes", type=_int_at_least(1), help="planes (default 2)")
-    f.add_argument("--spines", type=_int_at_least(1), help="spines per plane (default 2)")
-    f.add_argument("--leaves", type=_int_at_least(1), help="leaves per plane (default 2)")
+    f.add_argument("--hosts", type=int_at_least(2), help="hosts (default 4)")
+    f.add_argument("--planes", type=int_at_least(1), help="planes (default 2)")
+    f.add_argument("--spines", type=int_at_least(1), help="spines per plane (default 2)")
+    f.add_argument("--leaves", type=int_at_least(1), help="leaves per plane (default 2)")
     f.add_argument("--rate", help="tbf rate of every link (default 100mbit; 'none': unshaped)")
-    f.add_argument("--mtu", type=_int_at_least(1280), help="MTU of every link (default 9000)")
+    f.add_argument("--mtu", type=int_at_least(1280), help="MTU of every link (default 9000)")
 
     m = p.add_argument_group("MRC")
-    m.add_argument("--evs", type=_int_at_least(1), help="EVs per QP (default 128)")
+    m.add_argument("--evs", type=int_at_least(1), help="EVs per QP (default 128)")
     m.add_argument(
         "--payload",
-        type=_int_at_least(64),
+        type=int_at_least(64),
         help="payload bytes per packet (default 8192, or what the MTU allows)",
     )
     m.add_argument(
         "--window",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         help="packets in flight per QP (default 4: with no congestion control in"
         " the core yet, a window that fits the fabric's queues)",
     )
     m.add_argument(
         "--incast-window",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         help="window per QP under the trim/no_trim conditions (default 16: enough"
         " for N-1 senders to overflow the last hop, which is what trimming is for)",
     )
@@ -185,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument(
         "--fail-step",
-        type=_int_at_least(0),
+        type=int_at_least(0),
         help="link_down: the step during which the link goes down (default steps/3)",
     )
     c.add_argument(
@@ -220,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> Any:
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
     from mrc.bench.coordinator import BenchConfig
 
     cfg = BenchConfig()
@@ -270,24 +258,13 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return cfg
 
 
-def validate(cfg: Any) -> str | None:
-    """One-line reason the configuration cannot run, or None."""
-    from mrc.fabric import FabricSpec, SpecError
-
-    try:
-        FabricSpec(
-            name="check",
-            planes=cfg.planes,
-            spines=cfg.spines,
-            leaves=cfg.leaves,
-            hosts=cfg.hosts,
-            rate=cfg.rate,
-            mtu=cfg.mtu,
-        ).validate()
-    except SpecError as exc:
-        return str(exc)
+def validate(cfg: BenchConfig) -> None:
+    """Raise :class:`UsageError` with a one-line reason if the configuration cannot run."""
+    cfg.fabric_spec("check").validate()
     if cfg.payload > cfg.mtu - 120:
-        return f"--payload {cfg.payload} does not fit the MTU {cfg.mtu} (max {cfg.mtu - 120})"
+        raise UsageError(
+            f"--payload {cfg.payload} does not fit the MTU {cfg.mtu} (max {cfg.mtu - 120})"
+        )
     names = {f"h{i}" for i in range(cfg.hosts)}
     names |= {
         f"p{p}{t}{i}"
@@ -298,17 +275,16 @@ def validate(cfg: Any) -> str | None:
     if "link_down" in cfg.conditions:
         a, b = cfg.fail_link
         if a not in names or b not in names:
-            return f"--fail-link {a}-{b}: no such nodes in this fabric"
+            raise UsageError(f"--fail-link {a}-{b}: no such nodes in this fabric")
     if "lossy" in cfg.conditions:
         a, b = cfg.loss_link
         if a not in names or b not in names or a.startswith("h"):
-            return f"--loss-link {a}-{b}: the first node must be a router of this fabric"
+            raise UsageError(f"--loss-link {a}-{b}: the first node must be a router of this fabric")
     if ("trim" in cfg.conditions) and not cfg.rate:
-        return "the trim condition needs a shaped fabric (--rate)"
-    return None
+        raise UsageError("the trim condition needs a shaped fabric (--rate)")
 
 
-def progress_printer():
+def progress_printer() -> Callable[[str], None]:
     start = time.monotonic()
 
     def progress(msg: str) -> None:
@@ -318,7 +294,7 @@ def progress_printer():
     return progress
 
 
-async def _run(bench: Any) -> None:
+async def _run(bench: Bench) -> None:
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
@@ -332,28 +308,21 @@ async def _run(bench: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    return run_main(PROG, lambda: _main(args), "interrupted (fabrics and agents removed)")
+
+
+def _main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    why = validate(cfg)
-    if why:
-        print(f"{PROG}: error: {why}", file=sys.stderr)
-        return 2
+    validate(cfg)
     if os.geteuid() != 0:
-        print(
-            f"{PROG}: error: needs root (network namespaces, veth links, tc); run it as root",
-            file=sys.stderr,
-        )
-        return 1
+        raise MRCError("needs root (network namespaces, veth links, tc); run it as root")
     if args.plots:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            print(
-                f"{PROG}: error: --plots needs matplotlib (pip install matplotlib)", file=sys.stderr
-            )
-            return 1
-    from mrc.bench.coordinator import AgentError, Bench, BenchError, config_dict
+            raise MRCError("--plots needs matplotlib (pip install matplotlib)") from None
+    from mrc.bench.coordinator import Bench, config_dict
     from mrc.bench.report import aims, machine_info, plots, table
-    from mrc.fabric import FabricError
 
     progress = progress_printer()
     try:
@@ -366,31 +335,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"conditions {', '.join(cfg.conditions)}; transports {', '.join(cfg.transports)};"
         f" load average {load_start[0]:.2f} on {os.cpu_count()} CPUs"
     )
-    status = 0
     try:
         asyncio.run(_run(bench))
-    except KeyboardInterrupt:
-        print(f"{PROG}: error: interrupted (fabrics and agents removed)", file=sys.stderr)
-        status = 130
-    except asyncio.CancelledError:
-        print(f"{PROG}: error: terminated (fabrics and agents removed)", file=sys.stderr)
-        status = 130
-    except (BenchError, AgentError, FabricError) as exc:
+    except asyncio.CancelledError:  # SIGTERM cancelled the run (see _run)
+        raise KeyboardInterrupt from None
+    except MRCError:
         if cfg.verbose:
             for a in bench.agents:
                 print(f"{PROG}: h{a.index} log: {a.log_tail(20)}", file=sys.stderr)
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        status = 1
-    except Exception as exc:  # noqa: BLE001 - one line, unless MRC_DEBUG
-        if os.environ.get("MRC_DEBUG"):
-            raise
-        print(f"{PROG}: error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        status = 1
+        raise
     finally:
         bench.cleanup_sync()  # whatever the loop could not remove (idempotent)
-    if status:
-        return status
-    doc: dict[str, Any] = {
+    doc: dict[str, object] = {
         "tool": PROG,
         "format": 1,
         "config": config_dict(cfg),
@@ -406,19 +362,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             with open(args.table, "w") as f:
                 f.write(md)
         except OSError as exc:
-            print(f"{PROG}: error: cannot write {args.table}: {exc.strerror}", file=sys.stderr)
-            return 1
+            raise MRCError(f"cannot write {args.table}: {exc.strerror}") from None
     if args.plots:
         files = plots(doc, args.plots)
         progress(f"{len(files)} plots in {args.plots}")
-    try:
-        if args.json:
-            print(json.dumps(doc, indent=1))
-        else:
-            print(md, end="")
-        sys.stdout.flush()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print(md, end="")
+    sys.stdout.flush()
     progress(f"done in {doc['duration_s']} s")
     return 0
 

@@ -1,62 +1,97 @@
-"""What mrc-send and mrc-recv share: argument parsing, one-line errors, progress, output."""
+"""What the commands share: argument parsing and validators, one-line errors, progress, output.
+
+Every command (mrc-send, mrc-recv, mrc-fabric, mrc-bench and the scripts in tools/) runs its body
+through :func:`run_main` (or :func:`run_command` for a coroutine), so a failure always ends the
+same way: one line ``PROG: error: ...`` on stderr and an exit status, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
+import os
+import select
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
+from mrc.errors import MRCError, UsageError
+from mrc.units import parse_rate, parse_size
 from mrc.wire import DEFAULT_PORT
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "ki": 1024,
-    "kib": 1024,
-    "mi": 1024**2,
-    "mib": 1024**2,
-    "gi": 1024**3,
-    "gib": 1024**3,
-}
-
-
-class UsageError(Exception):
-    """Bad input from the user: reported as one line, exit status 2."""
-
-
-class Failure(Exception):
-    """The transfer failed: reported as one line, exit status 1."""
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (argparse prints usage + message)."""
+    """argparse, but a usage error is one line on stderr (argparse prints usage + message).
+
+    Sub-command parsers (``mrc-fabric up``) report under the command's name, so every error
+    line of a command starts the same way."""
 
     def error(self, message: str) -> NoReturn:
-        die(self.prog, f"{message} (see {self.prog} --help)", 2)
+        die(self.prog.split(" ")[0], f"{message} (see {self.prog} --help)", 2)
 
 
-def parse_size(text: str) -> int:
-    """'64M' -> 64 MiB. K/M/G are binary (as dd and most transfer tools read them); KB/MB/GB
-    are decimal; KiB/MiB/GiB are binary."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 64M, 1G, 1500)")
-    unit = m.group(2).lower()
-    if unit in ("k", "m", "g"):
-        unit += "i"
-    if unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"unknown size unit in {text!r} (use K, M, G)")
-    return int(float(m.group(1)) * _UNITS[unit])
+# --- argparse types: each raises ArgumentTypeError, whose message argparse prints as is -------
+
+
+def size_arg(text: str) -> int:
+    """A size in bytes, read by :func:`mrc.units.parse_size` (64M binary, 64MB decimal)."""
+    try:
+        return parse_size(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def rate_arg(text: str) -> str:
+    """A tc rate (200mbit), checked while parsing but kept as text for tc."""
+    try:
+        parse_rate(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """argparse type for an integer ``>= low``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+        return value
+
+    parse.__name__ = f"int_at_least_{low}"
+    return parse
+
+
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+
+
+def float_between(
+    low: float, high: float, unit: str = "", low_inclusive: bool = False
+) -> Callable[[str], float]:
+    """argparse type for a number in ``(low, high]``, or ``[low, high]`` with ``low_inclusive``
+    (a timeout of 0 s is never meant; an outage of 0 s may be)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        above = value >= low if low_inclusive else value > low
+        if not (above and value <= high):
+            least = "at least" if low_inclusive else "more than"
+            raise argparse.ArgumentTypeError(
+                f"must be {least} {low:g} and at most {high:g}{unit}, not {text}"
+            )
+        return value
+
+    parse.__name__ = "float_between"
+    return parse
 
 
 def parse_endpoint(text: str, default_host: str = "::") -> tuple[str, int]:
@@ -89,16 +124,6 @@ def _port(text: str, whole: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"bad port in {whole!r}")
     return int(text)
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def die(prog: str, message: str, status: int) -> NoReturn:
@@ -157,18 +182,51 @@ class Progress:
             sys.stderr.flush()
 
 
-def run_command(prog: str, main: Coroutine[Any, Any, int]) -> int:
-    """Run a command's coroutine on the fast loop; failures become one line, not a traceback.
+def run_main(prog: str, body: Callable[[], int], interrupted: str = "interrupted") -> int:
+    """Run a command's body; whatever goes wrong becomes one line on stderr and an exit status.
 
-    Exit status: what ``main`` returns; 1 for a failed transfer; 130 on Ctrl-C.
+    * :class:`~mrc.errors.MRCError`: ``PROG: error: <message>``, exit ``exc.exit_code`` (1, or
+      2 for a :class:`~mrc.errors.UsageError`);
+    * Ctrl-C (or a SIGTERM handler raising KeyboardInterrupt): ``PROG: <interrupted>``, 130;
+    * stdout closed early (piped into ``head``): nothing more to say, exit 0;
+    * anything else is a bug: one line naming the exception, exit 1; with ``MRC_DEBUG=1`` in the
+      environment it propagates with its traceback.
     """
-    from mrc.connection import MRCError
+    try:
+        return body()
+    except MRCError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: {interrupted}", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if isinstance(exc, BrokenPipeError) and _stdout_gone():
+            # later writes (and the flush at exit) must not fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        if os.environ.get("MRC_DEBUG"):
+            raise
+        print(
+            f"{prog}: error: internal error: {type(exc).__name__}: {exc}"
+            " (set MRC_DEBUG=1 for a traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def run_command(prog: str, main: Coroutine[Any, Any, int]) -> int:
+    """:func:`run_main` for a command whose body is a coroutine (run on the fast loop)."""
     from mrc.transport.loop import run
 
+    return run_main(prog, lambda: run(main))
+
+
+def _stdout_gone() -> bool:
+    """True if stdout is a pipe whose reader has gone, rather than a socket of ours failing."""
     try:
-        return run(main)
-    except (Failure, MRCError) as exc:
-        die(prog, str(exc), 1)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _fd, ev in poller.poll(0))
+    except (OSError, ValueError):
+        return False

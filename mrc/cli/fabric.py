@@ -2,7 +2,7 @@
 
 Every failure the user can cause ends as ONE line on stderr, ``mrc-fabric: error: ...``, with
 exit code 2 for bad arguments and 1 for everything else; never a traceback (set
-MRC_DEBUG=1 to get one for an unexpected internal error).
+MRC_DEBUG=1 to get one for an unexpected internal error). See :func:`mrc.cli.common.run_main`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,17 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import NoReturn
 
-from mrc.fabric import Fabric, FabricError, FabricSpec, SpecError, load_topology
+from mrc.cli.common import (
+    Parser,
+    float_between,
+    non_negative_int,
+    positive_int,
+    rate_arg,
+    run_main,
+)
+from mrc.errors import FabricError, UsageError
+from mrc.fabric import Fabric, FabricSpec, load_topology
 from mrc.fabric import netns as nsutil
 from mrc.fabric.builder import require_root
 from mrc.fabric.spec import NAME_RE
@@ -24,23 +32,8 @@ from mrc.fabric.topology import Topology, topology_path
 PROG = "mrc-fabric"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but errors are one line (argparse prints usage + message by default)."""
-
-    def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"{PROG}: error: {message} (see {PROG} --help)\n")
-        sys.exit(2)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = Parser(
         prog=PROG,
         description=(
             "Multi-plane two-tier (leaf/spine) SRv6 fabrics of Linux routers in network"
@@ -74,12 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     name_opt(up)
-    up.add_argument("--planes", type=_positive_int, default=4, help="planes (default 4)")
-    up.add_argument("--spines", type=_positive_int, default=2, help="spines per plane (default 2)")
-    up.add_argument("--leaves", type=_positive_int, default=2, help="leaves per plane (default 2)")
-    up.add_argument("--hosts", type=_positive_int, default=4, help="hosts, at least 2 (default 4)")
-    up.add_argument("--rate", help="shape every link, both directions, with tbf (e.g. 200mbit)")
-    up.add_argument("--mtu", type=_positive_int, default=1500, help="MTU of every fabric link")
+    up.add_argument("--planes", type=positive_int, default=4, help="planes (default 4)")
+    up.add_argument("--spines", type=positive_int, default=2, help="spines per plane (default 2)")
+    up.add_argument("--leaves", type=positive_int, default=2, help="leaves per plane (default 2)")
+    up.add_argument("--hosts", type=positive_int, default=4, help="hosts, at least 2 (default 4)")
+    up.add_argument(
+        "--rate",
+        type=rate_arg,
+        help="shape every link, both directions, with tbf (e.g. 200mbit; tc units: bit, kbit,"
+        " mbit, gbit, or bps, kbps... for bytes/s)",
+    )
+    up.add_argument("--mtu", type=positive_int, default=1500, help="MTU of every fabric link")
     up.add_argument(
         "--trim",
         action="store_true",
@@ -157,11 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument("src", metavar="SRC")
     pg.add_argument("dst", metavar="DST")
     pg.add_argument(
-        "--plane", type=_positive_int, default=None, help="plane (default 0, or the plane of --via)"
+        "--plane",
+        type=non_negative_int,
+        default=None,
+        help="plane (default 0, or the plane of --via)",
     )
     pg.add_argument("--via", metavar="SPINE", help="spine to go through, e.g. p0s1")
-    pg.add_argument("-c", "--count", type=_positive_int, default=3)
-    pg.add_argument("-W", "--timeout", type=float, default=1.0, help="seconds per reply")
+    pg.add_argument("-c", "--count", type=positive_int, default=3)
+    pg.add_argument(
+        "-W", "--timeout", type=float_between(0, 60), default=1.0, help="seconds per reply"
+    )
     return p
 
 
@@ -209,7 +212,7 @@ def _print_hosts(topo: Topology) -> None:
 
 def _cmd_down(args: argparse.Namespace) -> int:
     if not NAME_RE.match(args.name):
-        raise SpecError(f"bad fabric name {args.name!r}")
+        raise UsageError(f"bad fabric name {args.name!r}")
     removed = Fabric.down(args.name)
     if removed:
         print(f"fabric {args.name}: removed {len(removed)} namespaces")
@@ -226,7 +229,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return 0
     if st["missing_nodes"]:
         print(f"MISSING namespaces for: {' '.join(st['missing_nodes'])}")
-    hdr = (
+    hdr: tuple[str, ...] = (
         "LINK",
         "PLANE",
         "STATE",
@@ -301,9 +304,7 @@ def _resolve_netns(name: str, node: str) -> str:
     """Namespace of ``node``: from the topology file, else by naming pattern (after a crash)."""
     try:
         return load_topology(name).netns_of(node)
-    except SpecError:
-        raise
-    except FabricError:
+    except FabricError:  # no (readable) topology file; an unknown node is a UsageError
         for ns in (node, f"mrc-{name}-{node}"):
             if ns.startswith(f"mrc-{name}-") and nsutil.exists(ns):
                 return ns
@@ -325,9 +326,9 @@ def _cmd_exec(args: argparse.Namespace) -> int:
             elif opt.startswith("--name="):
                 args.name = opt.split("=", 1)[1]
             else:
-                raise SpecError(f"exec: unexpected argument {opt!r} before '--'")
+                raise UsageError(f"exec: unexpected argument {opt!r} before '--'")
     if not cmd:
-        raise SpecError("exec needs a command: mrc-fabric exec NODE -- CMD [ARGS...]")
+        raise UsageError("exec needs a command: mrc-fabric exec NODE -- CMD [ARGS...]")
     ns = _resolve_netns(args.name, args.node)
     sys.stdout.flush()
     nsutil.enter_for_exec(ns)
@@ -358,7 +359,7 @@ def _cmd_paths(args: argparse.Namespace) -> int:
     topo = load_topology(args.name)
     topo.host(args.src), topo.host(args.dst)
     if topo.canonical(args.src) == topo.canonical(args.dst):
-        raise SpecError("SRC and DST are the same host")
+        raise UsageError("SRC and DST are the same host")
     paths = list_paths(topo, args.src, args.dst)
     if args.json:
         print(
@@ -391,18 +392,18 @@ def _cmd_ping(args: argparse.Namespace) -> int:
     topo = load_topology(args.name)
     src, dst = topo.host(args.src), topo.host(args.dst)
     if src.name == dst.name:
-        raise SpecError("SRC and DST are the same host")
+        raise UsageError("SRC and DST are the same host")
     if args.via:
         spine = topo.router(args.via)
         if spine.tier != "spine":
-            raise SpecError(f"--via {args.via}: not a spine")
+            raise UsageError(f"--via {args.via}: not a spine")
         if args.plane is not None and args.plane != spine.plane:
-            raise SpecError(f"--via {args.via} is in plane {spine.plane}, not {args.plane}")
+            raise UsageError(f"--via {args.via} is in plane {spine.plane}, not {args.plane}")
         path = path_via(topo, src.name, dst.name, spine.name)
     else:
         plane = args.plane or 0
         if not 0 <= plane < topo.planes:
-            raise SpecError(f"--plane {plane}: fabric has planes 0..{topo.planes - 1}")
+            raise UsageError(f"--plane {plane}: fabric has planes 0..{topo.planes - 1}")
         path = default_path(topo, src.name, dst.name, plane)
     res = ping(path, count=args.count, timeout=args.timeout)
     via = f"via {path.spine} " if path.spine else ""
@@ -428,23 +429,7 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return COMMANDS[args.command](args)
-    except FabricError as e:
-        sys.stderr.write(f"{PROG}: error: {e}\n")
-        return e.exit_code
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{PROG}: error: interrupted\n")
-        return 130
-    except BrokenPipeError:
-        # stdout closed early (e.g. piped into head): not an error worth a message
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except Exception as e:  # noqa: BLE001 - the contract is "one line, never a traceback"
-        if os.environ.get("MRC_DEBUG"):
-            raise
-        sys.stderr.write(f"{PROG}: error: internal error: {type(e).__name__}: {e}\n")
-        return 1
+    return run_main(PROG, lambda: COMMANDS[args.command](args))
 
 
 if __name__ == "__main__":

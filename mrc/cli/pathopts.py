@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from mrc.cli.common import Failure
 from mrc.connection import Connection
 from mrc.core.events import EVStateChanged
+from mrc.errors import MRCError
+
+if TYPE_CHECKING:
+    from mrc.fabric.topology import Topology
 
 
 def add_path_args(p: argparse.ArgumentParser) -> None:
@@ -33,18 +36,15 @@ def add_path_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def load_fabric(name: str | None):  # -> Topology | None
+def load_fabric(name: str | None) -> Topology | None:
     if name is None:
         return None
-    from mrc.fabric import FabricError, load_topology
+    from mrc.fabric import load_topology
 
-    try:
-        return load_topology(name)
-    except FabricError as exc:
-        raise Failure(str(exc)) from None
+    return load_topology(name)
 
 
-def host_address(topo, name: str) -> str:
+def host_address(topo: Topology | None, name: str) -> str:
     """A fabric host name (h3) -> its plane-0 address; anything else is returned as is."""
     if topo is None:
         return name
@@ -54,7 +54,7 @@ def host_address(topo, name: str) -> str:
     return name
 
 
-def local_plane_addrs(topo) -> list[str] | None:
+def local_plane_addrs(topo: Topology | None) -> list[str] | None:
     """The plane addresses of the fabric host this process runs on."""
     if topo is None:
         return None
@@ -62,7 +62,7 @@ def local_plane_addrs(topo) -> list[str] | None:
 
     host = local_fabric_host(topo)
     if host is None:
-        raise Failure(
+        raise MRCError(
             f"this process is not on a host of fabric {topo.name!r} "
             f"(run it with: mrc-fabric exec HOST -- ...)"
         )
@@ -80,7 +80,7 @@ def apply_denies(conn: Connection, denies: list[str]) -> int:
             conn.qp.deny_ev(int(row["ev"]), time.monotonic())  # type: ignore[arg-type]
             n += 1
     if n == 0:
-        raise Failure(f"--deny {', '.join(denies)} matches no EV of this connection")
+        raise MRCError(f"--deny {', '.join(denies)} matches no EV of this connection")
     return n
 
 
@@ -94,7 +94,7 @@ class EVLog:
             try:
                 self._fh = open(path, "w", buffering=1)  # noqa: SIM115 - closed in close()
             except OSError as exc:
-                raise Failure(f"cannot write the EV log {path}: {exc.strerror}") from None
+                raise MRCError(f"cannot write the EV log {path}: {exc.strerror}") from None
 
     def attach(self, conn: Connection, role: str) -> None:
         if self._fh is None:

@@ -8,9 +8,9 @@ import contextlib
 import mmap
 import os
 import sys
+from typing import cast
 
 from mrc.cli.common import (
-    Failure,
     Parser,
     Progress,
     emit_json,
@@ -18,13 +18,16 @@ from mrc.cli.common import (
     human_bytes,
     human_rate,
     parse_endpoint,
-    parse_size,
     positive_int,
     run_command,
+    size_arg,
 )
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
-from mrc.connection import Connection, Listener, MRCError, listen
+from mrc.connection import Connection, Listener, listen
+from mrc.errors import MRCError
 from mrc.transfer import receive_buffer
+from mrc.units import SIZE_HELP
+from mrc.wire import DEFAULT_PORT
 
 PROG = "mrc-recv"
 
@@ -43,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[ADDR]:PORT",
         type=endpoint_arg,
         help="address and port to listen on (UDP data and the TCP side channel); "
-        "repeat once per plane address. Default [::]:4791",
+        f"repeat once per plane address. Default [::]:{DEFAULT_PORT}",
     )
     out = p.add_mutually_exclusive_group(required=True)
     out.add_argument(
@@ -71,9 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-size",
-        type=parse_size,
-        default=parse_size("64G"),
-        help="refuse transfers larger than this (default 64G)",
+        type=size_arg,
+        default=64 << 30,
+        help=f"refuse transfers larger than this (default 64G; {SIZE_HELP})",
     )
     p.add_argument(
         "--timeout",
@@ -138,10 +141,11 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
     region = conn.granted
     if region is None:
         await conn.close()
-        raise Failure("a sender connected without asking for a region (not mrc-send?)")
-    size = int(conn.meta.get("request", {}).get("size", region.length))  # type: ignore[union-attr]
+        raise MRCError("a sender connected without asking for a region (not mrc-send?)")
+    request = conn.meta.get("request")
+    size = int(request.get("size", region.length)) if isinstance(request, dict) else region.length
     view = region.view[:size]
-    buf = region.view.obj
+    buf = cast(mmap.mmap, region.view.obj)  # _Outputs hands out nothing but mmaps
     path = outputs.paths.get(id(buf))
     peer = conn.control.peer_host
     progress = Progress(size, f"receiving from {peer}", None if not args.no_progress else False)
@@ -159,10 +163,10 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
     ok = result is not None and result.ok
     if path is not None:
         if ok:
-            buf.flush()  # type: ignore[union-attr]
+            buf.flush()
         del view
         conn.endpoint.core.pd.deregister(region)
-        buf.close()  # type: ignore[union-attr]
+        buf.close()
         if ok:
             os.replace(path + ".part", path)
         else:
@@ -203,7 +207,7 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
 
 
 async def _main(args: argparse.Namespace) -> int:
-    endpoints = [parse_endpoint(e) for e in (args.listen or ["[::]:4791"])]
+    endpoints = [parse_endpoint(e) for e in (args.listen or [f"[::]:{DEFAULT_PORT}"])]
     port = endpoints[0][1]
     hosts = [h for h, _p in endpoints]
     outputs = _Outputs(args)
@@ -224,7 +228,7 @@ async def _main(args: argparse.Namespace) -> int:
             try:
                 conn = await listener.accept(args.timeout)
             except TimeoutError:
-                raise Failure(f"no sender connected within {args.timeout:g} s") from None
+                raise MRCError(f"no sender connected within {args.timeout:g} s") from None
             tasks.append(asyncio.ensure_future(_one(conn, outputs, args, evlog)))
         for ok in await asyncio.gather(*tasks):
             failures += 0 if ok else 1

@@ -8,7 +8,6 @@ import os
 import sys
 
 from mrc.cli.common import (
-    Failure,
     Parser,
     Progress,
     emit_json,
@@ -16,9 +15,9 @@ from mrc.cli.common import (
     human_bytes,
     human_rate,
     parse_endpoint,
-    parse_size,
     positive_int,
     run_command,
+    size_arg,
 )
 from mrc.cli.pathopts import (
     EVLog,
@@ -30,7 +29,11 @@ from mrc.cli.pathopts import (
 )
 from mrc.connection import connect
 from mrc.core.config import QPConfig
+from mrc.errors import MRCError
+from mrc.fabric.topology import Topology
 from mrc.transfer import send_buffer
+from mrc.units import SIZE_HELP, parse_rate
+from mrc.wire import DEFAULT_PORT
 
 PROG = "mrc-send"
 
@@ -45,13 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("file", nargs="?", help="file to send")
-    src.add_argument("--size", type=parse_size, help="send N random bytes instead (64M, 1G...)")
+    src.add_argument(
+        "--size",
+        type=size_arg,
+        help=f"send N random bytes instead (64M, 1G...; {SIZE_HELP})",
+    )
     p.add_argument(
         "--to",
         required=True,
         metavar="HOST[:PORT]",
         type=endpoint_arg,
-        help="where mrc-recv listens, e.g. [fd00::2]:4791 (port default 4791)",
+        help=f"where mrc-recv listens, e.g. [fd00::2]:{DEFAULT_PORT} (port default {DEFAULT_PORT})",
     )
     p.add_argument(
         "--evs",
@@ -93,7 +100,7 @@ def _load(args: argparse.Namespace) -> tuple[memoryview, str]:
         try:
             fd = os.open(args.file, os.O_RDONLY)
         except OSError as exc:
-            raise Failure(f"cannot open {args.file}: {exc.strerror}") from None
+            raise MRCError(f"cannot open {args.file}: {exc.strerror}") from None
         try:
             size = os.fstat(fd).st_size
             if size == 0:
@@ -111,7 +118,7 @@ def _load(args: argparse.Namespace) -> tuple[memoryview, str]:
 DEFAULT_WINDOW = 512
 
 
-def fabric_window(topo, payload: int) -> int | None:
+def fabric_window(topo: Topology | None, payload: int) -> int | None:
     """A window that fits a shaped fabric's queues: ~1.5 ms of every plane's link rate.
 
     Without congestion control, a fixed window much larger than that overflows the first hop
@@ -119,8 +126,6 @@ def fabric_window(topo, payload: int) -> int | None:
     """
     if topo is None or not topo.rate:
         return None
-    from mrc.fabric import parse_rate
-
     rate = parse_rate(topo.rate)
     per_plane = max(4, -(-int(rate / 8 * 0.0015) // payload))
     return per_plane * topo.planes
@@ -172,6 +177,7 @@ async def _main(args: argparse.Namespace) -> int:
         await conn.close()
         evlog.close()
     peer = result.peer_stats
+    srtt = stats["srtt"]
     out = {
         "ok": result.ok,
         "role": "send",
@@ -194,7 +200,7 @@ async def _main(args: argparse.Namespace) -> int:
         "sacks": stats["sacks"],
         "retransmits_sack": stats["retransmits_sack"],
         "retransmits_tlp": stats["retransmits_tlp"],
-        "srtt_ms": round(stats["srtt"] * 1000, 3) if stats["srtt"] else None,
+        "srtt_ms": round(srtt * 1000, 3) if isinstance(srtt, float) and srtt else None,
         "dropped_by_reason": peer.get("dropped_by_reason", {}),
         **health,
         "evs": evs,
@@ -208,7 +214,7 @@ async def _main(args: argparse.Namespace) -> int:
             f"{stats['retransmits']} retransmits; sha256 {result.sha256[:16]}..."
         )
     if not result.ok:
-        raise Failure(result.error or "transfer failed")
+        raise MRCError(result.error or "transfer failed")
     return 0
 
 

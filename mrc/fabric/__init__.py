@@ -1,6 +1,7 @@
 """Multi-plane two-tier SRv6 fabrics of Linux routers in network namespaces.
 
-Quick use::
+Quick use (errors: :class:`mrc.errors.FabricError`, and :class:`mrc.errors.UsageError` for
+a bad spec or node name)::
 
     from mrc.fabric import Fabric, FabricSpec, load_topology
     topo = Fabric.up(FabricSpec(name="demo", planes=2))
@@ -10,9 +11,11 @@ Quick use::
 See docs/FABRIC.md for the topology, the addressing plan and the JSON format.
 """
 
-from .errors import FabricError, SpecError
+from mrc.errors import FabricError
+from mrc.units import parse_rate
+
 from .facade import Fabric
-from .spec import FabricSpec, parse_rate
+from .spec import FabricSpec
 from .topology import Host, HostNic, Link, Router, Topology, load_topology, plan
 
 __all__ = [
@@ -23,7 +26,6 @@ __all__ = [
     "HostNic",
     "Link",
     "Router",
-    "SpecError",
     "Topology",
     "load_topology",
     "parse_rate",

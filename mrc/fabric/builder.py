@@ -19,8 +19,9 @@ from __future__ import annotations
 import os
 import time
 
+from mrc.errors import FabricError, MRCError
+
 from . import netns, teardown
-from .errors import FabricError
 from .kernel import NsHandle, handles
 from .routes import node_neighbours, node_routes
 from .spec import FabricSpec
@@ -158,7 +159,7 @@ def up(spec: FabricSpec) -> Topology:
         topo.save()
     except BaseException as e:
         teardown.down(spec.name)
-        if isinstance(e, FabricError | KeyboardInterrupt):
+        if isinstance(e, MRCError | KeyboardInterrupt):  # already says what went wrong
             raise
         raise FabricError(f"building fabric {spec.name!r} failed: {e}") from e
     return topo

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from mrc.errors import FabricError
+
 from . import netns
 from .builder import configure_node, require_root
-from .errors import FabricError
 from .kernel import NsHandle, handles
 from .topology import Link, Topology
 
@@ -34,8 +37,11 @@ def set_link(topo: Topology, x: str, y: str, up: bool) -> Link:
 
 
 def _end_status(
-    h: NsHandle | None, ifname: str, cache: dict, trim_ports: dict[int, dict] | None = None
-) -> dict:
+    h: NsHandle | None,
+    ifname: str,
+    cache: dict[str, tuple[dict[str, Any], dict[int, int]]],
+    trim_ports: dict[int, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     if h is None:
         return {"ifname": ifname, "present": False}
     if h.ns not in cache:
@@ -52,13 +58,16 @@ def _end_status(
     return out
 
 
-def _trim_status(topo: Topology, present: list[str]) -> tuple[dict, dict[str, dict]]:
+def _trim_status(
+    topo: Topology, present: list[str]
+) -> tuple[dict[str, Any], dict[str, dict[int, dict[str, Any]]]]:
     """({router: router-wide counters}, {router: {ifindex: port counters}}) from the pins."""
     if not topo.trim:
         return {}, {}
     from . import trim
 
-    routers, ports = {}, {}
+    routers: dict[str, Any] = {}
+    ports: dict[str, dict[int, dict[str, Any]]] = {}
     for r in topo.routers:
         if r.name not in present:
             continue
@@ -73,7 +82,7 @@ def _trim_status(topo: Topology, present: list[str]) -> tuple[dict, dict[str, di
     return routers, ports
 
 
-def status(topo: Topology) -> dict:
+def status(topo: Topology) -> dict[str, Any]:
     """Per-link state and counters at both ends, as a JSON-able dict.
 
     A link is ``up`` when both ends are present, admin up and have carrier.  (Carrier, not
@@ -86,7 +95,7 @@ def status(topo: Topology) -> dict:
     """
     require_root()
     present = [n for n in topo.nodes() if netns.exists(topo.netns_of(n))]
-    cache: dict = {}
+    cache: dict[str, tuple[dict[str, Any], dict[int, int]]] = {}
     trim_routers, trim_ports = _trim_status(topo, present)
     with handles(topo.netns_of(n) for n in present) as hs:
         by_node = {n: hs[topo.netns_of(n)] for n in present}
@@ -113,7 +122,7 @@ def status(topo: Topology) -> dict:
     return out
 
 
-def interface_counters(ns: str) -> dict[str, dict]:
+def interface_counters(ns: str) -> dict[str, dict[str, Any]]:
     """{ifname: counters} for one namespace; handy for tests and tools."""
     h = NsHandle(ns)
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import builder, control, teardown
 from .spec import FabricSpec
 from .topology import Link, Topology, load_topology
@@ -22,11 +24,11 @@ class Fabric:
         return teardown.down(name)
 
     @staticmethod
-    def list() -> dict[str, dict]:
+    def list() -> dict[str, dict[str, Any]]:
         return teardown.list_fabrics()
 
     @staticmethod
-    def status(name_or_topology: str | Topology) -> dict:
+    def status(name_or_topology: str | Topology) -> dict[str, Any]:
         return control.status(_topo(name_or_topology))
 
     @staticmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import socket
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -111,7 +112,7 @@ class NsHandle:
             limit=limit,
         )
 
-    def links(self) -> list[dict]:
+    def links(self) -> list[dict[str, Any]]:
         """Interface facts for status: admin/oper state and 64-bit counters."""
         out = []
         for link in self.ipr.link("dump"):

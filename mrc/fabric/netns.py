@@ -26,7 +26,6 @@ NETNS_RUN_DIR = "/run/netns"
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
-MS_RDONLY = 0x1
 MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_SLAVE = 1 << 19
@@ -53,12 +52,14 @@ def _check(ret: int, what: str, target: str = "") -> None:
 
 
 def _mount(src: str | None, dst: str, fstype: str | None, flags: int) -> int:
-    return _libc.mount(
-        src.encode() if src is not None else None,
-        dst.encode(),
-        fstype.encode() if fstype is not None else None,
-        flags,
-        None,
+    return int(
+        _libc.mount(
+            src.encode() if src is not None else None,
+            dst.encode(),
+            fstype.encode() if fstype is not None else None,
+            flags,
+            None,
+        )
     )
 
 
@@ -170,11 +171,6 @@ def write_sysctl(key: str, value: str | int) -> None:
     path = "/proc/sys/" + key.replace(".", "/")
     with open(path, "w") as f:
         f.write(str(value))
-
-
-def read_sysctl(key: str) -> str:
-    with open("/proc/sys/" + key.replace(".", "/")) as f:
-        return f.read().strip()
 
 
 def pids_in(name: str) -> list[int]:

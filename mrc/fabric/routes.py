@@ -68,8 +68,7 @@ def node_routes(topo: Topology, node: str) -> list[Route]:
 
     # spine
     for h in topo.hosts:
-        leaf = h.nic(p).leaf
-        gw, dev = _via(topo, node, leaf)
+        gw, dev = _via(topo, node, h.nic(p).leaf)
         routes.append(Route(h.nic(p).prefix, gw, dev))
     for leaf in leaves:
         gw, dev = _via(topo, node, leaf.name)

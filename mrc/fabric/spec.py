@@ -1,11 +1,12 @@
-"""What the user asks for: :class:`FabricSpec`, its validation, and tc-style rate parsing."""
+"""What the user asks for: :class:`FabricSpec` and its validation."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from .errors import SpecError
+from mrc.errors import UsageError
+from mrc.units import parse_rate
 
 #: Fabric names become part of namespace names (``mrc-<name>-h0``).  No dash, so that the
 #: prefix ``mrc-<name>-`` of one fabric can never match the namespaces of another.
@@ -18,45 +19,6 @@ MAX_SPINES = 64
 MAX_LEAVES = 64
 MAX_HOSTS = 256
 MAX_NAMESPACES = 2000
-
-#: Multipliers to bits per second, as understood by tc(8).
-_RATE_UNITS = {
-    "bit": 1,
-    "kbit": 10**3,
-    "mbit": 10**6,
-    "gbit": 10**9,
-    "tbit": 10**12,
-    "bps": 8,
-    "kbps": 8 * 10**3,
-    "mbps": 8 * 10**6,
-    "gbps": 8 * 10**9,
-    "tbps": 8 * 10**12,
-}
-_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
-
-#: tbf's classic TCA_TBF_PARMS carries the rate as a u32 in bytes/s (~34 Gbit/s).
-MAX_RATE_BPS = (2**32 - 1) * 8
-
-
-def parse_rate(text: str) -> int:
-    """Parse a tc rate (``200mbit``, ``1gbit``, ``12.5mbps``) into bits per second.
-
-    A bare number means bits per second, as in tc.  ``bps`` means *bytes* per second (tc's
-    convention, easy to get wrong, so we follow tc rather than intuition).
-    """
-    m = _RATE_RE.match(text.lower())
-    if not m:
-        raise SpecError(f"bad rate {text!r}: expected e.g. 200mbit, 1gbit, 500kbit")
-    number, unit = m.groups()
-    unit = unit or "bit"
-    if unit not in _RATE_UNITS:
-        raise SpecError(f"bad rate unit {unit!r} in {text!r}: use bit, kbit, mbit, gbit or *bps")
-    bps = int(float(number) * _RATE_UNITS[unit])
-    if bps < 8000:
-        raise SpecError(f"rate {text!r} is too low (minimum 8kbit)")
-    if bps > MAX_RATE_BPS:
-        raise SpecError(f"rate {text!r} is too high for tbf (maximum 34gbit)")
-    return bps
 
 
 @dataclass(frozen=True)
@@ -78,9 +40,9 @@ class FabricSpec:
     trim: bool = False
 
     def validate(self) -> None:
-        """Raise :class:`SpecError` with a one-line reason if this spec cannot be built."""
+        """Raise :class:`UsageError` with a one-line reason if this spec cannot be built."""
         if not NAME_RE.match(self.name):
-            raise SpecError(
+            raise UsageError(
                 f"bad fabric name {self.name!r}: use 1-24 letters, digits or '_' (no '-')"
             )
         for field, value, low, high in (
@@ -90,22 +52,22 @@ class FabricSpec:
             ("hosts", self.hosts, 2, MAX_HOSTS),
         ):
             if not low <= value <= high:
-                raise SpecError(f"--{field} must be between {low} and {high}, got {value}")
+                raise UsageError(f"--{field} must be between {low} and {high}, got {value}")
         if self.hosts < self.leaves:
-            raise SpecError(
+            raise UsageError(
                 f"--hosts ({self.hosts}) must be at least --leaves ({self.leaves}):"
                 " every leaf needs a host"
             )
         if not 1280 <= self.mtu <= 65535:
-            raise SpecError(f"--mtu must be between 1280 (IPv6 minimum) and 65535, got {self.mtu}")
+            raise UsageError(f"--mtu must be between 1280 (IPv6 minimum) and 65535, got {self.mtu}")
         if self.rate is not None:
             parse_rate(self.rate)
         if self.trim and self.rate is None:
-            raise SpecError(
+            raise UsageError(
                 "--trim needs --rate: trimming acts when a shaped link's queue would overflow"
             )
         if self.namespace_count > MAX_NAMESPACES:
-            raise SpecError(
+            raise UsageError(
                 f"fabric would need {self.namespace_count} namespaces (max {MAX_NAMESPACES})"
             )
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from typing import Any
 
 from . import netns
 from .spec import NAME_RE
@@ -47,12 +48,12 @@ def down(name: str) -> list[str]:
     return removed
 
 
-def list_fabrics() -> dict[str, dict]:
+def list_fabrics() -> dict[str, dict[str, Any]]:
     """Every fabric visible on this machine:
     {name: {"namespaces": n, "topology": path|None, "bpf_pins": path|None}}."""
-    found: dict[str, dict] = {}
+    found: dict[str, dict[str, Any]] = {}
 
-    def entry(name: str) -> dict:
+    def entry(name: str) -> dict[str, Any]:
         return found.setdefault(name, {"namespaces": 0, "topology": None, "bpf_pins": None})
 
     for ns in netns.list_netns():

@@ -13,9 +13,11 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
+
+from mrc.errors import FabricError, UsageError
 
 from . import addressing as A
-from .errors import FabricError, SpecError
 from .spec import FabricSpec
 
 FORMAT_VERSION = 1
@@ -56,7 +58,7 @@ class Host:
         for n in self.nics:
             if n.plane == plane:
                 return n
-        raise SpecError(f"host {self.name} has no NIC in plane {plane}")
+        raise UsageError(f"host {self.name} has no NIC in plane {plane}")
 
 
 @dataclass(frozen=True)
@@ -134,10 +136,11 @@ class Topology:
         return self._node(node).netns
 
     def _node(self, node: str) -> Host | Router:
-        for item in (*self.hosts, *self.routers):
+        items: list[Host | Router] = [*self.hosts, *self.routers]
+        for item in items:
             if node in (item.name, item.netns):
                 return item
-        raise SpecError(
+        raise UsageError(
             f"unknown node {node!r} in fabric {self.name!r} (hosts h0..h{len(self.hosts) - 1},"
             f" routers like p0l0 / p0s0)"
         )
@@ -148,13 +151,13 @@ class Topology:
     def host(self, name: str) -> Host:
         item = self._node(name)
         if not isinstance(item, Host):
-            raise SpecError(f"{name!r} is a router, not a host")
+            raise UsageError(f"{name!r} is a router, not a host")
         return item
 
     def router(self, name: str) -> Router:
         item = self._node(name)
         if not isinstance(item, Router):
-            raise SpecError(f"{name!r} is a host, not a router")
+            raise UsageError(f"{name!r} is a host, not a router")
         return item
 
     def spines(self, plane: int) -> list[Router]:
@@ -172,15 +175,15 @@ class Topology:
         for lk in self.links:
             if {lk.a, lk.b} == {cx, cy}:
                 return lk
-        raise SpecError(f"no link between {x} and {y} in fabric {self.name!r}")
+        raise UsageError(f"no link between {x} and {y} in fabric {self.name!r}")
 
     # --- (de)serialisation -------------------------------------------------------------------
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> Topology:
+    def from_dict(cls, d: dict[str, Any]) -> Topology:
         if d.get("version") != FORMAT_VERSION:
             raise FabricError(f"unsupported topology format version {d.get('version')!r}")
         hosts = tuple(

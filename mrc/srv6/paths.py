@@ -9,6 +9,7 @@ which carries no SRH at all.
 
 from __future__ import annotations
 
+import functools
 import socket
 from dataclasses import dataclass
 
@@ -50,7 +51,8 @@ def list_paths(topo: Topology, src: str, dst: str, planes: list[int] | None = No
     paths = []
     for plane in planes if planes is not None else range(topo.planes):
         sn, dn = s.nic(plane), d.nic(plane)
-        common = dict(
+        common = functools.partial(
+            Path,
             src=s.name,
             dst=d.name,
             plane=plane,
@@ -59,9 +61,9 @@ def list_paths(topo: Topology, src: str, dst: str, planes: list[int] | None = No
             src_netns=s.netns,
         )
         for spine in topo.spines(plane):
-            paths.append(Path(spine=spine.name, segments=(spine.sid, dn.address), **common))
+            paths.append(common(spine=spine.name, segments=(spine.sid, dn.address)))
         if sn.leaf == dn.leaf:
-            paths.append(Path(spine=None, segments=(dn.address,), **common))
+            paths.append(common(spine=None, segments=(dn.address,)))
     return paths
 
 

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 IPV6_RTHDR = 57  # setsockopt/cmsg option number (linux/in6.h)
 IPV6_RECVRTHDR = 56
 ROUTING_TYPE_SRH = 4
-NEXT_HEADER_ROUTING = 43
 
 _FIXED = struct.Struct("!BBBBBBH")
 

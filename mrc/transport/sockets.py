@@ -11,7 +11,8 @@ import contextlib
 import ipaddress
 import socket
 
-IPV6_RTHDR = 57  # linux/in6.h; not exported by Python's socket module
+from mrc.srv6.srh import IPV6_RTHDR
+
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 

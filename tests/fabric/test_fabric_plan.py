@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from mrc.fabric import FabricSpec, SpecError, Topology, load_topology, parse_rate, plan
+from mrc.errors import UsageError
+from mrc.fabric import FabricSpec, Topology, load_topology, parse_rate, plan
 from mrc.fabric.routes import node_neighbours, node_routes
 from mrc.srv6.paths import default_path, list_paths, path_via
 from mrc.srv6.srh import decode_srh
@@ -82,7 +83,7 @@ def test_json_round_trip(tmp_path) -> None:
     ],
 )
 def test_bad_specs(kwargs) -> None:
-    with pytest.raises(SpecError):
+    with pytest.raises(UsageError):
         FabricSpec(**kwargs).validate()
 
 
@@ -96,9 +97,9 @@ def test_parse_rate() -> None:
 
 def test_lookups_fail_cleanly() -> None:
     topo = plan(FabricSpec())
-    with pytest.raises(SpecError, match="unknown node"):
+    with pytest.raises(UsageError, match="unknown node"):
         topo.host("h9")
-    with pytest.raises(SpecError, match="no link"):
+    with pytest.raises(UsageError, match="no link"):
         topo.link_between("h0", "p0s0")
     assert topo.link_between("p0s1", "p0l0").id == "p0l0-p0s1"
     assert topo.canonical("mrc-mrc-h2") == "h2"

@@ -22,11 +22,13 @@ import statistics
 import struct
 import threading
 import time
+from typing import Any
 
 from mrc import wire
+from mrc.transport.sockets import SO_RCVBUFFORCE
+from mrc.units import parse_rate
 
 from .. import Fabric, FabricSpec, Topology, netns
-from ..spec import parse_rate
 from .install import read_router
 
 PORT = 7400
@@ -34,7 +36,6 @@ PAY = 1400
 SENDERS = ("h0", "h1", "h3")
 DST = "h2"
 UDP_SEGMENT = 103
-SO_RCVBUFFORCE = 33
 SO_TIMESTAMPNS = 35
 STATS_SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
 
@@ -84,7 +85,7 @@ def _trims(topo: Topology) -> int:
     return total
 
 
-def run(topo: Topology, seconds: float, pps: float, gso: bool) -> dict:
+def run(topo: Topology, seconds: float, pps: float, gso: bool) -> dict[str, Any]:
     dst = topo.host(DST).nic(0)
     with netns.entered(topo.netns_of(DST)):
         rx = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
@@ -160,7 +161,7 @@ def run(topo: Topology, seconds: float, pps: float, gso: bool) -> dict:
     rx.close()
     drops = {k: v - drops0[k] for k, v in _drops(topo).items() if v - drops0[k]}
 
-    def delay(sel: list[tuple[bytes, int]]) -> dict | None:
+    def delay(sel: list[tuple[bytes, int]]) -> dict[str, Any] | None:
         v = [(t - int.from_bytes(d[12:20], "big")) / 1e6 for d, t in sel]
         if not v:
             return None

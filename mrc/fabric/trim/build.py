@@ -15,7 +15,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..errors import FabricError
+from mrc.errors import FabricError
+
 from ..topology import run_dir
 
 SOURCE = Path(__file__).with_name("mrc_trim.bpf.c")

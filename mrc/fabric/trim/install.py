@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
+
+from mrc.errors import FabricError
 
 from .. import netns
-from ..errors import FabricError
 from ..kernel import NsHandle, handles
 from ..topology import Topology
 from . import build, libbpf
@@ -192,13 +194,13 @@ def host_offloads_off(ns: str, ifname: str) -> None:
 # --- reading counters ---------------------------------------------------------------------
 
 
-def read_router(fabric: str, router: str) -> dict | None:
+def read_router(fabric: str, router: str) -> dict[str, Any] | None:
     """{"ports": {ifindex: {...}}, "router": {...}} from a router's pinned maps, or None when
     the router has no pins (no --trim, or already down)."""
     d = router_pin_dir(fabric, router)
     if not os.path.exists(os.path.join(d, PIN_EGRESS)):
         return None
-    ports: dict[int, dict] = {}
+    ports: dict[int, dict[str, Any]] = {}
     fd = libbpf.open_pinned(os.path.join(d, PIN_EGRESS))
     try:
         for key in libbpf.map_keys(fd, KEY.size):

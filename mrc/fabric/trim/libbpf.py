@@ -20,7 +20,7 @@ import struct
 import threading
 from collections.abc import Iterator
 
-from ..errors import FabricError
+from mrc.errors import FabricError
 
 BPF_F_LOCK = 4  # lookup/update: copy the value under its bpf_spin_lock
 BPF_ANY = 0
@@ -106,7 +106,7 @@ def _captured_log() -> Iterator[list[str]]:
 
     def _cb(level: int, fmt: bytes, ap: int) -> int:
         buf = ctypes.create_string_buffer(4096)
-        n = _libc.vsnprintf(buf, len(buf), fmt, ap)
+        n: int = _libc.vsnprintf(buf, len(buf), fmt, ap)
         lines.append(buf.value.decode(errors="replace"))
         return n
 
@@ -143,10 +143,10 @@ class BpfObject:
         prog = _load().bpf_object__find_program_by_name(self._obj, name.encode())
         if not prog:
             raise FabricError(f"BPF object has no program {name!r}")
-        return _load().bpf_program__fd(prog)
+        return int(_load().bpf_program__fd(prog))
 
     def map_fd(self, name: str) -> int:
-        fd = _load().bpf_object__find_map_fd_by_name(self._obj, name.encode())
+        fd: int = _load().bpf_object__find_map_fd_by_name(self._obj, name.encode())
         if fd < 0:
             raise FabricError(f"BPF object has no map {name!r}")
         return fd
@@ -172,7 +172,7 @@ def pin(fd: int, path: str) -> None:
 
 def open_pinned(path: str) -> int:
     """A new fd for a pinned program or map (close it with os.close)."""
-    fd = _load().bpf_obj_get(os.fsencode(path))
+    fd: int = _load().bpf_obj_get(os.fsencode(path))
     if fd < 0:
         e = _err(fd)
         raise OSError(e, f"open pinned {path}: {os.strerror(e)}", path)

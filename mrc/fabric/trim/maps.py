@@ -11,6 +11,7 @@ import contextlib
 import os
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from ..kernel import tbf_params
 
@@ -86,7 +87,7 @@ def port_config(rate_bps: int, mtu: int, lasthop: bool) -> PortConfig:
     return PortConfig(rate=rate_Bps, limit=limit, hard_limit=tbf_limit + burst, lasthop=lasthop)
 
 
-def unpack_egress(raw: bytes) -> dict:
+def unpack_egress(raw: bytes) -> dict[str, Any]:
     _lock, flags, *values = EGRESS.unpack_from(raw)
     out = dict(zip(EGRESS_FIELDS, values, strict=True))
     out["lasthop"] = bool(flags & EGRESS_LASTHOP)
