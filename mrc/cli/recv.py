@@ -139,11 +139,11 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
     if region is None:
         await conn.close()
         raise Failure("a sender connected without asking for a region (not mrc-send?)")
-    size = int(conn.meta.get("request", {}).get("size", region.length))  # type: ignore[union-attr]
+    size = conn.requested_size if conn.requested_size is not None else region.length
     view = region.view[:size]
     buf = region.view.obj
     path = outputs.paths.get(id(buf))
-    peer = conn.control.peer_host
+    peer = conn.peer_host
     progress = Progress(size, f"receiving from {peer}", None if not args.no_progress else False)
     evlog.attach(conn, "recv")
     try:
@@ -161,7 +161,7 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
         if ok:
             buf.flush()  # type: ignore[union-attr]
         del view
-        conn.endpoint.core.pd.deregister(region)
+        conn.deregister(region)
         buf.close()  # type: ignore[union-attr]
         if ok:
             os.replace(path + ".part", path)
@@ -187,7 +187,7 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
         "nacks_sent": stats["nacks_sent"],
         "acks_sent": stats["acks_sent"],
         "dropped_by_reason": stats["dropped_by_reason"],
-        **conn.qp.evs.counters(),
+        **conn.ev_counters(),
         "error": None if ok else error,
     }
     if args.json:
