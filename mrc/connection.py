@@ -30,7 +30,7 @@ from mrc.core.memory import Access, MemoryRegion, ProtectionDomain
 from mrc.core.qp import QueuePair
 from mrc.errors import MRCError
 from mrc.srv6.evroutes import EVRoute, fabric_routes, plain_routes
-from mrc.transport.control import ControlChannel, ControlError
+from mrc.transport.control import MAX_LINE, ControlChannel, ControlError
 from mrc.transport.endpoint import Endpoint, QPChannel
 from mrc.transport.messages import (
     MAX_EVS,
@@ -448,7 +448,7 @@ class Listener:
         pairs = _plane_pairs(local, peer_addrs)
         active = max(self.evs, len(pairs))
         total = active + backup_count(active, len(pairs))
-        routes = _routes(pairs, self.fabric)  # before allocating: may refuse unknown addresses
+        routes = _routes(pairs, self.fabric)
 
         core = self.endpoint.core
         granted = self._grant(hello.request) if hello.request is not None else None
@@ -580,7 +580,9 @@ async def listen(
             continue
         endpoint = Endpoint(EndpointCore(), socks)
         try:
-            server = await asyncio.start_server(handler, tcp_hosts, want, reuse_address=True)
+            server = await asyncio.start_server(
+                handler, tcp_hosts, want, reuse_address=True, limit=MAX_LINE
+            )
         except OSError as exc:
             endpoint.close()
             if last or exc.errno != errno.EADDRINUSE:
@@ -632,7 +634,9 @@ async def connect(
     host = _resolve(host)
     locals_ = [_resolve(a) for a in local_addrs] if local_addrs else []
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, limit=MAX_LINE), timeout
+        )
     except TimeoutError:
         raise MRCError(f"peer [{host}]:{port} unreachable (no answer in {timeout:g} s)") from None
     except ConnectionRefusedError:

@@ -13,7 +13,7 @@ import json
 
 from mrc.errors import MRCError
 
-MAX_LINE = 1 << 20
+MAX_LINE = 1 << 20  # bytes of one message, line end included: pass as the StreamReader limit
 
 
 class ControlError(MRCError):
@@ -43,12 +43,14 @@ class ControlChannel:
             line = await asyncio.wait_for(self.reader.readline(), timeout)
         except TimeoutError:
             raise ControlError("peer did not answer on the side channel in time") from None
-        except (ConnectionError, OSError, ValueError) as exc:
+        except (ConnectionError, OSError) as exc:
             raise ControlError(f"side channel to the peer broke: {exc}") from None
+        except ValueError:  # readline: no line end within the reader's limit (MAX_LINE)
+            raise ControlError(
+                f"peer sent a side-channel message over {MAX_LINE} bytes long"
+            ) from None
         if not line:
             return None
-        if len(line) > MAX_LINE:
-            raise ControlError("peer sent an oversized side-channel message")
         try:
             obj = json.loads(line)
         except ValueError:
