@@ -164,7 +164,7 @@ def _open_ev_sockets(
 class Connection:
     """One connected queue pair plus its side channel.
 
-    ``endpoint``, ``channel`` and ``qp`` are the transport and core objects underneath, kept
+    ``endpoint``, ``channel``, ``qp`` and ``control`` are the machinery underneath, kept
     for tests and instrumentation: they are not part of the API and change without notice.
     What a program needs (progress, EV events and counters, memory) is a method or property.
     """
