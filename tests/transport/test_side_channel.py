@@ -117,7 +117,7 @@ async def listening(**kw: object) -> AsyncIterator[Listener]:
             raise mrc.MRCError(f"transfer of {size} bytes is too large")
         return bytearray(max(size, 1))
 
-    listener = await mrc.listen(HOST, 0, region_factory=factory, **kw)  # type: ignore[arg-type]
+    listener = await mrc.listen(HOST, 0, region_factory=factory, **kw)  # type: ignore[arg-type]  # kw: listen()'s own keywords
     try:
         yield listener
     finally:
