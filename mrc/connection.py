@@ -15,42 +15,62 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import secrets
 import socket
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from mrc.core.config import QPConfig
 from mrc.core.endpoint import EndpointCore
+from mrc.core.events import EVStateChanged
 from mrc.core.memory import Access, MemoryRegion, ProtectionDomain
 from mrc.core.qp import QueuePair
 from mrc.errors import MRCError
 from mrc.srv6.evroutes import EVRoute, fabric_routes, plain_routes
-from mrc.transport.control import PROTOCOL_VERSION, ControlChannel, ControlError, check_version
+from mrc.transport.control import MAX_LINE, ControlChannel, ControlError
 from mrc.transport.endpoint import Endpoint, QPChannel
+from mrc.transport.messages import (
+    MAX_EVS,
+    MAX_REGION_SIZE,
+    Hello,
+    Refusal,
+    RegionRequest,
+    RemoteRegion,
+    Welcome,
+    parse_reply,
+)
 from mrc.transport.sockets import ev_socket, family_of, udp_socket
 from mrc.wire import DEFAULT_PORT
 
 if TYPE_CHECKING:
     from mrc.fabric.topology import Topology
 
+__all__ = [
+    "Buffer",
+    "Connection",
+    "Listener",
+    "MRCError",
+    "RegionFactory",
+    "RemoteRegion",
+    "backup_count",
+    "connect",
+    "listen",
+]
+
 CONNECT_TIMEOUT = 5.0
 
 
-@dataclass(frozen=True, slots=True)
-class RemoteRegion:
-    """A peer's registered memory, as learnt over the side channel."""
+class Buffer(Protocol):
+    """Anything ``memoryview()`` accepts: bytes, bytearray, memoryview, mmap, array...
 
-    name: str
-    rkey: int
-    addr: int
-    length: int
+    (``collections.abc.Buffer`` from Python 3.12, spelled out for 3.11. Type checkers on 3.11
+    do not know that NumPy arrays are buffers; they work all the same.)
+    """
 
-    @classmethod
-    def from_dict(cls, d: dict[str, object]) -> RemoteRegion:
-        return cls(str(d["name"]), int(d["rkey"]), int(d["addr"]), int(d["length"]))  # type: ignore[arg-type]
+    def __buffer__(self, flags: int, /) -> memoryview: ...
 
 
 def _any_address(host: str) -> str:
@@ -142,43 +162,56 @@ def _open_ev_sockets(
 
 
 class Connection:
-    """One connected queue pair plus its side channel."""
+    """One connected queue pair plus its side channel.
+
+    ``endpoint``, ``channel``, ``qp`` and ``control`` are the machinery underneath, kept
+    for tests and instrumentation: they are not part of the API and change without notice.
+    What a program needs (progress, EV events and counters, memory) is a method or property.
+    """
 
     def __init__(
         self,
         endpoint: Endpoint,
         channel: QPChannel,
         control: ControlChannel,
-        remote_regions: list[RemoteRegion],
+        *,
+        remote: tuple[RemoteRegion, ...],
+        requested: RemoteRegion | None,
         owns_endpoint: bool,
+        peer_addrs: tuple[str, ...],
+        routes: list[str],
         granted: MemoryRegion | None = None,
-        meta: dict[str, object] | None = None,
-        plane_pairs: list[tuple[str, str]] | None = None,
-        routes: list[str] | None = None,
+        requested_size: int | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.channel = channel
         self.qp = channel.qp
         self.control = control
-        self.remote = {r.name: r for r in remote_regions}
+        self.remote = {r.name: r for r in remote}
         self.granted = granted  # region created for this peer's request (receiver side)
-        self.requested = remote_regions[0] if remote_regions else None  # sender side
-        self.plane_pairs = plane_pairs or []
-        self.routes = routes or []  # route label of each EV
-        self.meta = meta or {}
+        self.requested = requested  # the region we asked the receiver for (sender side)
+        self.routes = routes  # route label of each EV
+        self._peer_addrs = peer_addrs
+        self._requested_size = requested_size
         self._owns_endpoint = owns_endpoint
         self._closed = False
 
     # ---- memory ------------------------------------------------------------------------
 
-    def register(self, buffer: object, name: str = "") -> MemoryRegion:
+    def register(self, buffer: Buffer, name: str = "") -> MemoryRegion:
         """Register local memory the peer may write into (tell the peer via messages)."""
         return self.endpoint.core.pd.register(buffer, Access.REMOTE_WRITE, name)
+
+    def deregister(self, region: MemoryRegion) -> None:
+        """Forget ``region`` (registered here, or granted to the peer on its request): later
+        WRITEs to it are dropped as bad_rkey, and our view of its buffer is released so the
+        buffer (an mmap, say) can be closed."""
+        self.endpoint.core.pd.deregister(region)
 
     # ---- work requests -----------------------------------------------------------------
 
     def post_write(
-        self, data: object, region: RemoteRegion, offset: int = 0, imm: int | None = None
+        self, data: Buffer, region: RemoteRegion, offset: int = 0, imm: int | None = None
     ) -> asyncio.Future[int]:
         """Post a WRITE (WRITE_IMM with ``imm``); the future resolves when it is placed.
 
@@ -186,7 +219,7 @@ class Connection:
         """
         if self.channel.error is not None:
             raise MRCError(self.channel.error)
-        length = memoryview(data).nbytes  # type: ignore[arg-type]
+        length = memoryview(data).nbytes
         if offset < 0 or offset + length > region.length:
             raise ValueError(
                 f"write of {length} bytes at offset {offset} does not fit region "
@@ -195,12 +228,11 @@ class Connection:
         fut: asyncio.Future[int] = self.endpoint.loop.create_future()
         wr_id = self.qp.post_write(data, region.addr + offset, region.rkey, imm)
         self.channel.pending[wr_id] = fut
-        self.channel.idle_event.clear()
         self.endpoint.kick(self.qp.qpn)
         return fut
 
     async def write(
-        self, data: object, region: RemoteRegion, offset: int = 0, imm: int | None = None
+        self, data: Buffer, region: RemoteRegion, offset: int = 0, imm: int | None = None
     ) -> int:
         """WRITE and wait until every byte is acknowledged; returns the byte count."""
         try:
@@ -225,16 +257,54 @@ class Connection:
     # ---- side channel ------------------------------------------------------------------
 
     async def send_message(self, obj: dict[str, object]) -> None:
+        """Send one JSON object to the peer over the side channel (after set-up, the
+        application's to use: mrc-send and mrc-recv swap their verdict this way)."""
         await self.control.send(obj)
 
     async def recv_message(self, timeout: float | None = None) -> dict[str, object] | None:
+        """The peer's next side-channel message, or None once it closed the channel."""
         return await self.control.recv(timeout)
 
-    # ---- reporting ---------------------------------------------------------------------
+    # ---- the peer ----------------------------------------------------------------------
+
+    @property
+    def qpn(self) -> int:
+        """Our QP number for this connection (unique within the endpoint)."""
+        return self.qp.qpn
+
+    @property
+    def peer_host(self) -> str:
+        """The peer's address as the side channel (TCP) sees it."""
+        return self.control.peer_host
+
+    @property
+    def peer_addrs(self) -> tuple[str, ...]:
+        """The peer's address on each plane, as it announced them (empty: one plane, at
+        ``peer_host``)."""
+        return self._peer_addrs
+
+    @property
+    def requested_size(self) -> int | None:
+        """Receiver side: the bytes the peer asked us to allocate (``granted`` may be larger,
+        as no buffer is empty); None if it asked for none."""
+        return self._requested_size
+
+    # ---- progress and reporting --------------------------------------------------------
 
     @property
     def error(self) -> str | None:
         return self.channel.error
+
+    @property
+    def bytes_acked(self) -> int:
+        """Sender side: packets the peer acknowledged cumulatively, in bytes of full payload
+        (a cheap progress measure: it overcounts by the short last packet of each WRITE)."""
+        return self.qp.requester.acked_packets * self.qp.config.payload_size
+
+    @property
+    def bytes_placed(self) -> int:
+        """Receiver side: payload bytes the peer's WRITEs placed here so far (in any order)."""
+        return self.qp.stats.bytes_placed
 
     def stats(self) -> dict[str, object]:
         """Counters of this QP plus drops counted for the whole endpoint."""
@@ -253,9 +323,30 @@ class Connection:
         rows: list[dict[str, object]] = []
         for row in self.qp.ev_report():
             r: dict[str, object] = dict(row)
-            r["route"] = self.routes[row["ev"]] if self.routes else "direct"
+            ev = row["ev"]
+            r["route"] = self.routes[ev] if self.routes and isinstance(ev, int) else "direct"
             rows.append(r)
         return rows
+
+    def ev_counters(self) -> dict[str, int]:
+        """EV health so far: evs_assumed_bad, evs_resurrected, evs_skipped, planes_lost,
+        floor_holds (see mrc/core/evset.py)."""
+        return self.qp.evs.counters()
+
+    # ---- paths -------------------------------------------------------------------------
+
+    def deny_ev(self, ev: int) -> None:
+        """Never use EV ``ev`` (an index of :meth:`ev_report`) again: state DENIED."""
+        if not 0 <= ev < len(self.qp.evs.ports):
+            raise ValueError(f"no EV {ev} (this connection has {len(self.qp.evs.ports)})")
+        self.qp.deny_ev(ev, time.monotonic())
+
+    def on_ev_change(self, callback: Callable[[EVStateChanged], None] | None) -> None:
+        """Call ``callback(event)`` with every EV state transition of this connection, the
+        core's :class:`~mrc.core.events.EVStateChanged` as it is (``event.time`` is on the
+        ``time.monotonic()`` clock). One callback per connection: a new one replaces the last;
+        None stops. It runs inside the transport's packet processing, so keep it short."""
+        self.channel.on_ev_event = callback
 
     async def close(self) -> None:
         if self._closed:
@@ -273,7 +364,13 @@ class Connection:
         await self.close()
 
 
-RegionFactory = Callable[[int, dict[str, object]], object]
+# ``region_factory(size, request)``: a writable buffer of at least ``size`` bytes for a sender
+# that asked for one; ``request`` is the hello's request object ({"size", "name"}).
+RegionFactory = Callable[[int, dict[str, object]], Buffer]
+
+
+def _describe(region: MemoryRegion) -> RemoteRegion:
+    return RemoteRegion(region.name, region.rkey, region.addr, region.length)
 
 
 class Listener:
@@ -298,14 +395,13 @@ class Listener:
         self.region_factory = region_factory
         self._accepted: asyncio.Queue[Connection] = asyncio.Queue()
         self.connections: list[Connection] = []
-        self.failures: list[str] = []
         self.shared_regions: list[MemoryRegion] = []
 
     @property
     def port(self) -> int:
         return self.endpoint.port
 
-    def register(self, buffer: object, name: str = "") -> MemoryRegion:
+    def register(self, buffer: Buffer, name: str = "") -> MemoryRegion:
         """Register memory every connecting sender will be told about."""
         region = self.endpoint.core.pd.register(buffer, Access.REMOTE_WRITE, name)
         self.shared_regions.append(region)
@@ -321,82 +417,102 @@ class Listener:
         control = ControlChannel(reader, writer)
         try:
             conn = await self._setup(control)
-        except (ControlError, MRCError, ValueError, KeyError, TypeError) as exc:
-            msg = str(exc) if isinstance(exc, ControlError | MRCError) else f"bad hello: {exc}"
-            self.failures.append(msg)
+        except MRCError as exc:  # ControlError and MessageError too: refuse with the reason
             with contextlib.suppress(ControlError):
-                await control.send({"mrc": PROTOCOL_VERSION, "ok": False, "error": msg})
+                await control.send(Refusal.because(str(exc)).to_json())
             control.close()
             return
+        except BaseException:
+            control.close()
+            raise
         self.connections.append(conn)
         self._accepted.put_nowait(conn)
 
     async def _setup(self, control: ControlChannel) -> Connection:
-        hello = await control.recv(timeout=CONNECT_TIMEOUT)
-        if hello is None:
+        """Accept one hello: check all of it, then allocate (granted region, EV sockets, QP);
+        whatever was allocated is released again if a later step fails."""
+        obj = await control.recv(timeout=CONNECT_TIMEOUT)
+        if obj is None:
             raise ControlError("peer closed the side channel before saying hello")
-        check_version(hello)
-        core = self.endpoint.core
-        cfg = QPConfig(**(self.config and _config_dict(self.config) or {}))
-        cfg.psn_window = int(hello.get("psn_window", cfg.psn_window))  # type: ignore[arg-type]
+        hello = Hello.from_json(obj)
+        cfg = dataclasses.replace(self.config) if self.config is not None else QPConfig()
+        if hello.psn_window is not None:
+            cfg.psn_window = hello.psn_window
         cfg.max_outstanding = min(cfg.max_outstanding, cfg.psn_window)
-        cfg.validate()
-        peer_addrs = [str(a) for a in hello.get("addrs") or []] or [control.peer_host]  # type: ignore[union-attr]
+        try:
+            cfg.validate()
+        except ValueError as exc:
+            raise MRCError(f"cannot accept with this receiver's settings: {exc}") from None
+        peer_addrs = list(hello.addrs) or [control.peer_host]
         local = self.plane_addrs or [_any_address(peer_addrs[0])]
         pairs = _plane_pairs(local, peer_addrs)
-        peer_port = int(hello["udp_port"])  # type: ignore[arg-type]
         active = max(self.evs, len(pairs))
         total = active + backup_count(active, len(pairs))
-        socks, planes, labels = _open_ev_sockets(total, _routes(pairs, self.fabric), peer_port)
-        qp = QueuePair(
-            _new_qpn(core),
-            core.pd,
-            [s.getsockname()[1] for s in socks],
-            planes,
-            cfg,
-            secrets.randbits(24),
-            active_evs=active,
-            ev_routes=_route_ids(labels),
-        )
-        qp.connect(int(hello["qpn"]), int(hello["psn"]))  # type: ignore[arg-type]
-        granted = None
-        request = hello.get("request")
-        if isinstance(request, dict):
-            if self.region_factory is None:
-                raise MRCError("this receiver does not allocate memory on request")
-            size = int(request["size"])
-            if size < 0:
-                raise MRCError("requested a negative region size")
-            buf = self.region_factory(size, request)
-            granted = core.pd.register(buf, Access.REMOTE_WRITE, str(request.get("name", "")))
-        channel = self.endpoint.attach(qp, socks)
-        shared = [r for r in self.shared_regions if core.pd.lookup(r.rkey) is r]
-        regions = [r.describe() for r in ([granted] if granted else []) + shared]
-        await control.send(
-            {
-                "mrc": PROTOCOL_VERSION,
-                "ok": True,
-                "qpn": qp.qpn,
-                "psn": qp.initial_psn,
-                "udp_port": self.endpoint.port,
-                "addrs": self.plane_addrs,
-                "regions": regions,
-            }
-        )
-        conn = Connection(
+        routes = _routes(pairs, self.fabric)
+
+        core = self.endpoint.core
+        granted = self._grant(hello.request) if hello.request is not None else None
+        socks: list[socket.socket] = []
+        attached: QueuePair | None = None
+        try:
+            socks, planes, labels = _open_ev_sockets(total, routes, hello.udp_port)
+            qp = QueuePair(
+                _new_qpn(core),
+                core.pd,
+                [s.getsockname()[1] for s in socks],
+                planes,
+                cfg,
+                secrets.randbits(24),
+                active_evs=active,
+                ev_routes=_route_ids(labels),
+            )
+            qp.connect(hello.qpn, hello.psn)
+            channel = self.endpoint.attach(qp, socks)
+            attached = qp  # from here on the endpoint owns the EV sockets
+            shared = [r for r in self.shared_regions if core.pd.lookup(r.rkey) is r]
+            welcome = Welcome(
+                qpn=qp.qpn,
+                psn=qp.initial_psn,
+                udp_port=self.endpoint.port,
+                addrs=tuple(self.plane_addrs),
+                regions=tuple(_describe(r) for r in ([granted] if granted else []) + shared),
+            )
+            await control.send(welcome.to_json())
+        except BaseException:
+            if attached is not None:
+                self.endpoint.detach(attached.qpn)
+            for s in socks:
+                s.close()
+            if granted is not None:
+                core.pd.deregister(granted)
+            raise
+        return Connection(
             self.endpoint,
             channel,
             control,
-            [],
-            False,
-            granted,
-            hello,
-            plane_pairs=pairs,
+            remote=hello.regions,
+            requested=None,
+            owns_endpoint=False,
+            peer_addrs=hello.addrs,
             routes=labels,
+            granted=granted,
+            requested_size=hello.request.size if hello.request is not None else None,
         )
-        remote = hello.get("regions") or []
-        conn.remote = {str(r["name"]): RemoteRegion.from_dict(r) for r in remote}  # type: ignore[index, union-attr, arg-type]
-        return conn
+
+    def _grant(self, request: RegionRequest) -> MemoryRegion:
+        """Allocate (with ``region_factory``) and register the region a sender asked for."""
+        if self.region_factory is None:
+            raise MRCError("this receiver does not allocate memory on request")
+        try:
+            buf = self.region_factory(request.size, request.to_json())
+            return self.endpoint.core.pd.register(buf, Access.REMOTE_WRITE, request.name)
+        except MRCError:
+            raise
+        except (OSError, ValueError, TypeError, OverflowError, MemoryError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise MRCError(
+                f"cannot allocate the {request.size} bytes asked for: {reason}"
+            ) from None
 
     async def close(self) -> None:
         self.server.close()
@@ -411,10 +527,6 @@ class Listener:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _config_dict(cfg: QPConfig) -> dict[str, object]:
-    return {name: getattr(cfg, name) for name in cfg.__slots__}
 
 
 async def listen(
@@ -468,7 +580,9 @@ async def listen(
             continue
         endpoint = Endpoint(EndpointCore(), socks)
         try:
-            server = await asyncio.start_server(handler, tcp_hosts, want, reuse_address=True)
+            server = await asyncio.start_server(
+                handler, tcp_hosts, want, reuse_address=True, limit=MAX_LINE
+            )
         except OSError as exc:
             endpoint.close()
             if last or exc.errno != errno.EADDRINUSE:
@@ -505,6 +619,10 @@ async def connect(
     """
     if evs < 1:
         raise MRCError("need at least one EV")
+    if evs > MAX_EVS:
+        raise MRCError(f"at most {MAX_EVS} EVs (one UDP source port each), not {evs}")
+    if request_size is not None and not 0 <= request_size <= MAX_REGION_SIZE:
+        raise MRCError(f"cannot request a region of {request_size} bytes (0..{MAX_REGION_SIZE})")
     cfg = config or QPConfig()
     try:
         cfg.validate()
@@ -516,7 +634,9 @@ async def connect(
     host = _resolve(host)
     locals_ = [_resolve(a) for a in local_addrs] if local_addrs else []
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, limit=MAX_LINE), timeout
+        )
     except TimeoutError:
         raise MRCError(f"peer [{host}]:{port} unreachable (no answer in {timeout:g} s)") from None
     except ConnectionRefusedError:
@@ -534,87 +654,72 @@ async def connect(
         control.close()
         raise MRCError(f"cannot open a UDP socket: {exc.strerror or exc}") from None
     endpoint = Endpoint(core, [rx])
+    hello = Hello(
+        qpn=_new_qpn(core),
+        psn=secrets.randbits(24),
+        udp_port=endpoint.port,
+        addrs=tuple(locals_),
+        evs=evs,
+        psn_window=cfg.psn_window,
+        regions=tuple(_describe(r) for r in regions or []),
+        request=RegionRequest(request_size, request_name) if request_size is not None else None,
+    )
     try:
-        conn = await _client_setup(
-            endpoint,
-            control,
-            host,
-            locals_,
-            evs,
-            cfg,
-            request_size,
-            request_name,
-            regions or [],
-            timeout,
-            fabric,
-        )
+        return await _client_setup(endpoint, control, host, hello, cfg, timeout, fabric)
     except BaseException:
         control.close()
-        endpoint.close()
+        endpoint.close()  # and with it the EV sockets of an attached QP
         raise
-    return conn
 
 
 async def _client_setup(
     endpoint: Endpoint,
     control: ControlChannel,
     host: str,
-    locals_: list[str],
-    evs: int,
+    hello: Hello,
     cfg: QPConfig,
-    request_size: int | None,
-    request_name: str,
-    regions: list[MemoryRegion],
-    timeout: float = CONNECT_TIMEOUT,
-    fabric: Topology | None = None,
+    timeout: float,
+    fabric: Topology | None,
 ) -> Connection:
-    core = endpoint.core
-    qpn = _new_qpn(core)
-    psn = secrets.randbits(24)
-    hello: dict[str, object] = {
-        "mrc": PROTOCOL_VERSION,
-        "qpn": qpn,
-        "psn": psn,
-        "udp_port": endpoint.port,
-        "addrs": locals_,
-        "evs": evs,
-        "psn_window": cfg.psn_window,
-        "regions": [r.describe() for r in regions],
-    }
-    if request_size is not None:
-        hello["request"] = {"size": request_size, "name": request_name}
+    """Say hello, check all of the answer, then open the EV sockets and attach the QP."""
     try:
-        await control.send(hello)
-        reply = await control.recv(timeout=timeout)
+        await control.send(hello.to_json())
+        obj = await control.recv(timeout=timeout)
     except ControlError as exc:
         raise MRCError(f"set-up with [{host}] failed: {exc}") from None
-    if reply is None:
+    if obj is None:
         raise MRCError(f"[{host}] closed the side channel during set-up")
-    try:
-        check_version(reply)
-    except ControlError as exc:
-        raise MRCError(str(exc)) from None
-    if not reply.get("ok"):
-        raise MRCError(f"connection refused by the receiver: {reply.get('error', 'no reason')}")
-    remote_addrs = [str(a) for a in reply.get("addrs") or []] or [host]  # type: ignore[union-attr]
-    pairs = _plane_pairs(locals_, remote_addrs)
+    reply = parse_reply(obj)
+    if isinstance(reply, Refusal):
+        raise MRCError(f"connection refused by the receiver: {reply.error}")
+    pairs = _plane_pairs(list(hello.addrs), list(reply.addrs) or [host])
+    evs = hello.evs or 1
     total = evs + backup_count(evs, len(pairs))
-    socks, planes, labels = _open_ev_sockets(
-        total,
-        _routes(pairs, fabric),
-        int(reply["udp_port"]),  # type: ignore[arg-type]
+    socks, planes, labels = _open_ev_sockets(total, _routes(pairs, fabric), reply.udp_port)
+    try:
+        qp = QueuePair(
+            hello.qpn,
+            endpoint.core.pd,
+            [s.getsockname()[1] for s in socks],
+            planes,
+            cfg,
+            hello.psn,
+            active_evs=evs,
+            ev_routes=_route_ids(labels),
+        )
+        qp.connect(reply.qpn, reply.psn)
+        channel = endpoint.attach(qp, socks)
+    except BaseException:
+        for s in socks:
+            s.close()
+        raise
+    return Connection(
+        endpoint,
+        channel,
+        control,
+        remote=reply.regions,
+        requested=reply.regions[0] if reply.regions else None,
+        owns_endpoint=True,
+        peer_addrs=reply.addrs,
+        routes=labels,
     )
-    qp = QueuePair(
-        qpn,
-        core.pd,
-        [s.getsockname()[1] for s in socks],
-        planes,
-        cfg,
-        psn,
-        active_evs=evs,
-        ev_routes=_route_ids(labels),
-    )
-    qp.connect(int(reply["qpn"]), int(reply["psn"]))  # type: ignore[arg-type]
-    channel = endpoint.attach(qp, socks)
-    remote = [RemoteRegion.from_dict(r) for r in reply.get("regions") or []]  # type: ignore[union-attr, arg-type]
-    return Connection(endpoint, channel, control, remote, True, plane_pairs=pairs, routes=labels)

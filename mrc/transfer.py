@@ -13,11 +13,14 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from mrc.connection import Connection, MRCError
+from mrc.connection import Connection
+from mrc.errors import MRCError
 from mrc.transport.control import ControlError
+from mrc.transport.messages import Abort, Done, MessageError, Result, StatValue
 
 DONE_IMM = 0x4D524321  # "MRC!"
 CHUNK = 16 << 20
@@ -40,7 +43,7 @@ class TransferResult:
     sha256: str
     peer_sha256: str | None
     error: str | None = None
-    peer_stats: dict[str, object] = field(default_factory=dict)
+    peer_stats: Mapping[str, StatValue] = field(default_factory=dict)
 
     @property
     def goodput_bps(self) -> float:
@@ -60,16 +63,14 @@ async def send_buffer(
         conn.post_write(data[off : off + CHUNK], region, off)
     done = conn.post_write(b"", region, n, imm=DONE_IMM)
     peer_msg = asyncio.ensure_future(conn.recv_message())
-    payload = conn.qp.config.payload_size
+    either: set[asyncio.Future[Any]] = {done, peer_msg}
     try:
         while not done.done():
-            await asyncio.wait({done, peer_msg}, timeout=0.1, return_when="FIRST_COMPLETED")
+            await asyncio.wait(either, timeout=0.1, return_when="FIRST_COMPLETED")
             if on_progress is not None:
-                on_progress(min(n, conn.qp.requester.acked_packets * payload))
+                on_progress(min(n, conn.bytes_acked))
             if peer_msg.done() and not done.done():
-                msg = peer_msg.result()
-                reason = (msg or {}).get("error", "closed the connection")
-                raise MRCError(f"receiver gave up: {reason}")
+                raise MRCError(f"receiver gave up: {_reason(peer_msg.result())}")
         try:
             done.result()
         except ConnectionError as exc:
@@ -78,7 +79,7 @@ async def send_buffer(
         # hashed after the data is placed, while the receiver hashes too: hashing during the
         # transfer would steal a core from the two endpoints on small machines
         digest = await asyncio.to_thread(sha256_of, data)
-        await conn.send_message({"type": "done", "sha256": digest, "bytes": n})
+        await conn.send_message(Done(digest, n).to_json())
         reply = await asyncio.wait_for(peer_msg, RESULT_TIMEOUT)
     except (ControlError, TimeoutError) as exc:
         raise MRCError(f"no verdict from the receiver: {exc or 'timed out'}") from None
@@ -87,19 +88,32 @@ async def send_buffer(
             peer_msg.cancel()
     if on_progress is not None:
         on_progress(n)
-    if not reply or reply.get("type") != "result":
+    if reply is None:
         raise MRCError("the receiver closed the connection without a verdict")
-    peer_sha = str(reply.get("sha256"))
-    stats = reply.get("stats")
+    try:
+        verdict = Result.from_json(reply)
+    except MessageError as exc:
+        raise MRCError(f"the receiver's verdict is unreadable: {exc}") from None
+    match = verdict.sha256 == digest
     return TransferResult(
-        ok=peer_sha == digest,
+        ok=match,
         bytes=n,
         seconds=seconds,
         sha256=digest,
-        peer_sha256=peer_sha,
-        error=None if peer_sha == digest else "SHA-256 mismatch: data placed differs from sent",
-        peer_stats=stats if isinstance(stats, dict) else {},
+        peer_sha256=verdict.sha256,
+        error=None if match else "SHA-256 mismatch: data placed differs from sent",
+        peer_stats=verdict.stats,
     )
+
+
+def _reason(msg: dict[str, object] | None) -> str:
+    """Why a peer that spoke (or hung up) before the transfer completed gave up."""
+    if msg is None:
+        return "closed the connection"
+    try:
+        return Abort.from_json(msg).error
+    except MessageError:
+        return "sent an unexpected message"
 
 
 async def receive_buffer(
@@ -110,11 +124,12 @@ async def receive_buffer(
     n = len(view)
     imm = asyncio.ensure_future(_wait_done(conn))
     msg = asyncio.ensure_future(conn.recv_message())
+    either: set[asyncio.Future[Any]] = {imm, msg}
     try:
         while not imm.done():
-            await asyncio.wait({imm, msg}, timeout=0.1, return_when="FIRST_COMPLETED")
+            await asyncio.wait(either, timeout=0.1, return_when="FIRST_COMPLETED")
             if on_progress is not None:
-                on_progress(min(n, conn.qp.stats.bytes_placed))
+                on_progress(min(n, conn.bytes_placed))
             if msg.done() and not imm.done():
                 early = msg.result()
                 if early is None or early.get("type") != "done":
@@ -131,13 +146,15 @@ async def receive_buffer(
         for task in (imm, msg):
             if not task.done():
                 task.cancel()
-    if not done or done.get("type") != "done":
+    if done is None:
         raise MRCError("sender went away before sending its checksum")
-    peer_sha = str(done.get("sha256"))
+    try:
+        peer_sha = Done.from_json(done).sha256
+    except MessageError as exc:
+        raise MRCError(f"the sender's checksum is unreadable: {exc}") from None
     ok = peer_sha == digest
-    stats = conn.stats()
     with contextlib.suppress(ControlError):
-        await conn.send_message({"type": "result", "ok": ok, "sha256": digest, "stats": stats})
+        await conn.send_message(Result(ok, digest, _stats(conn)).to_json())
     if on_progress is not None:
         on_progress(n)
     return TransferResult(
@@ -148,6 +165,17 @@ async def receive_buffer(
         peer_sha256=peer_sha,
         error=None if ok else "SHA-256 mismatch: data placed differs from sent",
     )
+
+
+def _stats(conn: Connection) -> dict[str, StatValue]:
+    """The receiver's counters as the verdict carries them (numbers and drop counts)."""
+    out: dict[str, StatValue] = {}
+    for key, value in conn.stats().items():
+        if isinstance(value, dict):
+            out[key] = {str(k): v for k, v in value.items() if isinstance(v, int | float)}
+        elif value is None or isinstance(value, int | float | str):
+            out[key] = value
+    return out
 
 
 async def _wait_done(conn: Connection) -> None:

@@ -159,7 +159,7 @@ class MrcTransport(Transport):
             )
             if "inbox" not in conn.remote:
                 raise MRCError(f"h{dst} did not announce its inbox")
-            conn.channel.on_ev_event = self._ev_counter("data")
+            conn.on_ev_change(self._ev_counter("data"))
             self.out[dst] = conn
 
         await asyncio.gather(*(one(d) for d in peers if d not in self.out))
@@ -171,11 +171,11 @@ class MrcTransport(Transport):
                 missing = [f"h{s}" for s in expect if s not in self.inbound]
                 raise MRCError(f"no MRC connection from {', '.join(missing)} in time")
             conn = await self.listener.accept(timeout=left)
-            addrs = conn.meta.get("addrs") or []
+            addrs = conn.peer_addrs
             src = by_addr.get(str(addrs[0])) if addrs else None
             if src is None:
                 raise MRCError(f"MRC connection from an unknown host {addrs}")
-            conn.channel.on_ev_event = self._ev_counter("acks")
+            conn.on_ev_change(self._ev_counter("acks"))
             self.inbound[src] = conn
         evs = {d: len(c.ev_report()) for d, c in self.out.items()}
         return {"evs": evs, "routes": sorted({r for c in self.out.values() for r in c.routes})}
@@ -219,12 +219,12 @@ class MrcTransport(Transport):
             for reason, n in conn.stats().get("dropped_by_reason", {}).items():
                 drops[reason] = drops.get(reason, 0) + int(n)
         out["dropped_by_reason"] = drops
-        evs = [c.qp.evs for c in self.out.values()]
-        out["evs_assumed_bad"] = sum(e.assumed_bad for e in evs)
-        out["evs_resurrected"] = sum(e.resurrected for e in evs)
-        out["planes_lost"] = sum(e.planes_lost for e in evs)
+        evs = [c.ev_counters() for c in self.out.values()]
+        out["evs_assumed_bad"] = sum(e["evs_assumed_bad"] for e in evs)
+        out["evs_resurrected"] = sum(e["evs_resurrected"] for e in evs)
+        out["planes_lost"] = sum(e["planes_lost"] for e in evs)
         out["ev_transitions"] = dict(self.ev_events)
-        out["send_errors"] = sum(c.channel.send_errors for c in self.out.values())
+        out["send_errors"] = sum(int(c.stats()["send_errors"]) for c in self.out.values())
         return out
 
     async def close(self) -> None:

@@ -75,9 +75,9 @@ def apply_denies(conn: Connection, denies: list[str]) -> int:
         return 0
     wanted = set(denies)
     n = 0
-    for row in conn.ev_report():
-        if str(row["ev"]) in wanted or str(row["route"]) in wanted:
-            conn.qp.deny_ev(int(row["ev"]), time.monotonic())  # type: ignore[arg-type]
+    for ev, row in enumerate(conn.ev_report()):  # rows in EV order
+        if str(ev) in wanted or str(row["route"]) in wanted:
+            conn.deny_ev(ev)
             n += 1
     if n == 0:
         raise MRCError(f"--deny {', '.join(denies)} matches no EV of this connection")
@@ -123,7 +123,7 @@ class EVLog:
                 + "\n"
             )
 
-        conn.channel.on_ev_event = write
+        conn.on_ev_change(write)
 
     def close(self) -> None:
         if self._fh is not None:

@@ -142,12 +142,11 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
     if region is None:
         await conn.close()
         raise MRCError("a sender connected without asking for a region (not mrc-send?)")
-    request = conn.meta.get("request")
-    size = int(request.get("size", region.length)) if isinstance(request, dict) else region.length
+    size = conn.requested_size if conn.requested_size is not None else region.length
     view = region.view[:size]
     buf = cast(mmap.mmap, region.view.obj)  # _Outputs hands out nothing but mmaps
     path = outputs.paths.get(id(buf))
-    peer = conn.control.peer_host
+    peer = conn.peer_host
     progress = Progress(size, f"receiving from {peer}", None if not args.no_progress else False)
     evlog.attach(conn, "recv")
     try:
@@ -165,7 +164,7 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
         if ok:
             buf.flush()
         del view
-        conn.endpoint.core.pd.deregister(region)
+        conn.deregister(region)
         buf.close()
         if ok:
             os.replace(path + ".part", path)
@@ -191,7 +190,7 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
         "nacks_sent": stats["nacks_sent"],
         "acks_sent": stats["acks_sent"],
         "dropped_by_reason": stats["dropped_by_reason"],
-        **conn.qp.evs.counters(),
+        **conn.ev_counters(),
         "error": None if ok else error,
     }
     if args.json:

@@ -173,7 +173,7 @@ async def _main(args: argparse.Namespace) -> int:
         progress.finish()
         stats = conn.stats()
         evs = conn.ev_report()
-        health = conn.qp.evs.counters()
+        health = conn.ev_counters()
         await conn.close()
         evlog.close()
     peer = result.peer_stats

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Bounds of psn_window, named so that validate() and the side channel's check of a peer's
+# hello (mrc/transport/messages.py) cannot drift apart.
+PSN_WINDOW_MIN = 64
+PSN_WINDOW_MAX = 1 << 22
+
 
 @dataclass(slots=True)
 class QPConfig:
@@ -44,8 +49,8 @@ class QPConfig:
             raise ValueError(f"payload size must be 1..65000 bytes, not {self.payload_size}")
         if self.max_outstanding < 1:
             raise ValueError("max_outstanding must be at least 1")
-        if not 64 <= self.psn_window <= (1 << 22):
-            raise ValueError("psn_window must be between 64 and 4194304")
+        if not PSN_WINDOW_MIN <= self.psn_window <= PSN_WINDOW_MAX:
+            raise ValueError(f"psn_window must be between {PSN_WINDOW_MIN} and {PSN_WINDOW_MAX}")
         if self.max_outstanding > self.psn_window:
             raise ValueError("max_outstanding cannot exceed psn_window")
         if self.ack_every < 1:

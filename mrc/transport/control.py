@@ -1,8 +1,9 @@
 """The out-of-band side channel: JSON lines over TCP, as RDMA tools exchange QP numbers.
 
 perftest's ``ib_write_bw`` swaps QP numbers, PSNs and memory keys over a TCP socket before any
-RDMA traffic flows; MRC does the same. Messages are one JSON object per line. The formats are
-documented in docs/PROTOCOL.md ("Connection setup").
+RDMA traffic flows; MRC does the same. Messages are one JSON object per line; this module
+only frames them. Their schema is mrc/transport/messages.py (docs/PROTOCOL.md, "Connection
+setup", documents it).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-PROTOCOL_VERSION = 1
-MAX_LINE = 1 << 20
+from mrc.errors import MRCError
+
+MAX_LINE = 1 << 20  # bytes of one message, line end included: pass as the StreamReader limit
 
 
-class ControlError(Exception):
+class ControlError(MRCError):
     """The side channel broke or the peer said something we cannot accept (one line)."""
 
 
@@ -41,12 +43,14 @@ class ControlChannel:
             line = await asyncio.wait_for(self.reader.readline(), timeout)
         except TimeoutError:
             raise ControlError("peer did not answer on the side channel in time") from None
-        except (ConnectionError, OSError, ValueError) as exc:
+        except (ConnectionError, OSError) as exc:
             raise ControlError(f"side channel to the peer broke: {exc}") from None
+        except ValueError:  # readline: no line end within the reader's limit (MAX_LINE)
+            raise ControlError(
+                f"peer sent a side-channel message over {MAX_LINE} bytes long"
+            ) from None
         if not line:
             return None
-        if len(line) > MAX_LINE:
-            raise ControlError("peer sent an oversized side-channel message")
         try:
             obj = json.loads(line)
         except ValueError:
@@ -58,14 +62,3 @@ class ControlChannel:
     def close(self) -> None:
         if not self.writer.is_closing():
             self.writer.close()
-
-
-def check_version(msg: dict[str, object]) -> None:
-    """Raise ControlError unless ``msg`` is from a peer speaking our protocol version."""
-    if "mrc" not in msg:
-        raise ControlError("peer is not speaking the MRC side-channel protocol")
-    if msg["mrc"] != PROTOCOL_VERSION:
-        raise ControlError(
-            f"version mismatch: peer speaks MRC side-channel version {msg['mrc']}, "
-            f"we speak {PROTOCOL_VERSION}"
-        )

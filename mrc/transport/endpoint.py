@@ -16,13 +16,7 @@ from collections import deque
 from collections.abc import Callable
 
 from mrc.core.endpoint import EndpointCore
-from mrc.core.events import (
-    EVStateChanged,
-    ImmediateReceived,
-    ProbeReplied,
-    QPFailed,
-    WriteCompleted,
-)
+from mrc.core.events import EVStateChanged, ImmediateReceived, QPFailed, WriteCompleted
 from mrc.core.qp import QueuePair
 
 # The core's clock: CLOCK_MONOTONIC with microsecond resolution. (uvloop's loop.time() has
@@ -32,6 +26,9 @@ _clock = time.monotonic
 
 RX_BATCH = 512
 RX_BUFFER = 65536
+
+# what sendmsg takes for one datagram: header, payload
+Buffers = list[bytes | memoryview]
 
 
 class QPChannel:
@@ -43,14 +40,11 @@ class QPChannel:
         self.send_fns = [s.sendmsg for s in ev_sockets]
         self.pending: dict[int, asyncio.Future[int]] = {}
         self.imms: asyncio.Queue[int] = asyncio.Queue()
-        self.probes: asyncio.Queue[ProbeReplied] = asyncio.Queue()
         self.error: str | None = None
         self.error_event = asyncio.Event()
-        self.idle_event = asyncio.Event()
         self.send_errors = 0
-        self.backlog: deque[tuple[int, list]] = deque()
-        self.on_error: Callable[[str], None] | None = None
-        # called with every EV state transition (e.g. to write the JSON-lines event log)
+        self.backlog: deque[tuple[int, Buffers]] = deque()
+        # called with every EV state transition (Connection.on_ev_change sets it)
         self.on_ev_event: Callable[[EVStateChanged], None] | None = None
 
     def fail(self, reason: str) -> None:
@@ -62,8 +56,6 @@ class QPChannel:
             if not fut.done():
                 fut.set_exception(ConnectionError(reason))
         self.pending.clear()
-        if self.on_error is not None:
-            self.on_error(reason)
 
     def close(self) -> None:
         for s in self.ev_sockets:
@@ -85,13 +77,13 @@ class Endpoint:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
-        self.rx_errors = 0
         for sock in listen_sockets:
             self.loop.add_reader(sock.fileno(), self._on_readable, sock)
 
     @property
     def port(self) -> int:
-        return self.listen_sockets[0].getsockname()[1]
+        port: int = self.listen_sockets[0].getsockname()[1]
+        return port
 
     # ---- QPs ---------------------------------------------------------------------------
 
@@ -131,8 +123,7 @@ class Endpoint:
                 n, addr = recv(buf)
             except BlockingIOError:
                 break
-            except OSError:
-                self.rx_errors += 1
+            except OSError:  # a pending socket error (e.g. from ICMP): nothing was read
                 continue
             qp = rx(view[:n], addr[1], now)
             if qp is not None:
@@ -210,13 +201,9 @@ class Endpoint:
                 ch.imms.put_nowait(ev.imm)
             elif isinstance(ev, QPFailed):
                 ch.fail(ev.reason)
-            elif isinstance(ev, EVStateChanged):
-                if ch.on_ev_event is not None:
-                    ch.on_ev_event(ev)
-            elif isinstance(ev, ProbeReplied):
-                ch.probes.put_nowait(ev)
-        if qp.idle:
-            ch.idle_event.set()
+            elif isinstance(ev, EVStateChanged) and ch.on_ev_event is not None:
+                ch.on_ev_event(ev)
+            # ProbeReplied answers QueuePair.send_probe, which nothing above the core calls
 
     # ---- timer -------------------------------------------------------------------------
 

@@ -69,13 +69,3 @@ def ev_socket(local: str, peer: tuple[str, int], srh: bytes | None = None) -> so
         sock.close()
         raise
     return sock
-
-
-def local_address_towards(host: str, port: int) -> str:
-    """The source address the kernel would pick to reach (host, port)."""
-    probe = socket.socket(family_of(host), socket.SOCK_DGRAM)
-    try:
-        probe.connect((host, port))
-        return probe.getsockname()[0]
-    finally:
-        probe.close()

@@ -164,7 +164,7 @@ async def test_several_senders_write_their_slices_of_one_region() -> None:
     ):
         assert len(listener.connections) == n
         assert len({c.remote["shared"].rkey for c in conns}) == 1
-        assert len({p.qp.qpn for p in peers}) == n
+        assert len({p.qpn for p in peers}) == n
         done = await asyncio.gather(
             *(
                 c.write(data[i], c.remote["shared"], offset=i * part, imm=i)

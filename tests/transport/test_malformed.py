@@ -70,7 +70,7 @@ async def test_malformed_datagrams_are_counted_and_the_transfer_survives() -> No
         peer = await listener.accept(timeout=5)
         region = conn.remote["inbox"]
         assert region.rkey == region_local.rkey
-        qpn = peer.qp.qpn
+        qpn = peer.qpn
         other = (qpn + 1) & wire.QPN_MASK or 1
         assert other not in listener.endpoint.core.qps
         cases = forgeries(qpn, other, conn.qp.initial_psn, region.addr, region.rkey, size)
@@ -133,7 +133,7 @@ async def test_forgeries_before_any_data_do_not_disturb_a_later_transfer() -> No
         )
         peer = await listener.accept(timeout=5)
         region = conn.remote["inbox"]
-        qpn = peer.qp.qpn
+        qpn = peer.qpn
         cases = [
             c
             for c in forgeries(qpn, qpn ^ 1, conn.qp.initial_psn, region.addr, region.rkey, size)

@@ -1,0 +1,405 @@
+"""The side-channel messages, one frozen dataclass each: the one definition of their schema.
+
+Everything a peer says over the side channel is untrusted input that sizes allocations (EV
+sockets, a QP, a granted region) and reaches the core (QPNs, PSNs, windows), so each message
+is parsed by one ``from_json(obj)`` that checks every field (exact JSON type, range, length)
+*before* anything acts on it, and raises :class:`MessageError` with one line naming the
+field. ``to_json()`` gives the object to send. docs/PROTOCOL.md ("Connection setup") documents
+these classes; the keys on the wire are the field names below.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, NoReturn
+
+from mrc.core.config import PSN_WINDOW_MAX, PSN_WINDOW_MIN
+from mrc.transport.control import ControlError
+
+PROTOCOL_VERSION = 1
+
+U24 = (1 << 24) - 1  # QPNs and PSNs are 24-bit on the wire
+U32 = (1 << 32) - 1  # rkeys
+U64 = (1 << 64) - 1  # virtual addresses
+MAX_REGION_SIZE = 1 << 48  # bytes: region lengths and requested sizes (256 TiB)
+MAX_EVS = 65535  # EVs are distinct UDP source ports
+MAX_PLANES = 64  # addresses in ``addrs``
+MAX_REGIONS = 1024  # regions announced in one message
+MAX_NAME = 1024  # characters of a region name
+MAX_TEXT = 4096  # characters of an error message
+MAX_STATS = 256  # keys of a ``stats`` object (and of each object nested in it)
+MAX_ADDR = 64  # characters of an IP literal (an IPv6 address with a zone index fits)
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+JSON = dict[str, object]
+
+# values of a ``stats`` object: counters, times, labels, or one level of nested counters
+StatValue = int | float | str | bool | None | dict[str, int | float | str | bool | None]
+
+
+class MessageError(ControlError):
+    """A side-channel message that does not follow the schema; the message names the field."""
+
+
+def _show(value: object) -> str:
+    """A short rendering of a rejected value for the error line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        text = repr(value)
+        return text if len(text) <= 24 else text[:21] + "..."
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 24 else repr(value[:21]) + "..."
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+class _Fields:
+    """Typed, range-checked access to the fields of one JSON object of message ``msg``;
+    ``path`` prefixes field names in errors (``regions[2].``)."""
+
+    __slots__ = ("obj", "msg", "path")
+
+    def __init__(self, obj: object, msg: str, path: str = "") -> None:
+        if not isinstance(obj, dict):
+            what = path.rstrip(".") or "the message"
+            self._fail_raw(msg, f"{what} must be an object, not {_show(obj)}")
+        self.obj: Mapping[str, object] = obj
+        self.msg = msg
+        self.path = path
+
+    @staticmethod
+    def _fail_raw(msg: str, text: str) -> NoReturn:
+        raise MessageError(f"bad {msg}: {text}")
+
+    def fail(self, key: str, want: str, value: object) -> NoReturn:
+        self._fail_raw(self.msg, f"{self.path}{key} must be {want}, not {_show(value)}")
+
+    def has(self, key: str) -> bool:
+        return self.obj.get(key) is not None
+
+    def get(self, key: str) -> object:
+        if key not in self.obj:
+            self._fail_raw(self.msg, f"{self.path}{key} is missing")
+        return self.obj[key]
+
+    def integer(self, key: str, lo: int, hi: int) -> int:
+        value = self.get(key)
+        # bool is an int in Python but not in the schema; floats (1e999 too) are not integers
+        if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+            self.fail(key, f"an integer in {lo}..{hi}", value)
+        return value
+
+    def boolean(self, key: str) -> bool:
+        value = self.get(key)
+        if not isinstance(value, bool):
+            self.fail(key, "true or false", value)
+        return value
+
+    def text(self, key: str, max_len: int, pattern: re.Pattern[str] | None = None) -> str:
+        value = self.get(key)
+        if not isinstance(value, str) or len(value) > max_len:
+            self.fail(key, f"a string of at most {max_len} characters", value)
+        if pattern is not None and not pattern.fullmatch(value):
+            self.fail(key, "64 lowercase hex digits", value)
+        return value
+
+    def items(self, key: str, max_len: int) -> list[object]:
+        value = self.get(key)
+        if not isinstance(value, list) or len(value) > max_len:
+            self.fail(key, f"a list of at most {max_len} items", value)
+        return value
+
+    def addrs(self, key: str) -> tuple[str, ...]:
+        out = []
+        for i, item in enumerate(self.items(key, MAX_PLANES)):
+            if not isinstance(item, str) or len(item) > MAX_ADDR:
+                self.fail(f"{key}[{i}]", "an IP address", item)
+            try:
+                ipaddress.ip_address(item)
+            except ValueError:
+                self.fail(f"{key}[{i}]", "an IP address", item)
+            out.append(item)
+        return tuple(out)
+
+    def regions(self, key: str) -> tuple[RemoteRegion, ...]:
+        items = self.items(key, MAX_REGIONS)
+        return tuple(
+            RemoteRegion.from_json(item, self.msg, f"{self.path}{key}[{i}].")
+            for i, item in enumerate(items)
+        )
+
+    def stats(self, key: str) -> dict[str, StatValue]:
+        value = self.get(key)
+        out: dict[str, StatValue] = {}
+        if not isinstance(value, dict) or len(value) > MAX_STATS:
+            self.fail(key, f"an object of at most {MAX_STATS} fields", value)
+        for name, item in value.items():
+            if isinstance(item, dict):
+                if len(item) > MAX_STATS or not all(_scalar(v) for v in item.values()):
+                    self.fail(f"{key}.{name}", "an object of numbers or strings", item)
+                out[name] = dict(item)
+            elif _scalar(item):
+                out[name] = item
+            else:
+                self.fail(f"{key}.{name}", "a number, string, boolean or null", item)
+        return out
+
+    def version(self) -> None:
+        """The ``mrc`` field: absent means not an MRC peer, another value another version."""
+        if "mrc" not in self.obj:
+            raise MessageError("peer is not speaking the MRC side-channel protocol")
+        if self.obj["mrc"] != PROTOCOL_VERSION or isinstance(self.obj["mrc"], bool):
+            raise MessageError(
+                f"version mismatch: peer speaks MRC side-channel version "
+                f"{_show(self.obj['mrc'])}, we speak {PROTOCOL_VERSION}"
+            )
+
+
+def _scalar(value: object) -> bool:
+    """A JSON scalar a stats object may hold: finite numbers, short strings, booleans, null."""
+    if value is None or isinstance(value, bool | int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, str) and len(value) <= MAX_NAME
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteRegion:
+    """A registered region as a peer describes it: what a WRITE needs to land there."""
+
+    name: str
+    rkey: int
+    addr: int
+    length: int
+
+    @classmethod
+    def from_json(cls, obj: object, msg: str = "region", path: str = "") -> RemoteRegion:
+        f = _Fields(obj, msg, path)
+        region = cls(
+            f.text("name", MAX_NAME),
+            f.integer("rkey", 0, U32),
+            f.integer("addr", 0, U64),
+            f.integer("length", 0, MAX_REGION_SIZE),
+        )
+        if region.addr + region.length > U64 + 1:
+            f.fail("length", "within the 64-bit address space after addr", region.length)
+        return region
+
+    def to_json(self) -> JSON:
+        return {"name": self.name, "rkey": self.rkey, "addr": self.addr, "length": self.length}
+
+
+@dataclass(frozen=True, slots=True)
+class RegionRequest:
+    """A sender asking the listener to allocate a region of ``size`` bytes for it."""
+
+    size: int
+    name: str = ""
+
+    @classmethod
+    def from_json(cls, obj: object, msg: str = "request", path: str = "") -> RegionRequest:
+        f = _Fields(obj, msg, path)
+        return cls(
+            f.integer("size", 0, MAX_REGION_SIZE), f.text("name", MAX_NAME) if f.has("name") else ""
+        )
+
+    def to_json(self) -> JSON:
+        return {"size": self.size, "name": self.name}
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """The sender's first message: its QP, where it listens, and what it asks for.
+
+    ``addrs`` empty: one plane, at the address the side channel came from. ``evs`` and
+    ``psn_window`` may be absent (None); the listener then uses its own window.
+    """
+
+    qpn: int
+    psn: int
+    udp_port: int
+    addrs: tuple[str, ...] = ()
+    evs: int | None = None
+    psn_window: int | None = None
+    regions: tuple[RemoteRegion, ...] = ()
+    request: RegionRequest | None = None
+
+    @classmethod
+    def from_json(cls, obj: object) -> Hello:
+        f = _Fields(obj, "hello")
+        f.version()
+        return cls(
+            qpn=f.integer("qpn", 1, U24),
+            psn=f.integer("psn", 0, U24),
+            udp_port=f.integer("udp_port", 1, 65535),
+            addrs=f.addrs("addrs") if f.has("addrs") else (),
+            evs=f.integer("evs", 1, MAX_EVS) if f.has("evs") else None,
+            psn_window=(
+                f.integer("psn_window", PSN_WINDOW_MIN, PSN_WINDOW_MAX)
+                if f.has("psn_window")
+                else None
+            ),
+            regions=f.regions("regions") if f.has("regions") else (),
+            request=(
+                RegionRequest.from_json(f.get("request"), "hello", "request.")
+                if f.has("request")
+                else None
+            ),
+        )
+
+    def to_json(self) -> JSON:
+        out: JSON = {
+            "mrc": PROTOCOL_VERSION,
+            "qpn": self.qpn,
+            "psn": self.psn,
+            "udp_port": self.udp_port,
+            "addrs": list(self.addrs),
+            "regions": [r.to_json() for r in self.regions],
+        }
+        if self.evs is not None:
+            out["evs"] = self.evs
+        if self.psn_window is not None:
+            out["psn_window"] = self.psn_window
+        if self.request is not None:
+            out["request"] = self.request.to_json()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """The listener's acceptance: its QP for this connection and the regions it offers
+    (the one allocated for the hello's ``request`` first). ``addrs`` empty: one plane."""
+
+    qpn: int
+    psn: int
+    udp_port: int
+    addrs: tuple[str, ...] = ()
+    regions: tuple[RemoteRegion, ...] = ()
+
+    @classmethod
+    def from_json(cls, obj: object) -> Welcome:
+        f = _Fields(obj, "welcome")
+        f.version()
+        if f.get("ok") is not True:
+            f.fail("ok", "true", f.get("ok"))
+        return cls(
+            qpn=f.integer("qpn", 1, U24),
+            psn=f.integer("psn", 0, U24),
+            udp_port=f.integer("udp_port", 1, 65535),
+            addrs=f.addrs("addrs") if f.has("addrs") else (),
+            regions=f.regions("regions") if f.has("regions") else (),
+        )
+
+    def to_json(self) -> JSON:
+        return {
+            "mrc": PROTOCOL_VERSION,
+            "ok": True,
+            "qpn": self.qpn,
+            "psn": self.psn,
+            "udp_port": self.udp_port,
+            "addrs": list(self.addrs),
+            "regions": [r.to_json() for r in self.regions],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The listener's refusal of a hello, with the reason (one line), before it closes."""
+
+    error: str
+
+    @classmethod
+    def from_json(cls, obj: object) -> Refusal:
+        f = _Fields(obj, "refusal")
+        f.version()
+        if f.get("ok") is not False:
+            f.fail("ok", "false", f.get("ok"))
+        return cls(f.text("error", MAX_TEXT) if f.has("error") else "no reason")
+
+    @classmethod
+    def because(cls, reason: str) -> Refusal:
+        """A refusal whose reason fits the schema (long reasons are cut)."""
+        return cls(reason if len(reason) <= MAX_TEXT else reason[: MAX_TEXT - 3] + "...")
+
+    def to_json(self) -> JSON:
+        return {"mrc": PROTOCOL_VERSION, "ok": False, "error": self.error}
+
+
+def parse_reply(obj: object) -> Welcome | Refusal:
+    """The answer to a hello: a Welcome or a Refusal, told apart by ``ok``."""
+    f = _Fields(obj, "welcome")
+    f.version()
+    ok = f.boolean("ok")
+    return Welcome.from_json(obj) if ok else Refusal.from_json(obj)
+
+
+# ---- after set-up: the transfer verdict of mrc-send / mrc-recv (mrc/transfer.py) ----------
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """Sender -> receiver once its final WRITE_IMM completed: what it sent, hashed."""
+
+    sha256: str
+    bytes: int
+    type: Literal["done"] = "done"
+
+    @classmethod
+    def from_json(cls, obj: object) -> Done:
+        f = _Fields(obj, "done message")
+        if f.get("type") != "done":
+            f.fail("type", '"done"', f.get("type"))
+        return cls(f.text("sha256", 64, _SHA256), f.integer("bytes", 0, MAX_REGION_SIZE))
+
+    def to_json(self) -> JSON:
+        return {"type": "done", "sha256": self.sha256, "bytes": self.bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """Receiver -> sender: the verdict (hash of what was placed) and the receiver's counters."""
+
+    ok: bool
+    sha256: str
+    stats: Mapping[str, StatValue]
+    type: Literal["result"] = "result"
+
+    @classmethod
+    def from_json(cls, obj: object) -> Result:
+        f = _Fields(obj, "result message")
+        if f.get("type") != "result":
+            f.fail("type", '"result"', f.get("type"))
+        return cls(
+            f.boolean("ok"),
+            f.text("sha256", 64, _SHA256),
+            f.stats("stats") if f.has("stats") else {},
+        )
+
+    def to_json(self) -> JSON:
+        return {"type": "result", "ok": self.ok, "sha256": self.sha256, "stats": dict(self.stats)}
+
+
+@dataclass(frozen=True, slots=True)
+class Abort:
+    """Either side giving up mid-transfer, with the reason: ``{"error": "..."}``."""
+
+    error: str
+
+    @classmethod
+    def from_json(cls, obj: object) -> Abort:
+        f = _Fields(obj, "abort message")
+        return cls(f.text("error", MAX_TEXT))
+
+    def to_json(self) -> JSON:
+        return {"error": self.error}
