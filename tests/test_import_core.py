@@ -49,9 +49,7 @@ def test_core_imports_without_dependencies(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     loaded = json.loads(res.stdout)
     bad = [
-        m
-        for m in loaded
-        if m.split(".")[0] in FORBIDDEN_ROOTS or m.startswith(FORBIDDEN_PREFIXES)
+        m for m in loaded if m.split(".")[0] in FORBIDDEN_ROOTS or m.startswith(FORBIDDEN_PREFIXES)
     ]
     assert bad == [], f"import mrc.core/wire/sim pulled in {bad}"
     assert "mrc.core.qp" in loaded and "mrc.sim" in loaded
