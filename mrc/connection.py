@@ -54,6 +54,7 @@ __all__ = [
     "Listener",
     "MRCError",
     "RegionFactory",
+    "RegionRelease",
     "RemoteRegion",
     "backup_count",
     "connect",
@@ -367,6 +368,10 @@ class Connection:
 # ``region_factory(size, request)``: a writable buffer of at least ``size`` bytes for a sender
 # that asked for one; ``request`` is the hello's request object ({"size", "name"}).
 RegionFactory = Callable[[int, dict[str, object]], Buffer]
+# ``region_release(buffer)``: the set-up that asked for ``buffer`` failed after it was made;
+# free it (e.g. unmap and delete the file behind it). Never called for a connection that was set
+# up: its owner frees ``granted`` when the transfer ends.
+RegionRelease = Callable[[Buffer], None]
 
 
 def _describe(region: MemoryRegion) -> RemoteRegion:
@@ -385,8 +390,10 @@ class Listener:
         config: QPConfig | None,
         region_factory: RegionFactory | None,
         fabric: Topology | None = None,
+        region_release: RegionRelease | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.region_release = region_release
         self.fabric = fabric
         self.server = server
         self.plane_addrs = plane_addrs
@@ -485,6 +492,8 @@ class Listener:
                 s.close()
             if granted is not None:
                 core.pd.deregister(granted)
+                if self.region_release is not None:
+                    self.region_release(granted.view.obj)
             raise
         return Connection(
             self.endpoint,
@@ -503,16 +512,23 @@ class Listener:
         """Allocate (with ``region_factory``) and register the region a sender asked for."""
         if self.region_factory is None:
             raise MRCError("this receiver does not allocate memory on request")
+        buf: Buffer | None = None
         try:
             buf = self.region_factory(request.size, request.to_json())
             return self.endpoint.core.pd.register(buf, Access.REMOTE_WRITE, request.name)
         except MRCError:
+            self._release(buf)
             raise
         except (OSError, ValueError, TypeError, OverflowError, MemoryError) as exc:
+            self._release(buf)
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise MRCError(
                 f"cannot allocate the {request.size} bytes asked for: {reason}"
             ) from None
+
+    def _release(self, buf: Buffer | None) -> None:
+        if buf is not None and self.region_release is not None:
+            self.region_release(buf)
 
     async def close(self) -> None:
         self.server.close()
@@ -537,6 +553,7 @@ async def listen(
     evs: int = 16,
     config: QPConfig | None = None,
     region_factory: RegionFactory | None = None,
+    region_release: RegionRelease | None = None,
     fabric: Topology | None = None,
 ) -> Listener:
     """Listen for MRC connections: UDP on ``port`` and the TCP side channel on the same port.
@@ -544,7 +561,8 @@ async def listen(
     ``plane_addrs``: this host's address on each plane (one per NIC); data for plane p arrives
     there, and senders are told about them. Without it, one plane on whatever address the
     sender reached. ``region_factory(size, request)`` allocates memory for a sender that asks
-    for a region of ``size`` bytes (as mrc-recv does for a file). ``fabric``: an mrc-fabric
+    for a region of ``size`` bytes (as mrc-recv does for a file); ``region_release(buffer)``
+    frees one whose set-up then failed (mrc-recv deletes the file). ``fabric``: an mrc-fabric
     topology; acknowledgements are then sprayed over its SRv6 paths (every spine of every plane).
     """
     addrs = [_resolve(a) for a in plane_addrs] if plane_addrs else []
@@ -589,7 +607,9 @@ async def listen(
                 raise MRCError(f"cannot listen on TCP port {want}: {exc.strerror or exc}") from None
             continue
         break
-    listener = Listener(endpoint, server, addrs, evs, config, region_factory, fabric)
+    listener = Listener(
+        endpoint, server, addrs, evs, config, region_factory, fabric, region_release
+    )
     return listener
 
 

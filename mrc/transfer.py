@@ -25,6 +25,26 @@ from mrc.transport.messages import Abort, Done, MessageError, Result, StatValue
 DONE_IMM = 0x4D524321  # "MRC!"
 CHUNK = 16 << 20
 RESULT_TIMEOUT = 30.0
+#: default for both sides: fail a transfer on which nothing moved for this long (a peer stopped
+#: with SIGSTOP keeps its TCP connection open, so only the data path can tell)
+IDLE_TIMEOUT = 30.0
+
+
+class _Stall:
+    """Fails a transfer whose progress counter has not moved for ``limit`` seconds."""
+
+    def __init__(self, limit: float, what: str) -> None:
+        self.limit = limit
+        self.what = what
+        self.last = -1
+        self.since = time.monotonic()
+
+    def check(self, progress: int) -> None:
+        now = time.monotonic()
+        if progress != self.last:
+            self.last, self.since = progress, now
+        elif now - self.since > self.limit:
+            raise MRCError(f"{self.what} for {self.limit:g} s; giving up")
 
 
 def sha256_of(view: memoryview) -> str:
@@ -51,9 +71,14 @@ class TransferResult:
 
 
 async def send_buffer(
-    conn: Connection, data: memoryview, on_progress: Callable[[int], None] | None = None
+    conn: Connection,
+    data: memoryview,
+    on_progress: Callable[[int], None] | None = None,
+    idle_timeout: float = IDLE_TIMEOUT,
 ) -> TransferResult:
-    """Write ``data`` into the region the receiver granted, then verify with the receiver."""
+    """Write ``data`` into the region the receiver granted, then verify with the receiver.
+
+    Fails when nothing is acknowledged for ``idle_timeout`` seconds."""
     region = conn.requested
     if region is None or region.length < len(data):
         raise MRCError("the receiver did not grant a region large enough for the transfer")
@@ -64,11 +89,15 @@ async def send_buffer(
     done = conn.post_write(b"", region, n, imm=DONE_IMM)
     peer_msg = asyncio.ensure_future(conn.recv_message())
     either: set[asyncio.Future[Any]] = {done, peer_msg}
+    stall = _Stall(idle_timeout, "nothing acknowledged by the receiver")
     try:
         while not done.done():
             await asyncio.wait(either, timeout=0.1, return_when="FIRST_COMPLETED")
+            acked = conn.bytes_acked
             if on_progress is not None:
-                on_progress(min(n, conn.bytes_acked))
+                on_progress(min(n, acked))
+            if not done.done():
+                stall.check(acked)
             if peer_msg.done() and not done.done():
                 raise MRCError(f"receiver gave up: {_reason(peer_msg.result())}")
         try:
@@ -95,13 +124,19 @@ async def send_buffer(
     except MessageError as exc:
         raise MRCError(f"the receiver's verdict is unreadable: {exc}") from None
     match = verdict.sha256 == digest
+    if not match:
+        error: str | None = "SHA-256 mismatch: data placed differs from sent"
+    elif not verdict.ok:
+        error = f"the receiver failed the transfer: {verdict.error or 'no reason given'}"
+    else:
+        error = None
     return TransferResult(
-        ok=match,
+        ok=error is None,
         bytes=n,
         seconds=seconds,
         sha256=digest,
         peer_sha256=verdict.sha256,
-        error=None if match else "SHA-256 mismatch: data placed differs from sent",
+        error=error,
         peer_stats=verdict.stats,
     )
 
@@ -117,19 +152,32 @@ def _reason(msg: dict[str, object] | None) -> str:
 
 
 async def receive_buffer(
-    conn: Connection, view: memoryview, on_progress: Callable[[int], None] | None = None
+    conn: Connection,
+    view: memoryview,
+    on_progress: Callable[[int], None] | None = None,
+    commit: Callable[[], None] | None = None,
+    idle_timeout: float = IDLE_TIMEOUT,
 ) -> TransferResult:
-    """Wait for the sender's DONE_IMM, hash what was placed, and swap verdicts."""
+    """Wait for the sender's DONE_IMM, hash what was placed, and swap verdicts.
+
+    ``commit()`` runs once the hashes match and before the verdict is sent (mrc-recv renames
+    its output file there): if it raises :class:`MRCError` the verdict says so and the transfer
+    fails on both sides. Fails when nothing is placed for ``idle_timeout`` seconds (before the
+    first packet too: a sender that connects and never sends does not hold the receiver)."""
     start = time.perf_counter()
     n = len(view)
     imm = asyncio.ensure_future(_wait_done(conn))
     msg = asyncio.ensure_future(conn.recv_message())
     either: set[asyncio.Future[Any]] = {imm, msg}
+    stall = _Stall(idle_timeout, "no data from the sender")
     try:
         while not imm.done():
             await asyncio.wait(either, timeout=0.1, return_when="FIRST_COMPLETED")
+            placed = conn.bytes_placed
             if on_progress is not None:
-                on_progress(min(n, conn.bytes_placed))
+                on_progress(min(n, placed))
+            if not imm.done() and not msg.done():
+                stall.check(placed)
             if msg.done() and not imm.done():
                 early = msg.result()
                 if early is None or early.get("type") != "done":
@@ -152,18 +200,25 @@ async def receive_buffer(
         peer_sha = Done.from_json(done).sha256
     except MessageError as exc:
         raise MRCError(f"the sender's checksum is unreadable: {exc}") from None
-    ok = peer_sha == digest
+    error = None if peer_sha == digest else "SHA-256 mismatch: data placed differs from sent"
+    kept_error = None
+    if error is None and commit is not None:
+        try:
+            commit()
+        except MRCError as exc:
+            error = kept_error = str(exc)
     with contextlib.suppress(ControlError):
-        await conn.send_message(Result(ok, digest, _stats(conn)).to_json())
+        verdict = Result(error is None, digest, _stats(conn), kept_error)
+        await conn.send_message(verdict.to_json())
     if on_progress is not None:
         on_progress(n)
     return TransferResult(
-        ok=ok,
+        ok=error is None,
         bytes=n,
         seconds=seconds,
         sha256=digest,
         peer_sha256=peer_sha,
-        error=None if ok else "SHA-256 mismatch: data placed differs from sent",
+        error=error,
     )
 
 

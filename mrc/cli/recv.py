@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import mmap
 import os
+import secrets
+import signal
 import sys
 from typing import cast
 
@@ -15,6 +18,7 @@ from mrc.cli.common import (
     Progress,
     emit_json,
     endpoint_arg,
+    float_between,
     human_bytes,
     human_rate,
     parse_endpoint,
@@ -25,7 +29,8 @@ from mrc.cli.common import (
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
 from mrc.connection import Connection, Listener, listen
 from mrc.errors import MRCError
-from mrc.transfer import receive_buffer
+from mrc.transfer import IDLE_TIMEOUT, receive_buffer
+from mrc.transport.messages import Abort
 from mrc.units import SIZE_HELP
 from mrc.wire import DEFAULT_PORT
 
@@ -53,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         metavar="FILE",
         help="write the data here ({n} in the name is replaced by the transfer "
-        "number when --count > 1); written as FILE.part and renamed when verified",
+        "number when --count > 1); written to a new FILE.<random>.part, renamed to FILE once "
+        "verified, deleted on any failure; an existing FILE is refused unless --force",
     )
     out.add_argument(
         "--discard",
@@ -77,6 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=size_arg,
         default=64 << 30,
         help=f"refuse transfers larger than this (default 64G; {SIZE_HELP})",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing output file (without it, an existing --out is refused)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float_between(0.1, 86400.0),
+        default=IDLE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"fail a transfer on which no data arrives for this long (default {IDLE_TIMEOUT:g})",
     )
     p.add_argument(
         "--timeout",
@@ -106,35 +124,124 @@ def _populate(size: int, anonymous: bool = False) -> int:
 
 
 class _Outputs:
-    """Allocates the memory a sender asks for: an mmap of FILE.part, or anonymous memory."""
+    """Allocates the memory a sender asks for and owns the files behind it.
+
+    Each transfer gets its own part file, created new (``O_EXCL | O_NOFOLLOW``) next to its
+    output with a random name, never reopened and never shared, with its disk space reserved
+    up front (``posix_fallocate``): a full disk is a refusal before any data moves, not a SIGBUS
+    in the middle. At most ``--count`` transfers are granted memory; a hello beyond that is
+    refused instead of allocating. Every part file not renamed into place is deleted, whatever
+    ends the transfer (``remove_all`` runs on the way out, signals included).
+    """
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.count = 0
-        self.paths: dict[int, str] = {}  # id(mmap) -> final path
+        self.granted = 0
+        self.parts: dict[int, tuple[str, str]] = {}  # id(mmap) -> (part file, final path)
 
     def __call__(self, size: int, request: dict[str, object]) -> mmap.mmap:
         if size > self.args.max_size:
             raise MRCError(f"transfer of {size} bytes exceeds --max-size {self.args.max_size}")
-        self.count += 1
+        if self.granted >= self.args.count:
+            raise MRCError(f"this receiver takes {self.args.count} transfer(s) and has them all")
         if self.args.discard:
+            self.granted += 1
             return mmap.mmap(-1, max(size, 1), flags=_populate(size, anonymous=True))
-        path = self.args.out.replace("{n}", str(self.count))
-        part = path + ".part"
+        path = self.args.out.replace("{n}", str(self.granted + 1))
+        _check_target(path, self.args.force)
+        fd, part = _create_part(path)
         try:
-            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        except OSError as exc:
-            raise MRCError(f"cannot create {part}: {exc.strerror}") from None
-        try:
-            os.ftruncate(fd, size)
+            if size:
+                _reserve(fd, size, part)
             m = mmap.mmap(fd, size, flags=_populate(size)) if size else mmap.mmap(-1, 1)
-        except OSError as exc:
+        except BaseException:
             os.unlink(part)
-            raise MRCError(f"cannot map {part} ({size} bytes): {exc.strerror}") from None
+            raise
         finally:
             os.close(fd)
-        self.paths[id(m)] = path
+        self.granted += 1
+        self.parts[id(m)] = (part, path)
         return m
+
+    def path_of(self, buf: mmap.mmap) -> str | None:
+        entry = self.parts.get(id(buf))
+        return entry[1] if entry else None
+
+    def release(self, buf: object) -> None:
+        """A set-up failed after its memory was made: free it and give the slot back."""
+        assert isinstance(buf, mmap.mmap)
+        self.granted -= 1
+        self.finish(buf, keep=False)
+
+    def finish(self, buf: mmap.mmap, keep: bool) -> None:
+        """Unmap ``buf``; put its part file in place (``keep``) or delete it.
+
+        Raises :class:`MRCError` when the file cannot be put in place (the part is deleted).
+        """
+        entry = self.parts.pop(id(buf), None)
+        if keep:
+            buf.flush()
+        buf.close()
+        if entry is None:
+            return
+        part, path = entry
+        try:
+            if keep:
+                _put_in_place(part, path, self.args.force)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(part)
+
+    def remove_all(self) -> None:
+        for part, _path in self.parts.values():
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+        self.parts.clear()
+
+
+def _check_target(path: str, force: bool) -> None:
+    """Refuse an output that exists (unless ``force``) or that could never be replaced."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise MRCError(f"{path} is a directory")
+    if not force and os.path.lexists(path):
+        raise MRCError(f"{path} exists; not replacing it (use --force)")
+
+
+def _create_part(path: str) -> tuple[int, str]:
+    """A new part file beside ``path``: ``PATH.<random>.part``, created exclusively."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(8):
+        part = f"{path}.{secrets.token_hex(4)}.part"
+        try:
+            return os.open(part, flags, 0o644), part
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise MRCError(f"cannot create {part}: {exc.strerror}") from None
+    raise MRCError(f"cannot create a part file beside {path}")
+
+
+def _reserve(fd: int, size: int, part: str) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        where = os.path.dirname(os.path.abspath(part))
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise MRCError(f"no space for {size} bytes in {where}") from None
+        raise MRCError(f"cannot reserve {size} bytes for {part}: {exc.strerror}") from None
+
+
+def _put_in_place(part: str, path: str, force: bool) -> None:
+    """Rename ``part`` to ``path``: atomically, and without replacing anything unless ``force``."""
+    try:
+        if force:
+            os.replace(part, path)
+        else:
+            os.link(part, path)  # fails if path appeared meanwhile, where rename would replace
+    except FileExistsError:
+        raise MRCError(f"{path} appeared during the transfer; not replacing it") from None
+    except OSError as exc:
+        raise MRCError(f"cannot put the data in place as {path}: {exc.strerror}") from None
 
 
 async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, evlog: EVLog) -> bool:
@@ -145,32 +252,40 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
     size = conn.requested_size if conn.requested_size is not None else region.length
     view = region.view[:size]
     buf = cast(mmap.mmap, region.view.obj)  # _Outputs hands out nothing but mmaps
-    path = outputs.paths.get(id(buf))
+    path = outputs.path_of(buf)
     peer = conn.peer_host
     progress = Progress(size, f"receiving from {peer}", None if not args.no_progress else False)
     evlog.attach(conn, "recv")
+    placed = False
+
+    def commit() -> None:
+        """The hashes match: put the file in place before the sender is told it is there."""
+        nonlocal placed
+        placed = True
+        del_view()
+        outputs.finish(buf, keep=True)
+
+    def del_view() -> None:
+        nonlocal view
+        view.release()
+        conn.deregister(region)
+
     try:
         apply_denies(conn, args.deny)
-        result = await receive_buffer(conn, view, progress.update)
+        result = await receive_buffer(conn, view, progress.update, commit, args.idle_timeout)
     except MRCError as exc:
         result = None
         error = str(exc)
+        with contextlib.suppress(MRCError):
+            await conn.send_message(Abort(error).to_json())
     finally:
         progress.finish()
         stats = conn.stats()
         await conn.close()
+        if not placed:
+            del_view()
+            outputs.finish(buf, keep=False)
     ok = result is not None and result.ok
-    if path is not None:
-        if ok:
-            buf.flush()
-        del view
-        conn.deregister(region)
-        buf.close()
-        if ok:
-            os.replace(path + ".part", path)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(path + ".part")
     if result is not None and not result.ok:
         error = result.error or "verification failed"
     out = {
@@ -216,8 +331,25 @@ async def _main(args: argparse.Namespace) -> int:
     plane_addrs = hosts if len(hosts) > 1 or hosts[0] not in ("::", "0.0.0.0") else None
     evlog = EVLog(args.ev_log)
     listener: Listener = await listen(
-        hosts[0], port, plane_addrs=plane_addrs, evs=args.evs, region_factory=outputs, fabric=fabric
+        hosts[0],
+        port,
+        plane_addrs=plane_addrs,
+        evs=args.evs,
+        region_factory=outputs,
+        region_release=outputs.release,
+        fabric=fabric,
     )
+    # SIGTERM ends the run as Ctrl-C does: through the finally below, so no part file is left
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    terminated = False
+
+    def on_term() -> None:
+        nonlocal terminated
+        terminated = True
+        main_task.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_term)
     if sys.stderr.isatty() and not args.json:
         print(f"listening on {', '.join(f'[{h}]:{listener.port}' for h in hosts)}", file=sys.stderr)
     failures = 0
@@ -231,10 +363,16 @@ async def _main(args: argparse.Namespace) -> int:
             tasks.append(asyncio.ensure_future(_one(conn, outputs, args, evlog)))
         for ok in await asyncio.gather(*tasks):
             failures += 0 if ok else 1
+    except asyncio.CancelledError:
+        if terminated:
+            raise KeyboardInterrupt from None
+        raise
     finally:
         for t in tasks:
             t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await listener.close()
+        outputs.remove_all()
         evlog.close()
     return 1 if failures else 0
 
@@ -246,6 +384,11 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         parser.error("all --listen addresses must use the same port")
     if args.out and args.count > 1 and "{n}" not in args.out:
         parser.error("with --count > 1, --out needs a {n} placeholder in the file name")
+    if args.out and "{n}" not in args.out:
+        try:
+            _check_target(args.out, args.force)
+        except MRCError as exc:
+            parser.error(str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -373,6 +373,9 @@ class Result:
     ok: bool
     sha256: str
     stats: Mapping[str, StatValue]
+    #: why the receiver failed the transfer although it may have the data (e.g. the output file
+    #: could not be put in place); None when ``ok`` or when the hashes simply differ
+    error: str | None = None
     type: Literal["result"] = "result"
 
     @classmethod
@@ -384,10 +387,15 @@ class Result:
             f.boolean("ok"),
             f.text("sha256", 64, _SHA256),
             f.stats("stats") if f.has("stats") else {},
+            f.text("error", MAX_TEXT) if f.has("error") else None,
         )
 
     def to_json(self) -> JSON:
-        return {"type": "result", "ok": self.ok, "sha256": self.sha256, "stats": dict(self.stats)}
+        out: JSON = {"type": "result", "ok": self.ok, "sha256": self.sha256}
+        out["stats"] = dict(self.stats)
+        if self.error is not None:
+            out["error"] = self.error
+        return out
 
 
 @dataclass(frozen=True, slots=True)
