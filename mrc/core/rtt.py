@@ -10,12 +10,10 @@ class RttEstimator:
         self.min_rto = min_rto
         self.max_rto = max_rto
         self.rto = initial_rto
-        self.samples = 0
 
     def sample(self, rtt: float) -> None:
         if rtt < 0:
             return
-        self.samples += 1
         if self.srtt is None:
             self.srtt = rtt
             self.rttvar = rtt / 2
