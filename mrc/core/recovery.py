@@ -114,10 +114,10 @@ class LossDetector:
         """The packets of ``in_flight`` (seq -> packet, in send order of first transmissions)
         that are lost, as (seq, packet, blame).
 
-        A packet is lost if it was sent more than a window before the RACK point, or, when the
-        evidence may all have come from other planes, more than two windows before it:
-        ``plane_delivered[p]`` is the send time of the latest packet plane ``p`` delivered
-        (``plane_of[ev]``: the plane of EV ``ev``). Packets already queued for a resend
+        A packet is lost if it was sent more than two windows before the RACK point, or more
+        than one window before both the RACK point and the latest delivery of its own plane
+        (``plane_delivered[p]``: send time of the latest packet plane ``p`` delivered;
+        ``plane_of[ev]``: the plane of EV ``ev``). Packets already queued for a resend
         (deadline inf) are skipped.
 
         ``blame``: whether the loss is evidence against the packet's EV. Only if the receiver

@@ -150,7 +150,7 @@ class Requester:
             pkt.ev = self.evs.next_other(pkt.ev)
             pkt.retransmitted = True
             pkt.sent_at = now
-            pkt.deadline = deadline = now + min(rto * (1 << pkt.timeouts), self.config.max_rto)
+            pkt.deadline = deadline = now + self.rtt.backed_off(pkt.timeouts)
             heapq.heappush(self._deadlines, (deadline, seq))
             out.append(self._build(seq, pkt))
             self.stats.retransmits += 1
