@@ -30,13 +30,14 @@ Health, after the OCP MRC states (every transition is reported through ``on_chan
 * DENIED: set by the operator; never used, never probed.
 
 A plane goes down when ``plane_dead_losses`` losses in a row hit it with no delivery in
-between (or the transport reports its NIC down): all its EVs become ASSUMED_BAD and are probed;
-the first answered probe brings the plane back. "In between" is in send order: the loss of a
-packet sent no later than one the plane is known to have delivered (acknowledged data, or an
-answered probe) does not count, so losses found together (one SACK, late timeouts of packets
-sent during an outage that has ended) cannot take down a plane that demonstrably works.
-The planes a peer reports down in the port-state bitmap of its SACKs are avoided too, for data
-and ACKs alike.
+between (a NIC that is down shows as send errors, which count as losses): all its EVs become
+ASSUMED_BAD and are probed; the first answered probe brings the plane back. "In between" is in
+send order: the loss of a packet sent no later than one the plane is known to have delivered
+(acknowledged data, or an answered probe) does not count, so losses found together (one SACK,
+late timeouts of packets sent during an outage that has ended) cannot take down a plane that
+demonstrably works. EVSet keeps this bookkeeping (``delivered``, ``lost``); the requester only
+reports what was acknowledged. The planes a peer reports down in the port-state bitmap of its
+SACKs are avoided too, for data and ACKs alike.
 """
 
 from __future__ import annotations

@@ -341,7 +341,7 @@ class Requester:
         while wrs and wrs[0].last_seq >= 0 and wrs[0].last_seq < una:
             wr = wrs.popleft()
             self._emit(WriteCompleted(self.qpn, wr.wr_id, len(wr.view)))
-        if latest > 0.0:  # (times start above 0: a packet sent at 0.0 is no news)
+        if latest > 0.0:  # news (as for the RACK point, 0.0 stands for none)
             self._tlp_out = False  # news arrived: the next silence may be probed again
             self._arm_tlp(now)
         if recovery.advance(latest) and outstanding:
