@@ -13,6 +13,7 @@ import heapq
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from mrc import wire
 from mrc.core.config import QPConfig
@@ -54,7 +55,6 @@ class SimNetwork:
         self._n = 0
         # (host, qpn) -> (peer host, peer qpn)
         self._links: dict[tuple[str, int], tuple[str, int]] = {}
-        self.delivered = 0
         self._next_port = 1024
         self.lost = 0
         self.trimmed = 0
@@ -144,11 +144,10 @@ class SimNetwork:
             delay = f.delay + r.random() * f.jitter
             if r.random() < f.reorder:
                 delay += r.random() * f.reorder_delay
-            self._at(self.now + delay, lambda d=data: self._deliver(dst, d, sport))
+            self._at(self.now + delay, partial(self._deliver, dst, data, sport))
 
     def _deliver(self, dst: str, data: bytes, sport: int) -> None:
         host = self.hosts[dst]
-        self.delivered += 1
         qp = host.core.receive_datagram(memoryview(data), sport, self.now)
         if qp is not None:
             self.pump(host, qp)

@@ -273,9 +273,9 @@ async def _helper_mrc_send(args: argparse.Namespace) -> dict:
                 e.sport,
                 e.plane,
                 routes[e.ev] if routes else "direct",
-                e.old,
-                e.new,
-                e.reason,
+                e.old_label,
+                e.new_label,
+                e.reason_text,
             ]
         )
 

@@ -129,8 +129,8 @@ class MrcTransport(Transport):
         reverse EVs of accepted QPs), new state and kind of reason (numbers stripped)."""
 
         def count(ev: Any) -> None:
-            kind = "".join(c for c in str(ev.reason).split(":")[0] if not c.isdigit()).strip()
-            key = f"{role}: {ev.old} -> {ev.new} ({kind})"
+            kind = "".join(c for c in ev.reason_text.split(":")[0] if not c.isdigit()).strip()
+            key = f"{role}: {ev.old_label} -> {ev.new_label} ({kind})"
             self.ev_events[key] = self.ev_events.get(key, 0) + 1
 
         return count

@@ -115,9 +115,9 @@ class EVLog:
                         "sport": ev.sport,
                         "plane": ev.plane,
                         "route": routes[ev.ev] if routes else "direct",
-                        "from": ev.old,
-                        "to": ev.new,
-                        "reason": ev.reason,
+                        "from": ev.old_label,
+                        "to": ev.new_label,
+                        "reason": ev.reason_text,
                     }
                 )
                 + "\n"

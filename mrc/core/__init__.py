@@ -9,6 +9,9 @@ from mrc.core.config import QPConfig
 from mrc.core.endpoint import EndpointCore
 from mrc.core.events import (
     Event,
+    EVReason,
+    EVState,
+    EVStateChanged,
     ImmediateReceived,
     ProbeReplied,
     QPFailed,
@@ -22,6 +25,9 @@ __all__ = [
     "Access",
     "EndpointCore",
     "Event",
+    "EVReason",
+    "EVState",
+    "EVStateChanged",
     "ImmediateReceived",
     "MemoryRegion",
     "ProbeReplied",

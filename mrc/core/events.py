@@ -1,8 +1,14 @@
-"""Events the core reports to whoever drives it (the application-facing side of a QP)."""
+"""What the core hands whoever drives it: events (the application-facing side of a QP) and,
+for the I/O side, the shape of the datagrams it asks to send."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum, IntEnum
+
+# A datagram to send: (EV index, header bytes, payload). The payload is a slice of the posted
+# buffer for data packets (sent without copying), empty for ACKs and probes.
+Datagram = tuple[int, bytes, memoryview | bytes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +52,75 @@ class ProbeReplied(Event):
     rtt: float
 
 
+class EVState(IntEnum):
+    """Health of one entropy value (docs/EV_HEALTH.md, "States").
+
+    An IntEnum: ``EVSet`` keeps one per EV in a list that spraying consults, and comparing
+    ints is as cheap as it gets. Whether a GOOD EV is in the rotation or waits in the backup
+    pool is not a state of its own but ``EVSet.active``; ``label`` shows both.
+    """
+
+    GOOD = 0
+    SKIP = 1
+    ASSUMED_BAD = 2
+    DENIED = 3
+
+    def label(self, backup: bool = False) -> str:
+        """The name users see: ``GOOD (backup)`` for a GOOD EV waiting in the pool."""
+        return "GOOD (backup)" if backup and self is EVState.GOOD else self.name
+
+
+class EVReason(Enum):
+    """Why an EV changed state; the value is the phrase shown for it.
+
+    ``{detail}`` is filled from ``EVStateChanged.detail`` and ``{plane}`` from its plane, so
+    tools can count transitions by code while logs keep their wording.
+    """
+
+    TRIMMED = "trimmed"  # a TRIMMED NACK: congestion on the path
+    SKIP_OVER = "skip over"  # the skipped round is over
+    TIMEOUT = "timeout"  # a packet's retransmission timer expired
+    SACK_LOSS = "lost: later packets arrived"  # RACK-style evidence from SACKs
+    SEND_ERROR = "send error: {detail}"  # detail: the OS error text
+    ACK_LOST = "ACK lost: data arrived twice"  # receiver side: a SACK on this EV was lost
+    PLANE_DOWN = "plane {plane} down: {detail} losses in a row"  # detail: the streak
+    REPLACES = "replaces EV {detail}"  # a backup joins the rotation; detail: the EV it replaces
+    RESURRECTED = "resurrected: {detail} probes answered"  # detail: the answered probes
+    DENIED = "denied by operator"
+
+    def describe(self, detail: str = "", plane: int = 0) -> str:
+        """The phrase for this reason, as ``--ev-log`` and the demos print it."""
+        return self.value.format(detail=detail, plane=plane)
+
+
 @dataclass(frozen=True, slots=True)
 class EVStateChanged(Event):
-    """Entropy value ``ev`` (source port ``sport``, plane ``plane``) went ``old`` -> ``new``."""
+    """Entropy value ``ev`` (source port ``sport``, plane ``plane``) went ``old`` -> ``new``.
+
+    ``old_backup``/``new_backup``: the EV was / is GOOD but waiting in the backup pool (a
+    backup joining the rotation is GOOD -> GOOD with ``old_backup`` set). ``detail``: the
+    variable part of the reason's phrase, empty for most reasons.
+    """
 
     time: float
     ev: int
     sport: int
     plane: int
-    old: str
-    new: str
-    reason: str
+    old: EVState
+    new: EVState
+    reason: EVReason
+    old_backup: bool = False
+    new_backup: bool = False
+    detail: str = ""
+
+    @property
+    def old_label(self) -> str:
+        return self.old.label(self.old_backup)
+
+    @property
+    def new_label(self) -> str:
+        return self.new.label(self.new_backup)
+
+    @property
+    def reason_text(self) -> str:
+        return self.reason.describe(self.detail, self.plane)

@@ -12,7 +12,8 @@ every plane gets the same share even when it has fewer usable EVs than the other
 then carry more each). Per-plane queues stay level, which keeps the reordering that SACK-based
 loss detection must tolerate small.
 
-Health, after the OCP MRC states (every transition is reported through ``on_change``):
+Health, after the OCP MRC states (every transition is reported through ``on_change`` as an
+``EVStateChanged`` event, and every transition is a row of ``_TRANSITIONS``):
 
 * GOOD: in use. The first ``active`` EVs are in the rotation; the rest wait in a backup pool.
 * SKIP: a TRIMMED NACK came back for a packet on this EV (congestion on its path): left out of
@@ -29,35 +30,68 @@ Health, after the OCP MRC states (every transition is reported through ``on_chan
 * DENIED: set by the operator; never used, never probed.
 
 A plane goes down when ``plane_dead_losses`` losses in a row hit it with no delivery in
-between (or the transport reports its NIC down): all its EVs become ASSUMED_BAD and are probed;
-the first answered probe brings the plane back. "In between" is in send order: the loss of a
-packet sent no later than one the plane is known to have delivered (acknowledged data, or an
-answered probe) does not count, so losses found together (one SACK, late timeouts of packets
-sent during an outage that has ended) cannot take down a plane that demonstrably works.
-The planes a peer reports down in the port-state bitmap of its SACKs are avoided too, for data
-and ACKs alike.
+between (a NIC that is down shows as send errors, which count as losses): all its EVs become
+ASSUMED_BAD and are probed; the first answered probe brings the plane back. "In between" is in
+send order: the loss of a packet sent no later than one the plane is known to have delivered
+(acknowledged data, or an answered probe) does not count, so losses found together (one SACK,
+late timeouts of packets sent during an outage that has ended) cannot take down a plane that
+demonstrably works. EVSet keeps this bookkeeping (``delivered``, ``lost``); the requester only
+reports what was acknowledged. The planes a peer reports down in the port-state bitmap of its
+SACKs are avoided too, for data and ACKs alike.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from enum import IntEnum
+
+from mrc.core.events import EVReason, EVState, EVStateChanged
+
+__all__ = ["EVReason", "EVSet", "EVState", "EVTransitionError"]
+
+_NEG_INF = float("-inf")
+
+_GOOD = EVState.GOOD
+_SKIP = EVState.SKIP
+_BAD = EVState.ASSUMED_BAD
+_DENIED = EVState.DENIED
+_R = EVReason
+
+# Every state change an EV can make: (state, what happened) -> next state. The numbers are the
+# rows of the table in docs/EV_HEALTH.md. Which EVs an event applies to at all (only active
+# ones are trimmed or retired, the floor, the backup chosen) is decided by the methods below;
+# this table only says where each one leads, and ``_transition`` refuses anything not in it.
+_TRANSITIONS: dict[tuple[EVState, EVReason], EVState] = {
+    (_GOOD, _R.TRIMMED): _SKIP,  # 1
+    (_SKIP, _R.SKIP_OVER): _GOOD,  # 2
+    (_GOOD, _R.TIMEOUT): _BAD,  # 3
+    (_SKIP, _R.TIMEOUT): _BAD,
+    (_GOOD, _R.SACK_LOSS): _BAD,
+    (_SKIP, _R.SACK_LOSS): _BAD,
+    (_GOOD, _R.SEND_ERROR): _BAD,
+    (_SKIP, _R.SEND_ERROR): _BAD,
+    (_GOOD, _R.ACK_LOST): _BAD,
+    (_SKIP, _R.ACK_LOST): _BAD,
+    (_GOOD, _R.REPLACES): _GOOD,  # 4: a backup joins the rotation
+    (_GOOD, _R.PLANE_DOWN): _BAD,  # 5: active or backup
+    (_SKIP, _R.PLANE_DOWN): _BAD,
+    (_BAD, _R.RESURRECTED): _GOOD,  # 6: active again, or back to the pool
+    (_GOOD, _R.DENIED): _DENIED,  # 7
+    (_SKIP, _R.DENIED): _DENIED,
+    (_BAD, _R.DENIED): _DENIED,
+    (_DENIED, _R.DENIED): _DENIED,  # denying twice changes nothing
+}
+
+ChangeCallback = Callable[[EVStateChanged], None]
 
 
-class EVState(IntEnum):
-    GOOD = 0
-    SKIP = 1
-    ASSUMED_BAD = 2
-    DENIED = 3
-
-
-# on_change(ev, old_state, new_state, reason, now); states as describe() names them
-ChangeCallback = Callable[[int, str, str, str, float], None]
-
-
-def _nothing(ev: int, old: str, new: str, reason: str, now: float) -> None:
+def _nothing(event: EVStateChanged) -> None:
     return None
+
+
+class EVTransitionError(RuntimeError):
+    """A state change ``_TRANSITIONS`` does not allow: a bug in the core, not a network event
+    (so not an ``MRCError``: it should surface with its traceback)."""
 
 
 class EVSet:
@@ -74,7 +108,9 @@ class EVSet:
         plane_dead_losses: int = 8,
         on_change: ChangeCallback | None = None,
         routes: list[int] | None = None,
+        qpn: int = 0,
     ) -> None:
+        """``on_change`` receives an ``EVStateChanged`` (naming QP ``qpn``) per transition."""
         if not ports:
             raise ValueError("an EV set needs at least one entropy value")
         if len(set(ports)) != len(ports):
@@ -85,6 +121,7 @@ class EVSet:
         if len(self.planes) != n:
             raise ValueError("need one plane per entropy value")
         self.nplanes = max(self.planes) + 1
+        self.qpn = qpn
         # route id of each EV (e.g. which spine an SRv6 path turns at); all 0 when unknown
         self.routes = list(routes) if routes is not None else [0] * n
         if len(self.routes) != n:
@@ -106,7 +143,7 @@ class EVSet:
         self.loss_streak = [0] * self.nplanes
         # send time of the latest packet known delivered, per plane: a loss of a packet sent
         # no later than that is no evidence against the plane (it worked after that send)
-        self.plane_alive_sent = [float("-inf")] * self.nplanes
+        self.plane_alive_sent = [_NEG_INF] * self.nplanes
         self.usable = list(self.active)
         self.probe_interval = probe_interval
         self.probe_timeout = probe_timeout
@@ -139,7 +176,7 @@ class EVSet:
         # a trimmed EV sits out the rest of its round and the whole next one
         for ev in self._skipped_prev:
             if self.state[ev] == EVState.SKIP:
-                self._set(ev, EVState.GOOD, "skip over", self._now)
+                self._transition(ev, EVReason.SKIP_OVER, self._now)
         self._skipped_prev = self._skipped
         self._skipped = []
         order = [i for i, ok in enumerate(self.usable) if ok]
@@ -220,28 +257,40 @@ class EVSet:
 
     # ---- evidence ----------------------------------------------------------------------
 
-    def delivered(self, ev: int, sent_at: float | None = None) -> None:
-        """A packet sent on ``ev`` (at ``sent_at``) was acknowledged: its plane is alive."""
-        plane = self.planes[ev]
-        self.loss_streak[plane] = 0
-        if sent_at is not None and sent_at > self.plane_alive_sent[plane]:
-            self.plane_alive_sent[plane] = sent_at
+    def count_sent(self, ev: int) -> None:
+        """A data packet (new or resent) goes out on ``ev``: counted in ``packets``."""
+        self.packets[ev] += 1
+
+    def delivered(self, sent_at_by_plane: list[float]) -> None:
+        """Packets were acknowledged: ``sent_at_by_plane[p]`` is the send time of the
+        latest-sent of them on plane ``p`` (-inf if none was on it).
+
+        Each plane with a delivery is alive: its loss streak starts again, and losses of its
+        packets sent no later than that one are no evidence against it (see ``lost``). One
+        call per ACK, not per packet: the ACK path builds the list as it pops packets.
+        """
+        for plane, sent_at in enumerate(sent_at_by_plane):
+            if sent_at != _NEG_INF:
+                self._plane_delivered(plane, sent_at)
 
     def lost(
         self,
         ev: int,
         now: float,
-        reason: str,
+        reason: EVReason,
         plane_evidence: bool = True,
         sent_at: float | None = None,
+        detail: str = "",
     ) -> None:
         """A packet sent on ``ev`` (at ``sent_at``) was lost without a trim: loss means failure.
 
-        ``plane_evidence``: whether the loss also counts towards declaring the plane dead. A
-        side that only sends ACKs never hears of deliveries, so its streaks could not reset.
-        A loss of a packet sent before (or with) one the plane is known to have delivered is
-        no evidence against the plane either: losses declared together (one SACK, or timeouts
-        found late) would otherwise add up to a "dead" plane that is demonstrably alive.
+        ``reason`` is one of the loss reasons of ``_TRANSITIONS`` (``detail`` completes its
+        phrase, e.g. the OS error of a send error). ``plane_evidence``: whether the loss also
+        counts towards declaring the plane dead. A side that only sends ACKs never hears of
+        deliveries, so its streaks could not reset. A loss of a packet sent before (or with)
+        one the plane is known to have delivered is no evidence against the plane either:
+        losses declared together (one SACK, or timeouts found late) would otherwise add up to
+        a "dead" plane that is demonstrably alive.
         """
         plane = self.planes[ev]
         if plane_evidence and sent_at is not None and sent_at <= self.plane_alive_sent[plane]:
@@ -249,7 +298,7 @@ class EVSet:
         if plane_evidence:
             self.loss_streak[plane] += 1
         if self.loss_streak[plane] >= self.plane_dead_losses and not self.plane_down[plane]:
-            self.set_plane_down(plane, now, f"{self.loss_streak[plane]} losses in a row")
+            self.set_plane_down(plane, now, self.loss_streak[plane])
             return
         if self.state[ev] not in (EVState.GOOD, EVState.SKIP) or not self.active[ev]:
             return
@@ -257,42 +306,38 @@ class EVSet:
         if backup is None and self._active_in_plane(plane) <= self.floor[plane]:
             self.floor_holds += 1
             return
-        self._retire(ev, now, reason)
+        self._retire(ev, now, reason, detail)
         if backup is not None:
-            self.active[backup] = True
-            self._refresh(backup)
-            self.on_change(backup, "GOOD (backup)", "GOOD", f"replaces EV {ev}", now)
+            self._transition(backup, EVReason.REPLACES, now, str(ev), active=True)
 
     def trimmed(self, ev: int, now: float) -> None:
         """A TRIMMED NACK: congestion on this EV's path; skip it for a round."""
         self._now = now
         if self.state[ev] == EVState.GOOD and self.active[ev]:
             self.skips += 1
-            self._set(ev, EVState.SKIP, "trimmed", now)
+            self._transition(ev, EVReason.TRIMMED, now)
             self._skipped.append(ev)
 
     def deny(self, ev: int, now: float = 0.0) -> None:
         """Operator denylist: never use this EV again."""
         was_active = self.active[ev] and self.state[ev] in (EVState.GOOD, EVState.SKIP)
         self._probe_cleanup(ev)
-        self._set(ev, EVState.DENIED, "denied by operator", now)
-        self.active[ev] = False
-        self._refresh(ev)
+        self._transition(ev, EVReason.DENIED, now, active=False)
         if was_active:
             backup = self._backup_for(self.planes[ev], self.routes[ev])
             if backup is not None:
-                self.active[backup] = True
-                self._refresh(backup)
-                self.on_change(backup, "GOOD (backup)", "GOOD", f"replaces EV {ev}", now)
+                self._transition(backup, EVReason.REPLACES, now, str(ev), active=True)
 
-    def set_plane_down(self, plane: int, now: float, reason: str) -> None:
+    def set_plane_down(self, plane: int, now: float, losses: int) -> None:
+        """Our own verdict: ``plane`` is dead after ``losses`` losses in a row; every EV of it
+        (backups included) becomes ASSUMED_BAD and is probed."""
         if self.plane_down[plane]:
             return
         self.plane_down[plane] = True
         self.planes_lost += 1
         for ev in range(len(self.ports)):
             if self.planes[ev] == plane and self.state[ev] in (EVState.GOOD, EVState.SKIP):
-                self._retire(ev, now, f"plane {plane} down: {reason}")
+                self._retire(ev, now, EVReason.PLANE_DOWN, str(losses))
         self._refresh_plane(plane)
 
     def set_peer_planes(self, port_state: int) -> None:
@@ -339,20 +384,17 @@ class EVSet:
         # the plane carried a packet sent at ``sent``: losses of packets sent before that
         # (e.g. timeouts of retransmissions that went out during the outage) are no evidence
         # that it is dead now
-        self.loss_streak[plane] = 0
-        if sent > self.plane_alive_sent[plane]:
-            self.plane_alive_sent[plane] = sent
+        self._plane_delivered(plane, sent)
         if self.plane_down[plane]:
             self.plane_down[plane] = False
-            self.loss_streak[plane] = 0
             self._refresh_plane(plane)
         ok = self._probe_ok.get(ev, 0) + 1
         self._probe_ok[ev] = ok
         if ok >= self.resurrect_after:
             self._probe_cleanup(ev)
             self.resurrected += 1
-            self.active[ev] = self._active_in_plane(plane) < self.target[plane]
-            self._set(ev, EVState.GOOD, f"resurrected: {ok} probes answered", now)
+            active = self._active_in_plane(plane) < self.target[plane]
+            self._transition(ev, EVReason.RESURRECTED, now, str(ok), active=active)
 
     def next_probe_time(self) -> float | None:
         """When probes_due() will next have something to do (a probe or a probe timeout)."""
@@ -369,11 +411,13 @@ class EVSet:
 
     # ---- reporting ---------------------------------------------------------------------
 
+    def is_backup(self, ev: int) -> bool:
+        """GOOD but waiting in the backup pool (not in the rotation)."""
+        return self.state[ev] == EVState.GOOD and not self.active[ev]
+
     def describe(self, ev: int) -> str:
-        s = self.state[ev]
-        if s == EVState.GOOD and not self.active[ev]:
-            return "GOOD (backup)"
-        return s.name
+        """EV ``ev``'s state as users see it (``GOOD (backup)`` for one in the pool)."""
+        return self.state[ev].label(self.is_backup(ev))
 
     def counters(self) -> dict[str, int]:
         return {
@@ -386,11 +430,15 @@ class EVSet:
 
     # ---- internals ---------------------------------------------------------------------
 
-    def _retire(self, ev: int, now: float, reason: str) -> None:
+    def _plane_delivered(self, plane: int, sent_at: float) -> None:
+        """``plane`` delivered a packet sent at ``sent_at``: it was alive then."""
+        self.loss_streak[plane] = 0
+        if sent_at > self.plane_alive_sent[plane]:
+            self.plane_alive_sent[plane] = sent_at
+
+    def _retire(self, ev: int, now: float, reason: EVReason, detail: str = "") -> None:
         self.assumed_bad += 1
-        before = self.describe(ev)
-        self.active[ev] = False
-        self._set(ev, EVState.ASSUMED_BAD, reason, now, before)
+        self._transition(ev, reason, now, detail, active=False)
         self._next_probe[ev] = now + self.probe_interval
         self._probe_ok[ev] = 0
 
@@ -399,15 +447,43 @@ class EVSet:
         self._probe_sent.pop(ev, None)
         self._probe_ok.pop(ev, None)
 
-    def _set(
-        self, ev: int, new: EVState, reason: str, now: float, before: str | None = None
+    def _transition(
+        self,
+        ev: int,
+        reason: EVReason,
+        now: float,
+        detail: str = "",
+        active: bool | None = None,
     ) -> None:
+        """The one place an EV's state changes: look the change up in ``_TRANSITIONS``, set
+        the state (and ``active``, if given: whether it is in the rotation), and report it if
+        anything a user can see changed."""
         old = self.state[ev]
-        before = before or self.describe(ev)
+        new = _TRANSITIONS.get((old, reason))
+        if new is None:
+            raise EVTransitionError(f"EV {ev}: no transition from {old.name} on {reason.name}")
+        old_backup = self.is_backup(ev)
         self.state[ev] = new
+        if active is not None:
+            self.active[ev] = active
         self._refresh(ev)
-        if old != new:
-            self.on_change(ev, before, self.describe(ev), reason, now)
+        new_backup = self.is_backup(ev)
+        if old != new or old_backup != new_backup:
+            self.on_change(
+                EVStateChanged(
+                    self.qpn,
+                    now,
+                    ev,
+                    self.ports[ev],
+                    self.planes[ev],
+                    old,
+                    new,
+                    reason,
+                    old_backup,
+                    new_backup,
+                    detail,
+                )
+            )
 
     def _refresh(self, ev: int) -> None:
         plane = self.planes[ev]

@@ -53,6 +53,7 @@ class ProtectionDomain:
     ) -> MemoryRegion:
         """Register ``buffer``; raise TypeError/ValueError if it cannot be written in place."""
         try:
+            # any object is accepted on purpose: a non-buffer gets the message below
             view = memoryview(buffer)  # type: ignore[arg-type]
         except TypeError:
             raise TypeError(

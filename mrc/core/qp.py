@@ -14,14 +14,12 @@ from collections import deque
 
 from mrc import wire
 from mrc.core.config import QPConfig
-from mrc.core.events import Event, EVStateChanged, ProbeReplied
+from mrc.core.events import Datagram, Event, EVReason, ProbeReplied
 from mrc.core.evset import EVSet
 from mrc.core.memory import ProtectionDomain
 from mrc.core.requester import Requester
 from mrc.core.responder import Responder
 from mrc.core.stats import QPStats
-
-Datagram = tuple[int, bytes, "memoryview | bytes"]
 
 _OP_WRITE = int(wire.Opcode.RDMA_WRITE_ONLY)
 _OP_WRITE_IMM = int(wire.Opcode.RDMA_WRITE_ONLY_IMM)
@@ -55,6 +53,7 @@ class QueuePair:
         self.stats = QPStats()
         cfg = self.config
         self._events: deque[Event] = deque()
+        emit = self._events.append
         self.evs = EVSet(
             ev_ports,
             ev_planes,
@@ -65,10 +64,10 @@ class QueuePair:
             probe_timeout=cfg.probe_timeout,
             resurrect_after=cfg.resurrect_after,
             plane_dead_losses=cfg.plane_dead_losses,
-            on_change=self._ev_changed,
+            on_change=emit,
             routes=ev_routes,
+            qpn=qpn,
         )
-        emit = self._events.append
         self.requester = Requester(self.config, qpn, self.initial_psn, self.evs, self.stats, emit)
         self.responder = Responder(self.config, qpn, self.evs, pd, self.stats, emit)
         self._control: list[Datagram] = []
@@ -115,13 +114,7 @@ class QueuePair:
     def send_failed(self, ev: int, now: float, reason: str) -> None:
         """The transport could not send on ``ev`` (e.g. its NIC is down): that is a loss."""
         if self.config.ev_health:
-            self.evs.lost(ev, now, f"send error: {reason}")
-
-    def _ev_changed(self, ev: int, old: str, new: str, reason: str, now: float) -> None:
-        evs = self.evs
-        self._events.append(
-            EVStateChanged(self.qpn, now, ev, evs.ports[ev], evs.planes[ev], old, new, reason)
-        )
+            self.evs.lost(ev, now, EVReason.SEND_ERROR, detail=reason)
 
     def next_event(self) -> Event | None:
         return self._events.popleft() if self._events else None

@@ -14,20 +14,19 @@ import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import chain
 
 from mrc import wire
 from mrc.core.config import QPConfig
-from mrc.core.events import Event, QPFailed, WriteCompleted
+from mrc.core.events import Datagram, Event, EVReason, QPFailed, WriteCompleted
 from mrc.core.evset import EVSet
 from mrc.core.psn import to_psn, to_seq
+from mrc.core.recovery import LossDetector
 from mrc.core.rtt import RttEstimator
 from mrc.core.stats import QPStats
 
 _INF = float("inf")
 _NEG_INF = float("-inf")
-
-# (ev index, header bytes, payload) as the transport should send it
-Datagram = tuple[int, bytes, memoryview | bytes]
 
 
 @dataclass(slots=True)
@@ -37,9 +36,7 @@ class _WorkRequest:
     remote_addr: int
     rkey: int
     imm: int | None
-    first_seq: int = -1
-    last_seq: int = -1
-    sent_bytes: int = 0
+    last_seq: int = -1  # sequence number of its last packet, once segmented
 
 
 class _Packet:
@@ -97,12 +94,8 @@ class Requester:
         self._outstanding: dict[int, _Packet] = {}
         self._deadlines: list[tuple[float, int]] = []  # heap of (deadline, seq), lazy deletion
         self._retransmit: deque[int] = deque()
-        self._rack_latest = 0.0  # send time of the latest-sent packet known to have arrived
-        # per 64-PSN block: send time of the latest-sent packet the receiver already had when
-        # it reported on that block (the subject of a SACK for it); see _detect_losses
-        self._block_news: dict[int, float] = {}
-        self._last_subject = (-1, 0.0)  # (seq, sent_at): SACKs of one flush share a subject
-        self.losses_unblamed = 0
+        self.recovery = LossDetector(config.reorder_min, config.reorder_srtt_fraction)
+        self.losses_unblamed = 0  # SACK-detected losses not held against their EV
         # tail loss probe: when no ACK has come for a while, resend the newest outstanding
         # packet so that its ACK (SACK evidence) repairs a lost tail without waiting for an RTO
         self._tlp_at: float | None = None
@@ -114,6 +107,7 @@ class Requester:
     def post_write(
         self, data: object, remote_addr: int, rkey: int, imm: int | None, wr_id: int | None
     ) -> int:
+        # any object is accepted on purpose: memoryview() itself rejects a non-buffer
         view = memoryview(data)  # type: ignore[arg-type]
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
@@ -156,7 +150,7 @@ class Requester:
             pkt.ev = self.evs.next_other(pkt.ev)
             pkt.retransmitted = True
             pkt.sent_at = now
-            pkt.deadline = deadline = now + min(rto * (1 << pkt.timeouts), self.config.max_rto)
+            pkt.deadline = deadline = now + self.rtt.backed_off(pkt.timeouts)
             heapq.heappush(self._deadlines, (deadline, seq))
             out.append(self._build(seq, pkt))
             self.stats.retransmits += 1
@@ -176,7 +170,6 @@ class Requester:
             pkt = _Packet(wr, off, length, last)
             seq = self._next_seq
             if off == 0:
-                wr.first_seq = seq
                 self._inflight_wrs.append(wr)
             if last:
                 wr.last_seq = seq
@@ -207,6 +200,7 @@ class Requester:
     def _build(self, seq: int, pkt: _Packet) -> Datagram:
         wr = pkt.wr
         hdr = wire.pack_data(
+            # not None: datagrams_to_send builds nothing before connect(); no check per packet
             self.remote_qpn,  # type: ignore[arg-type]
             to_psn(self.initial_psn, seq),
             wr.remote_addr + pkt.offset,
@@ -215,7 +209,7 @@ class Requester:
             pkt.last,
             wr.imm if pkt.last else None,
         )
-        self.evs.packets[pkt.ev] += 1
+        self.evs.count_sent(pkt.ev)
         self.stats.packets_sent += 1
         return (pkt.ev, hdr, wr.view[pkt.offset : pkt.offset + pkt.length])
 
@@ -263,7 +257,7 @@ class Requester:
             self._retransmit.append(seq)
             self.stats.retransmits_timeout += 1
             if self.health:
-                self.evs.lost(pkt.ev, now, "timeout", sent_at=pkt.sent_at)
+                self.evs.lost(pkt.ev, now, EVReason.TIMEOUT, sent_at=pkt.sent_at)
         if self._tlp_at is not None and self._tlp_at <= now and not self.failed:
             self._tlp_at = None
             if outstanding:
@@ -283,6 +277,7 @@ class Requester:
     # ---- acknowledgements --------------------------------------------------------------
 
     def on_ack(self, data: memoryview | bytes, src_port: int, now: float) -> None:
+        """One ACK/SACK/NACK: RTT sample, packets acknowledged, planes alive, losses found."""
         (_op, _f, _pk, _qpw, psnw, aeth, subj, base, bitmap, ev_port, ports) = (
             wire.ACK_PKT.unpack_from(data)
         )
@@ -291,16 +286,13 @@ class Requester:
         ip = self.initial_psn
         una = self._snd_una
         outstanding = self._outstanding
+        recovery = self.recovery
         syndrome = aeth >> 24
         subj_seq = to_seq(ip, subj & wire.PSN_MASK, una)
         subject = outstanding.get(subj_seq)
-        if subject is not None:
-            subj_sent: float | None = subject.sent_at
-            self._last_subject = (subj_seq, subject.sent_at)
-        elif subj_seq == self._last_subject[0]:
-            subj_sent = self._last_subject[1]
-        else:
-            subj_sent = None  # a duplicate's ACK, or stale: no news about timing
+        subj_sent = recovery.subject_sent_at(
+            subj_seq, subject.sent_at if subject is not None else None
+        )
         evs = self.evs
         if self.health and (ports != 0xFFFF or any(evs.peer_plane_down)):
             evs.set_peer_planes(ports)
@@ -310,50 +302,37 @@ class Requester:
             self.stats.sacks += 1
             if subject is not None and not subject.retransmitted:
                 self.rtt.sample(now - subject.sent_at)
-        # cumulative part
         cum = to_seq(ip, psnw & wire.PSN_MASK, una)
         if cum >= self._next_seq:
             return  # acknowledges what we never sent: stale or forged
-        latest = 0.0
-        planes = evs.planes
-        streak = evs.loss_streak
-        alive = evs.plane_alive_sent  # per plane; doubles as the per-plane RACK point
+        # what this ACK acknowledges: the cumulative part, then the SACK bitmap's packets at
+        # or above the new cumulative point (those below it are acknowledged already)
+        acked = range(una, cum + 1)
         if cum >= una:
-            for seq in range(una, cum + 1):
-                pkt = outstanding.pop(seq, None)
-                if pkt is not None:
-                    plane = planes[pkt.ev]
-                    streak[plane] = 0
-                    if pkt.sent_at > alive[plane]:
-                        alive[plane] = pkt.sent_at
-                    if pkt.sent_at > latest:
-                        latest = pkt.sent_at
             una = cum + 1
-        # selective part
         base_seq = to_seq(ip, base & wire.PSN_MASK, una)
         if subj_sent is not None:
-            news = self._block_news
-            block = base_seq >> 6
-            if subj_sent > news.get(block, _NEG_INF):
-                news[block] = subj_sent
-            if len(news) > 1024:
-                floor = una >> 6
-                for b in [b for b in news if b < floor]:
-                    del news[b]
+            recovery.block_reported(base_seq >> 6, subj_sent, una)
+        sacked: list[int] = []
         if bitmap and base_seq + 64 > una and base_seq < self._next_seq:
+            if base_seq < una:
+                bitmap &= -1 << (una - base_seq)
             while bitmap:
                 low = bitmap & -bitmap
-                seq = base_seq + low.bit_length() - 1
+                sacked.append(base_seq + low.bit_length() - 1)
                 bitmap ^= low
-                if seq >= una:
-                    pkt = outstanding.pop(seq, None)
-                    if pkt is not None:
-                        plane = planes[pkt.ev]
-                        streak[plane] = 0
-                        if pkt.sent_at > alive[plane]:
-                            alive[plane] = pkt.sent_at
-                        if pkt.sent_at > latest:
-                            latest = pkt.sent_at
+        # per plane, the send time of the latest-sent packet it delivered (-inf: none)
+        delivered = [_NEG_INF] * evs.nplanes
+        planes = evs.planes
+        for seq in chain(acked, sacked):
+            pkt = outstanding.pop(seq, None)
+            if pkt is not None:
+                plane = planes[pkt.ev]
+                if pkt.sent_at > delivered[plane]:
+                    delivered[plane] = pkt.sent_at
+        latest = max(delivered)
+        if latest != _NEG_INF:
+            evs.delivered(delivered)
         nxt = self._next_seq
         while una < nxt and una not in outstanding:
             una += 1
@@ -362,57 +341,23 @@ class Requester:
         while wrs and wrs[0].last_seq >= 0 and wrs[0].last_seq < una:
             wr = wrs.popleft()
             self._emit(WriteCompleted(self.qpn, wr.wr_id, len(wr.view)))
-        if latest:
+        if latest > 0.0:  # news (as for the RACK point, 0.0 stands for none)
             self._tlp_out = False  # news arrived: the next silence may be probed again
             self._arm_tlp(now)
-        if latest > self._rack_latest:
-            self._rack_latest = latest
-            if outstanding:
-                self._detect_losses(now)
+        if recovery.advance(latest) and outstanding:
+            lost = recovery.detect(outstanding, self.rtt.srtt, planes, evs.plane_alive_sent)
+            self._on_losses(lost, now)
 
-    def _detect_losses(self, now: float) -> None:
-        """SACK evidence: a packet sent well before one that has arrived is lost.
-
-        "Well before" is a reordering window (a fraction of the smoothed RTT, at least
-        ``reorder_min``) when the packet that arrived travelled on the same plane: packets of
-        one plane share its NIC's queue, and its paths differ little. Evidence from other
-        planes needs twice that window: each plane has its own queue, and their depths differ
-        (most of all when a plane comes back with an empty queue while the others are full),
-        so cross-plane order says less. Detection takes about one RTT instead of an RTO, which
-        is what keeps delivery from stalling when a path dies; a whole plane dying is found by
-        cross-plane evidence.
-        """
-        cfg = self.config
-        srtt = self.rtt.srtt or 0.0
-        window = max(cfg.reorder_min, srtt * cfg.reorder_srtt_fraction)
-        threshold = self._rack_latest - window  # no packet sent after this can qualify
-        cross = self._rack_latest - 2 * window
-        per_plane = self.evs.plane_alive_sent
-        planes = self.evs.planes
-        lost = []
-        for seq, pkt in self._outstanding.items():
-            sent = pkt.sent_at
-            if sent >= threshold:
-                if pkt.retransmitted:
-                    continue  # out of send order: its position is its first transmission's
-                break  # first transmissions are in send order: none later can qualify
-            if sent >= cross and sent >= per_plane[planes[pkt.ev]] - window:
-                continue  # only other planes' packets arrived since: within their skew
-            if pkt.deadline != _INF:
-                lost.append((seq, pkt))
-        news = self._block_news
-        for seq, pkt in lost:
+    def _on_losses(self, lost: list[tuple[int, _Packet, bool]], now: float) -> None:
+        """Resend packets the loss detector found lost; retire the EVs it blames."""
+        for seq, pkt, blame in lost:
             pkt.deadline = _INF
             self._retransmit.append(seq)
             self.stats.retransmits_sack += 1
             if not self.health:
                 continue
-            # Blame the EV only if the receiver reported on this packet's block after it had
-            # received a packet sent well after this one: then this one really was missing.
-            # Otherwise the evidence may just be a lost SACK (its reverse path died): the
-            # packet is resent all the same, but its healthy EV is not retired for it.
-            if news.get(seq >> 6, _NEG_INF) >= pkt.sent_at + window:
-                self.evs.lost(pkt.ev, now, "lost: later packets arrived", sent_at=pkt.sent_at)
+            if blame:
+                self.evs.lost(pkt.ev, now, EVReason.SACK_LOSS, sent_at=pkt.sent_at)
             else:
                 self.losses_unblamed += 1
 

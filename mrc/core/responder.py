@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from mrc import wire
 from mrc.core.config import QPConfig
-from mrc.core.events import Event, ImmediateReceived
+from mrc.core.events import Datagram, Event, EVReason, ImmediateReceived
 from mrc.core.evset import EVSet
 from mrc.core.memory import ProtectionDomain
 from mrc.core.psn import to_psn, to_seq
@@ -20,9 +20,6 @@ from mrc.core.stats import QPStats
 
 _FULL = (1 << 64) - 1
 _MAX_SACKS_PER_FLUSH = 8
-
-# (ev index, header bytes, payload)
-Datagram = tuple[int, bytes, bytes]
 
 
 class Responder:
@@ -110,7 +107,7 @@ class Responder:
             # the reverse EV that carried it means failure there, as on any other
             lost_on = self._sack_ev.pop(seq >> 6, None)
             if lost_on is not None and self.config.ev_health:
-                self.evs.lost(lost_on, now, "ACK lost: data arrived twice", plane_evidence=False)
+                self.evs.lost(lost_on, now, EVReason.ACK_LOST, plane_evidence=False)
             self._note_arrival(seq, src_port, now, force=True)
             return
         hs = hdr.size
@@ -213,7 +210,7 @@ class Responder:
         self._out.append((self.evs.next(), pkt, b""))
         self.stats.nacks_sent += 1
 
-    def datagrams_to_send(self, now: float, out: list) -> None:
+    def datagrams_to_send(self, now: float, out: list[Datagram]) -> None:
         if self._ack_deadline is not None and now >= self._ack_deadline:
             self.flush()
         if self._out:

@@ -28,7 +28,7 @@ import pytest
 
 from mrc import wire
 from mrc.core import QPConfig, QueuePair
-from mrc.core.events import EVStateChanged, ImmediateReceived, QPFailed
+from mrc.core.events import EVReason, EVStateChanged, ImmediateReceived, QPFailed
 from mrc.core.evset import EVState
 from mrc.sim import Faults, SimHost, SimNetwork
 
@@ -90,7 +90,7 @@ class HealthNet(SimNetwork):
         by_plane = self._plane_retired.setdefault(host.name, set())
         for e in host.events[n_events:]:
             if isinstance(e, EVStateChanged):
-                if e.new == "ASSUMED_BAD" and e.reason.startswith("plane "):
+                if e.new is EVState.ASSUMED_BAD and e.reason is EVReason.PLANE_DOWN:
                     by_plane.add(e.ev)
                 else:
                     by_plane.discard(e.ev)
@@ -256,12 +256,12 @@ def check_invariants(run: Run, denied: set[int] | None = None) -> None:
         state = ["GOOD" if i < _n_active(qp) else "GOOD (backup)" for i in range(len(qp.evs))]
         bad = res = 0
         for e in events:
-            assert e.old == state[e.ev], (host, e, state[e.ev])
-            assert e.old != e.new, e
+            assert e.old_label == state[e.ev], (host, e, state[e.ev])
+            assert e.old_label != e.new_label, e
             assert e.sport == qp.evs.ports[e.ev] and e.plane == qp.evs.planes[e.ev]
-            state[e.ev] = e.new
-            bad += e.new == "ASSUMED_BAD"
-            res += e.old == "ASSUMED_BAD" and e.new.startswith("GOOD")
+            state[e.ev] = e.new_label
+            bad += e.new is EVState.ASSUMED_BAD
+            res += e.old is EVState.ASSUMED_BAD and e.new is EVState.GOOD
         assert state == [qp.evs.describe(i) for i in range(len(qp.evs))], host
         assert bad == qp.evs.assumed_bad and res == qp.evs.resurrected, host
 
@@ -286,7 +286,7 @@ def assert_balanced(counts: Counter[int], planes: int, tol: float = 0.1) -> None
 def first_event(
     events: list[EVStateChanged], ev: int, new: str, after: float = 0.0
 ) -> EVStateChanged | None:
-    return next((e for e in events if e.ev == ev and e.new == new and e.time >= after), None)
+    return next((e for e in events if e.ev == ev and e.new_label == new and e.time >= after), None)
 
 
 # ---- scenarios -----------------------------------------------------------------------------
@@ -329,16 +329,20 @@ def test_dead_paths_are_retired_and_replaced_from_the_same_plane(seed: int) -> N
         first_after = min(t.time for t in run.data_tx() if t.ev == ev and t.time >= T)
         assert bad.time - first_after < 5 * RTT + qa.config.reorder_min, (ev, bad.time)
         assert bad.time - T < 0.03, (ev, bad.time - T)
-        assert "later packets arrived" in bad.reason
+        assert bad.reason is EVReason.SACK_LOSS
         # replaced by a backup of the same plane at the same moment
-        repl = [e for e in events if e.time == bad.time and e.reason == f"replaces EV {ev}"]
+        repl = [
+            e
+            for e in events
+            if e.time == bad.time and e.reason is EVReason.REPLACES and e.detail == str(ev)
+        ]
         if repl:
             assert qa.evs.planes[repl[0].ev] == qa.evs.planes[ev]
-            assert repl[0].old == "GOOD (backup)" and repl[0].new == "GOOD"
+            assert repl[0].old_label == "GOOD (backup)" and repl[0].new_label == "GOOD"
     # every replacement stays in its plane, and no dead EV is used again for new data
     for e in events:
-        if e.reason.startswith("replaces EV "):
-            old = int(e.reason.split()[-1])
+        if e.reason is EVReason.REPLACES:
+            old = int(e.detail)
             assert qa.evs.planes[e.ev] == qa.evs.planes[old]
     for t in run.data_tx():
         if t.ev in victims and t.time > T + 0.03:
@@ -390,7 +394,7 @@ def test_many_losses_at_once_on_a_live_plane_do_not_take_it_down(seed: int) -> N
     )
     check_invariants(run)
     assert run.qa.evs.planes_lost == 0
-    assert {e.ev for e in run.ev_events("a") if e.new == "ASSUMED_BAD"} >= victims - {32}
+    assert {e.ev for e in run.ev_events("a") if e.new is EVState.ASSUMED_BAD} >= victims - {32}
 
 
 @pytest.mark.parametrize("seed", [5, 6])
@@ -418,10 +422,12 @@ def test_healed_paths_are_resurrected_within_the_probing_bound(seed: int) -> Non
             events, ev, "GOOD (backup)", after=T2
         )
         assert back is not None, f"EV {ev} never resurrected"
-        assert back.old == "ASSUMED_BAD" and back.reason.startswith("resurrected")
+        assert back.old is EVState.ASSUMED_BAD and back.reason is EVReason.RESURRECTED
         assert back.time - T2 <= bound, (ev, back.time - T2, bound)
         # nothing came back while the path was still dead
-        early = [e for e in events if e.ev == ev and T1 < e.time < T2 and e.old == "ASSUMED_BAD"]
+        early = [
+            e for e in events if e.ev == ev and T1 < e.time < T2 and e.old is EVState.ASSUMED_BAD
+        ]
         assert not early, early
     assert run.qa.evs.resurrected >= len(victims)
     # probes went out while dead, every probe_timeout, and were not counted as data
@@ -456,11 +462,11 @@ def test_flapping_paths(dead_ms: int, alive_ms: int) -> None:
     check_invariants(run)
     qa = run.qa
     events = run.ev_events("a")
-    assert {e.ev for e in events if e.new == "ASSUMED_BAD"} == flappers
+    assert {e.ev for e in events if e.new is EVState.ASSUMED_BAD} == flappers
     assert qa.evs.planes_lost == 0
     # resurrections only ever happen while the path is alive
     for e in events:
-        if e.old == "ASSUMED_BAD":
+        if e.old is EVState.ASSUMED_BAD:
             assert not dead(qa.evs.ports[e.ev], e.time - RTT), e
     if alive_ms < 100:
         assert qa.evs.resurrected == 0
@@ -493,7 +499,7 @@ def test_whole_plane_loss_and_return() -> None:
     check_invariants(run)
     qa, qb = run.qa, run.qb
     events = run.ev_events("a")
-    down = [e for e in events if "plane 1 down" in e.reason]
+    down = [e for e in events if e.reason is EVReason.PLANE_DOWN and e.plane == 1]
     assert down, "plane 1 never declared down"
     t_down = down[0].time
     assert t_down - T1 < 6 * RTT, t_down - T1
@@ -501,7 +507,7 @@ def test_whole_plane_loss_and_return() -> None:
     assert qa.evs.planes_lost == 1
     # every EV of the plane was retired at that moment, backups included
     plane1 = [i for i in range(len(qa.evs)) if qa.evs.planes[i] == 1]
-    retired = {e.ev for e in events if e.new == "ASSUMED_BAD" and T1 <= e.time <= t_down}
+    retired = {e.ev for e in events if e.new is EVState.ASSUMED_BAD and T1 <= e.time <= t_down}
     assert retired == set(plane1)  # backups included
     # the receiver learnt it from the port-state bitmap and stopped ACKing on plane 1
     acks = [t for t in run.net.tx if t.host == "b" and t.op == ACK_OP]
@@ -537,7 +543,7 @@ def test_whole_plane_loss_with_a_tiny_window() -> None:
     drop = Drop(dead=lambda sport, now: now >= T1 and sport in holder["ports"])
     run = run_transfer(seed=8, size=3_000_000, drop=drop, setup=setup, max_outstanding=16)
     check_invariants(run)
-    down = [e for e in run.ev_events("a") if "plane 1 down" in e.reason]
+    down = [e for e in run.ev_events("a") if e.reason is EVReason.PLANE_DOWN and e.plane == 1]
     assert down
     cfg = run.qa.config
     assert down[0].time - T1 < 2 * cfg.min_rto + 6 * RTT
@@ -556,7 +562,7 @@ def test_no_plane_goes_down_after_the_heal() -> None:
     drop = Drop(dead=lambda sport, now: T1 <= now < T2 and sport in holder["ports"])
     run = run_transfer(seed=11, size=4_000_000, active=16, backups=4, drop=drop, setup=setup)
     check_invariants(run)
-    late = [e for e in run.ev_events("a") if "down" in e.reason and e.time > T2]
+    late = [e for e in run.ev_events("a") if e.reason is EVReason.PLANE_DOWN and e.time > T2]
     assert not late, late[:2]
     assert run.qa.evs.planes_lost == 0
     assert run.qa.stats.retransmits_timeout > 0  # the scenario did produce late timeouts
@@ -583,11 +589,13 @@ def test_dead_ack_paths_blame_the_ack_evs_not_the_data_evs(seed: int) -> None:
     check_invariants(run)
     qa = run.qa
     assert qa.stats.retransmits_sack > 0
-    blamed = {e.ev for e in run.ev_events("a") if e.new == "ASSUMED_BAD"}
+    blamed = {e.ev for e in run.ev_events("a") if e.new is EVState.ASSUMED_BAD}
     assert blamed == fwd, blamed
     assert qa.evs.planes_lost == 0
     assert qa.requester.losses_unblamed > 0  # the filter was needed
-    assert all("ACK lost" in e.reason for e in run.ev_events("b") if e.new == "ASSUMED_BAD")
+    assert all(
+        e.reason is EVReason.ACK_LOST for e in run.ev_events("b") if e.new is EVState.ASSUMED_BAD
+    )
 
 
 @pytest.mark.parametrize("seed", [18, 19])
@@ -623,7 +631,7 @@ def test_lossy_but_alive_paths() -> None:
     check_invariants(run)
     qa = run.qa
     assert qa.stats.retransmits > 0
-    bad = {e.ev for e in run.ev_events("a") if e.new == "ASSUMED_BAD"}
+    bad = {e.ev for e in run.ev_events("a") if e.new is EVState.ASSUMED_BAD}
     assert bad and bad <= lossy, bad  # only lossy EVs were ever blamed
     assert qa.evs.resurrected >= 1
     assert qa.evs.planes_lost == 0
@@ -655,7 +663,7 @@ def test_lost_probes_delay_resurrection_but_nothing_else() -> None:
     assert run.done_at is not None and run.done_at > T3 + 0.2
     for ev in victims:
         assert first_event(events, ev, "ASSUMED_BAD", after=T1) is not None
-        back = [e for e in events if e.ev == ev and e.old == "ASSUMED_BAD"]
+        back = [e for e in events if e.ev == ev and e.old is EVState.ASSUMED_BAD]
         assert back and back[0].time >= T3, back[:1]
         assert (
             back[0].time - T3
@@ -703,5 +711,5 @@ def test_denied_evs_are_never_used_even_when_everything_else_fails() -> None:
     assert desperate
     assert all(t.ev not in denied for t in desperate)
     # denials were reported as events
-    den = [e for e in run.ev_events("a") if e.new == "DENIED"]
+    den = [e for e in run.ev_events("a") if e.new is EVState.DENIED]
     assert {e.ev for e in den} == denied
