@@ -12,6 +12,7 @@ from mrc.cli.common import (
     Progress,
     emit_json,
     endpoint_arg,
+    float_between,
     human_bytes,
     human_rate,
     parse_endpoint,
@@ -31,7 +32,7 @@ from mrc.connection import connect
 from mrc.core.config import QPConfig
 from mrc.errors import MRCError
 from mrc.fabric.topology import Topology
-from mrc.transfer import send_buffer
+from mrc.transfer import IDLE_TIMEOUT, send_buffer
 from mrc.units import SIZE_HELP, parse_rate
 from mrc.wire import DEFAULT_PORT
 
@@ -90,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
         "address the kernel picks towards HOST)",
     )
     add_path_args(p)
+    p.add_argument(
+        "--idle-timeout",
+        type=float_between(0.1, 86400.0),
+        default=IDLE_TIMEOUT,
+        metavar="SECONDS",
+        help=f"fail if the receiver acknowledges nothing for this long (default {IDLE_TIMEOUT:g})",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object with the result")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     return p
@@ -168,7 +176,7 @@ async def _main(args: argparse.Namespace) -> int:
     try:
         evlog.attach(conn, "send")
         apply_denies(conn, args.deny)
-        result = await send_buffer(conn, data, progress.update)
+        result = await send_buffer(conn, data, progress.update, args.idle_timeout)
     finally:
         progress.finish()
         stats = conn.stats()

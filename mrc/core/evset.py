@@ -46,6 +46,7 @@ import random
 from collections.abc import Callable
 
 from mrc.core.events import EVReason, EVState, EVStateChanged
+from mrc.errors import MRCError
 
 __all__ = ["EVReason", "EVSet", "EVState", "EVTransitionError"]
 
@@ -89,9 +90,11 @@ def _nothing(event: EVStateChanged) -> None:
     return None
 
 
-class EVTransitionError(RuntimeError):
-    """A state change ``_TRANSITIONS`` does not allow: a bug in the core, not a network event
-    (so not an ``MRCError``: it should surface with its traceback)."""
+class EVTransitionError(MRCError, RuntimeError):
+    """A state change ``_TRANSITIONS`` does not allow: a bug in the core, not a network event.
+
+    Part of the one hierarchy like everything mrc raises, and a RuntimeError: nothing should
+    catch it on purpose."""
 
 
 class EVSet:

@@ -165,6 +165,7 @@ def test_recv_refuses_oversized_transfer(mrc_tools, mrc_port: int) -> None:
 
 
 SEND_FLAGS = [
+    "--idle-timeout",
     "--size",
     "--to",
     "--evs",
@@ -186,6 +187,8 @@ RECV_FLAGS = [
     "--count",
     "--evs",
     "--max-size",
+    "--force",
+    "--idle-timeout",
     "--timeout",
     "--json",
     "--no-progress",
