@@ -1,0 +1,181 @@
+"""mrc-recv's output files and stalled peers: every defect here was seen on an earlier main.
+
+- a second hello during a transfer reopened the live FILE.part with O_TRUNC (SIGBUS);
+- FILE.part was opened through a symlink, and an existing --out silently replaced;
+- an existing directory as --out got an "ok" verdict, then a traceback;
+- a full disk killed the receiver with SIGBUS;
+- a sender that connected and then stopped (SIGSTOP, or never sent) held the receiver forever;
+- SIGTERM left FILE.part behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+IDLE_SENDER = """
+import asyncio, sys, mrc
+async def main():
+    conn = await mrc.connect("::1", int(sys.argv[1]), evs=4, request_size=int(sys.argv[2]))
+    print("connected", flush=True)
+    await asyncio.sleep(60)
+asyncio.run(main())
+"""
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _parts(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.endswith(".part"))
+
+
+def _idle_sender(port: int, size: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IDLE_SENDER, str(port), str(size)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until the hello was answered
+    assert line.strip() == "connected", proc.stderr.read() if proc.stderr else ""
+    return proc
+
+
+def test_existing_output_is_refused_unless_force(mrc_tools, mrc_port, tmp_path: Path) -> None:
+    out = tmp_path / "out.bin"
+    out.write_bytes(b"precious")
+    res = mrc_tools.run("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out))
+    assert res.returncode == 2 and "exists" in res.stderr and res.stderr.count("\n") == 1
+    assert out.read_bytes() == b"precious"
+
+    src = tmp_path / "src"
+    src.write_bytes(os.urandom(300_000))
+    recv = mrc_tools.start(
+        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), "--force", "--json"
+    )
+    recv.wait_listening(mrc_port)
+    sent = mrc_tools.run("mrc-send", str(src), "--to", f"[::1]:{mrc_port}")
+    assert sent.returncode == 0, sent.describe()
+    assert recv.wait().returncode == 0
+    assert _sha(out) == _sha(src) and _parts(tmp_path) == []
+
+
+def test_directory_and_symlink_outputs(mrc_tools, mrc_port, tmp_path: Path) -> None:
+    d = tmp_path / "adir"
+    d.mkdir()
+    res = mrc_tools.run("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(d), "--force")
+    assert res.returncode == 2 and "is a directory" in res.stderr
+
+    # --force replaces a link at --out by the file; what the link named is never written
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    link = tmp_path / "link.bin"
+    link.symlink_to(victim)
+    src = tmp_path / "src"
+    src.write_bytes(os.urandom(100_000))
+    recv = mrc_tools.start(
+        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(link), "--force"
+    )
+    recv.wait_listening(mrc_port)
+    assert mrc_tools.run("mrc-send", str(src), "--to", f"[::1]:{mrc_port}").returncode == 0
+    assert recv.wait().returncode == 0
+    assert victim.read_bytes() == b"keep"
+    assert not link.is_symlink() and _sha(link) == _sha(src)
+
+
+def test_second_hello_during_a_transfer_is_refused(mrc_tools, mrc_port, tmp_path: Path) -> None:
+    """--count 1: the first sender gets the only region; a second is refused at once with a
+    reason, and the first transfer lands whole (it used to be truncated under its mmap)."""
+    out = tmp_path / "out.bin"
+    recv = mrc_tools.start(
+        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), "--idle-timeout", "20"
+    )
+    recv.wait_listening(mrc_port)
+    first = _idle_sender(mrc_port, 1 << 20)  # holds the slot, its part file exists
+    try:
+        assert len(_parts(tmp_path)) == 1
+        src = tmp_path / "src"
+        src.write_bytes(os.urandom(200_000))
+        second = mrc_tools.run("mrc-send", str(src), "--to", f"[::1]:{mrc_port}")
+        assert second.returncode == 1
+        assert "has them all" in second.stderr, second.describe()
+        assert len(_parts(tmp_path)) == 1  # the refused sender allocated nothing
+    finally:
+        first.kill()
+        first.wait()
+    res = recv.wait(timeout=30)
+    assert res.returncode == 1 and "sender went away" in res.stderr, res.describe()
+    assert _parts(tmp_path) == [] and not out.exists()
+
+
+def test_idle_sender_times_out_and_leaves_nothing(mrc_tools, mrc_port, tmp_path: Path) -> None:
+    out = tmp_path / "out.bin"
+    recv = mrc_tools.start(
+        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), "--idle-timeout", "1"
+    )
+    recv.wait_listening(mrc_port)
+    sender = _idle_sender(mrc_port, 4 << 20)
+    try:
+        t0 = time.monotonic()
+        res = recv.wait(timeout=20)
+        assert time.monotonic() - t0 < 10
+    finally:
+        sender.kill()
+        sender.wait()
+    assert res.returncode == 1
+    assert "no data from the sender for 1 s" in res.stderr, res.describe()
+    assert _parts(tmp_path) == [] and not out.exists()
+
+
+def test_sigterm_removes_the_part_file(mrc_tools, mrc_port, tmp_path: Path) -> None:
+    out = tmp_path / "out.bin"
+    recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out))
+    recv.wait_listening(mrc_port)
+    sender = _idle_sender(mrc_port, 4 << 20)
+    try:
+        assert len(_parts(tmp_path)) == 1
+        recv.proc.send_signal(signal.SIGTERM)
+        res = recv.wait(timeout=20)
+    finally:
+        sender.kill()
+        sender.wait()
+    assert res.returncode == 130, res.describe()
+    assert "Traceback" not in res.stderr
+    assert _parts(tmp_path) == [] and not out.exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 4 MiB tmpfs (root only)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {res.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_is_a_refusal_before_data_moves(mrc_tools, mrc_port, small_disk: Path) -> None:
+    out = small_disk / "out.bin"
+    recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out))
+    recv.wait_listening(mrc_port)
+    sent = mrc_tools.run("mrc-send", "--size", "8M", "--to", f"[::1]:{mrc_port}")
+    assert sent.returncode == 1
+    assert f"no space for {8 << 20} bytes" in sent.stderr, sent.describe()
+    recv.kill()
+    assert _parts(small_disk) == [] and not out.exists()
