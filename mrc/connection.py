@@ -99,12 +99,10 @@ def _new_qpn(core: EndpointCore) -> int:
 def _adopt(pd: ProtectionDomain, region: MemoryRegion) -> None:
     """Make ``region`` (registered elsewhere, e.g. on a ProtectionDomain of the caller's)
     writable through ``pd`` under the same rkey and address, so what the peer is told holds."""
-    held = pd.lookup(region.rkey)
-    if held is region:
-        return
-    if held is not None:
-        raise MRCError(f"two regions share rkey {region.rkey:#x}")
-    pd._by_rkey[region.rkey] = region
+    try:
+        pd.adopt(region)
+    except ValueError as exc:
+        raise MRCError(str(exc)) from None
 
 
 def _plane_pairs(local: list[str], remote: list[str]) -> list[tuple[str, str]]:
@@ -201,13 +199,13 @@ class Connection:
 
     def register(self, buffer: Buffer, name: str = "") -> MemoryRegion:
         """Register local memory the peer may write into (tell the peer via messages)."""
-        return self.endpoint.core.pd.register(buffer, Access.REMOTE_WRITE, name)
+        return self.qp.pd.register(buffer, Access.REMOTE_WRITE, name)
 
     def deregister(self, region: MemoryRegion) -> None:
         """Forget ``region`` (registered here, or granted to the peer on its request): later
         WRITEs to it are dropped as bad_rkey, and our view of its buffer is released so the
         buffer (an mmap, say) can be closed."""
-        self.endpoint.core.pd.deregister(region)
+        self.qp.pd.deregister(region)
 
     # ---- work requests -----------------------------------------------------------------
 
@@ -458,14 +456,20 @@ class Listener:
         routes = _routes(pairs, self.fabric)
 
         core = self.endpoint.core
-        granted = self._grant(hello.request) if hello.request is not None else None
+        # this peer's own domain: the listener's shared regions and what it is granted, so
+        # its rkeys reach nothing granted to another peer
+        pd = ProtectionDomain()
+        shared = [r for r in self.shared_regions if core.pd.lookup(r.rkey) is r]
+        for r in shared:
+            pd.adopt(r)
+        granted = self._grant(hello.request, pd) if hello.request is not None else None
         socks: list[socket.socket] = []
         attached: QueuePair | None = None
         try:
             socks, planes, labels = _open_ev_sockets(total, routes, hello.udp_port)
             qp = QueuePair(
                 _new_qpn(core),
-                core.pd,
+                pd,
                 [s.getsockname()[1] for s in socks],
                 planes,
                 cfg,
@@ -476,7 +480,6 @@ class Listener:
             qp.connect(hello.qpn, hello.psn)
             channel = self.endpoint.attach(qp, socks)
             attached = qp  # from here on the endpoint owns the EV sockets
-            shared = [r for r in self.shared_regions if core.pd.lookup(r.rkey) is r]
             welcome = Welcome(
                 qpn=qp.qpn,
                 psn=qp.initial_psn,
@@ -491,7 +494,7 @@ class Listener:
             for s in socks:
                 s.close()
             if granted is not None:
-                core.pd.deregister(granted)
+                pd.deregister(granted)
                 if self.region_release is not None:
                     self.region_release(granted.view.obj)
             raise
@@ -508,14 +511,14 @@ class Listener:
             requested_size=hello.request.size if hello.request is not None else None,
         )
 
-    def _grant(self, request: RegionRequest) -> MemoryRegion:
+    def _grant(self, request: RegionRequest, pd: ProtectionDomain) -> MemoryRegion:
         """Allocate (with ``region_factory``) and register the region a sender asked for."""
         if self.region_factory is None:
             raise MRCError("this receiver does not allocate memory on request")
         buf: Buffer | None = None
         try:
             buf = self.region_factory(request.size, request.to_json())
-            return self.endpoint.core.pd.register(buf, Access.REMOTE_WRITE, request.name)
+            return pd.register(buf, Access.REMOTE_WRITE, request.name)
         except MRCError:
             self._release(buf)
             raise

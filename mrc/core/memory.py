@@ -3,7 +3,8 @@
 A region wraps any writable buffer that exposes the buffer protocol as contiguous bytes
 (bytearray, mmap, a C-contiguous NumPy array). Each region gets a synthetic virtual address
 range so WRITEs name a place as RDMA does (remote address + rkey) without leaking real
-pointers; ranges of different regions never overlap.
+pointers; ranges of different regions never overlap. Addresses start at a random base and
+leave random gaps, so a stranger cannot guess where a region is from where another one was.
 """
 
 from __future__ import annotations
@@ -41,12 +42,19 @@ class MemoryRegion:
         return {"name": self.name, "rkey": self.rkey, "addr": self.addr, "length": self.length}
 
 
+#: random gap between two regions' address ranges, in units of _BASE_ALIGN (up to 4 GiB)
+_GAP_BITS = 16
+
+
 class ProtectionDomain:
-    """The regions of one endpoint, shared by all its QPs."""
+    """The regions a set of QPs may write into.
+
+    A listener gives each connection its own domain (holding the listener's shared regions and
+    the region granted to that peer), so one peer's rkeys are worthless on another's QP."""
 
     def __init__(self) -> None:
         self._by_rkey: dict[int, MemoryRegion] = {}
-        self._next_addr = 1 << 32
+        self._next_addr = (1 << 32) + secrets.randbits(32) * _BASE_ALIGN
 
     def register(
         self, buffer: object, access: Access = Access.REMOTE_WRITE, name: str = ""
@@ -69,10 +77,21 @@ class ProtectionDomain:
             rkey = secrets.randbits(32) or 1
         addr = self._next_addr
         span = max(len(view), 1)
-        self._next_addr += (span + 2 * _BASE_ALIGN - 1) // _BASE_ALIGN * _BASE_ALIGN
+        gap = secrets.randbits(_GAP_BITS) + 1
+        self._next_addr += ((span + _BASE_ALIGN - 1) // _BASE_ALIGN + gap) * _BASE_ALIGN
         region = MemoryRegion(rkey, addr, len(view), Access(access), view, name)
         self._by_rkey[rkey] = region
         return region
+
+    def adopt(self, region: MemoryRegion) -> None:
+        """Make ``region`` (registered in another domain) writable through this one too, under
+        the same rkey and address, so what a peer was told about it holds here."""
+        held = self._by_rkey.get(region.rkey)
+        if held is region:
+            return
+        if held is not None:
+            raise ValueError(f"two regions share rkey {region.rkey:#x}")
+        self._by_rkey[region.rkey] = region
 
     def deregister(self, region: MemoryRegion) -> None:
         """Forget ``region``: later writes to its rkey are dropped as bad_rkey."""

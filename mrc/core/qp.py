@@ -69,6 +69,7 @@ class QueuePair:
             qpn=qpn,
         )
         self.requester = Requester(self.config, qpn, self.initial_psn, self.evs, self.stats, emit)
+        self.pd = pd  # the regions peers of this QP may write into
         self.responder = Responder(self.config, qpn, self.evs, pd, self.stats, emit)
         self._control: list[Datagram] = []
         self._announced_ports = 0xFFFF
