@@ -94,6 +94,18 @@ def float_between(
     return parse
 
 
+def add_idle_timeout(parser: argparse.ArgumentParser, what: str, default: float) -> None:
+    """``--idle-timeout SECONDS``, as mrc-send and mrc-recv both take it: fail a transfer on
+    which ``what`` for that long."""
+    parser.add_argument(
+        "--idle-timeout",
+        type=float_between(0.1, 86400.0),
+        default=default,
+        metavar="SECONDS",
+        help=f"fail if {what} for this long (default {default:g})",
+    )
+
+
 def parse_endpoint(text: str, default_host: str = "::") -> tuple[str, int]:
     """'[::1]:4791', '::1', 'host:4791', 'host', ':4791' -> (host, port)."""
     text = text.strip()

@@ -16,9 +16,9 @@ from typing import cast
 from mrc.cli.common import (
     Parser,
     Progress,
+    add_idle_timeout,
     emit_json,
     endpoint_arg,
-    float_between,
     human_bytes,
     human_rate,
     parse_endpoint,
@@ -89,13 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace an existing output file (without it, an existing --out is refused)",
     )
-    p.add_argument(
-        "--idle-timeout",
-        type=float_between(0.1, 86400.0),
-        default=IDLE_TIMEOUT,
-        metavar="SECONDS",
-        help=f"fail a transfer on which no data arrives for this long (default {IDLE_TIMEOUT:g})",
-    )
+    add_idle_timeout(p, "no data arrives", IDLE_TIMEOUT)
     p.add_argument(
         "--timeout",
         type=float,
@@ -256,19 +250,19 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
     peer = conn.peer_host
     progress = Progress(size, f"receiving from {peer}", None if not args.no_progress else False)
     evlog.attach(conn, "recv")
-    placed = False
+    finished = False
+
+    def finish(keep: bool) -> None:
+        """Release our views, then put the part file in place (``keep``) or delete it."""
+        nonlocal finished
+        finished = True
+        view.release()
+        conn.deregister(region)
+        outputs.finish(buf, keep)
 
     def commit() -> None:
         """The hashes match: put the file in place before the sender is told it is there."""
-        nonlocal placed
-        placed = True
-        del_view()
-        outputs.finish(buf, keep=True)
-
-    def del_view() -> None:
-        nonlocal view
-        view.release()
-        conn.deregister(region)
+        finish(keep=True)
 
     try:
         apply_denies(conn, args.deny)
@@ -282,9 +276,8 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
         progress.finish()
         stats = conn.stats()
         await conn.close()
-        if not placed:
-            del_view()
-            outputs.finish(buf, keep=False)
+        if not finished:
+            finish(keep=False)
     ok = result is not None and result.ok
     if result is not None and not result.ok:
         error = result.error or "verification failed"

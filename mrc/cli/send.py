@@ -10,9 +10,9 @@ import sys
 from mrc.cli.common import (
     Parser,
     Progress,
+    add_idle_timeout,
     emit_json,
     endpoint_arg,
-    float_between,
     human_bytes,
     human_rate,
     parse_endpoint,
@@ -91,13 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "address the kernel picks towards HOST)",
     )
     add_path_args(p)
-    p.add_argument(
-        "--idle-timeout",
-        type=float_between(0.1, 86400.0),
-        default=IDLE_TIMEOUT,
-        metavar="SECONDS",
-        help=f"fail if the receiver acknowledges nothing for this long (default {IDLE_TIMEOUT:g})",
-    )
+    add_idle_timeout(p, "the receiver acknowledges nothing", IDLE_TIMEOUT)
     p.add_argument("--json", action="store_true", help="print one JSON object with the result")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     return p
