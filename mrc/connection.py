@@ -29,7 +29,9 @@ from mrc.core.events import EVStateChanged
 from mrc.core.memory import Access, MemoryRegion, ProtectionDomain
 from mrc.core.qp import QueuePair
 from mrc.errors import MRCError
+from mrc.security.packet import Mode
 from mrc.srv6.evroutes import EVRoute, fabric_routes, plain_routes
+from mrc.transport import auth
 from mrc.transport.control import MAX_LINE, ControlChannel, ControlError
 from mrc.transport.endpoint import Endpoint, QPChannel
 from mrc.transport.messages import (
@@ -389,8 +391,12 @@ class Listener:
         region_factory: RegionFactory | None,
         fabric: Topology | None = None,
         region_release: RegionRelease | None = None,
+        key: bytes | None = None,
+        require_encrypt: bool = False,
     ) -> None:
         self.endpoint = endpoint
+        self.key = key
+        self.require_encrypt = require_encrypt
         self.region_release = region_release
         self.fabric = fabric
         self.server = server
@@ -440,6 +446,9 @@ class Listener:
         if obj is None:
             raise ControlError("peer closed the side channel before saying hello")
         hello = Hello.from_json(obj)
+        protection = await auth.as_receiver(
+            control, self.key, hello, CONNECT_TIMEOUT, self.require_encrypt
+        )
         cfg = dataclasses.replace(self.config) if self.config is not None else QPConfig()
         if hello.psn_window is not None:
             cfg.psn_window = hello.psn_window
@@ -478,6 +487,8 @@ class Listener:
                 ev_routes=_route_ids(labels),
             )
             qp.connect(hello.qpn, hello.psn)
+            if protection is not None:
+                qp.protect(protection)
             channel = self.endpoint.attach(qp, socks)
             attached = qp  # from here on the endpoint owns the EV sockets
             welcome = Welcome(
@@ -558,6 +569,8 @@ async def listen(
     region_factory: RegionFactory | None = None,
     region_release: RegionRelease | None = None,
     fabric: Topology | None = None,
+    key: bytes | None = None,
+    require_encrypt: bool = False,
 ) -> Listener:
     """Listen for MRC connections: UDP on ``port`` and the TCP side channel on the same port.
 
@@ -567,7 +580,15 @@ async def listen(
     for a region of ``size`` bytes (as mrc-recv does for a file); ``region_release(buffer)``
     frees one whose set-up then failed (mrc-recv deletes the file). ``fabric``: an mrc-fabric
     topology; acknowledgements are then sprayed over its SRv6 paths (every spine of every plane).
+
+    ``key``: a pre-shared key (:func:`mrc.security.keys.read_key_file`). Senders must then
+    prove they hold it before anything is allocated for them, and every datagram and
+    side-channel message of their connection is authenticated (docs/PROTOCOL.md section 11).
+    ``require_encrypt``: refuse senders that do not also encrypt payloads. Without a key,
+    anyone who can reach the port can write into the regions it offers.
     """
+    if require_encrypt and key is None:
+        raise MRCError("require_encrypt needs a key")
     addrs = [_resolve(a) for a in plane_addrs] if plane_addrs else []
     host = _resolve(host) if host not in ("", "::", "0.0.0.0") else (host or "::")
     tcp_hosts = addrs or [host]
@@ -611,7 +632,16 @@ async def listen(
             continue
         break
     listener = Listener(
-        endpoint, server, addrs, evs, config, region_factory, fabric, region_release
+        endpoint,
+        server,
+        addrs,
+        evs,
+        config,
+        region_factory,
+        fabric,
+        region_release,
+        key=key,
+        require_encrypt=require_encrypt,
     )
     return listener
 
@@ -628,6 +658,8 @@ async def connect(
     regions: list[MemoryRegion] | None = None,
     timeout: float = CONNECT_TIMEOUT,
     fabric: Topology | None = None,
+    key: bytes | None = None,
+    encrypt: bool = False,
 ) -> Connection:
     """Connect a QP to a listener at ``host``:``port``.
 
@@ -639,7 +671,13 @@ async def connect(
     listener to allocate a region of that size for us (it appears first in ``remote``).
     ``regions``: memory of ours the listener may write into (announced in the hello; its
     ``remote``). ``timeout`` bounds the TCP connect and the wait for the listener's answer.
+
+    ``key``: the listener's pre-shared key; both sides prove they hold it, and every datagram
+    of the connection is then authenticated, its payload also encrypted with ``encrypt``.
+    Each protected data packet carries 44 bytes more (docs/PROTOCOL.md section 11).
     """
+    if encrypt and key is None:
+        raise MRCError("encrypt needs a key")
     if evs < 1:
         raise MRCError("need at least one EV")
     if evs > MAX_EVS:
@@ -686,9 +724,10 @@ async def connect(
         psn_window=cfg.psn_window,
         regions=tuple(_describe(r) for r in regions or []),
         request=RegionRequest(request_size, request_name) if request_size is not None else None,
+        auth=auth.offer(Mode.ENCRYPT if encrypt else Mode.INTEGRITY) if key else None,
     )
     try:
-        return await _client_setup(endpoint, control, host, hello, cfg, timeout, fabric)
+        return await _client_setup(endpoint, control, host, hello, cfg, timeout, fabric, key)
     except BaseException:
         control.close()
         endpoint.close()  # and with it the EV sockets of an attached QP
@@ -703,10 +742,15 @@ async def _client_setup(
     cfg: QPConfig,
     timeout: float,
     fabric: Topology | None,
+    key: bytes | None = None,
 ) -> Connection:
-    """Say hello, check all of the answer, then open the EV sockets and attach the QP."""
+    """Say hello (and prove the key), check all of the answer, then open the EV sockets
+    and attach the QP."""
+    protection = None
     try:
         await control.send(hello.to_json())
+        if key is not None:
+            protection = await auth.as_sender(control, key, hello, timeout)
         obj = await control.recv(timeout=timeout)
     except ControlError as exc:
         raise MRCError(f"set-up with [{host}] failed: {exc}") from None
@@ -731,6 +775,8 @@ async def _client_setup(
             ev_routes=_route_ids(labels),
         )
         qp.connect(reply.qpn, reply.psn)
+        if protection is not None:
+            qp.protect(protection)
         channel = endpoint.attach(qp, socks)
     except BaseException:
         for s in socks:

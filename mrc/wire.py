@@ -67,7 +67,7 @@ BTH_BECN = 0x40
 BTH_TRIMMED = 0x20  # set by a trimming switch on the packet it cut
 BTH_LASTHOP = 0x10  # set with BTH_TRIMMED when the cut happened on the port into the receiver
 BTH_ACKREQ = 0x80
-BTH_SECURE = 0x40  # a security trailer follows the payload (reserved; not implemented yet)
+BTH_SECURE = 0x40  # a security block follows the headers (mrc/security/packet.py)
 
 AETH_ACK = 0x1F  # ACK syndrome with the "invalid credit" value: MRC has no credits
 AETH_NAK_BASE = 0x60
@@ -84,7 +84,6 @@ DATA_HDR_LEN = DATA_HDR.size  # 28
 DATA_IMM_HDR_LEN = DATA_IMM_HDR.size  # 32
 ACK_LEN = ACK_PKT.size  # 36
 PROBE_LEN = PROBE_PKT.size  # 24
-SECURITY_TRAILER_LEN = 20  # key id (4) + ICV (16), reserved for a later security sublayer
 
 _FLAGS1 = MRC_TVER & 0x0F
 

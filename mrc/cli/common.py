@@ -17,6 +17,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
 from mrc.errors import MRCError, UsageError
+from mrc.security.keys import read_key_file
 from mrc.units import parse_rate, parse_size
 from mrc.wire import DEFAULT_PORT
 
@@ -104,6 +105,28 @@ def add_idle_timeout(parser: argparse.ArgumentParser, what: str, default: float)
         metavar="SECONDS",
         help=f"fail if {what} for this long (default {default:g})",
     )
+
+
+def add_key_args(parser: argparse.ArgumentParser, encrypt_help: str) -> None:
+    """``--key-file FILE`` and ``--encrypt``, as mrc-send and mrc-recv both take them."""
+    parser.add_argument(
+        "--key-file",
+        metavar="FILE",
+        help="pre-shared key made by mrc-keygen, the same file on both ends: both prove they "
+        "hold it before anything is allocated, and every packet and side-channel message is "
+        "then authenticated (without a key, anyone who reaches the port can write into the "
+        "receiver's memory)",
+    )
+    parser.add_argument("--encrypt", action="store_true", help=encrypt_help)
+
+
+def load_key(args: argparse.Namespace) -> bytes | None:
+    """The key ``--key-file`` names (None without one); one-line errors, exit status 2."""
+    if args.encrypt and not args.key_file:
+        raise UsageError("--encrypt needs --key-file")
+    if not args.key_file:
+        return None
+    return read_key_file(args.key_file)
 
 
 def parse_endpoint(text: str, default_host: str = "::") -> tuple[str, int]:

@@ -18,8 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog=PROG,
         description="Write a new 32-byte pre-shared key to FILE (mode 0600; an existing file "
-        "or a symbolic link is refused). Both ends of a connection need the same file. Note: "
-        "mrc-send/mrc-recv do not take keys yet (docs/PROTOCOL.md section 11, Status).",
+        "or a symbolic link is refused). Both ends of a connection need the same file: "
+        "give it to mrc-recv and mrc-send as --key-file (docs/PROTOCOL.md section 11).",
     )
     p.add_argument("file", metavar="FILE", help="where to write the key")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")

@@ -17,10 +17,12 @@ from mrc.cli.common import (
     Parser,
     Progress,
     add_idle_timeout,
+    add_key_args,
     emit_json,
     endpoint_arg,
     human_bytes,
     human_rate,
+    load_key,
     parse_endpoint,
     positive_int,
     run_command,
@@ -90,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace an existing output file (without it, an existing --out is refused)",
     )
     add_idle_timeout(p, "no data arrives", IDLE_TIMEOUT)
+    add_key_args(p, "refuse senders that do not also encrypt payloads (needs a key)")
     p.add_argument(
         "--timeout",
         type=float,
@@ -317,6 +320,7 @@ async def _main(args: argparse.Namespace) -> int:
     endpoints = [parse_endpoint(e) for e in (args.listen or [f"[::]:{DEFAULT_PORT}"])]
     port = endpoints[0][1]
     hosts = [h for h, _p in endpoints]
+    key = load_key(args)
     outputs = _Outputs(args)
     fabric = load_fabric(args.fabric)
     if fabric is not None and hosts == ["::"]:
@@ -331,6 +335,8 @@ async def _main(args: argparse.Namespace) -> int:
         region_factory=outputs,
         region_release=outputs.release,
         fabric=fabric,
+        key=key,
+        require_encrypt=args.encrypt,
     )
     # SIGTERM ends the run as Ctrl-C does: through the finally below, so no part file is left
     main_task = asyncio.current_task()

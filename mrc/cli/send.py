@@ -11,10 +11,12 @@ from mrc.cli.common import (
     Parser,
     Progress,
     add_idle_timeout,
+    add_key_args,
     emit_json,
     endpoint_arg,
     human_bytes,
     human_rate,
+    load_key,
     parse_endpoint,
     positive_int,
     run_command,
@@ -32,6 +34,7 @@ from mrc.connection import connect
 from mrc.core.config import QPConfig
 from mrc.errors import MRCError
 from mrc.fabric.topology import Topology
+from mrc.security.packet import DATA_OVERHEAD
 from mrc.transfer import IDLE_TIMEOUT, send_buffer
 from mrc.units import SIZE_HELP, parse_rate
 from mrc.wire import DEFAULT_PORT
@@ -70,9 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--payload",
         type=positive_int,
-        default=1400,
+        default=None,
         metavar="BYTES",
-        help="payload bytes per packet (default 1400; 8192 or more for jumbo/loopback)",
+        help=f"payload bytes per packet (default {DEFAULT_PAYLOAD}, or "
+        f"{DEFAULT_PAYLOAD - DATA_OVERHEAD} with a key, so that protected packets are "
+        "no larger; 8192 or more for jumbo/loopback)",
     )
     p.add_argument(
         "--window",
@@ -92,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_path_args(p)
     add_idle_timeout(p, "the receiver acknowledges nothing", IDLE_TIMEOUT)
+    add_key_args(p, "also encrypt every payload with AES-128-GCM (needs a key)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the result")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
     return p
@@ -118,6 +124,7 @@ def _load(args: argparse.Namespace) -> tuple[memoryview, str]:
 
 
 DEFAULT_WINDOW = 512
+DEFAULT_PAYLOAD = 1400
 
 
 def fabric_window(topo: Topology | None, payload: int) -> int | None:
@@ -136,6 +143,8 @@ def fabric_window(topo: Topology | None, payload: int) -> int | None:
 def _config(args: argparse.Namespace) -> QPConfig:
     """The QP settings the flags ask for; raises ValueError (bad usage) if impossible."""
     window = args.window or DEFAULT_WINDOW
+    if args.payload is None:
+        args.payload = DEFAULT_PAYLOAD - (DATA_OVERHEAD if args.key_file else 0)
     config = QPConfig(
         payload_size=args.payload, max_outstanding=window, psn_window=max(16384, window * 4)
     )
@@ -145,6 +154,7 @@ def _config(args: argparse.Namespace) -> QPConfig:
 
 async def _main(args: argparse.Namespace) -> int:
     host, port = parse_endpoint(args.to)
+    key = load_key(args)
     config = _config(args)
     fabric = load_fabric(args.fabric)
     if args.window is None:
@@ -165,6 +175,8 @@ async def _main(args: argparse.Namespace) -> int:
         request_size=len(data),
         request_name=os.path.basename(label),
         fabric=fabric,
+        key=key,
+        encrypt=args.encrypt,
     )
     progress = Progress(len(data), "sending", None if not args.no_progress else False)
     try:
@@ -191,6 +203,7 @@ async def _main(args: argparse.Namespace) -> int:
         "sha256": result.sha256,
         "sha256_receiver": result.peer_sha256,
         "payload": args.payload,
+        "security": ("encrypt" if args.encrypt else "integrity") if key else "none",
         "planes": len({e["plane"] for e in evs}),
         "packets_sent": stats["packets_sent"],
         "data_packets": stats["data_packets_sent"],

@@ -11,6 +11,7 @@ This is the object an I/O layer drives, in the manner of aioquic's QuicConnectio
 from __future__ import annotations
 
 from collections import deque
+from typing import Protocol
 
 from mrc import wire
 from mrc.core.config import QPConfig
@@ -20,12 +21,39 @@ from mrc.core.memory import ProtectionDomain
 from mrc.core.requester import Requester
 from mrc.core.responder import Responder
 from mrc.core.stats import QPStats
+from mrc.errors import MRCError
 
 _OP_WRITE = int(wire.Opcode.RDMA_WRITE_ONLY)
 _OP_WRITE_IMM = int(wire.Opcode.RDMA_WRITE_ONLY_IMM)
 _OP_ACK = int(wire.Opcode.ACKNOWLEDGE)
 _OP_PROBE = int(wire.Opcode.PROBE)
 _OP_PROBE_REPLY = int(wire.Opcode.PROBE_REPLY)
+_BTH_SECURE = wire.BTH_SECURE
+
+# the fixed headers a security block follows, by opcode (docs/PROTOCOL.md section 11)
+_HEADERS_LEN = {
+    _OP_WRITE: wire.DATA_HDR_LEN,
+    _OP_WRITE_IMM: wire.DATA_IMM_HDR_LEN,
+    _OP_ACK: wire.ACK_LEN,
+    _OP_PROBE: wire.PROBE_LEN,
+    _OP_PROBE_REPLY: wire.PROBE_LEN,
+}
+
+
+class Protection(Protocol):
+    """Per-datagram protection of one connection (:class:`mrc.security.packet.Protection`).
+
+    A protocol here, so the core never imports ``cryptography``: the I/O layer builds the
+    object from the keys the side-channel handshake derived and hands it to
+    :meth:`QueuePair.protect`. ``unseal`` raises an :class:`MRCError` with a ``reason`` (the
+    drop counter) for anything it does not accept.
+    """
+
+    def seal(
+        self, headers: bytes, payload: bytes | memoryview, is_data: bool
+    ) -> tuple[bytes, bytes | memoryview]: ...
+
+    def unseal(self, data: memoryview, hdr_len: int, is_data: bool) -> memoryview: ...
 
 
 class QueuePair:
@@ -74,6 +102,12 @@ class QueuePair:
         self._control: list[Datagram] = []
         self._announced_ports = 0xFFFF
         self.remote_qpn: int | None = None
+        self.protection: Protection | None = None
+
+    def protect(self, protection: Protection) -> None:
+        """From now on seal every datagram sent and accept only datagrams that unseal
+        (before any is exchanged: a connection is protected from its first packet or never)."""
+        self.protection = protection
 
     def connect(self, remote_qpn: int, remote_initial_psn: int) -> None:
         """Bind to the peer QP (numbers exchanged out of band)."""
@@ -132,6 +166,14 @@ class QueuePair:
 
     def receive_datagram(self, data: memoryview, src_port: int, now: float) -> None:
         """Handle one datagram whose BTH names this QP (version already checked)."""
+        if self.protection is not None:
+            plain = self._unseal(data)
+            if plain is None:
+                return
+            data = plain
+        elif data[8] & _BTH_SECURE:
+            self.stats.dropped_by_reason["security_unsupported"] += 1
+            return
         op = data[0]
         if op in (_OP_WRITE, _OP_WRITE_IMM):
             if self.remote_qpn is None:
@@ -147,6 +189,20 @@ class QueuePair:
             self._on_probe(data, now, op == _OP_PROBE_REPLY)
         else:
             self.stats.dropped_by_reason["bad_opcode"] += 1
+
+    def _unseal(self, data: memoryview) -> memoryview | None:
+        """The unprotected form of a protected datagram, or None (dropped and counted)."""
+        assert self.protection is not None
+        op = data[0]
+        hdr_len = _HEADERS_LEN.get(op)
+        if hdr_len is None:
+            self.stats.dropped_by_reason["bad_opcode"] += 1
+            return None
+        try:
+            return self.protection.unseal(data, hdr_len, op in (_OP_WRITE, _OP_WRITE_IMM))
+        except MRCError as exc:
+            self.stats.dropped_by_reason[getattr(exc, "reason", "security_error")] += 1
+            return None
 
     def _on_probe(self, data: memoryview, now: float, reply: bool) -> None:
         if len(data) < wire.PROBE_LEN:
@@ -184,6 +240,12 @@ class QueuePair:
             self._control.clear()
         self.responder.datagrams_to_send(now, out)
         self.requester.datagrams_to_send(now, out)
+        if self.protection is not None and out:
+            seal = self.protection.seal
+            out = [
+                (ev, *seal(hdr, payload, hdr[0] in (_OP_WRITE, _OP_WRITE_IMM)))
+                for ev, hdr, payload in out
+            ]
         return out
 
     def get_timer(self) -> float | None:

@@ -73,3 +73,18 @@ def session_keys(key: bytes, transcript_: bytes) -> tuple[DirectionKeys, Directi
         )
 
     return take(0), take(per_dir)
+
+
+CONTROL_KEY_LEN = 32
+
+
+def control_keys(key: bytes, transcript_: bytes) -> tuple[bytes, bytes]:
+    """(sender-to-receiver, receiver-to-sender) keys that authenticate the side-channel
+    messages after the handshake (welcome, verdicts, aborts): a forged "ok" is then refused."""
+    okm = HKDF(
+        algorithm=hashes.SHA256(),
+        length=2 * CONTROL_KEY_LEN,
+        salt=transcript_[: 2 * NONCE_LEN],
+        info=b"mrc-v1 control\0" + transcript_,
+    ).derive(key)
+    return okm[:CONTROL_KEY_LEN], okm[CONTROL_KEY_LEN:]

@@ -200,3 +200,50 @@ class Opener:
 
     def accept(self, counter: int) -> None:
         self.replay.accept(counter)
+
+
+class Protection:
+    """Both directions of one connection's protection, in the shape a queue pair calls.
+
+    :class:`mrc.core.qp.QueuePair` takes one of these (``qp.protect``) without importing this
+    module, so the core stays free of ``cryptography``: it hands every datagram it sends to
+    :meth:`seal` and every one it receives to :meth:`unseal`, and counts a
+    :class:`SecurityDrop` by its ``reason``.
+    """
+
+    def __init__(self, send: DirectionKeys, receive: DirectionKeys, mode: Mode) -> None:
+        self.mode = mode
+        self.sealer = Sealer(send, mode)
+        self.opener = Opener(receive, mode)
+
+    def seal(
+        self, headers: bytes, payload: bytes | memoryview, is_data: bool
+    ) -> tuple[bytes, bytes | memoryview]:
+        """(headers with S set + security block, payload part) of one datagram to send.
+
+        The payload part of a data packet is its payload and ICV (integrity mode: one copy
+        of the payload, so the datagram stays two buffers) or ciphertext and tag.
+        """
+        bufs = self.sealer.seal(headers, payload if is_data else None)
+        head = bufs[0]
+        assert isinstance(head, bytes)  # seal() builds the headers part
+        if len(bufs) == 1:
+            return head, _EMPTY
+        if len(bufs) == 2:
+            return head, bufs[1]
+        return head, b"".join((bufs[1], bufs[2]))
+
+    def unseal(self, data: memoryview, hdr_len: int, is_data: bool) -> memoryview:
+        """The datagram as the unprotected protocol would have carried it (headers with S
+        cleared, then the payload; a trimmed data packet: the headers alone).
+
+        Raises :class:`SecurityDrop`. The counter is recorded as seen only on success.
+        """
+        opener = self.opener
+        ctr = opener.open_headers(data, hdr_len)
+        head = bytearray(data[:hdr_len])
+        head[8] &= ~BTH_SECURE & 0xFF
+        if is_data and len(data) > hdr_len + SEC_BLOCK_LEN:
+            head += opener.open_payload(data, hdr_len, ctr)
+        opener.accept(ctr)
+        return memoryview(head)

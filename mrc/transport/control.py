@@ -9,6 +9,8 @@ setup", documents it).
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 
 from mrc.errors import MRCError
@@ -29,8 +31,36 @@ class ControlChannel:
         peer = writer.get_extra_info("peername")
         self.peer_host: str = peer[0] if peer else ""
         self.peer_port: int = peer[1] if peer else 0
+        # set by authenticate(): message keys and counts of each direction
+        self._send_key: bytes | None = None
+        self._recv_key: bytes | None = None
+        self._sent = 0
+        self._received = 0
+
+    def authenticate(self, send_key: bytes, receive_key: bytes) -> None:
+        """From now on every message carries ``mac``: HMAC-SHA256 under the direction's key
+        (from the key handshake) of its number in the exchange and its canonical JSON.
+
+        A message without a valid one is refused, except a refusal (``"ok": false``) before
+        the first authentic message: a receiver that rejects our proof cannot MAC its reason,
+        and forging one only denies service, which anyone on the path can do anyway.
+        """
+        self._send_key = send_key
+        self._recv_key = receive_key
+
+    @property
+    def authenticated(self) -> bool:
+        return self._send_key is not None
+
+    @staticmethod
+    def _mac(key: bytes, seq: int, obj: dict[str, object]) -> str:
+        body = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+        return hmac.new(key, seq.to_bytes(8, "big") + body, hashlib.sha256).hexdigest()
 
     async def send(self, obj: dict[str, object]) -> None:
+        if self._send_key is not None:
+            obj = {**obj, "mac": self._mac(self._send_key, self._sent, obj)}
+            self._sent += 1
         self.writer.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
         try:
             await self.writer.drain()
@@ -57,6 +87,21 @@ class ControlChannel:
             raise ControlError("peer is not speaking the MRC side-channel protocol") from None
         if not isinstance(obj, dict):
             raise ControlError("peer is not speaking the MRC side-channel protocol")
+        if self._recv_key is not None:
+            return self._check(obj)
+        return obj
+
+    def _check(self, obj: dict[str, object]) -> dict[str, object]:
+        assert self._recv_key is not None
+        mac = obj.pop("mac", None)
+        if mac is None and self._received == 0 and obj.get("ok") is False:
+            return obj  # an unauthenticated refusal (see authenticate)
+        want = self._mac(self._recv_key, self._received, obj)
+        if not isinstance(mac, str) or not hmac.compare_digest(mac, want):
+            raise ControlError(
+                "a side-channel message failed authentication (forged, replayed or altered)"
+            )
+        self._received += 1
         return obj
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ these classes; the keys on the wire are the field names below.
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -35,6 +36,8 @@ MAX_STATS = 256  # keys of a ``stats`` object (and of each object nested in it)
 MAX_ADDR = 64  # characters of an IP literal (an IPv6 address with a zone index fits)
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_NONCE = re.compile(r"[0-9a-f]{32}")
+MODES = ("integrity", "encrypt")  # mrc.security.packet.Mode values
 JSON = dict[str, object]
 
 # values of a ``stats`` object: counters, times, labels, or one level of nested counters
@@ -110,7 +113,8 @@ class _Fields:
         if not isinstance(value, str) or len(value) > max_len:
             self.fail(key, f"a string of at most {max_len} characters", value)
         if pattern is not None and not pattern.fullmatch(value):
-            self.fail(key, "64 lowercase hex digits", value)
+            digits = (pattern.pattern.partition("{")[2]).rstrip("}")
+            self.fail(key, f"{digits} lowercase hex digits", value)
         return value
 
     def items(self, key: str, max_len: int) -> list[object]:
@@ -219,6 +223,26 @@ class RegionRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class AuthOffer:
+    """The sender's half of the key handshake, inside its hello: a fresh nonce, and whether
+    payloads are to be encrypted or only authenticated (mrc/security/handshake.py)."""
+
+    nonce: str  # 16 bytes, hex
+    mode: str = "integrity"
+
+    @classmethod
+    def from_json(cls, obj: object, msg: str = "hello", path: str = "auth.") -> AuthOffer:
+        f = _Fields(obj, msg, path)
+        mode = f.get("mode")
+        if mode not in MODES:
+            f.fail("mode", '"integrity" or "encrypt"', mode)
+        return cls(f.text("nonce", 32, _NONCE), str(mode))
+
+    def to_json(self) -> JSON:
+        return {"nonce": self.nonce, "mode": self.mode}
+
+
+@dataclass(frozen=True, slots=True)
 class Hello:
     """The sender's first message: its QP, where it listens, and what it asks for.
 
@@ -234,6 +258,7 @@ class Hello:
     psn_window: int | None = None
     regions: tuple[RemoteRegion, ...] = ()
     request: RegionRequest | None = None
+    auth: AuthOffer | None = None
 
     @classmethod
     def from_json(cls, obj: object) -> Hello:
@@ -256,6 +281,7 @@ class Hello:
                 if f.has("request")
                 else None
             ),
+            auth=AuthOffer.from_json(f.get("auth")) if f.has("auth") else None,
         )
 
     def to_json(self) -> JSON:
@@ -273,7 +299,59 @@ class Hello:
             out["psn_window"] = self.psn_window
         if self.request is not None:
             out["request"] = self.request.to_json()
+        if self.auth is not None:
+            out["auth"] = self.auth.to_json()
         return out
+
+    def context(self) -> bytes:
+        """What the key handshake binds: this hello as both sides serialise it, so a
+        change on the way (another port, another region request) fails the proofs."""
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """Receiver -> sender, in answer to a hello with ``auth``: the receiver's fresh nonce
+    and its proof that it holds the key (HMAC over both nonces and the hello)."""
+
+    nonce: str  # 16 bytes, hex
+    proof: str  # 32 bytes, hex
+
+    @classmethod
+    def from_json(cls, obj: object) -> Challenge:
+        f = _Fields(obj, "challenge")
+        f.version()
+        g = _Fields(f.get("challenge"), "challenge", "challenge.")
+        return cls(g.text("nonce", 32, _NONCE), g.text("proof", 64, _SHA256))
+
+    def to_json(self) -> JSON:
+        return {"mrc": PROTOCOL_VERSION, "challenge": {"nonce": self.nonce, "proof": self.proof}}
+
+
+@dataclass(frozen=True, slots=True)
+class Proof:
+    """Sender -> receiver: its proof that it holds the key; only then is anything allocated."""
+
+    proof: str  # 32 bytes, hex
+
+    @classmethod
+    def from_json(cls, obj: object) -> Proof:
+        f = _Fields(obj, "proof")
+        f.version()
+        return cls(f.text("proof", 64, _SHA256))
+
+    def to_json(self) -> JSON:
+        return {"mrc": PROTOCOL_VERSION, "proof": self.proof}
+
+
+def parse_challenge(obj: object) -> Challenge | Refusal:
+    """A keyed sender's first answer: the receiver's challenge, or a refusal."""
+    if isinstance(obj, dict) and "challenge" in obj:
+        return Challenge.from_json(obj)
+    reply = parse_reply(obj)
+    if isinstance(reply, Welcome):
+        raise MessageError("bad challenge: the receiver welcomed us without a key exchange")
+    return reply
 
 
 @dataclass(frozen=True, slots=True)

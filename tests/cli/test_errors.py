@@ -179,6 +179,8 @@ SEND_FLAGS = [
     "--fabric",
     "--deny",
     "--ev-log",
+    "--key-file",
+    "--encrypt",
 ]
 RECV_FLAGS = [
     "--listen",
@@ -196,6 +198,8 @@ RECV_FLAGS = [
     "--fabric",
     "--deny",
     "--ev-log",
+    "--key-file",
+    "--encrypt",
 ]
 
 

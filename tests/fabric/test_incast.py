@@ -292,7 +292,9 @@ class Incast:
         return out
 
 
-def run_incast(topo: Topology, port: int, capture: bool) -> Incast:
+def run_incast(
+    topo: Topology, port: int, capture: bool, size: str = SIZE, extra: tuple[str, ...] = ()
+) -> Incast:
     procs: list[Proc] = []
     stop, ready = threading.Event(), threading.Event()
     cap = Capture() if capture else None
@@ -311,6 +313,7 @@ def run_incast(topo: Topology, port: int, capture: bool) -> Incast:
             "--discard",
             "--json",
             "--no-progress",
+            *extra,
         )
         procs.append(recv)
         recv.wait_listening(port)
@@ -330,7 +333,7 @@ def run_incast(topo: Topology, port: int, capture: bool) -> Incast:
                 "--to",
                 f"{RECEIVER}:{port}",
                 "--size",
-                SIZE,
+                size,
                 "--payload",
                 str(PAYLOAD),
                 "--window",
@@ -339,6 +342,7 @@ def run_incast(topo: Topology, port: int, capture: bool) -> Incast:
                 f"{logdir.name}/{h}.jsonl",
                 "--json",
                 "--no-progress",
+                *extra,
             )
             procs.append(senders[h])
         sends = {h: p.wait(90)[0] for h, p in senders.items()}
@@ -375,7 +379,7 @@ def ev_reasons(logdir: Path) -> dict[str, int]:
     return out
 
 
-def check_complete(run: Incast, topo: Topology) -> None:
+def check_complete(run: Incast, topo: Topology, size: int = 32 << 20) -> None:
     assert len(run.recvs) == len(SENDERS), run.recvs
     addr_of = {h.name: {n.address for n in h.nics} for h in topo.hosts}
     by_sender = {}
@@ -387,7 +391,7 @@ def check_complete(run: Incast, topo: Topology) -> None:
     for h, s in run.sends.items():
         r = by_sender[h]
         assert s["ok"] is True, (h, s.get("error"))
-        assert s["bytes"] == r["bytes"] == r["bytes_placed"] == 32 << 20
+        assert s["bytes"] == r["bytes"] == r["bytes_placed"] == size
         assert s["sha256"] == s["sha256_receiver"] == r["sha256"] == r["sha256_sender"], h
 
 
@@ -472,6 +476,29 @@ def test_incast_lasthop_trims_do_not_retire_evs(trimmed_run) -> None:
     assert sm["fabric_drops"] <= 0.001 * sm["data_packets"] + 5, sm
     assert sm["planes_lost"] == 0, sm
     assert sm["evs_assumed_bad"] <= 0.005 * sm["data_packets"], sm["ev_reasons"]
+
+
+def test_incast_with_trim_and_encryption(trimmed_run, tmp_path) -> None:
+    """Trimming with keys on: every sender and the receiver share a key and encrypt. Trimmed
+    headers keep their security block, so the receiver authenticates and NACKs them; nothing
+    is dropped as forged, and every transfer verifies."""
+    from mrc.security.keys import write_key_file
+
+    topo, _ = trimmed_run
+    key = tmp_path / "fabric.key"
+    write_key_file(str(key))
+    run = run_incast(
+        topo, 4813, capture=False, size="8M", extra=("--key-file", str(key), "--encrypt")
+    )
+    sm = run.summary()
+    print(f"\nincast with --trim and --encrypt ({RATE}, window {WINDOW}, 8M each):", sm)
+    check_complete(run, topo, 8 << 20)
+    assert all(s["security"] == "encrypt" for s in run.sends.values()), run.sends
+    assert sm["fabric_trims"] > 0 and sm["receiver_trims_seen"] > 0, sm
+    assert sm["nacks"] > 0 and sm["retransmits_nack"] > 0, sm
+    for r in run.recvs:
+        forged = {k: v for k, v in r["dropped_by_reason"].items() if k.startswith("security")}
+        assert forged == {}, r["dropped_by_reason"]
 
 
 # ---- without trimming -------------------------------------------------------------------------
