@@ -13,12 +13,15 @@ each, MTU 9000 by default). For every payload size and every run it measures, si
   that matters; the sender's count is reported too.
 
 and reports medians plus every run, the ratio MRC pps / raw pps, and MRC goodput against a
-1 Gbit/s aim. Output: JSON on stdout, a human table on stderr (``--json``: JSON only;
-``--table``: the table on stdout instead of JSON). Needs root. Examples::
+1 Gbit/s aim. ``--security none,integrity,encrypt`` adds MRC runs with a pre-shared key
+(``--key-file``, and ``--encrypt``), interleaved with the others, and reports what each costs
+in goodput against the run without a key. Output: JSON on stdout, a human table on stderr
+(``--json``: JSON only; ``--table``: the table on stdout instead of JSON). Needs root. Examples::
 
     sudo .venv/bin/python tools/bench_qp.py                     # 256M, P=8192, 1 link, 3 runs
     sudo .venv/bin/python tools/bench_qp.py --links 1,2 --payloads 1400,8192
     sudo .venv/bin/python tools/bench_qp.py --quick             # < 20 s smoke run
+    sudo .venv/bin/python tools/bench_qp.py --security none,integrity,encrypt
 
 ``--blast-send`` / ``--blast-recv`` are internal helper modes (the raw UDP processes).
 """
@@ -61,6 +64,7 @@ BLAST_SNDBUF = 4 << 20
 BLAST_LEAD = 0.5  # the sender keeps going this long past the receiver's window
 CHUNK = 256  # datagrams per tight inner loop between clock checks
 IDLE_TIMEOUT = 1  # seconds of silence after which the raw receiver stops
+SECURITY_MODES = ("none", "integrity", "encrypt")
 
 
 # ---- raw UDP helper processes (run inside a namespace) ----------------------------------
@@ -242,6 +246,25 @@ class Bench:
         self.log = log
         self.mrc_send = _tool("mrc-send")
         self.mrc_recv = _tool("mrc-recv")
+        self.key_file: str | None = None  # made on first use of a key, deleted by close()
+
+    def _key_args(self, security: str) -> list[str]:
+        if security == "none":
+            return []
+        if self.key_file is None:
+            import tempfile
+
+            from mrc.security.keys import write_key_file
+
+            keydir = tempfile.mkdtemp(prefix="mrc-bench-qp-")
+            self.key_file = os.path.join(keydir, "bench.key")
+            write_key_file(self.key_file)
+        return ["--key-file", self.key_file] + (["--encrypt"] if security == "encrypt" else [])
+
+    def close(self) -> None:
+        if self.key_file is not None:
+            shutil.rmtree(os.path.dirname(self.key_file), ignore_errors=True)
+            self.key_file = None
 
     # ---- MRC -------------------------------------------------------------------------
 
@@ -257,10 +280,14 @@ class Bench:
             time.sleep(0.02)
         raise MRCError(f"mrc-recv did not listen on port {port} within 15 s")
 
-    def mrc_run(self, hosts: Any, payload: int, size: int, profile: bool = False) -> dict[str, Any]:
+    def mrc_run(
+        self, hosts: Any, payload: int, size: int, profile: bool = False, security: str = "none"
+    ) -> dict[str, Any]:
         a = self.args
         n = hosts.links
+        keys = self._key_args(security)
         recv_argv = [self.mrc_recv, "--discard", "--json", "--no-progress", "--timeout", "30"]
+        recv_argv += keys
         for addr in hosts.b_addrs[:n]:
             recv_argv += ["--listen", f"[{addr}]:{MRC_PORT}"]
         send_argv = [
@@ -273,6 +300,7 @@ class Bench:
             "--no-progress",
             "--to",
             f"[{hosts.b_addrs[0]}]:{MRC_PORT}",
+            *keys,
         ]
         for addr in hosts.a_addrs[:n]:
             send_argv += ["--from", addr]
@@ -324,6 +352,7 @@ class Bench:
         seconds = float(sj["seconds"])
         run: dict[str, Any] = {
             "ok": bool(sj.get("ok")) and bool(rj and rj.get("ok")),
+            "security": sj.get("security", "none"),
             "bytes": sj["bytes"],
             "seconds": seconds,
             "goodput_bps": sj["goodput_bps"],
@@ -483,8 +512,9 @@ class Bench:
 
         a = self.args
         prefix = f"bq{os.getpid()}l{links}"
+        kinds = [_mrc_kind(m) for m in a.security] + ["raw"]
         results: dict[int, dict[str, list[Any]]] = {
-            p: {"mrc": [], "raw": [], "mrc_errors": [], "raw_errors": []} for p in a.payloads
+            p: {x: [] for k in kinds for x in (k, f"{k}_errors")} for p in a.payloads
         }
         try:
             with TwoHosts(prefix, links=links, mtu=a.mtu) as hosts:
@@ -492,16 +522,19 @@ class Bench:
                 self.warm_up(hosts)
                 for run in range(a.runs):
                     for p in a.payloads:
-                        order = ("mrc", "raw") if run % 2 == 0 else ("raw", "mrc")
-                        for kind in order:
+                        # interleaved, and each kind leads in turn: drift hits all alike
+                        shift = run % len(kinds)
+                        for kind in kinds[shift:] + kinds[:shift]:
                             r = results[p]
                             try:
-                                if kind == "mrc":
-                                    r["mrc"].append(
-                                        self.mrc_run(hosts, p, a.size, profile=run == 0)
-                                    )
-                                else:
+                                if kind == "raw":
                                     r["raw"].append(self.raw_run(hosts, p))
+                                else:
+                                    mode = _mode_of(kind)
+                                    first = run == 0 and mode == a.security[0]
+                                    r[kind].append(
+                                        self.mrc_run(hosts, p, a.size, first, security=mode)
+                                    )
                             except MRCError as exc:
                                 r[f"{kind}_errors"].append(str(exc))
                                 self.log(f"  run {run + 1} {kind} P={p}: FAILED: {exc}")
@@ -513,7 +546,8 @@ class Bench:
         return [self._summarise(links, p, results[p]) for p in a.payloads]
 
     def _log_run(self, run: int, links: int, p: int, r: dict[str, list[Any]]) -> None:
-        m = r["mrc"][-1] if r["mrc"] and len(r["mrc"]) + len(r["mrc_errors"]) == run + 1 else None
+        base = _mrc_kind(self.args.security[0])
+        m = r[base][-1] if r[base] and len(r[base]) + len(r[f"{base}_errors"]) == run + 1 else None
         w = r["raw"][-1] if r["raw"] and len(r["raw"]) + len(r["raw_errors"]) == run + 1 else None
         ms = (
             f"mrc {m['goodput_bps'] / 1e9:.2f} Gbit/s {m['pps'] / 1e3:.1f}k pps "
@@ -527,10 +561,36 @@ class Bench:
             if w
             else "raw failed"
         )
-        self.log(f"  run {run + 1}/{self.args.runs} links={links} P={p}: {ms} | {ws}")
+        keyed = ""
+        for mode in self.args.security:
+            runs = r.get(_mrc_kind(mode), [])
+            if (
+                mode != "none"
+                and runs
+                and len(runs) + len(r[f"{_mrc_kind(mode)}_errors"]) == run + 1
+            ):
+                keyed += f" | {mode} {runs[-1]['goodput_bps'] / 1e9:.2f} Gbit/s"
+        self.log(f"  run {run + 1}/{self.args.runs} links={links} P={p}: {ms}{keyed} | {ws}")
 
     def _summarise(self, links: int, p: int, r: dict[str, list[Any]]) -> dict[str, Any]:
-        mrc_runs, raw_runs = r["mrc"], r["raw"]
+        base = _mrc_kind(self.args.security[0])
+        mrc_runs, raw_runs = r[base], r["raw"]
+        security: dict[str, Any] = {}
+        plain = _median([x["goodput_bps"] for x in r.get("mrc", [])])
+        for mode in self.args.security:
+            runs = r[_mrc_kind(mode)]
+            goodput = _median([x["goodput_bps"] for x in runs])
+            security[mode] = {
+                "goodput_bps_median": goodput,
+                "pps_median": _median([x["pps"] for x in runs]),
+                "goodput_bps": [x["goodput_bps"] for x in runs],
+                "retransmits": [x["retransmits"] for x in runs],
+                # goodput lost against the run without a key, medians of the same runs
+                "cost_vs_none": round(1 - goodput / plain, 3) if goodput and plain else None,
+                "all_ok": all(x["ok"] for x in runs) and not r[f"{_mrc_kind(mode)}_errors"],
+                "errors": r[f"{_mrc_kind(mode)}_errors"],
+                **({"runs": runs} if mode != self.args.security[0] else {}),
+            }
         mrc = {
             "goodput_bps_median": _median([x["goodput_bps"] for x in mrc_runs]),
             "pps_median": _median([x["pps"] for x in mrc_runs]),
@@ -566,7 +626,17 @@ class Bench:
             "raw_udp": raw,
             "mrc_vs_raw_pps": ratio,
             "mrc_goodput_vs_1gbit": aim,
+            "security": security,
         }
+
+
+def _mrc_kind(mode: str) -> str:
+    """The results key of MRC runs with ``mode`` ("mrc" for no key, as before keys existed)."""
+    return "mrc" if mode == "none" else f"mrc_{mode}"
+
+
+def _mode_of(kind: str) -> str:
+    return "none" if kind == "mrc" else kind.removeprefix("mrc_")
 
 
 def first_touch_us_per_page(mib: int = 64) -> float:
@@ -668,6 +738,21 @@ def _table(out: dict[str, Any]) -> str:
             f"{f(w['bps_median'], 1e9, '10.3f')} {f(w['sender_pps_median'], 1e3, '8.1f')} | "
             f"{f(r['mrc_vs_raw_pps'], 1, '7.3f')}"
         )
+    keyed = [
+        (r, mode, v)
+        for r in out["results"]
+        for mode, v in r["security"].items()
+        if len(r["security"]) > 1
+    ]
+    if keyed:
+        lines.append("")
+        lines.append(f"{'links':>5} {'payload':>7} | {'security':>9} {'Gbit/s':>8} {'cost':>6}")
+        for r, mode, v in keyed:
+            cost = "-" if v["cost_vs_none"] is None else f"{v['cost_vs_none'] * 100:5.1f}%"
+            lines.append(
+                f"{r['links']:>5} {r['payload']:>7} | {mode:>9} "
+                f"{f(v['goodput_bps_median'], 1e9, '8.3f')} {cost:>6}"
+            )
     c = out["config"]
     lines.append(
         f"(medians of {c['runs']} run(s); MRC {c['size']} bytes per transfer; raw "
@@ -690,6 +775,16 @@ def _int_list(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"need positive numbers, got {text!r}")
     return list(dict.fromkeys(values))
+
+
+def _modes(text: str) -> list[str]:
+    modes = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    bad = [m for m in modes if m not in SECURITY_MODES]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(
+            f"security modes are {', '.join(SECURITY_MODES)}; not {', '.join(bad) or text!r}"
+        )
+    return modes
 
 
 def _targets(text: str) -> list[tuple[str, str]]:
@@ -745,6 +840,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="length of each raw UDP blast at the receiver (default 2; --quick 1)",
     )
     p.add_argument("--mtu", type=int, default=9000, help="veth MTU (default 9000)")
+    p.add_argument(
+        "--security",
+        type=_modes,
+        default=["none"],
+        metavar="MODE[,MODE...]",
+        help="MRC runs without a key (none), with one (integrity: mrc-send/mrc-recv "
+        "--key-file) and encrypting (encrypt: also --encrypt), interleaved; the table adds "
+        "each mode's goodput cost against none (default none)",
+    )
     p.add_argument(
         "--evs",
         type=positive_int,
@@ -858,6 +962,7 @@ def _main(a: argparse.Namespace) -> int:
             "raw_datagram": f"payload + {DATA_HDR_LEN} bytes",
             "quick": a.quick,
             "aim_bps": AIM_BPS,
+            "security": a.security,
         },
         "results": [],
     }
@@ -867,8 +972,11 @@ def _main(a: argparse.Namespace) -> int:
             f"memory warm-up: touched {out['machine']['memory_warmup']['bytes'] >> 20} MiB "
             f"in {out['machine']['memory_warmup']['seconds']:.2f} s"
         )
-    for links in a.links:
-        out["results"] += bench.topology(links)
+    try:
+        for links in a.links:
+            out["results"] += bench.topology(links)
+    finally:
+        bench.close()
     out["machine"]["loadavg_end"] = os.getloadavg()
     out["machine"]["first_touch_us_per_page_end"] = first_touch_us_per_page()
     out["elapsed_seconds"] = round(time.monotonic() - started, 1)
@@ -878,7 +986,12 @@ def _main(a: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         if not a.json:
             print(_table(out), file=sys.stderr)
-    failed = any(r["mrc"]["errors"] or r["raw_udp"]["errors"] for r in out["results"])
+    failed = any(
+        r["mrc"]["errors"]
+        or r["raw_udp"]["errors"]
+        or any(v["errors"] for v in r["security"].values())
+        for r in out["results"]
+    )
     return 1 if failed else 0
 
 
