@@ -55,6 +55,10 @@ class QPChannel:
         for fut in self.pending.values():
             if not fut.done():
                 fut.set_exception(ConnectionError(reason))
+                # marked retrieved: the failure reaches the application through whichever
+                # write it awaits (and ``error``); the other pending writes' futures must not
+                # each print "Future exception was never retrieved" when collected
+                fut.exception()
         self.pending.clear()
 
     def close(self) -> None:

@@ -1,0 +1,47 @@
+"""A connection that fails reports it once, as one line: no asyncio noise for the rest.
+
+Seen on an earlier main: when the retry budget ran out, mrc-send printed "Future exception was
+never retrieved" with a traceback for every write still pending, then its one-line error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+
+import mrc
+from mrc.core.config import QPConfig
+
+HOST = "::1"
+
+
+async def test_retry_budget_exhausted_is_one_error_and_no_asyncio_warnings() -> None:
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, ctx: reported.append(ctx))
+    listener = await mrc.listen(HOST, 0)
+    listener.register(bytearray(1 << 20), name="inbox")
+    cfg = QPConfig(
+        payload_size=1024, initial_rto=0.01, min_rto=0.01, max_rto=0.02, max_timeout_retries=2
+    )
+    conn = await mrc.connect(HOST, listener.port, evs=4, config=cfg)
+    try:
+        peer = await listener.accept(timeout=5)
+        # the receiver's QP goes away (as if its process froze): nothing is acknowledged again
+        listener.endpoint.detach(peer.qpn)
+        region = conn.remote["inbox"]
+        futures = [conn.post_write(b"x" * 4096, region, offset=i * 4096) for i in range(16)]
+        with pytest.raises(mrc.MRCError, match="retry budget exhausted") as err:
+            await conn.write(b"y" * 4096, region, offset=1 << 19)
+        assert "\n" not in str(err.value)
+        assert conn.error is not None and "retry budget exhausted" in conn.error
+        assert all(f.done() for f in futures)
+    finally:
+        await conn.close()
+        await listener.close()
+    del futures
+    gc.collect()
+    await asyncio.sleep(0)  # let Future.__del__ reports (scheduled on the loop) run
+    assert reported == [], reported
