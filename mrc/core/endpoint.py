@@ -16,6 +16,9 @@ class EndpointCore:
         self.pd = pd or ProtectionDomain()
         self.qps: dict[int, QueuePair] = {}
         self.dropped_by_reason: Counter[str] = Counter()
+        self.datagrams_received = 0  # every datagram receive_datagram was given
+        # datagrams taken and dropped by QPs since removed, so the accounting still adds up
+        self._retired = 0
 
     def add(self, qp: QueuePair) -> None:
         if qp.qpn in self.qps:
@@ -23,10 +26,13 @@ class EndpointCore:
         self.qps[qp.qpn] = qp
 
     def remove(self, qpn: int) -> None:
-        self.qps.pop(qpn, None)
+        qp = self.qps.pop(qpn, None)
+        if qp is not None:
+            self._retired += qp.stats.taken() + sum(qp.stats.dropped_by_reason.values())
 
     def receive_datagram(self, data: memoryview, src_port: int, now: float) -> QueuePair | None:
         """Route one datagram to its QP; returns that QP, or None if it was dropped here."""
+        self.datagrams_received += 1
         if len(data) < wire.BTH_LEN:
             self.dropped_by_reason["short"] += 1
             return None
@@ -39,6 +45,15 @@ class EndpointCore:
             return None
         qp.receive_datagram(data, src_port, now)
         return qp
+
+    def unaccounted(self) -> int:
+        """Datagrams received that no counter took or dropped: 0 unless a path forgot to
+        count (every datagram is taken by kind, ``QPStats.taken``, or dropped for a reason,
+        here or on its QP, exactly once)."""
+        counted = sum(self.dropped_by_reason.values()) + self._retired
+        for qp in self.qps.values():
+            counted += qp.stats.taken() + sum(qp.stats.dropped_by_reason.values())
+        return self.datagrams_received - counted
 
     def all_drops(self) -> dict[str, int]:
         """Drops at this level plus every QP's, by reason."""

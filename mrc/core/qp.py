@@ -218,9 +218,13 @@ class QueuePair:
                 else:
                     rtt = max(0.0, now - token / 1e6) if token <= int(now * 1e6) else 0.0
                     self._events.append(ProbeReplied(self.qpn, ev, rtt))
+            else:
+                self.stats.dropped_by_reason["probe_unknown_ev"] += 1
             return
         if self.remote_qpn is None:
+            self.stats.dropped_by_reason["not_connected"] += 1
             return
+        self.stats.probes_received += 1
         pkt = wire.pack_probe(self.remote_qpn, psnw, ev_port, token, reply=True)
         self._control.append((self.evs.next(), pkt, b""))
 

@@ -28,6 +28,13 @@ from mrc.core.stats import QPStats
 _INF = float("inf")
 _NEG_INF = float("-inf")
 
+#: ``_sent_ring`` remembers, for this many of the latest sequence numbers, the EV port of each
+#: one's latest transmission: enough to recognise the genuine ACK of a packet acknowledged
+#: moments ago (the other SACKs of one flush share a subject that the first one acknowledged).
+_RING = 1 << 12
+_RING_MASK = _RING - 1
+_TRIM_CODES = (wire.NackCode.TRIMMED, wire.NackCode.TRIMMED_LASTHOP)
+
 
 @dataclass(slots=True)
 class _WorkRequest:
@@ -50,6 +57,7 @@ class _Packet:
         "deadline",
         "timeouts",
         "nacks",
+        "nacked",
         "retransmitted",
     )
 
@@ -63,6 +71,7 @@ class _Packet:
         self.deadline = _INF
         self.timeouts = 0
         self.nacks = 0
+        self.nacked = False  # a NACK of its latest transmission was acted on
         self.retransmitted = False
 
 
@@ -101,6 +110,8 @@ class Requester:
         self._tlp_at: float | None = None
         self._tlp_out = False
         self.health = config.ev_health
+        # seq & _RING_MASK -> (seq << 16) | EV port of seq's latest transmission (-1: none)
+        self._sent_ring = [-1] * _RING
 
     # ---- application side -------------------------------------------------------------
 
@@ -149,6 +160,7 @@ class Requester:
                 continue  # acknowledged meanwhile
             pkt.ev = self.evs.next_other(pkt.ev)
             pkt.retransmitted = True
+            pkt.nacked = False  # a new transmission: it may be NACKed once more
             pkt.sent_at = now
             pkt.deadline = deadline = now + self.rtt.backed_off(pkt.timeouts)
             heapq.heappush(self._deadlines, (deadline, seq))
@@ -209,7 +221,9 @@ class Requester:
             pkt.last,
             wr.imm if pkt.last else None,
         )
-        self.evs.count_sent(pkt.ev)
+        evs = self.evs
+        evs.count_sent(pkt.ev)
+        self._sent_ring[seq & _RING_MASK] = (seq << 16) | evs.ports[pkt.ev]
         self.stats.packets_sent += 1
         return (pkt.ev, hdr, wr.view[pkt.offset : pkt.offset + pkt.length])
 
@@ -277,34 +291,89 @@ class Requester:
     # ---- acknowledgements --------------------------------------------------------------
 
     def on_ack(self, data: memoryview | bytes, src_port: int, now: float) -> None:
-        """One ACK/SACK/NACK: RTT sample, packets acknowledged, planes alive, losses found."""
+        """One ACK/SACK/NACK: RTT sample, packets acknowledged, planes alive, losses found.
+
+        Without keys anybody who knows our QP number can send us ACKs, so an ACK is believed
+        only if its subject (the packet that triggered it) is one we sent, on the EV the ACK
+        echoes: in flight now (for a NACK, it must be), or among the latest sequence numbers
+        sent. Anything else is dropped and counted before it can acknowledge, fail, retransmit
+        or change an EV. A believed ACK that reports PSNs beyond what we sent (the receiver
+        took a forged WRITE at our next PSN) counts only for what we did send.
+        """
         (_op, _f, _pk, _qpw, psnw, aeth, subj, base, bitmap, ev_port, ports) = (
             wire.ACK_PKT.unpack_from(data)
         )
+        stats = self.stats
         if self.failed:
+            stats.dropped_by_reason["qp_failed"] += 1
             return
         ip = self.initial_psn
         una = self._snd_una
+        nxt = self._next_seq
         outstanding = self._outstanding
         recovery = self.recovery
+        evs = self.evs
         syndrome = aeth >> 24
         subj_seq = to_seq(ip, subj & wire.PSN_MASK, una)
         subject = outstanding.get(subj_seq)
+        is_nack = (syndrome & 0x60) == wire.AETH_NAK_BASE
+        if is_nack:
+            stats.nacks += 1
+            if subject is None:
+                refused: str | None = "nack_not_in_flight"
+            elif evs.ports[subject.ev] != ev_port:
+                refused = "nack_wrong_ev"
+            elif subject.nacked:
+                refused = "nack_repeated"  # one NACK per transmission has an effect
+            else:
+                refused = None
+            if refused is not None:
+                stats.nacks_ignored += 1
+                stats.dropped_by_reason[refused] += 1
+                return
+        elif subject is None or evs.ports[subject.ev] != ev_port:
+            if (
+                ev_port == 0
+                and subj_seq == 0
+                and not bitmap
+                and to_seq(ip, psnw & wire.PSN_MASK, 0) == -1
+            ):
+                # the peer has received nothing from us and says so: it only announces its
+                # port state (see QueuePair.datagrams_to_send), which we take. Unverifiable,
+                # but a forgery of it can only steer our packets between planes.
+                stats.sacks += 1
+                if self.health:
+                    evs.set_peer_planes(ports)
+                return
+            if subject is not None:
+                refused = "ack_wrong_ev"
+            elif not 0 <= subj_seq < nxt or nxt - subj_seq > _RING:
+                refused = "ack_not_sent"
+            elif self._sent_ring[subj_seq & _RING_MASK] != (subj_seq << 16) | ev_port:
+                refused = "ack_wrong_ev"
+            else:
+                refused = None  # acknowledged moments ago, on the EV this ACK echoes
+            if refused is not None:
+                stats.dropped_by_reason[refused] += 1
+                return
         subj_sent = recovery.subject_sent_at(
             subj_seq, subject.sent_at if subject is not None else None
         )
-        evs = self.evs
         if self.health and (ports != 0xFFFF or any(evs.peer_plane_down)):
             evs.set_peer_planes(ports)
-        if (syndrome & 0x60) == wire.AETH_NAK_BASE:
-            self._on_nack(syndrome & 0x1F, subj_seq, subject, ev_port, now)
+        if is_nack:
+            if subject is not None:  # always (refused above otherwise): for the type checker
+                self._on_nack(syndrome & 0x1F, subj_seq, subject, now)
+            if self.failed:
+                return
         else:
-            self.stats.sacks += 1
+            stats.sacks += 1
             if subject is not None and not subject.retransmitted:
                 self.rtt.sample(now - subject.sent_at)
         cum = to_seq(ip, psnw & wire.PSN_MASK, una)
-        if cum >= self._next_seq:
-            return  # acknowledges what we never sent: stale or forged
+        beyond = cum >= nxt
+        if beyond:
+            cum = nxt - 1  # what the receiver has beyond that, it did not get from us
         # what this ACK acknowledges: the cumulative part, then the SACK bitmap's packets at
         # or above the new cumulative point (those below it are acknowledged already)
         acked = range(una, cum + 1)
@@ -314,13 +383,21 @@ class Requester:
         if subj_sent is not None:
             recovery.block_reported(base_seq >> 6, subj_sent, una)
         sacked: list[int] = []
-        if bitmap and base_seq + 64 > una and base_seq < self._next_seq:
+        if bitmap and base_seq + 64 > nxt:
+            keep = nxt - base_seq  # bits for PSNs we sent
+            mask = (1 << keep) - 1 if keep > 0 else 0
+            if bitmap & ~mask:
+                beyond = True
+                bitmap &= mask
+        if bitmap and base_seq + 64 > una:
             if base_seq < una:
                 bitmap &= -1 << (una - base_seq)
             while bitmap:
                 low = bitmap & -bitmap
                 sacked.append(base_seq + low.bit_length() - 1)
                 bitmap ^= low
+        if beyond:
+            stats.ack_beyond_sent += 1
         # per plane, the send time of the latest-sent packet it delivered (-inf: none)
         delivered = [_NEG_INF] * evs.nplanes
         planes = evs.planes
@@ -333,7 +410,6 @@ class Requester:
         latest = max(delivered)
         if latest != _NEG_INF:
             evs.delivered(delivered)
-        nxt = self._next_seq
         while una < nxt and una not in outstanding:
             una += 1
         self._snd_una = una
@@ -361,12 +437,11 @@ class Requester:
             else:
                 self.losses_unblamed += 1
 
-    def _on_nack(self, code: int, seq: int, pkt: _Packet | None, ev_port: int, now: float) -> None:
-        self.stats.nacks += 1
-        if pkt is None:
-            self.stats.nacks_ignored += 1
-            return
-        if code in (wire.NackCode.TRIMMED, wire.NackCode.TRIMMED_LASTHOP):
+    def _on_nack(self, code: int, seq: int, pkt: _Packet, now: float) -> None:
+        """A NACK on_ack believed: about ``pkt`` (seq ``seq``), in flight, echoing the EV of
+        its latest transmission, the first NACK of that transmission."""
+        pkt.nacked = True
+        if code in _TRIM_CODES:
             pkt.nacks += 1
             if pkt.nacks > self.config.max_nack_retries:
                 self.fail(f"PSN {to_psn(self.initial_psn, seq)} trimmed {pkt.nacks} times")
@@ -378,16 +453,11 @@ class Requester:
             if self.health and code == wire.NackCode.TRIMMED:
                 self.evs.trimmed(pkt.ev, now)  # congestion on the path; LASTHOP is incast
             return
-        # Fatal codes only count when they match what we last sent for that PSN, so a forged
-        # datagram at the receiver cannot tear our QP down.
-        if self.evs.ports[pkt.ev] != ev_port:
-            self.stats.nacks_ignored += 1
-            return
         if code == wire.NackCode.REMOTE_ACCESS_ERROR:
             wr = pkt.wr
             self.fail(
                 f"remote access error: rkey {wr.rkey:#x} refused a write of {pkt.length} bytes "
-                f"at {wr.remote_addr + pkt.offset:#x} (bad key or outside the region)"
+                f"at {wr.remote_addr + pkt.offset:#x} (outside the region or no write access)"
             )
         elif code == wire.NackCode.PSN_SEQUENCE_ERROR:
             self.fail("peer reports PSN out of window (QP state mismatch)")

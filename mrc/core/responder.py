@@ -67,12 +67,19 @@ class Responder:
         if psnw & (wire.BTH_SECURE << 24):
             stats.dropped_by_reason["security_unsupported"] += 1
             return
+        # Without keys, whatever a stranger can learn from our answers it can probe for, so
+        # an unknown rkey and a PSN no sender may use get none: dropped and counted exactly
+        # like a datagram for an unknown QP (no ACK, no NACK, no PSN/SACK state, no EV
+        # evidence). A genuine packet, trimmed or not, always carries a known rkey.
+        region = self.pd.lookup(rkey)
+        if region is None:
+            stats.dropped_by_reason["bad_rkey"] += 1
+            return
         seq = to_seq(self.peer_initial_psn, psnw & wire.PSN_MASK, self._cum + 1)
         cum = self._cum
         if seq > cum + self.config.psn_window:
             # ahead of anything the sender may send (anything behind is a duplicate, as in IB)
             stats.dropped_by_reason["psn_out_of_window"] += 1
-            self._nack(wire.NackCode.PSN_SEQUENCE_ERROR, seq, src_port)
             return
         payload_len = len(data) - hdr.size
         marks = qpw >> 24
@@ -85,11 +92,6 @@ class Responder:
             return
         if payload_len > length:
             stats.dropped_by_reason["bad_length"] += 1
-            return
-        region = self.pd.lookup(rkey)
-        if region is None:
-            stats.dropped_by_reason["bad_rkey"] += 1
-            self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_port)
             return
         offset = va - region.addr
         if offset < 0 or offset + length > region.length:

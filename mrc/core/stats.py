@@ -28,8 +28,25 @@ class QPStats:
     bytes_placed: int = 0
     duplicates: int = 0
     probes_sent: int = 0
-    probes_answered: int = 0
+    probes_answered: int = 0  # probe replies taken (for an EV of ours)
+    probes_received: int = 0  # probes from the peer, answered
+    ack_beyond_sent: int = 0  # ACKs reporting PSNs beyond what was sent (clamped, see requester)
     dropped_by_reason: Counter[str] = field(default_factory=Counter)
+
+    def taken(self) -> int:
+        """Datagrams this QP took, one counter per kind, each datagram in exactly one: data
+        (placed or duplicate), trimmed headers, ACKs, NACKs acted on, probes, probe replies.
+        Together with ``dropped_by_reason`` this accounts for every datagram the endpoint
+        handed to the QP (see ``EndpointCore.unaccounted``)."""
+        return (
+            self.packets_received
+            + self.trims_seen
+            + self.sacks
+            + self.nacks
+            - self.nacks_ignored  # ignored NACKs are in dropped_by_reason too
+            + self.probes_received
+            + self.probes_answered
+        )
 
     def as_dict(self) -> dict[str, object]:
         out: dict[str, object] = {

@@ -364,6 +364,26 @@ def failures(net: SimNetwork) -> list[Event]:
     return [e for h in net.hosts.values() for e in h.events if isinstance(e, QPFailed)]
 
 
+#: Drop reasons a sender also counts for genuine but stale ACKs and NACKs: about a transmission
+#: since resent (a NACK or ACK racing the resend), or a packet acknowledged meanwhile (network
+#: duplicates). The sender cannot tell these from forgeries, and need not: either way the
+#: datagram tells it nothing it can safely act on.
+STALE_REASONS = frozenset(
+    {"ack_wrong_ev", "ack_not_sent", "nack_wrong_ev", "nack_not_in_flight", "nack_repeated"}
+)
+
+
+def split_stale(drops: dict[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+    """(drops other than STALE_REASONS, the stale ones)."""
+    other = {k: v for k, v in drops.items() if k not in STALE_REASONS}
+    return other, {k: v for k, v in drops.items() if k in STALE_REASONS}
+
+
+def unaccounted(net: SimNetwork) -> dict[str, int]:
+    """Per host, datagrams received that no counter took or dropped (should be all 0)."""
+    return {name: h.core.unaccounted() for name, h in net.hosts.items()}
+
+
 def all_drops(net: SimNetwork) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
     for h in net.hosts.values():

@@ -28,6 +28,7 @@ from .mrcsim_harness import (
     fuzz_settings,
     make_transfer,
     run_until,
+    split_stale,
 )
 
 FUZZ = fuzz_settings(400)
@@ -132,8 +133,9 @@ def _garbage(net: RecordingNetwork, t: Transfer) -> tuple[list[tuple[str, bytes,
     return inj, want
 
 
-# NACK-provoking injections (bad rkey, out of bounds x4, out of window x2) that reach the sender
-PROVOKING = 7
+# NACK-provoking injections (out of bounds x4, with a known rkey) that reach the sender; an
+# unknown rkey and a PSN beyond the window get no answer at all (nothing to probe with)
+PROVOKING = 4
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -156,20 +158,29 @@ def test_injected_garbage_is_dropped_and_counted(seed: int, faults: Faults) -> N
     t.check_final()  # every byte right, sentinel intact elsewhere, imms in order
     for buf in t.buffers:
         assert bytes([EVIL]) * 10 not in buf
-    assert all_drops(net) == dict(want)
+    drops = all_drops(net)
+    # the sender's refusals of ACKs/NACKs: the forged NACKs bounced off b, and (with loss)
+    # genuine but stale ones, e.g. the NACK of a transmission resent before it came back
+    refused = {k: drops.pop(k) for k in list(drops) if k.startswith(("ack_", "nack_"))}
+    assert drops == dict(want)
+    for host in net.hosts.values():
+        assert host.core.unaccounted() == 0
     # the endpoint-level drops are counted there, the rest on the QPs they reached
     assert net.hosts["b"].core.dropped_by_reason == Counter(short=2, bad_version=1, unknown_qp=1)
-    assert qa.stats.dropped_by_reason == Counter(short=1)
+    assert split_stale(dict(qa.stats.dropped_by_reason))[0] == {"short": 1}
     # forged NACK-provoking packets came back as NACKs the sender ignored: it checks the EV
     nacks = [wire.parse_ack(s.data) for s in net.sent_by("b", qb.qpn) if s.data[0] == 0x11]
     codes = Counter(a.nack_code for a in nacks if a.is_nack)
-    assert codes[wire.NackCode.REMOTE_ACCESS_ERROR] == 5
-    assert codes[wire.NackCode.PSN_SEQUENCE_ERROR] == 2
+    assert codes[wire.NackCode.REMOTE_ACCESS_ERROR] == PROVOKING
+    assert codes[wire.NackCode.PSN_SEQUENCE_ERROR] == 0
     assert not qa.failed
     if faults.loss == 0 and faults.trim == 0:
         assert qa.stats.nacks == qa.stats.nacks_ignored == PROVOKING
+        assert refused.get("nack_wrong_ev", 0) + refused.get("nack_not_in_flight", 0) == PROVOKING
+        assert sum(refused.values()) == PROVOKING, refused
     else:
         assert qa.stats.nacks_ignored >= 1
+    assert qa.stats.nacks_ignored == sum(n for k, n in refused.items() if k.startswith("nack_"))
 
 
 def test_not_connected_qp_drops_data() -> None:
@@ -197,9 +208,10 @@ def _pair() -> tuple[QueuePair, QueuePair, EndpointCore, EndpointCore]:
 
 
 def _forge_and_bounce(qa, qb, cb, hdr: bytes, sport: int) -> wire.Ack:
-    """Send a bad-rkey copy of ``hdr`` to b from ``sport``, and b's NACK back to a."""
+    """Send a copy of ``hdr`` aimed outside its region to b from ``sport`` (the rkey is known,
+    so b answers: an unknown rkey would get no answer at all), and b's NACK back to a."""
     forged = bytearray(hdr)
-    forged[20:24] = (int.from_bytes(hdr[20:24], "big") ^ 0xFFFF).to_bytes(4, "big")
+    forged[12:20] = (1 << 63).to_bytes(8, "big")  # far outside every region
     length = int.from_bytes(hdr[24:28], "big")
     cb.receive_datagram(memoryview(bytes(forged) + bytes([EVIL]) * length), sport, 0.0)
     out = qb.datagrams_to_send(0.0)
@@ -433,8 +445,41 @@ def test_access_rights_and_deregistration_are_enforced() -> None:
     assert core.all_drops() == {"no_access": 1, "bad_rkey": 1}
     assert ro == b"r" * 64 and gone == b"g" * 64
     assert ok == bytes([EVIL]) * 8 + b"o" * 56
+    # the region without write access is refused out loud; the deregistered rkey is unknown
+    # now, and an unknown rkey gets no answer (it could be probed otherwise)
     nacks = [wire.parse_ack(d[1]) for d in qp.datagrams_to_send(1.0)]
-    assert [a.nack_code for a in nacks if a.is_nack] == [wire.NackCode.REMOTE_ACCESS_ERROR] * 2
+    assert [a.nack_code for a in nacks if a.is_nack] == [wire.NackCode.REMOTE_ACCESS_ERROR]
+    assert core.unaccounted() == 0
+
+
+def test_unknown_rkey_is_dropped_like_an_unknown_qp() -> None:
+    """A WRITE with an rkey the domain does not know leaves no trace but its counter: no
+    NACK, no ACK, no PSN or SACK state, no EV evidence, whatever else it says (a trimmed
+    header, a duplicate PSN, the next PSN, one far out of the window)."""
+    qa, qb, ca, cb = _pair()
+    mr = cb.pd.register(bytearray(1000))
+    qa.post_write(bytes(100), mr.addr, mr.rkey)
+    (ev, hdr, payload) = qa.datagrams_to_send(0.0)[0]
+    cb.receive_datagram(memoryview(hdr + bytes(payload)), qa.evs.ports[ev], 0.0)
+    qb.datagrams_to_send(1.0)  # the ACK of the genuine packet
+    state = (qb.responder.received_through, dict(qb.responder._blocks), qb.stats.as_dict())
+    events = []
+    bad = (mr.rkey ^ 0x00010000) or 1
+    for psn_off, marks, imm in [(1, 0, None), (0, 0, None), (1, wire.BTH_TRIMMED, 3), (9000, 0, 4)]:
+        psn = to_psn(qa.initial_psn, psn_off)
+        pkt = _data(qb.qpn, psn, mr.addr, bad, 10, marks=marks, imm=imm)
+        cb.receive_datagram(memoryview(pkt), qa.evs.ports[0], 2.0)
+        assert qb.datagrams_to_send(3.0) == []
+        while (e := qb.next_event()) is not None:
+            events.append(e)
+    assert events == []
+    after = qb.stats.as_dict()
+    assert after.pop("dropped_by_reason") == {"bad_rkey": 4}
+    before = state[2]
+    before.pop("dropped_by_reason")
+    assert after == before
+    assert (qb.responder.received_through, qb.responder._blocks) == state[:2]
+    assert cb.unaccounted() == 0
 
 
 def test_register_rejects_unwritable_buffers_and_accepts_numpy() -> None:

@@ -36,6 +36,8 @@ from .mrcsim_harness import (
     random_config,
     random_psn,
     run_until,
+    split_stale,
+    unaccounted,
 )
 
 
@@ -136,7 +138,15 @@ def check_run(mix: Mix, net: RecordingNetwork, transfers: list[Transfer]) -> Non
 
     # Legitimate traffic is never dropped as malformed. The one exception: a network duplicate
     # delayed until the receiver is more than psn_window past it is counted as out of window.
-    drops = all_drops(net)
+    drops, stale = split_stale(all_drops(net))
+    assert set(unaccounted(net).values()) == {0}, unaccounted(net)
+    # ACKs/NACKs the senders refused as stale: in these seeds only network duplicates make
+    # them (a duplicated NACK, or the ACK of a duplicate racing a resend), and rarely
+    if mix.duplicate == 0:
+        assert stale == {}, stale
+    else:
+        dups = sum(t.peer.stats.duplicates + t.peer.stats.trims_seen for t in transfers)
+        assert sum(stale.values()) <= dups, (stale, dups)
     if mix.duplicate == 0:
         assert drops == {}
     else:

@@ -24,15 +24,20 @@ async def test_a_peer_cannot_write_into_another_peers_region() -> None:
     try:
         a = await mrc.connect("::1", listener.port, evs=4, request_size=4096)
         peer_a = await listener.accept(timeout=5)
-        b = await mrc.connect("::1", listener.port, evs=4, request_size=4096)
+        # (B gives up after a few timeouts: an rkey its QP does not know gets no answer at
+        # all, as for an unknown QP, so B fails as it would against a peer that is gone)
+        cfg = mrc.QPConfig(max_timeout_retries=2)
+        b = await mrc.connect("::1", listener.port, evs=4, request_size=4096, config=cfg)
         peer_b = await listener.accept(timeout=5)
         assert peer_a.granted is not None and peer_b.granted is not None
         a_region = a.remote[peer_a.granted.name] if peer_a.granted.name else a.requested
         assert a_region is not None
         # B aims at A's region with A's rkey and address: refused, nothing written
-        with pytest.raises(mrc.MRCError):
+        with pytest.raises(mrc.MRCError, match="retry budget exhausted"):
             await asyncio.wait_for(b.write(b"\xff" * 512, a_region, offset=0), 10)
         assert bytes(peer_a.granted.view) == bytes(4096)
+        assert peer_b.qp.stats.dropped_by_reason["bad_rkey"] >= 1
+        assert peer_b.qp.stats.nacks_sent == 0
         # each peer still writes its own region
         assert b.requested is not None and a.requested is not None
         await a.write(b"\x01" * 512, a.requested, offset=0)

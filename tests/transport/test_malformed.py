@@ -8,10 +8,12 @@ number, rkey and the sender's PSN space, so near-valid packets are wrong in exac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import socket
 import time
+from collections.abc import AsyncIterator, Iterator
 
 import mrc
 from mrc import wire
@@ -157,3 +159,228 @@ async def test_forgeries_before_any_data_do_not_disturb_a_later_transfer() -> No
         if conn is not None:
             await conn.close()
         await listener.close()
+
+
+# ---- forged acknowledgements and injected writes (issue 9) ---------------------------------
+#
+# The forger below knows a lot: QP numbers, both UDP ports, the sender's PSN space and the EV
+# ports of the sender. What it cannot see is which EV each packet took (it is not on the path).
+# To keep PSNs in flight long enough to aim at them, the receiver stops reading its socket for a
+# while (``paused``): the sender's packets wait in the kernel queue, unacknowledged, and the
+# first retransmission timeout is a second away.
+
+SLOW_RTO = dict(initial_rto=1.0, max_rto=1.0, payload_size=1000, max_outstanding=64)
+
+
+@contextlib.contextmanager
+def paused(endpoint) -> Iterator[None]:
+    """The endpoint reads nothing inside the block (its datagrams queue in the kernel)."""
+    loop = endpoint.loop
+    for sock in endpoint.listen_sockets:
+        loop.remove_reader(sock.fileno())
+    try:
+        yield
+    finally:
+        for sock in endpoint.listen_sockets:
+            loop.add_reader(sock.fileno(), endpoint._on_readable, sock)
+
+
+async def until(cond, what: str, timeout: float = 5.0) -> None:
+    """Poll ``cond`` (a counter the loop updates) until it holds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.005)
+
+
+def received(conn) -> int:
+    return conn.endpoint.core.datagrams_received
+
+
+@contextlib.asynccontextmanager
+async def pair(size: int, evs: int = 16, **cfg) -> AsyncIterator[tuple]:
+    """listener, sender connection, receiver connection, inbox, forger socket."""
+    inbox = bytearray(size)
+    listener = await mrc.listen("::1", 0)
+    conn = None
+    forger = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        listener.register(inbox, name="inbox")
+        conn = await mrc.connect("::1", listener.port, evs=evs, config=mrc.QPConfig(**cfg))
+        peer = await listener.accept(timeout=5)
+        yield listener, conn, peer, inbox, forger
+    finally:
+        forger.close()
+        if conn is not None:
+            await conn.close()
+        await listener.close()
+
+
+def nack(conn, psn: int, echo: int, code: int = wire.NackCode.TRIMMED) -> bytes:
+    """A NACK to ``conn`` (the sender) about ``psn``, echoing EV port ``echo``."""
+    below = (conn.qp.initial_psn - 1) & wire.PSN_MASK  # cumulative point: nothing yet
+    return wire.pack_ack(conn.qp.qpn, below, wire.AETH_NAK_BASE | code, psn, psn & ~63, 0, echo)
+
+
+async def test_forged_trimmed_nack_flood_changes_nothing() -> None:
+    """1001 TRIMMED NACKs for one in-flight PSN, echoing EVs it was not sent on, plus as many
+    for PSNs not in flight: no retransmission, no EV state change, no failure; each dropped
+    and counted. Then a volley echoing the right EV: one retransmission, the rest dropped."""
+    size = 64 * 1000
+    data = os.urandom(size)
+    async with pair(size, **SLOW_RTO) as (listener, conn, peer, inbox, forger):
+        region = conn.remote["inbox"]
+        forger.connect(("::1", conn.endpoint.port))
+        req = conn.qp.requester
+        ports = conn.qp.evs.ports
+        with paused(listener.endpoint):
+            fut = conn.post_write(data, region)
+            assert req.in_flight == 64
+            first = req._outstanding[0]
+            psn = conn.qp.initial_psn
+            wrong = [p for i, p in enumerate(ports) if i != first.ev] + [9, 65535]
+            before = received(conn)
+            volley = [nack(conn, psn, wrong[i % len(wrong)]) for i in range(1001)]
+            volley += [nack(conn, (psn + 64 + i) & wire.PSN_MASK, ports[0]) for i in range(1001)]
+            for d in volley:
+                forger.send(d)
+            await until(lambda: received(conn) - before == len(volley), "volley not received")
+            st = conn.stats()
+            drops = st["dropped_by_reason"]
+            assert not conn.error, conn.error
+            assert st["retransmits_nack"] == 0 and st["retransmits"] == 0
+            assert conn.ev_counters()["evs_skipped"] == 0
+            assert drops.get("nack_wrong_ev") == 1001, drops
+            assert drops.get("nack_not_in_flight") == 1001, drops
+            assert first.nacks == 0
+            # the forger guesses the right EV: one NACK per transmission has an effect
+            before = received(conn)
+            right = [nack(conn, psn, ports[first.ev]) for _ in range(300)]
+            for d in right:
+                forger.send(d)
+            await until(lambda: received(conn) - before == len(right), "volley not received")
+            st = conn.stats()
+            drops = st["dropped_by_reason"]
+            assert st["retransmits_nack"] == 1, st
+            assert drops.get("nack_repeated", 0) + drops.get("nack_wrong_ev") - 1001 == 299
+            assert conn.ev_counters()["evs_skipped"] <= 1
+            assert not conn.error
+        assert await asyncio.wait_for(fut, 10) == size
+        assert hashlib.sha256(inbox).digest() == hashlib.sha256(data).digest()
+        assert conn.endpoint.core.unaccounted() == 0
+        assert listener.endpoint.core.unaccounted() == 0
+
+
+async def test_injected_write_at_the_next_psn_does_not_kill_the_connection() -> None:
+    """A WRITE injected (with the real rkey: unavoidable without keys) at the PSN the sender
+    will use next moves the receiver's cumulative point past what was sent. The sender takes
+    such ACKs as evidence for what it did send (counting ``ack_beyond_sent``) and both sides
+    carry on: the write in flight completes, and so does a later one."""
+    size = 200 * 1000
+    data = os.urandom(size)
+    async with pair(size, **SLOW_RTO, max_timeout_retries=3) as (
+        listener,
+        conn,
+        peer,
+        inbox,
+        forger,
+    ):
+        region = conn.remote["inbox"]
+        forger.connect(("::1", listener.port))
+        req = conn.qp.requester
+        first = data[: 20 * 1000]
+        with paused(listener.endpoint):
+            # the injection reaches the receiver first, the 20 genuine packets right behind it:
+            # the last of them moves the cumulative point over PSN 20 at once
+            nxt = (conn.qp.initial_psn + 20) & wire.PSN_MASK
+            evil = wire.pack_data(
+                peer.qpn, nxt, region.addr + size - 100, region.rkey, 100, 1, None
+            )
+            forger.send(evil + b"\xee" * 100)
+            fut = conn.post_write(first, region)
+            assert req.in_flight == 20 and req._next_seq == 20
+        assert await asyncio.wait_for(fut, 10) == len(first)
+        assert conn.stats()["ack_beyond_sent"] >= 1
+        assert bytes(inbox[-100:]) == b"\xee" * 100  # it landed: no keys, no defence
+        # the next write's first packet (the injected PSN) is a duplicate to the receiver and
+        # its data is lost to the injection; the connection itself must survive
+        rest = data[20 * 1000 : size - 1000]
+        assert await asyncio.wait_for(conn.write(rest, region, 20 * 1000, imm=5), 10) == len(rest)
+        assert await peer.next_immediate(timeout=5) == 5
+        assert bytes(inbox[21 * 1000 : size - 1000]) == rest[1000:]
+        assert not conn.error and not peer.error
+        assert conn.stats()["retransmits_timeout"] == 0
+        await until(lambda: conn.endpoint.core.unaccounted() == 0, "sender accounting")
+        await until(lambda: listener.endpoint.core.unaccounted() == 0, "receiver accounting")
+
+
+async def test_forged_ack_completes_nothing() -> None:
+    """ACKs naming PSNs not in flight, beyond what was sent, or echoing an EV the PSN was not
+    sent on: no write completes, nothing is acknowledged, each is dropped and counted; the
+    write completes only when its data has really arrived."""
+    size = 30 * 1000
+    data = os.urandom(size)
+    async with pair(size, **SLOW_RTO) as (listener, conn, peer, inbox, forger):
+        region = conn.remote["inbox"]
+        forger.connect(("::1", conn.endpoint.port))
+        req = conn.qp.requester
+        qpn, ip, ports = conn.qp.qpn, conn.qp.initial_psn, conn.qp.evs.ports
+        with paused(listener.endpoint):
+            fut = conn.post_write(data, region)
+            assert req.in_flight == 30
+            ev0 = ports[req._outstanding[0].ev]
+            wrong = next(p for p in ports if p != ev0)
+
+            def ack(cum: int, subject: int, echo: int, bitmap: int = 0) -> bytes:
+                c, s = (ip + cum) & wire.PSN_MASK, (ip + subject) & wire.PSN_MASK
+                return wire.pack_ack(qpn, c, wire.AETH_ACK, s, ip, bitmap, echo)
+
+            forged = [
+                ack(29, 29 + 5000, ev0),  # subject never sent
+                ack(29, -1, ev0),  # subject before the first PSN
+                ack(40, 40, ev0),  # beyond what was sent
+                ack(29, 0, wrong),  # in flight, wrong EV
+                ack(-1, 0, wrong, bitmap=(1 << 30) - 1),  # SACKs everything, wrong EV
+                ack(29, 100, 12345),
+            ] * 50
+            before = received(conn)
+            for d in forged:
+                forger.send(d)
+            await until(lambda: received(conn) - before == len(forged), "forgeries not received")
+            assert not fut.done()
+            assert req.in_flight == 30 and req.acked_packets == 0
+            st = conn.stats()
+            assert st["sacks"] == 0 and not conn.error
+            assert sum(st["dropped_by_reason"].values()) == len(forged), st["dropped_by_reason"]
+            assert conn.endpoint.core.unaccounted() == 0
+        assert await asyncio.wait_for(fut, 10) == size
+        assert hashlib.sha256(inbox).digest() == hashlib.sha256(data).digest()
+
+
+async def test_unknown_rkey_and_out_of_window_psn_get_no_answer() -> None:
+    """A WRITE with an rkey the receiver's domain does not know is dropped as silently as one
+    for an unknown QP (no NACK, no ACK, no PSN/SACK state): the rkey cannot be probed. So is a
+    WRITE beyond the PSN window, even with the real rkey."""
+    size = 10 * 1000
+    async with pair(size) as (listener, conn, peer, inbox, forger):
+        region = conn.remote["inbox"]
+        forger.connect(("::1", listener.port))
+        assert await conn.write(b"x" * 1000, region) == 1000
+        qp = peer.qp
+        cum = qp.responder.received_through
+        sent_before = (qp.stats.acks_sent, qp.stats.nacks_sent)
+        psn = (conn.qp.initial_psn + 1) & wire.PSN_MASK  # the next PSN: otherwise acceptable
+        far = (psn + qp.config.psn_window + 10) & wire.PSN_MASK
+        before = received(peer)
+        for rkey in range(1, 201):  # none is the region's (it is 32 random bits)
+            if rkey != region.rkey:
+                forger.send(wire.pack_data(peer.qpn, psn, region.addr, rkey, 8, 1, 7) + b"e" * 8)
+        forger.send(wire.pack_data(peer.qpn, far, region.addr, region.rkey, 8, 1, 7) + b"e" * 8)
+        await until(lambda: received(peer) - before == 201, "forgeries not received")
+        drops = peer.stats()["dropped_by_reason"]
+        assert drops == {"bad_rkey": 200, "psn_out_of_window": 1}
+        assert (qp.stats.acks_sent, qp.stats.nacks_sent) == sent_before
+        assert qp.responder.received_through == cum
+        assert conn.stats()["nacks"] == 0
+        assert bytes(inbox[1000:]) == bytes(size - 1000)
+        assert listener.endpoint.core.unaccounted() == 0
