@@ -10,6 +10,9 @@ This is the object an I/O layer drives, in the manner of aioquic's QuicConnectio
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 from collections import deque
 from typing import Protocol
 
@@ -29,6 +32,10 @@ _OP_ACK = int(wire.Opcode.ACKNOWLEDGE)
 _OP_PROBE = int(wire.Opcode.PROBE)
 _OP_PROBE_REPLY = int(wire.Opcode.PROBE_REPLY)
 _BTH_SECURE = wire.BTH_SECURE
+# a probe token: send time in microseconds (low 40 bits, wrapping every 12.7 days) under a
+# 24-bit tag keyed with a secret of the QP's, so only replies to our own probes are believed
+_PROBE_TIME_BITS = 40
+_PROBE_TIME_MASK = (1 << _PROBE_TIME_BITS) - 1
 
 # the fixed headers a security block follows, by opcode (docs/PROTOCOL.md section 11)
 _HEADERS_LEN = {
@@ -103,6 +110,8 @@ class QueuePair:
         self._announced_ports = 0xFFFF
         self.remote_qpn: int | None = None
         self.protection: Protection | None = None
+        # unpredictable, not secret from the core's determinism: replies echo what we sent
+        self._probe_key = secrets.token_bytes(16)
 
     def protect(self, protection: Protection) -> None:
         """From now on seal every datagram sent and accept only datagrams that unseal
@@ -137,7 +146,9 @@ class QueuePair:
 
     def send_probe(self, ev: int, now: float) -> None:
         """Send one probe on entropy value ``ev``; a ProbeReplied event reports its RTT."""
-        token = int(now * 1e6) & ((1 << 64) - 1)
+        sent = int(now * 1e6) & _PROBE_TIME_MASK
+        port = self.evs.ports[ev]
+        token = (self._probe_tag(port, sent) << _PROBE_TIME_BITS) | sent
         pkt = wire.pack_probe(self.remote_qpn or 0, 0, self.evs.ports[ev], token, reply=False)
         self._control.append((ev, pkt, b""))
         self.stats.probes_sent += 1
@@ -204,6 +215,12 @@ class QueuePair:
             self.stats.dropped_by_reason[getattr(exc, "reason", "security_error")] += 1
             return None
 
+    def _probe_tag(self, port: int, sent: int) -> int:
+        digest = hmac.new(
+            self._probe_key, port.to_bytes(2, "big") + sent.to_bytes(5, "big"), hashlib.sha256
+        )
+        return int.from_bytes(digest.digest()[:3], "big")
+
     def _on_probe(self, data: memoryview, now: float, reply: bool) -> None:
         if len(data) < wire.PROBE_LEN:
             self.stats.dropped_by_reason["short"] += 1
@@ -211,15 +228,20 @@ class QueuePair:
         (_o, _f, _p, _q, psnw, ev_port, _fl, token) = wire.PROBE_PKT.unpack_from(data)
         if reply:
             ev = self.evs.index_of_port.get(ev_port)
-            if ev is not None:
-                self.stats.probes_answered += 1
-                if self.evs.is_probing(ev):
-                    self.evs.probe_answered(ev, now)  # a health probe of an ASSUMED_BAD EV
-                else:
-                    rtt = max(0.0, now - token / 1e6) if token <= int(now * 1e6) else 0.0
-                    self._events.append(ProbeReplied(self.qpn, ev, rtt))
-            else:
+            if ev is None:
                 self.stats.dropped_by_reason["probe_unknown_ev"] += 1
+                return
+            sent = token & _PROBE_TIME_MASK
+            if token >> _PROBE_TIME_BITS != self._probe_tag(ev_port, sent):
+                # not a reply to a probe of ours: it must not bring an EV back
+                self.stats.dropped_by_reason["probe_bad_token"] += 1
+                return
+            self.stats.probes_answered += 1
+            if self.evs.is_probing(ev):
+                self.evs.probe_answered(ev, now)  # a health probe of an ASSUMED_BAD EV
+            else:
+                rtt = ((int(now * 1e6) - sent) & _PROBE_TIME_MASK) / 1e6
+                self._events.append(ProbeReplied(self.qpn, ev, rtt))
             return
         if self.remote_qpn is None:
             self.stats.dropped_by_reason["not_connected"] += 1
