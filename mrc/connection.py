@@ -600,7 +600,6 @@ class Listener:
     async def _discard(self, conn: Connection) -> None:
         """Close a connection the application never received and free its granted region."""
         await conn.close()
-        granted = conn.granted
         granted, conn.granted = conn.granted, None  # (released once, whoever comes second)
         if granted is not None:
             buf = granted.view.obj
