@@ -34,9 +34,19 @@ from mrc.srv6.evroutes import EVRoute, fabric_routes, plain_routes
 from mrc.transport import auth
 from mrc.transport.control import MAX_LINE, ControlChannel, ControlError
 from mrc.transport.endpoint import Endpoint, QPChannel
+from mrc.transport.limits import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_GRANTED,
+    DEFAULT_MAX_SETUPS,
+    Admission,
+    Ledger,
+    LimitError,
+    Limits,
+)
 from mrc.transport.messages import (
     MAX_EVS,
     MAX_REGION_SIZE,
+    Abort,
     Hello,
     Refusal,
     RegionRequest,
@@ -53,6 +63,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Buffer",
     "Connection",
+    "Limits",
     "Listener",
     "MRCError",
     "RegionFactory",
@@ -64,6 +75,12 @@ __all__ = [
 ]
 
 CONNECT_TIMEOUT = 5.0
+#: a listener's bound on one whole set-up, TCP connection to welcome (``setup_timeout``)
+SETUP_TIMEOUT = 10.0
+#: how long a welcomed sender may stay silent on the data path (``start_timeout``)
+START_TIMEOUT = 10.0
+#: how long a listener tries to hand a refusal or an abort to a peer before hanging up
+_GOODBYE_TIMEOUT = 1.0
 
 
 class Buffer(Protocol):
@@ -196,6 +213,8 @@ class Connection:
         self._requested_size = requested_size
         self._owns_endpoint = owns_endpoint
         self._closed = False
+        # run once by close(): how a listener hears that a connection ended (limits, lists)
+        self._close_hooks: list[Callable[[], None]] = []
 
     # ---- memory ------------------------------------------------------------------------
 
@@ -357,6 +376,9 @@ class Connection:
         self.endpoint.detach(self.qp.qpn)
         if self._owns_endpoint:
             self.endpoint.close()
+        hooks, self._close_hooks = self._close_hooks, []
+        for hook in hooks:
+            hook()
 
     async def __aenter__(self) -> Connection:
         return self
@@ -368,9 +390,11 @@ class Connection:
 # ``region_factory(size, request)``: a writable buffer of at least ``size`` bytes for a sender
 # that asked for one; ``request`` is the hello's request object ({"size", "name"}).
 RegionFactory = Callable[[int, dict[str, object]], Buffer]
-# ``region_release(buffer)``: the set-up that asked for ``buffer`` failed after it was made;
-# free it (e.g. unmap and delete the file behind it). Never called for a connection that was set
-# up: its owner frees ``granted`` when the transfer ends.
+# ``region_release(buffer)``: a region made for a sender will never reach the application: its
+# set-up failed after the buffer was made, the sender never started sending (``start_timeout``),
+# or the listener closed before ``accept()`` handed the connection out. Free it (e.g. unmap and
+# delete the file behind it). Never called for a connection ``accept()`` returned: its owner
+# frees ``granted`` when the transfer ends.
 RegionRelease = Callable[[Buffer], None]
 
 
@@ -379,7 +403,14 @@ def _describe(region: MemoryRegion) -> RemoteRegion:
 
 
 class Listener:
-    """Accepts connections from any number of senders; they share its memory regions."""
+    """Accepts connections from any number of senders; they share its memory regions.
+
+    What peers can make it hold is bounded (:class:`~mrc.transport.limits.Limits`): set-ups in
+    progress, live connections and bytes granted on request, each refused beyond its limit with
+    one line naming it, before anything is allocated. A set-up takes at most ``setup_timeout``
+    seconds; a welcomed sender that sends nothing on the data path for ``start_timeout`` seconds
+    (and was not yet handed to the application) is aborted and everything it held released.
+    """
 
     def __init__(
         self,
@@ -391,6 +422,10 @@ class Listener:
         region_factory: RegionFactory | None,
         fabric: Topology | None = None,
         region_release: RegionRelease | None = None,
+        *,
+        limits: Limits | None = None,
+        setup_timeout: float = SETUP_TIMEOUT,
+        start_timeout: float | None = START_TIMEOUT,
         key: bytes | None = None,
         require_encrypt: bool = False,
     ) -> None:
@@ -404,8 +439,20 @@ class Listener:
         self.evs = evs
         self.config = config
         self.region_factory = region_factory
-        self._accepted: asyncio.Queue[Connection] = asyncio.Queue()
+        self.limits = limits or Limits()
+        self.setup_timeout = setup_timeout
+        self.start_timeout = start_timeout
+        self.ledger = Ledger(self.limits)
+        #: live connections (set up, not closed), handed out or not
         self.connections: list[Connection] = []
+        self._queue: list[Connection] = []  # set up, not yet handed out by accept()
+        self._started: set[Connection] = set()  # whose peer has sent on the data path
+        self._start_timers: dict[Connection, asyncio.TimerHandle] = {}
+        self._queue_changed = asyncio.Event()
+        self._admissions: dict[ControlChannel, Admission] = {}  # set-ups past the limits check
+        self._setup_tasks: set[asyncio.Task[None]] = set()
+        self._abort_tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
         self.shared_regions: list[MemoryRegion] = []
 
     @property
@@ -418,26 +465,158 @@ class Listener:
         self.shared_regions.append(region)
         return region
 
-    async def accept(self, timeout: float | None = None) -> Connection:
+    def usage(self) -> dict[str, int]:
+        """Set-ups in progress, live connections and bytes granted now, and how many peers each
+        limit refused so far (``refused_setups``, ``refused_connections``,
+        ``refused_granted_bytes``; absent while zero)."""
+        return self.ledger.usage()
+
+    async def accept(self, timeout: float | None = None, *, started: bool = False) -> Connection:
+        """The next connection set up, in set-up order; from here on the caller owns it
+        (closes it, frees its ``granted`` region).
+
+        ``started=True``: only a connection whose peer has started sending (its first datagram
+        arrived), so a sender that says hello and then nothing is never handed out: the
+        listener aborts it after ``start_timeout`` and gives back its slot (mrc-recv counts
+        transfers this way). Without it a connection is handed out as soon as it is set up,
+        and whether its peer ever sends is the caller's business (a connection may carry
+        WRITEs the other way, or wait for the application)."""
         try:
-            return await asyncio.wait_for(self._accepted.get(), timeout)
+            async with asyncio.timeout(timeout):
+                while True:
+                    conn = self._take(started)
+                    if conn is not None:
+                        return conn
+                    self._queue_changed.clear()
+                    await self._queue_changed.wait()
         except TimeoutError:
             raise TimeoutError("no sender connected in time") from None
 
+    def _take(self, started: bool) -> Connection | None:
+        for conn in self._queue:
+            if not started or conn in self._started:
+                self._queue.remove(conn)
+                self._stop_start_timer(conn)
+                return conn
+        return None
+
+    # ---- set-up ------------------------------------------------------------------------
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One TCP connection: counted as a set-up in progress (refused at once beyond the
+        limit), set up within ``setup_timeout``, then queued for accept() and watched until
+        its peer starts sending."""
         control = ControlChannel(reader, writer)
-        try:
-            conn = await self._setup(control)
-        except MRCError as exc:  # ControlError and MessageError too: refuse with the reason
-            with contextlib.suppress(ControlError):
-                await control.send(Refusal.because(str(exc)).to_json())
+        if self._closing:
             control.close()
             return
+        try:
+            self.ledger.begin_setup()
+        except LimitError as exc:
+            await self._goodbye(control, Refusal.because(str(exc)).to_json())
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._setup_tasks.add(task)
+        try:
+            try:
+                async with asyncio.timeout(self.setup_timeout):
+                    conn = await self._setup(control)
+            except TimeoutError:
+                raise MRCError(f"set-up did not finish within {self.setup_timeout:g} s") from None
+        except MRCError as exc:  # ControlError and MessageError too: refuse with the reason
+            self._unadmit(control)
+            await self._goodbye(control, Refusal.because(str(exc)).to_json())
+            return
         except BaseException:
+            self._unadmit(control)
             control.close()
             raise
+        finally:
+            self._setup_tasks.discard(task)
+            self.ledger.end_setup()
+        self._welcomed(conn, self._admissions.pop(control))
+
+    def _admit(self, control: ControlChannel, hello: Hello) -> None:
+        """The limits check of a checked hello, before anything is allocated for it: a
+        connection slot and the bytes it asks for, or :class:`LimitError` (the refusal)."""
+        size = hello.request.size if hello.request is not None else 0
+        self._admissions[control] = self.ledger.admit(size)
+
+    def _unadmit(self, control: ControlChannel) -> None:
+        admission = self._admissions.pop(control, None)
+        if admission is not None:
+            admission.release()
+
+    def _welcomed(self, conn: Connection, admission: Admission) -> None:
+        """``conn`` was welcomed: count it until it closes, queue it for accept(), and give
+        its peer ``start_timeout`` seconds to start sending."""
         self.connections.append(conn)
-        self._accepted.put_nowait(conn)
+        self._queue.append(conn)
+        conn._close_hooks.append(lambda: self._closed_one(conn, admission))
+        conn.channel.on_first_datagram = lambda: self._on_start(conn)
+        if self.start_timeout is not None:
+            loop = asyncio.get_running_loop()
+            self._start_timers[conn] = loop.call_later(
+                self.start_timeout, self._start_expired, conn
+            )
+        self._queue_changed.set()
+
+    def _on_start(self, conn: Connection) -> None:
+        self._started.add(conn)
+        self._stop_start_timer(conn)
+        self._queue_changed.set()
+
+    def _stop_start_timer(self, conn: Connection) -> None:
+        timer = self._start_timers.pop(conn, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _closed_one(self, conn: Connection, admission: Admission) -> None:
+        """Connection.close() hook: the slot and the granted bytes return to the limits."""
+        admission.release()
+        self._stop_start_timer(conn)
+        self._started.discard(conn)
+        with contextlib.suppress(ValueError):
+            self.connections.remove(conn)
+        with contextlib.suppress(ValueError):
+            self._queue.remove(conn)
+
+    def _start_expired(self, conn: Connection) -> None:
+        """A welcomed peer sent nothing for ``start_timeout`` s and nobody took it: abort it."""
+        self._start_timers.pop(conn, None)
+        if conn not in self._queue or conn in self._started:
+            return
+        self._queue.remove(conn)
+        reason = (
+            f"no data from the sender within {self.start_timeout:g} s of set-up; connection dropped"
+        )
+        conn.channel.fail(reason)
+        task = asyncio.ensure_future(self._abort(conn, reason))
+        self._abort_tasks.add(task)
+        task.add_done_callback(self._abort_tasks.discard)
+
+    async def _abort(self, conn: Connection, reason: str) -> None:
+        """Tell the peer why (briefly), then close ``conn`` and free its granted region."""
+        try:
+            await self._goodbye(conn.control, Abort(reason).to_json())
+        finally:
+            await self._discard(conn)
+
+    async def _discard(self, conn: Connection) -> None:
+        """Close a connection the application never received and free its granted region."""
+        await conn.close()
+        granted, conn.granted = conn.granted, None  # (released once, whoever comes second)
+        if granted is not None:
+            buf = granted.view.obj
+            conn.deregister(granted)
+            self._release(buf)
+
+    async def _goodbye(self, control: ControlChannel, message: dict[str, object]) -> None:
+        """Send a last message (refusal or abort) if the peer takes it promptly; hang up."""
+        with contextlib.suppress(ControlError, TimeoutError):
+            await asyncio.wait_for(control.send(message), _GOODBYE_TIMEOUT)
+        control.close()
 
     async def _setup(self, control: ControlChannel) -> Connection:
         """Accept one hello: check all of it, then allocate (granted region, EV sockets, QP);
@@ -471,6 +650,7 @@ class Listener:
         shared = [r for r in self.shared_regions if core.pd.lookup(r.rkey) is r]
         for r in shared:
             pd.adopt(r)
+        self._admit(control, hello)  # the listener's limits, before anything is allocated
         granted = self._grant(hello.request, pd) if hello.request is not None else None
         socks: list[socket.socket] = []
         attached: QueuePair | None = None
@@ -505,9 +685,9 @@ class Listener:
             for s in socks:
                 s.close()
             if granted is not None:
+                buf = granted.view.obj  # (deregister releases the view, and .obj with it)
                 pd.deregister(granted)
-                if self.region_release is not None:
-                    self.region_release(granted.view.obj)
+                self._release(buf)
             raise
         return Connection(
             self.endpoint,
@@ -545,8 +725,19 @@ class Listener:
             self.region_release(buf)
 
     async def close(self) -> None:
+        """Stop listening; close every connection. Set-ups in progress are cancelled, and
+        regions granted to connections never handed out are given to ``region_release``."""
+        self._closing = True
         self.server.close()
-        for conn in self.connections:
+        for task in list(self._setup_tasks):
+            task.cancel()
+        for timer in self._start_timers.values():
+            timer.cancel()
+        self._start_timers.clear()
+        await asyncio.gather(*self._setup_tasks, *self._abort_tasks, return_exceptions=True)
+        for conn in list(self._queue):  # never handed out: the listener's to free
+            await self._discard(conn)
+        for conn in list(self.connections):
             await conn.close()
         self.endpoint.close()
         with contextlib.suppress(Exception):
@@ -569,6 +760,11 @@ async def listen(
     region_factory: RegionFactory | None = None,
     region_release: RegionRelease | None = None,
     fabric: Topology | None = None,
+    max_setups: int = DEFAULT_MAX_SETUPS,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    max_granted_bytes: int | None = DEFAULT_MAX_GRANTED,
+    setup_timeout: float = SETUP_TIMEOUT,
+    start_timeout: float | None = START_TIMEOUT,
     key: bytes | None = None,
     require_encrypt: bool = False,
 ) -> Listener:
@@ -578,8 +774,24 @@ async def listen(
     there, and senders are told about them. Without it, one plane on whatever address the
     sender reached. ``region_factory(size, request)`` allocates memory for a sender that asks
     for a region of ``size`` bytes (as mrc-recv does for a file); ``region_release(buffer)``
-    frees one whose set-up then failed (mrc-recv deletes the file). ``fabric``: an mrc-fabric
-    topology; acknowledgements are then sprayed over its SRv6 paths (every spine of every plane).
+    frees one the application never received (mrc-recv deletes the file). ``fabric``: an
+    mrc-fabric topology; acknowledgements are then sprayed over its SRv6 paths (every spine of
+    every plane).
+
+    Whoever reaches the port can make the listener work, so what peers hold is bounded; beyond
+    a bound a peer is refused with one line naming it, before anything is allocated for it:
+
+    * ``max_setups`` (64): TCP connections still in set-up (hello not yet answered); one more
+      is refused at once, unread. Each set-up is refused after ``setup_timeout`` (10 s).
+    * ``max_connections`` (64): connections set up and not yet closed, handed out or not
+      (each holds ``evs`` plus backup UDP sockets).
+    * ``max_granted_bytes`` (64 GiB; None: no bound): the sum of regions ``region_factory``
+      made on request and whose connections are not yet closed. Checked against the size asked
+      for before ``region_factory`` is called; the bytes return when the connection closes.
+    * ``start_timeout`` (10 s; None: never): a welcomed sender whose first datagram has not
+      arrived this long after set-up, and that :meth:`Listener.accept` has not handed out, is
+      sent an Abort with the reason and closed; its QP, sockets, region (``region_release``)
+      and limits are freed. ``accept(started=True)`` hands out only senders that started.
 
     ``key``: a pre-shared key (:func:`mrc.security.keys.read_key_file`). Senders must then
     prove they hold it before anything is allocated for them, and every datagram and
@@ -589,6 +801,11 @@ async def listen(
     """
     if require_encrypt and key is None:
         raise MRCError("require_encrypt needs a key")
+    limits = Limits(max_setups, max_connections, max_granted_bytes)
+    if not setup_timeout > 0:
+        raise MRCError(f"setup_timeout must be more than 0 s, not {setup_timeout!r}")
+    if start_timeout is not None and not start_timeout > 0:
+        raise MRCError(f"start_timeout must be None or more than 0 s, not {start_timeout!r}")
     addrs = [_resolve(a) for a in plane_addrs] if plane_addrs else []
     host = _resolve(host) if host not in ("", "::", "0.0.0.0") else (host or "::")
     tcp_hosts = addrs or [host]
@@ -642,6 +859,9 @@ async def listen(
         region_release,
         key=key,
         require_encrypt=require_encrypt,
+        limits=limits,
+        setup_timeout=setup_timeout,
+        start_timeout=start_timeout,
     )
     return listener
 

@@ -20,6 +20,7 @@ from mrc.cli.common import (
     add_key_args,
     emit_json,
     endpoint_arg,
+    float_between,
     human_bytes,
     human_rate,
     load_key,
@@ -29,9 +30,10 @@ from mrc.cli.common import (
     size_arg,
 )
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
-from mrc.connection import Connection, Listener, listen
+from mrc.connection import START_TIMEOUT, Connection, Listener, listen
 from mrc.errors import MRCError
 from mrc.transfer import IDLE_TIMEOUT, receive_buffer
+from mrc.transport.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_GRANTED, DEFAULT_MAX_SETUPS
 from mrc.transport.messages import Abort
 from mrc.units import SIZE_HELP
 from mrc.wire import DEFAULT_PORT
@@ -91,6 +93,31 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace an existing output file (without it, an existing --out is refused)",
     )
+    p.add_argument(
+        "--max-total",
+        type=size_arg,
+        default=None,
+        metavar="SIZE",
+        help="refuse a transfer that would take the space granted to transfers in progress "
+        "together over SIZE (default 64G, or --max-size if larger)",
+    )
+    p.add_argument(
+        "--max-setups",
+        type=positive_int,
+        default=DEFAULT_MAX_SETUPS,
+        metavar="N",
+        help="refuse a new side-channel connection at once while N others are still "
+        f"being set up (default {DEFAULT_MAX_SETUPS})",
+    )
+    p.add_argument(
+        "--start-timeout",
+        type=float_between(0.1, 86400.0),
+        default=START_TIMEOUT,
+        metavar="SECONDS",
+        help="drop a sender that connected but sent no data for this long, freeing its "
+        f"transfer slot and file for another sender (default {START_TIMEOUT:g}); "
+        "--idle-timeout covers a transfer that stalls once started",
+    )
     add_idle_timeout(p, "no data arrives", IDLE_TIMEOUT)
     add_key_args(p, "refuse senders that do not also encrypt payloads (needs a key)")
     p.add_argument(
@@ -98,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="give up if no sender connects within this time",
+        help="give up if no sender connects and starts sending within this time",
     )
     add_path_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object per transfer")
@@ -337,6 +364,15 @@ async def _main(args: argparse.Namespace) -> int:
         fabric=fabric,
         key=key,
         require_encrypt=args.encrypt,
+        max_setups=args.max_setups,
+        # --count transfers may run at once
+        max_connections=max(args.count, DEFAULT_MAX_CONNECTIONS),
+        max_granted_bytes=(
+            args.max_total
+            if args.max_total is not None
+            else max(DEFAULT_MAX_GRANTED, args.max_size)
+        ),
+        start_timeout=args.start_timeout,
     )
     # SIGTERM ends the run as Ctrl-C does: through the finally below, so no part file is left
     main_task = asyncio.current_task()
@@ -356,7 +392,9 @@ async def _main(args: argparse.Namespace) -> int:
     try:
         for _ in range(args.count):
             try:
-                conn = await listener.accept(args.timeout)
+                # a sender counts once its data arrives: one that says hello and nothing
+                # more is dropped by the listener after --start-timeout, its slot kept
+                conn = await listener.accept(args.timeout, started=True)
             except TimeoutError:
                 raise MRCError(f"no sender connected within {args.timeout:g} s") from None
             tasks.append(asyncio.ensure_future(_one(conn, outputs, args, evlog)))

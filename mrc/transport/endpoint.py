@@ -46,6 +46,9 @@ class QPChannel:
         self.backlog: deque[tuple[int, Buffers]] = deque()
         # called with every EV state transition (Connection.on_ev_change sets it)
         self.on_ev_event: Callable[[EVStateChanged], None] | None = None
+        # called once, when the first datagram from the peer reaches this QP: how a listener
+        # learns that a sender it welcomed has started (Listener's start_timeout)
+        self.on_first_datagram: Callable[[], None] | None = None
 
     def fail(self, reason: str) -> None:
         if self.error is not None:
@@ -136,6 +139,9 @@ class Endpoint:
         for qpn in touched:
             ch = channels.get(qpn)
             if ch is not None:
+                if ch.on_first_datagram is not None:
+                    started, ch.on_first_datagram = ch.on_first_datagram, None
+                    started()
                 self._pump(ch)
 
     # ---- send path ---------------------------------------------------------------------

@@ -4,7 +4,8 @@
 - FILE.part was opened through a symlink, and an existing --out silently replaced;
 - an existing directory as --out got an "ok" verdict, then a traceback;
 - a full disk killed the receiver with SIGBUS;
-- a sender that connected and then stopped (SIGSTOP, or never sent) held the receiver forever;
+- a sender that connected and then stopped (SIGSTOP, or never sent) held the receiver forever
+  (one that never sends is now the listener's --start-timeout: tests/cli/test_recv_limits.py);
 - SIGTERM left FILE.part behind.
 """
 
@@ -24,6 +25,8 @@ IDLE_SENDER = """
 import asyncio, sys, mrc
 async def main():
     conn = await mrc.connect("::1", int(sys.argv[1]), evs=4, request_size=int(sys.argv[2]))
+    if int(sys.argv[3]):  # start: some data first, so the receiver takes this transfer
+        await conn.write(bytes(int(sys.argv[3])), conn.requested)
     print("connected", flush=True)
     await asyncio.sleep(60)
 asyncio.run(main())
@@ -38,9 +41,10 @@ def _parts(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir() if p.name.endswith(".part"))
 
 
-def _idle_sender(port: int, size: int) -> subprocess.Popen[str]:
+def _idle_sender(port: int, size: int, start: int = 0) -> subprocess.Popen[str]:
+    """A sender that connects asking for ``size`` bytes, writes ``start`` bytes, then idles."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", IDLE_SENDER, str(port), str(size)],
+        [sys.executable, "-c", IDLE_SENDER, str(port), str(size), str(start)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -101,7 +105,7 @@ def test_second_hello_during_a_transfer_is_refused(mrc_tools, mrc_port, tmp_path
         "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), "--idle-timeout", "20"
     )
     recv.wait_listening(mrc_port)
-    first = _idle_sender(mrc_port, 1 << 20)  # holds the slot, its part file exists
+    first = _idle_sender(mrc_port, 1 << 20, 1000)  # holds the slot, its part file exists
     try:
         assert len(_parts(tmp_path)) == 1
         src = tmp_path / "src"
@@ -124,7 +128,7 @@ def test_idle_sender_times_out_and_leaves_nothing(mrc_tools, mrc_port, tmp_path:
         "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), "--idle-timeout", "1"
     )
     recv.wait_listening(mrc_port)
-    sender = _idle_sender(mrc_port, 4 << 20)
+    sender = _idle_sender(mrc_port, 4 << 20, 1000)  # started, then stalls
     try:
         t0 = time.monotonic()
         res = recv.wait(timeout=20)
