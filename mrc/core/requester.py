@@ -101,6 +101,9 @@ class Requester:
         self._tlp_at: float | None = None
         self._tlp_out = False
         self.health = config.ev_health
+        # the EV of the burst being sent and how many more new packets it takes
+        self._burst_ev = 0
+        self._burst_left = 0
 
     # ---- application side -------------------------------------------------------------
 
@@ -161,6 +164,7 @@ class Requester:
         evs = self.evs
         deadlines = self._deadlines
         push = heapq.heappush
+        burst = self.config.burst
         while queue and len(outstanding) < limit and self._next_seq < span:
             wr = queue[0]
             total = len(wr.view)
@@ -178,7 +182,12 @@ class Requester:
             else:
                 self._offset = off + length
             self._next_seq = seq + 1
-            pkt.ev = evs.next()
+            if self._burst_left and self.evs.usable[self._burst_ev]:
+                self._burst_left -= 1
+                pkt.ev = self._burst_ev
+            else:
+                pkt.ev = self._burst_ev = evs.next()
+                self._burst_left = burst - 1
             pkt.sent_at = now
             pkt.deadline = deadline = now + rto
             push(deadlines, (deadline, seq))
