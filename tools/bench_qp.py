@@ -308,6 +308,8 @@ class Bench:
             send_argv += ["--evs", str(a.evs)]
         if a.window:
             send_argv += ["--window", str(a.window)]
+        if a.burst:
+            send_argv += ["--burst", str(a.burst)]
         timeout = 60 + size / 2e6  # a 256M transfer gets > 3 minutes even at 16 Mbit/s
         recv = send = None
         spies: list[subprocess.Popen[bytes]] = []
@@ -860,6 +862,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         help="mrc-send --window (default: mrc-send's own, 512)",
+    )
+    p.add_argument(
+        "--burst",
+        type=positive_int,
+        default=None,
+        help="mrc-send --burst: packets per EV burst, sent with UDP GSO (default: mrc-send's, 1)",
     )
     p.add_argument(
         "--no-mem-warmup",

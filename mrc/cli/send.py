@@ -88,6 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
         "about 1.5 ms of every plane's link rate: there is no congestion control yet)",
     )
     p.add_argument(
+        "--burst",
+        type=positive_int,
+        default=1,
+        metavar="PACKETS",
+        help="new packets sent back to back on one EV before spraying moves on, handed to "
+        "the kernel as one UDP GSO send (default 1: every packet on its own EV; 1..64)",
+    )
+    p.add_argument(
         "--from",
         dest="local",
         action="append",
@@ -146,7 +154,10 @@ def _config(args: argparse.Namespace) -> QPConfig:
     if args.payload is None:
         args.payload = DEFAULT_PAYLOAD - (DATA_OVERHEAD if args.key_file else 0)
     config = QPConfig(
-        payload_size=args.payload, max_outstanding=window, psn_window=max(16384, window * 4)
+        payload_size=args.payload,
+        max_outstanding=window,
+        psn_window=max(16384, window * 4),
+        burst=args.burst,
     )
     config.validate()
     return config

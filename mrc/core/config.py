@@ -8,6 +8,7 @@ from dataclasses import dataclass
 # hello (mrc/transport/messages.py) cannot drift apart.
 PSN_WINDOW_MIN = 64
 PSN_WINDOW_MAX = 1 << 22
+MAX_BURST = 64  # the kernel's limit on segments in one UDP GSO send (UDP_MAX_SEGMENTS)
 
 
 @dataclass(slots=True)
@@ -42,6 +43,10 @@ class QPConfig:
     # tail loss probe: resend the newest packet after max(tlp_min, 2 srtt) without an ACK
     tlp_min: float = 0.005
     reorder_srtt_fraction: float = 0.5
+    # new packets sent back to back on one EV before the next EV is drawn: the transport sends
+    # such a burst as one GSO send (one skb through the kernel) and the receiver takes it in one
+    # GRO receive; 1 sprays every packet (docs/PROTOCOL.md section 2)
+    burst: int = 1
 
     def validate(self) -> None:
         """Raise ValueError with a user-facing message for impossible settings."""
@@ -53,6 +58,8 @@ class QPConfig:
             raise ValueError(f"psn_window must be between {PSN_WINDOW_MIN} and {PSN_WINDOW_MAX}")
         if self.max_outstanding > self.psn_window:
             raise ValueError("max_outstanding cannot exceed psn_window")
+        if not 1 <= self.burst <= MAX_BURST:
+            raise ValueError(f"burst must be 1..{MAX_BURST} packets, not {self.burst}")
         if self.ack_every < 1:
             raise ValueError("ack_every must be at least 1")
         if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:

@@ -112,6 +112,9 @@ class Requester:
         self.health = config.ev_health
         # seq & _RING_MASK -> (seq << 16) | EV port of seq's latest transmission (-1: none)
         self._sent_ring = [-1] * _RING
+        # the EV of the burst being sent and how many more new packets it takes
+        self._burst_ev = 0
+        self._burst_left = 0
 
     # ---- application side -------------------------------------------------------------
 
@@ -173,6 +176,7 @@ class Requester:
         evs = self.evs
         deadlines = self._deadlines
         push = heapq.heappush
+        burst = self.config.burst
         while queue and len(outstanding) < limit and self._next_seq < span:
             wr = queue[0]
             total = len(wr.view)
@@ -190,7 +194,12 @@ class Requester:
             else:
                 self._offset = off + length
             self._next_seq = seq + 1
-            pkt.ev = evs.next()
+            if self._burst_left and self.evs.usable[self._burst_ev]:
+                self._burst_left -= 1
+                pkt.ev = self._burst_ev
+            else:
+                pkt.ev = self._burst_ev = evs.next()
+                self._burst_left = burst - 1
             pkt.sent_at = now
             pkt.deadline = deadline = now + rto
             push(deadlines, (deadline, seq))

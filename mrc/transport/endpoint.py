@@ -18,6 +18,7 @@ from collections.abc import Callable
 from mrc.core.endpoint import EndpointCore
 from mrc.core.events import EVStateChanged, ImmediateReceived, QPFailed, WriteCompleted
 from mrc.core.qp import QueuePair
+from mrc.transport import gso
 
 # The core's clock: CLOCK_MONOTONIC with microsecond resolution. (uvloop's loop.time() has
 # millisecond resolution, which would round every send time, RTT sample and reordering window.)
@@ -27,8 +28,13 @@ _clock = time.monotonic
 RX_BATCH = 512
 RX_BUFFER = 65536
 
-# what sendmsg takes for one datagram: header, payload
+# what sendmsg takes for one datagram (header, payload) or one GSO burst of them
 Buffers = list[bytes | memoryview]
+
+
+def _split(bufs: Buffers, ev: int) -> list[gso.Send]:
+    """A GSO burst (header, payload, header, payload...) as one send per datagram."""
+    return [(ev, [bufs[i], bufs[i + 1]], [], 1) for i in range(0, len(bufs), 2)]
 
 
 class QPChannel:
@@ -42,8 +48,12 @@ class QPChannel:
         self.imms: asyncio.Queue[int] = asyncio.Queue()
         self.error: str | None = None
         self.error_event = asyncio.Event()
+        self.gso_error: str | None = None
         self.send_errors = 0
-        self.backlog: deque[tuple[int, Buffers]] = deque()
+        # sends the socket would not take yet, in order
+        self.backlog: deque[gso.Send] = deque()
+        # False once a GSO send was refused (e.g. a device without checksum offload)
+        self.gso = qp.config.burst > 1
         # called with every EV state transition (Connection.on_ev_change sets it)
         self.on_ev_event: Callable[[EVStateChanged], None] | None = None
         # called once, when the first datagram from the peer reaches this QP: how a listener
@@ -74,7 +84,9 @@ class QPChannel:
 class Endpoint:
     """asyncio driver for an :class:`EndpointCore` (use :meth:`open`)."""
 
-    def __init__(self, core: EndpointCore, listen_sockets: list[socket.socket]) -> None:
+    def __init__(
+        self, core: EndpointCore, listen_sockets: list[socket.socket], gro: bool = True
+    ) -> None:
         self.core = core
         self.listen_sockets = listen_sockets
         self.loop = asyncio.get_running_loop()
@@ -84,6 +96,9 @@ class Endpoint:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
+        # GRO on every receiving socket: bursts sent with GSO arrive as one receive each
+        self.gro = all(gso.enable_gro(s) for s in listen_sockets) if gro else False
+        self.gro_trains = 0  # receives that held more than one datagram
         for sock in listen_sockets:
             self.loop.add_reader(sock.fileno(), self._on_readable, sock)
 
@@ -119,6 +134,9 @@ class Endpoint:
     # ---- receive path ------------------------------------------------------------------
 
     def _on_readable(self, sock: socket.socket) -> None:
+        if self.gro:
+            self._on_readable_gro(sock)
+            return
         recv = sock.recvfrom_into
         buf = self._rxbuf
         view = self._rxview
@@ -135,6 +153,39 @@ class Endpoint:
             qp = rx(view[:n], addr[1], now)
             if qp is not None:
                 touched[qp.qpn] = qp
+        self._pump_touched(touched)
+
+    def _on_readable_gro(self, sock: socket.socket) -> None:
+        """As _on_readable, but a receive may hold a GRO train of datagrams: walk it."""
+        recv = sock.recvmsg_into
+        bufs = [self._rxbuf]
+        view = self._rxview
+        rx = self.core.receive_datagram
+        space = gso.GRO_CMSG_SPACE
+        now = _clock()
+        touched: dict[int, QueuePair] = {}
+        for _ in range(RX_BATCH):
+            try:
+                n, anc, _flags, addr = recv(bufs, space)
+            except BlockingIOError:
+                break
+            except OSError:
+                continue
+            port = addr[1]
+            seg = gso.gro_segment(anc) if anc else 0
+            if seg <= 0 or seg >= n:
+                qp = rx(view[:n], port, now)
+                if qp is not None:
+                    touched[qp.qpn] = qp
+                continue
+            self.gro_trains += 1
+            for off in range(0, n, seg):
+                qp = rx(view[off : min(off + seg, n)], port, now)
+                if qp is not None:
+                    touched[qp.qpn] = qp
+        self._pump_touched(touched)
+
+    def _pump_touched(self, touched: dict[int, QueuePair]) -> None:
         channels = self.channels
         for qpn in touched:
             ch = channels.get(qpn)
@@ -151,35 +202,44 @@ class Endpoint:
         now = _clock()
         datagrams = qp.datagrams_to_send(now)
         if datagrams:
-            send = ch.send_fns
+            sends = gso.coalesce(datagrams) if ch.gso else gso.one_by_one(datagrams)
             if ch.backlog:
-                ch.backlog.extend((ev, [h, p]) for ev, h, p in datagrams)
-            else:
-                errors = 0
-                for i, (ev, hdr, payload) in enumerate(datagrams):
-                    try:
-                        send[ev]((hdr, payload))
-                    except BlockingIOError:
-                        ch.backlog.extend((e, [h, p]) for e, h, p in datagrams[i:])
-                        self._wait_writable(ch)
-                        break
-                    except OSError as exc:
-                        # e.g. the NIC of this EV's plane is down (ENETUNREACH), or an ICMP
-                        # error came back: the datagram is lost, which is evidence on the EV
-                        errors += 1
-                        qp.send_failed(ev, now, exc.strerror or str(exc))
-                ch.send_errors += errors
-                if errors:
-                    datagrams = qp.datagrams_to_send(now)  # repairs decided just now
-                    for ev, hdr, payload in datagrams:
-                        try:
-                            send[ev]((hdr, payload))
-                        except OSError:
-                            ch.send_errors += 1
+                ch.backlog.extend(sends)
+            elif self._send(ch, sends, now):
+                # datagrams lost to send errors: the core decided repairs just now
+                self._send(ch, gso.one_by_one(qp.datagrams_to_send(now)), now, repair=True)
         self._dispatch_events(ch)
         deadline = qp.get_timer()
         if deadline is not None and (self._timer_at is None or deadline < self._timer_at):
             self._arm(deadline)
+
+    def _send(self, ch: QPChannel, sends: list[gso.Send], now: float, repair: bool = False) -> int:
+        """Send in order; returns how many datagrams were lost to send errors. What the
+        socket does not take yet waits in the backlog (never for repairs: they are lost)."""
+        send = ch.send_fns
+        lost = 0
+        for i, (ev, bufs, cmsg, count) in enumerate(sends):
+            try:
+                send[ev](bufs, cmsg)
+            except BlockingIOError:
+                if not repair:
+                    ch.backlog.extend(sends[i:])
+                    self._wait_writable(ch)
+                break
+            except OSError as exc:
+                if cmsg and ch.gso:
+                    # GSO refused on this path: from now on one datagram per send
+                    ch.gso = False
+                    ch.gso_error = exc.strerror or str(exc)
+                    lost += self._send(ch, _split(bufs, ev), now, repair)
+                    continue
+                # e.g. the NIC of this EV's plane is down (ENETUNREACH), or an ICMP error
+                # came back: the datagrams are lost, which is evidence on the EV
+                lost += count
+                ch.send_errors += count
+                if not repair:
+                    ch.qp.send_failed(ev, now, exc.strerror or str(exc))
+        return lost
 
     def _wait_writable(self, ch: QPChannel) -> None:
         for s in ch.ev_sockets:
@@ -188,13 +248,18 @@ class Endpoint:
     def _drain_backlog(self, ch: QPChannel) -> None:
         send = ch.send_fns
         while ch.backlog:
-            ev, bufs = ch.backlog[0]
+            ev, bufs, cmsg, count = ch.backlog[0]
             try:
-                send[ev](bufs)
+                send[ev](bufs, cmsg)
             except BlockingIOError:
                 return
             except OSError:
-                ch.send_errors += 1
+                if cmsg and ch.gso:
+                    ch.gso = False
+                    ch.backlog.popleft()
+                    ch.backlog.extendleft(reversed(_split(bufs, ev)))
+                    continue
+                ch.send_errors += count
             ch.backlog.popleft()
         for s in ch.ev_sockets:
             self.loop.remove_writer(s.fileno())

@@ -181,6 +181,7 @@ SEND_FLAGS = [
     "--ev-log",
     "--key-file",
     "--encrypt",
+    "--burst",
 ]
 RECV_FLAGS = [
     "--listen",

@@ -293,7 +293,12 @@ class Incast:
 
 
 def run_incast(
-    topo: Topology, port: int, capture: bool, size: str = SIZE, extra: tuple[str, ...] = ()
+    topo: Topology,
+    port: int,
+    capture: bool,
+    size: str = SIZE,
+    extra: tuple[str, ...] = (),
+    send_extra: tuple[str, ...] = (),
 ) -> Incast:
     procs: list[Proc] = []
     stop, ready = threading.Event(), threading.Event()
@@ -343,6 +348,7 @@ def run_incast(
                 "--json",
                 "--no-progress",
                 *extra,
+                *send_extra,
             )
             procs.append(senders[h])
         sends = {h: p.wait(90)[0] for h, p in senders.items()}
@@ -499,6 +505,20 @@ def test_incast_with_trim_and_encryption(trimmed_run, tmp_path) -> None:
     for r in run.recvs:
         forged = {k: v for k, v in r["dropped_by_reason"].items() if k.startswith("security")}
         assert forged == {}, r["dropped_by_reason"]
+
+
+def test_incast_with_trim_and_gso_bursts(trimmed_run) -> None:
+    """Bursts of 8 packets per EV, each sent as one UDP GSO skb through SRv6 paths into a
+    trimming, rate-shaped fabric: every transfer verifies. (Known gap, issue 10: the trimmer
+    charges a GSO skb whole and never trims it, so bursts cost some tail drops and EV
+    retirements that per-packet spraying does not; the summary printed here shows them.)"""
+    topo, _ = trimmed_run
+    run = run_incast(topo, 4814, capture=False, size="8M", send_extra=("--burst", "8"))
+    sm = run.summary()
+    print(f"\nincast with --trim and --burst 8 ({RATE}, window {WINDOW}, 8M each):", sm)
+    check_complete(run, topo, 8 << 20)
+    assert sm["fabric_trims"] > 0 and sm["receiver_trims_seen"] > 0, sm
+    assert sm["retransmits_timeout"] <= max(2, 0.02 * sm["retransmits"]), sm
 
 
 # ---- without trimming -------------------------------------------------------------------------

@@ -53,9 +53,9 @@ def record(conn: Connection) -> list[bytes]:
     sent: list[bytes] = []
 
     def wrap(fn: Callable[..., int]) -> Callable[..., int]:
-        def send(bufs: list[bytes | memoryview]) -> int:
+        def send(bufs: list[bytes | memoryview], *cmsg: object) -> int:
             sent.append(b"".join(bytes(b) for b in bufs))
-            return fn(bufs)
+            return fn(bufs, *cmsg)
 
         return send
 
