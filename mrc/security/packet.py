@@ -23,7 +23,6 @@ This module is sans-IO: bytes in, bytes out, no sockets or clocks.
 
 from __future__ import annotations
 
-import hmac
 import struct
 from dataclasses import dataclass
 from enum import Enum
@@ -75,14 +74,12 @@ class SecurityDrop(MRCError):
 
 
 def _nonce(counter: int) -> bytes:
-    return b"\x00\x00\x00\x00" + counter.to_bytes(8, "big")
+    # 4 zero bytes, then the 64-bit counter
+    return counter.to_bytes(12, "big")
 
 
-def _masked_headers(headers: bytes | memoryview) -> bytes:
-    """The headers as authenticated: BTH byte 4's switch-set bits zeroed (a copy of <= 36 B)."""
-    h = bytearray(headers)
-    h[4] &= ~MUTABLE_BYTE4 & 0xFF
-    return bytes(h)
+_KEEP_BYTE4 = ~MUTABLE_BYTE4 & 0xFF
+_CLEAR_SECURE = ~BTH_SECURE & 0xFF
 
 
 class Sealer:
@@ -91,60 +88,80 @@ class Sealer:
     def __init__(self, keys: DirectionKeys, mode: Mode) -> None:
         self.key_id = keys.key_id
         self.mode = mode
-        self._hdr = AESGCM(keys.header_key)
-        self._pay = AESGCM(keys.payload_key)
+        self._kid = keys.key_id.to_bytes(4, "big")
+        self._hdr = AESGCM(keys.header_key).encrypt
+        self._pay = AESGCM(keys.payload_key).encrypt
+        self._encrypt = mode is Mode.ENCRYPT
         self.counter = 0
 
-    def seal(self, headers: bytes, payload: bytes | memoryview | None) -> list[bytes | memoryview]:
-        """The buffers of one protected datagram, to send together (``sendmsg``).
+    def seal_pair(
+        self, headers: bytes, payload: bytes | memoryview | None
+    ) -> tuple[bytes, bytes | memoryview]:
+        """(headers with S set + security block, payload part) of one datagram.
 
-        ``payload`` None: an ACK or probe, returned as one buffer (headers with S set and the
-        security block). A data packet adds the payload as it lies (integrity mode: no copy)
-        and its ICV, or the ciphertext with its tag (encrypt mode).
+        ``payload`` None: an ACK or probe (empty payload part). A data packet's payload part
+        is its payload and ICV (integrity mode; one copy of the payload, so that a datagram
+        stays two buffers) or the ciphertext and its tag (encrypt mode).
         """
-        self.counter += 1
-        ctr = self.counter
-        nonce = _nonce(ctr)
+        self.counter = ctr = self.counter + 1
+        nonce = ctr.to_bytes(12, "big")
         h = bytearray(headers)
+        byte4 = h[4]
+        h[4] = byte4 & _KEEP_BYTE4  # authenticated as a switch may leave it
         h[8] |= BTH_SECURE
-        block = struct.pack("!IQ", self.key_id, ctr)
-        prefix = bytes(h) + block
-        h[4] &= ~MUTABLE_BYTE4 & 0xFF
-        head = prefix + self._hdr.encrypt(nonce, _EMPTY, bytes(h) + block)
+        h += self._kid
+        h += nonce[4:]
+        h += self._hdr(nonce, _EMPTY, h)
+        h[4] = byte4
         if payload is None:
-            return [head]
-        if self.mode is Mode.ENCRYPT:
-            return [head, self._pay.encrypt(nonce, payload, None)]
-        return [head, payload, self._pay.encrypt(nonce, _EMPTY, payload)]
+            return bytes(h), _EMPTY
+        if self._encrypt:
+            return bytes(h), self._pay(nonce, payload, None)
+        return bytes(h), b"".join((payload, self._pay(nonce, _EMPTY, payload)))
+
+    def seal(self, headers: bytes, payload: bytes | memoryview | None) -> list[bytes | memoryview]:
+        """The buffers of one protected datagram, to send together (``sendmsg``)."""
+        head, rest = self.seal_pair(headers, payload)
+        return [head, rest] if payload is not None else [head]
 
 
 class ReplayWindow:
-    """Which counters were accepted: anything at or below ``top - REPLAY_WINDOW`` is too old."""
+    """Which counters were accepted: anything at or below ``top - size`` is too old.
+
+    One byte per counter in a ring of ``size``: checking and accepting the next counter in
+    order touches one byte (a big-integer bitmap shifted per packet cost more than the AES).
+    """
 
     def __init__(self, size: int = REPLAY_WINDOW) -> None:
         self.size = size
         self.top = 0
-        self._bits = 0  # bit i: counter top - i was accepted
-        self._mask = (1 << size) - 1
+        self._seen = bytearray(size)  # slot c % size: counter c (within the window) accepted
 
     def check(self, counter: int) -> str | None:
         """None if ``counter`` is new (and may be accepted), else the drop reason."""
-        if counter == 0:
-            return "security_replay"
         if counter > self.top:
             return None
-        back = self.top - counter
-        if back >= self.size:
+        if counter == 0:
+            return "security_replay"
+        if self.top - counter >= self.size:
             return "security_too_old"
-        return "security_replay" if (self._bits >> back) & 1 else None
+        return "security_replay" if self._seen[counter % self.size] else None
 
     def accept(self, counter: int) -> None:
-        if counter > self.top:
-            shift = counter - self.top
-            self._bits = ((self._bits << shift) | 1) & self._mask if shift < self.size else 1
+        top, size, seen = self.top, self.size, self._seen
+        if counter > top:
+            gap = counter - top
+            if gap >= size:
+                seen[:] = bytes(size)
+            elif gap > 1:  # the counters skipped are in the window now, not seen yet
+                lo, hi = (top + 1) % size, counter % size
+                if lo < hi:
+                    seen[lo:hi] = bytes(hi - lo)
+                else:
+                    seen[lo:] = bytes(size - lo)
+                    seen[:hi] = bytes(hi)
             self.top = counter
-        else:
-            self._bits |= 1 << (self.top - counter)
+        seen[counter % size] = 1
 
 
 class Opener:
@@ -153,9 +170,31 @@ class Opener:
     def __init__(self, keys: DirectionKeys, mode: Mode) -> None:
         self.key_id = keys.key_id
         self.mode = mode
-        self._hdr = AESGCM(keys.header_key)
-        self._pay = AESGCM(keys.payload_key)
+        self._kid = keys.key_id.to_bytes(4, "big")
+        self._hdr = AESGCM(keys.header_key).decrypt
+        self._pay = AESGCM(keys.payload_key).decrypt
+        self._encrypt = mode is Mode.ENCRYPT
         self.replay = ReplayWindow()
+
+    def _headers(self, data: memoryview, hdr_len: int) -> tuple[int, bytearray]:
+        """Authenticate headers and security block: (counter, headers + key id + counter
+        with BTH byte 4 masked, as authenticated). Raises :class:`SecurityDrop`."""
+        end = hdr_len + SEC_BLOCK_LEN
+        if len(data) < end or not data[8] & BTH_SECURE:
+            raise SecurityDrop("security_missing")
+        if data[hdr_len : hdr_len + 4] != self._kid:
+            raise SecurityDrop("security_key_id")
+        ctr = int.from_bytes(data[hdr_len + 4 : hdr_len + 12], "big")
+        verdict = self.replay.check(ctr)
+        if verdict is not None:
+            raise SecurityDrop(verdict)
+        aad = bytearray(data[: hdr_len + 12])
+        aad[4] &= _KEEP_BYTE4
+        try:
+            self._hdr(ctr.to_bytes(12, "big"), data[hdr_len + 12 : end], aad)
+        except InvalidTag:
+            raise SecurityDrop("security_bad_tag") from None
+        return ctr, aad
 
     def open_headers(self, data: memoryview, hdr_len: int) -> int:
         """Authenticate the headers and security block of ``data``; returns its counter.
@@ -163,20 +202,7 @@ class Opener:
         Raises :class:`SecurityDrop`. The counter is not yet marked seen: call
         :meth:`accept` once the datagram is taken (after :meth:`open_payload` for data).
         """
-        if len(data) < hdr_len + SEC_BLOCK_LEN or not data[8] & BTH_SECURE:
-            raise SecurityDrop("security_missing")
-        key_id, ctr, hicv = SEC_BLOCK.unpack_from(data, hdr_len)
-        if key_id != self.key_id:
-            raise SecurityDrop("security_key_id")
-        verdict = self.replay.check(ctr)
-        if verdict is not None:
-            raise SecurityDrop(verdict)
-        aad = _masked_headers(data[:hdr_len]) + bytes(data[hdr_len : hdr_len + 12])
-        try:
-            self._hdr.decrypt(_nonce(ctr), hicv, aad)
-        except InvalidTag:
-            raise SecurityDrop("security_bad_tag") from None
-        return int(ctr)
+        return self._headers(data, hdr_len)[0]
 
     def open_payload(self, data: memoryview, hdr_len: int, counter: int) -> memoryview:
         """The payload of an authenticated data packet (decrypted in encrypt mode).
@@ -184,22 +210,36 @@ class Opener:
         ``data`` must be whole (not trimmed): headers, security block, payload and ICV.
         """
         start = hdr_len + SEC_BLOCK_LEN
-        if len(data) < start + ICV_LEN:
+        n = len(data)
+        if n < start + ICV_LEN:
             raise SecurityDrop("security_short")
-        nonce = _nonce(counter)
+        nonce = counter.to_bytes(12, "big")
         try:
-            if self.mode is Mode.ENCRYPT:
-                return memoryview(self._pay.decrypt(nonce, data[start:], None))
-            payload = data[start : len(data) - ICV_LEN]
-            tag = self._pay.encrypt(nonce, _EMPTY, payload)
+            if self._encrypt:
+                return memoryview(self._pay(nonce, data[start:], None))
+            payload = data[start : n - ICV_LEN]
+            self._pay(nonce, data[n - ICV_LEN :], payload)  # the tag, with the payload as AAD
         except InvalidTag:
             raise SecurityDrop("security_bad_tag") from None
-        if not hmac.compare_digest(tag, data[len(data) - ICV_LEN :]):
-            raise SecurityDrop("security_bad_tag")
         return payload
 
     def accept(self, counter: int) -> None:
         self.replay.accept(counter)
+
+    def unseal(self, data: memoryview, hdr_len: int, is_data: bool) -> memoryview:
+        """The datagram as the unprotected protocol would have carried it (headers with S
+        cleared, then the payload; a trimmed data packet: the headers alone).
+
+        Raises :class:`SecurityDrop`. The counter is recorded as seen only on success.
+        """
+        ctr, head = self._headers(data, hdr_len)
+        del head[hdr_len:]
+        head[4] = data[4]  # the switch-set marks (trimmed, last hop) count
+        head[8] &= _CLEAR_SECURE
+        if is_data and len(data) > hdr_len + SEC_BLOCK_LEN:
+            head += self.open_payload(data, hdr_len, ctr)
+        self.replay.accept(ctr)
+        return memoryview(head)
 
 
 class Protection:
@@ -219,31 +259,9 @@ class Protection:
     def seal(
         self, headers: bytes, payload: bytes | memoryview, is_data: bool
     ) -> tuple[bytes, bytes | memoryview]:
-        """(headers with S set + security block, payload part) of one datagram to send.
-
-        The payload part of a data packet is its payload and ICV (integrity mode: one copy
-        of the payload, so the datagram stays two buffers) or ciphertext and tag.
-        """
-        bufs = self.sealer.seal(headers, payload if is_data else None)
-        head = bufs[0]
-        assert isinstance(head, bytes)  # seal() builds the headers part
-        if len(bufs) == 1:
-            return head, _EMPTY
-        if len(bufs) == 2:
-            return head, bufs[1]
-        return head, b"".join((bufs[1], bufs[2]))
+        """(headers with S set + security block, payload part) of one datagram to send."""
+        return self.sealer.seal_pair(headers, payload if is_data else None)
 
     def unseal(self, data: memoryview, hdr_len: int, is_data: bool) -> memoryview:
-        """The datagram as the unprotected protocol would have carried it (headers with S
-        cleared, then the payload; a trimmed data packet: the headers alone).
-
-        Raises :class:`SecurityDrop`. The counter is recorded as seen only on success.
-        """
-        opener = self.opener
-        ctr = opener.open_headers(data, hdr_len)
-        head = bytearray(data[:hdr_len])
-        head[8] &= ~BTH_SECURE & 0xFF
-        if is_data and len(data) > hdr_len + SEC_BLOCK_LEN:
-            head += opener.open_payload(data, hdr_len, ctr)
-        opener.accept(ctr)
-        return memoryview(head)
+        """See :meth:`Opener.unseal`."""
+        return self.opener.unseal(data, hdr_len, is_data)

