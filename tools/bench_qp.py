@@ -1,29 +1,29 @@
 #!/usr/bin/env python3
-"""Benchmark one MRC queue pair against a raw Python UDP blast on the same veth path.
+"""Benchmark one MRC queue pair against the machine's own limits on the same veth path.
 
 Two network namespaces (mrc.testbed.TwoHosts) are joined by ``--links`` veth links (one plane
-each, MTU 9000 by default). For every payload size and every run it measures, side by side:
+each, MTU 9000 by default). For every payload size and every run it measures, side by side and
+interleaved (each kind leads in turn, so drift hits all alike):
 
 * **mrc**: ``mrc-recv --discard --json`` in B, ``mrc-send --size S --payload P --json`` from A
-  (one QP sprayed over all planes): goodput, packets/s (packets_sent / seconds), retransmits.
-* **raw_udp**: a sender process in A doing tight-loop blocking ``sock.send()`` of P+28-byte
-  datagrams (the size of an MRC data datagram: 28-byte header + payload), round-robin over the
-  planes, to a receiver process in B doing blocking ``recv_into`` in a tight loop on one socket
-  with a big SO_RCVBUF (SO_RCVBUFFORCE). The receiver's count over ``--duration`` is the number
-  that matters; the sender's count is reported too.
+  (one QP sprayed over all planes): goodput, packets/s, retransmits. ``--burst K`` passes
+  mrc-send's GSO bursts on; ``--security none,integrity,encrypt`` adds runs with a pre-shared
+  key (and ``--encrypt``) and reports what each costs against the run without one.
+* the references of tools/bench_peers.py (``--compare``, default all), P+28-byte datagrams,
+  the size of an MRC data datagram: **raw** a Python loop of one ``send`` / ``recv_into`` per
+  datagram; **gso** the same datagrams sent 7 (or up to 64) per ``sendmsg`` with UDP_SEGMENT
+  and received as GRO trains, the kernel's batched limit; **tcp** kernel TCP over the first
+  link, 1 MiB per ``send``. Each runs ``--duration`` s at the receiver and reports the payload
+  rate it moved, and MRC goodput is shown as a fraction of each.
 
-and reports medians plus every run, the ratio MRC pps / raw pps, and MRC goodput against a
-1 Gbit/s aim. ``--security none,integrity,encrypt`` adds MRC runs with a pre-shared key
-(``--key-file``, and ``--encrypt``), interleaved with the others, and reports what each costs
-in goodput against the run without a key. Output: JSON on stdout, a human table on stderr
-(``--json``: JSON only; ``--table``: the table on stdout instead of JSON). Needs root. Examples::
+Output: JSON on stdout, a human table on stderr (``--json``: JSON only; ``--table``: the table
+on stdout instead of JSON). Needs root. Examples::
 
     sudo .venv/bin/python tools/bench_qp.py                     # 256M, P=8192, 1 link, 3 runs
-    sudo .venv/bin/python tools/bench_qp.py --links 1,2 --payloads 1400,8192
+    sudo .venv/bin/python tools/bench_qp.py --burst 8           # MRC with GSO bursts of 8
+    sudo .venv/bin/python tools/bench_qp.py --links 1,2 --payloads 1400,8192 --mtu 1500
     sudo .venv/bin/python tools/bench_qp.py --quick             # < 20 s smoke run
-    sudo .venv/bin/python tools/bench_qp.py --security none,integrity,encrypt
-
-``--blast-send`` / ``--blast-recv`` are internal helper modes (the raw UDP processes).
+    sudo .venv/bin/python tools/bench_qp.py --security none,integrity,encrypt --compare raw
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 import time
@@ -49,7 +47,6 @@ PROG = "bench_qp.py"
 try:
     from mrc.cli.common import Parser, float_between, positive_int, run_main, size_arg
     from mrc.errors import MRCError
-    from mrc.transport.sockets import SO_RCVBUFFORCE, SO_SNDBUFFORCE
     from mrc.units import SIZE_HELP
     from mrc.wire import DATA_HDR_LEN, DATA_IMM_HDR_LEN, DEFAULT_PORT
 except ImportError as exc:  # a python without mrc installed: say so in one line
@@ -59,140 +56,11 @@ MRC_PORT = DEFAULT_PORT
 BLAST_PORT = 5001
 IPV6_UDP = 48  # IPv6 + UDP headers
 AIM_BPS = 1e9
-BLAST_RCVBUF = 64 << 20
-BLAST_SNDBUF = 4 << 20
 BLAST_LEAD = 0.5  # the sender keeps going this long past the receiver's window
-CHUNK = 256  # datagrams per tight inner loop between clock checks
-IDLE_TIMEOUT = 1  # seconds of silence after which the raw receiver stops
 SECURITY_MODES = ("none", "integrity", "encrypt")
 
 
 # ---- raw UDP helper processes (run inside a namespace) ----------------------------------
-
-
-def _udp6_counters() -> dict[str, int]:
-    """This namespace's Udp6 counters from /proc/net/snmp6 (receive-buffer drops etc.)."""
-    out: dict[str, int] = {}
-    with contextlib.suppress(OSError), open("/proc/net/snmp6") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) == 2 and parts[0].startswith("Udp6"):
-                out[parts[0]] = int(parts[1])
-    return out
-
-
-def blast_recv(port: int, size: int, duration: float, wait: float) -> int:
-    """Count datagrams for ``duration`` s from the first one; print one JSON line."""
-    s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-    s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, BLAST_RCVBUF)
-    s.bind(("::", port))
-    # a blocking socket whose recv gives up after 1 s of silence (EAGAIN): no per-call poll()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", IDLE_TIMEOUT, 0))
-    rcvbuf = s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-    buf = bytearray(65536)
-    recv = s.recv_into
-    print("ready", flush=True)
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            first = recv(buf)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                print(json.dumps({"error": f"no datagram within {wait:g} s"}), flush=True)
-                return 1
-    before = _udp6_counters()
-    t0 = time.perf_counter()
-    end = t0 + duration
-    count = 1
-    now = t0
-    stopped_early = False
-    i = 0
-    try:
-        while now < end:
-            for i in range(CHUNK):  # noqa: B007  (i counts a chunk cut short by a timeout)
-                recv(buf)
-            count += CHUNK
-            now = time.perf_counter()
-    except OSError:  # the sender stopped: the last second was silence, not receiving
-        count += i
-        now = time.perf_counter() - IDLE_TIMEOUT
-        stopped_early = True
-    seconds = now - t0
-    after = _udp6_counters()
-    print(
-        json.dumps(
-            {
-                "received": count,
-                "seconds": seconds,
-                "pps": count / seconds if seconds > 0 else 0.0,
-                "bps": count * size * 8 / seconds if seconds > 0 else 0.0,
-                "first_size": first,
-                "rcvbuf": rcvbuf,
-                "stopped_early": stopped_early,
-                "rcvbuf_errors": after.get("Udp6RcvbufErrors", 0)
-                - before.get("Udp6RcvbufErrors", 0),
-                "in_errors": after.get("Udp6InErrors", 0) - before.get("Udp6InErrors", 0),
-            }
-        ),
-        flush=True,
-    )
-    return 0
-
-
-def blast_send(
-    targets: list[tuple[str, str]], port: int, size: int, duration: float, window: float
-) -> int:
-    """Send ``size``-byte datagrams round-robin over (local, remote) pairs for ``duration`` s.
-
-    The rate reported is that of the first ``window`` seconds (the receiver's window): once
-    the receiver has closed its socket, sends get cheaper and would inflate the figure.
-    """
-    socks = []
-    for local, remote in targets:
-        s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
-        s.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, BLAST_SNDBUF)
-        s.bind((local, 0))
-        s.connect((remote, port))
-        socks.append(s)
-    payload = bytes(size)
-    seq = [s.send for s in socks] * max(1, CHUNK // len(socks))
-    errors = 0
-    count = 0
-    t0 = time.perf_counter()
-    end = t0 + duration
-    mark = t0 + min(window, duration)
-    in_window: tuple[int, float] | None = None
-    now = t0
-    while now < end:
-        i = 0
-        try:
-            for send in seq:
-                send(payload)
-                i += 1
-        except OSError:  # ENOBUFS and friends: count them, keep going
-            errors += 1
-        count += i
-        now = time.perf_counter()
-        if in_window is None and now >= mark:
-            in_window = (count, now - t0)
-    seconds = now - t0
-    wcount, wsecs = in_window or (count, seconds)
-    print(
-        json.dumps(
-            {
-                "sent": count,
-                "seconds": seconds,
-                "sent_in_window": wcount,
-                "window_seconds": wsecs,
-                "pps": wcount / wsecs if wsecs > 0 else 0.0,
-                "bps": wcount * size * 8 / wsecs if wsecs > 0 else 0.0,
-                "send_errors": errors,
-            }
-        ),
-        flush=True,
-    )
-    return 0
 
 
 # ---- orchestration -----------------------------------------------------------------------
@@ -412,40 +280,29 @@ class Bench:
 
     # ---- raw UDP ---------------------------------------------------------------------
 
-    def raw_run(self, hosts: Any, payload: int) -> dict[str, Any]:
+    def peer_run(self, hosts: Any, payload: int, kind: str) -> dict[str, Any]:
+        """One run of a reference (tools/bench_peers.py): ``raw`` a datagram per send and
+        receive, ``gso`` GSO sends and GRO receives of the same datagrams, ``tcp`` kernel TCP
+        on the first link."""
         a = self.args
         n = hosts.links
         size = payload + DATA_HDR_LEN
-        me = str(Path(__file__).resolve())
-        py = sys.executable
-        recv_argv = [
-            py,
-            me,
-            "--blast-recv",
-            "--port",
-            str(BLAST_PORT),
-            "--dgram",
-            str(size),
-            "--duration",
-            str(a.duration),
-        ]
-        targets = ",".join(
-            f"{la}/{rb}" for la, rb in zip(hosts.a_addrs[:n], hosts.b_addrs[:n], strict=True)
-        )
-        send_argv = [
-            py,
-            me,
-            "--blast-send",
-            targets,
-            "--port",
-            str(BLAST_PORT),
-            "--dgram",
-            str(size),
-            "--duration",
-            str(a.duration + BLAST_LEAD),
-            "--blast-window",
-            str(a.duration),
-        ]
+        peers = [sys.executable, str(Path(__file__).resolve().parent / "bench_peers.py")]
+        common = ["--port", str(BLAST_PORT)]
+        if kind == "tcp":
+            recv_argv = [*peers, "tcp-recv", *common, "--duration", str(a.duration)]
+            send_argv = [*peers, "tcp-send", *common, "--duration", str(a.duration + BLAST_LEAD)]
+            send_argv += ["--targets", f"{hosts.a_addrs[0]}/{hosts.b_addrs[0]}"]
+        else:
+            gso = min(64, 65000 // size) if kind == "gso" else 1
+            recv_argv = [*peers, "udp-recv", *common, "--dgram", str(size)]
+            recv_argv += ["--duration", str(a.duration)] + (["--gro"] if kind == "gso" else [])
+            targets = ",".join(
+                f"{la}/{rb}" for la, rb in zip(hosts.a_addrs[:n], hosts.b_addrs[:n], strict=True)
+            )
+            send_argv = [*peers, "udp-send", *common, "--dgram", str(size), "--targets", targets]
+            send_argv += ["--duration", str(a.duration + BLAST_LEAD), "--window", str(a.duration)]
+            send_argv += ["--gso", str(gso)]
         recv = send = None
         try:
             recv = subprocess.Popen(
@@ -457,7 +314,8 @@ class Bench:
             assert recv.stdout is not None
             if recv.stdout.readline().strip() != "ready":
                 recv.wait(5)
-                raise MRCError(f"raw receiver did not start: {_tail(recv.stderr.read())}")
+                assert recv.stderr is not None
+                raise MRCError(f"{kind} receiver did not start: {_tail(recv.stderr.read())}")
             send = subprocess.Popen(
                 hosts.exec_argv("a", send_argv),
                 stdout=subprocess.PIPE,
@@ -468,17 +326,24 @@ class Bench:
                 s_out, s_err = send.communicate(timeout=a.duration + 30)
                 r_out, r_err = recv.communicate(timeout=15)
             except subprocess.TimeoutExpired:
-                raise MRCError("raw UDP run timed out") from None
+                raise MRCError(f"{kind} run timed out") from None
         finally:
             _stop(send)
             _stop(recv)
         sj, rj = _last_json(s_out), _last_json(r_out)
         if rj is None or "error" in rj:
             why = (rj or {}).get("error") or _tail(r_err) or f"exit {recv.returncode}"
-            raise MRCError(f"raw receiver failed: {why} (sender: {_tail(s_err) or 'ok'})")
+            raise MRCError(f"{kind} receiver failed: {why} (sender: {_tail(s_err) or 'ok'})")
         if sj is None:
-            raise MRCError(f"raw sender failed: {_tail(s_err) or f'exit {send.returncode}'}")
-        if rj.get("first_size") != size:
+            raise MRCError(f"{kind} sender failed: {_tail(s_err) or f'exit {send.returncode}'}")
+        if kind == "tcp":
+            return {
+                "bps": rj["bps"],
+                "payload_bps": rj["bps"],
+                "pps": None,
+                "seconds": rj["seconds"],
+            }
+        if kind == "raw" and rj.get("first_size") != size:
             raise MRCError(
                 f"raw receiver got {rj.get('first_size')}-byte datagrams, expected {size}"
             )
@@ -493,8 +358,6 @@ class Bench:
             "sender_pps": sj["pps"],
             "sender_bps": sj["bps"],
             "sent": sj["sent"],
-            "sent_in_window": sj["sent_in_window"],
-            "sender_seconds": sj["seconds"],
             "send_errors": sj["send_errors"],
         }
 
@@ -514,7 +377,7 @@ class Bench:
 
         a = self.args
         prefix = f"bq{os.getpid()}l{links}"
-        kinds = [_mrc_kind(m) for m in a.security] + ["raw"]
+        kinds = [_mrc_kind(m) for m in a.security] + list(a.compare)
         results: dict[int, dict[str, list[Any]]] = {
             p: {x: [] for k in kinds for x in (k, f"{k}_errors")} for p in a.payloads
         }
@@ -529,8 +392,8 @@ class Bench:
                         for kind in kinds[shift:] + kinds[:shift]:
                             r = results[p]
                             try:
-                                if kind == "raw":
-                                    r["raw"].append(self.raw_run(hosts, p))
+                                if kind in PEER_KINDS:
+                                    r[kind].append(self.peer_run(hosts, p, kind))
                                 else:
                                     mode = _mode_of(kind)
                                     first = run == 0 and mode == a.security[0]
@@ -550,19 +413,17 @@ class Bench:
     def _log_run(self, run: int, links: int, p: int, r: dict[str, list[Any]]) -> None:
         base = _mrc_kind(self.args.security[0])
         m = r[base][-1] if r[base] and len(r[base]) + len(r[f"{base}_errors"]) == run + 1 else None
-        w = r["raw"][-1] if r["raw"] and len(r["raw"]) + len(r["raw_errors"]) == run + 1 else None
         ms = (
             f"mrc {m['goodput_bps'] / 1e9:.2f} Gbit/s {m['pps'] / 1e3:.1f}k pps "
             f"{m['retransmits']} rtx"
             if m
             else "mrc failed"
         )
-        ws = (
-            f"raw {w['pps'] / 1e3:.1f}k pps {w['bps'] / 1e9:.2f} Gbit/s "
-            f"(sent {w['sender_pps'] / 1e3:.1f}k pps)"
-            if w
-            else "raw failed"
-        )
+        ws = ""
+        for kind in self.args.compare:
+            got = r[kind]
+            w = got[-1] if got and len(got) + len(r[f"{kind}_errors"]) == run + 1 else None
+            ws += f" | {kind} " + (f"{w['payload_bps'] / 1e9:.2f} Gbit/s" if w else "failed")
         keyed = ""
         for mode in self.args.security:
             runs = r.get(_mrc_kind(mode), [])
@@ -572,11 +433,11 @@ class Bench:
                 and len(runs) + len(r[f"{_mrc_kind(mode)}_errors"]) == run + 1
             ):
                 keyed += f" | {mode} {runs[-1]['goodput_bps'] / 1e9:.2f} Gbit/s"
-        self.log(f"  run {run + 1}/{self.args.runs} links={links} P={p}: {ms}{keyed} | {ws}")
+        self.log(f"  run {run + 1}/{self.args.runs} links={links} P={p}: {ms}{keyed}{ws}")
 
     def _summarise(self, links: int, p: int, r: dict[str, list[Any]]) -> dict[str, Any]:
         base = _mrc_kind(self.args.security[0])
-        mrc_runs, raw_runs = r[base], r["raw"]
+        mrc_runs = r[base]
         security: dict[str, Any] = {}
         plain = _median([x["goodput_bps"] for x in r.get("mrc", [])])
         for mode in self.args.security:
@@ -600,24 +461,20 @@ class Bench:
             "goodput_bps": [x["goodput_bps"] for x in mrc_runs],
             "pps": [round(x["pps"]) for x in mrc_runs],
             "retransmits": [x["retransmits"] for x in mrc_runs],
-            "all_ok": all(x["ok"] for x in mrc_runs) and not r["mrc_errors"],
+            "all_ok": all(x["ok"] for x in mrc_runs) and not r[f"{base}_errors"],
             "runs": mrc_runs,
-            "errors": r["mrc_errors"],
+            "errors": r[f"{base}_errors"],
         }
-        raw = {
-            "datagram_bytes": p + DATA_HDR_LEN,
-            "pps_median": _median([x["pps"] for x in raw_runs]),
-            "bps_median": _median([x["bps"] for x in raw_runs]),
-            "payload_bps_median": _median([x["payload_bps"] for x in raw_runs]),
-            "sender_pps_median": _median([x["sender_pps"] for x in raw_runs]),
-            "pps": [round(x["pps"]) for x in raw_runs],
-            "sender_pps": [round(x["sender_pps"]) for x in raw_runs],
-            "runs": raw_runs,
-            "errors": r["raw_errors"],
-        }
-        ratio = None
-        if mrc["pps_median"] and raw["pps_median"]:
-            ratio = round(mrc["pps_median"] / raw["pps_median"], 3)
+        refs = {kind: _peer_summary(p, r[kind], r[f"{kind}_errors"]) for kind in self.args.compare}
+        goodput = mrc["goodput_bps_median"]
+        ratios: dict[str, float | None] = {}
+        for kind, ref in refs.items():
+            # MRC goodput against the reference's payload rate (what it moved of the same data)
+            ratios[f"mrc_vs_{kind}"] = (
+                round(goodput / ref["payload_bps_median"], 3)
+                if goodput and ref["payload_bps_median"]
+                else None
+            )
         aim = None
         if mrc["goodput_bps_median"] is not None:
             aim = round(mrc["goodput_bps_median"] / AIM_BPS, 3)
@@ -625,11 +482,32 @@ class Bench:
             "links": links,
             "payload": p,
             "mrc": mrc,
-            "raw_udp": raw,
-            "mrc_vs_raw_pps": ratio,
+            **{PEER_KEYS[kind]: ref for kind, ref in refs.items()},
+            **ratios,
             "mrc_goodput_vs_1gbit": aim,
             "security": security,
         }
+
+
+PEER_KINDS = ("raw", "gso", "tcp")
+PEER_KEYS = {"raw": "raw_udp", "gso": "gso_udp", "tcp": "tcp"}
+PEER_HELP = {
+    "raw": "a Python loop of one send/recv per datagram",
+    "gso": "GSO sends and GRO receives of the same datagrams",
+    "tcp": "kernel TCP, 1 MiB per send, on the first link",
+}
+
+
+def _peer_summary(payload: int, runs: list[dict[str, Any]], errors: list[str]) -> dict[str, Any]:
+    return {
+        "datagram_bytes": payload + DATA_HDR_LEN,
+        "pps_median": _median([x["pps"] for x in runs if x["pps"] is not None]),
+        "bps_median": _median([x["bps"] for x in runs]),
+        "payload_bps_median": _median([x["payload_bps"] for x in runs]),
+        "payload_bps": [round(x["payload_bps"]) for x in runs],
+        "runs": runs,
+        "errors": errors,
+    }
 
 
 def _mrc_kind(mode: str) -> str:
@@ -722,24 +600,28 @@ def _machine() -> dict[str, Any]:
 
 
 def _table(out: dict[str, Any]) -> str:
-    head = (
-        f"{'links':>5} {'payload':>7} | {'MRC Gbit/s':>10} {'MRC kpps':>8} {'rtx':>5} "
-        f"{'vs 1G':>6} | {'raw kpps':>8} {'raw Gbit/s':>10} {'snd kpps':>8} | {'MRC/raw':>7}"
-    )
+    compare = out["config"]["compare"]
+    head = f"{'links':>5} {'payload':>7} | {'MRC Gbit/s':>10} {'MRC kpps':>8} {'rtx':>5}"
+    for kind in compare:
+        head += f" | {kind + ' Gbit/s':>11} {'MRC/' + kind:>8}"
     lines = [head, "-" * len(head)]
 
     def f(v: float | None, scale: float, fmt: str) -> str:
         return "-" if v is None else format(v / scale, fmt)
 
     for r in out["results"]:
-        m, w = r["mrc"], r["raw_udp"]
-        lines.append(
+        m = r["mrc"]
+        line = (
             f"{r['links']:>5} {r['payload']:>7} | {f(m['goodput_bps_median'], 1e9, '10.3f')} "
-            f"{f(m['pps_median'], 1e3, '8.1f')} {f(m['retransmits_median'], 1, '5.0f')} "
-            f"{f(r['mrc_goodput_vs_1gbit'], 1, '6.2f')} | {f(w['pps_median'], 1e3, '8.1f')} "
-            f"{f(w['bps_median'], 1e9, '10.3f')} {f(w['sender_pps_median'], 1e3, '8.1f')} | "
-            f"{f(r['mrc_vs_raw_pps'], 1, '7.3f')}"
+            f"{f(m['pps_median'], 1e3, '8.1f')} {f(m['retransmits_median'], 1, '5.0f')}"
         )
+        for kind in compare:
+            ref = r[PEER_KEYS[kind]]
+            line += (
+                f" | {f(ref['payload_bps_median'], 1e9, '11.3f')} "
+                f"{f(r['mrc_vs_' + kind], 1, '8.3f')}"
+            )
+        lines.append(line)
     keyed = [
         (r, mode, v)
         for r in out["results"]
@@ -757,9 +639,10 @@ def _table(out: dict[str, Any]) -> str:
             )
     c = out["config"]
     lines.append(
-        f"(medians of {c['runs']} run(s); MRC {c['size']} bytes per transfer; raw "
-        f"{c['duration']:g} s blasts of payload+{DATA_HDR_LEN}-byte datagrams; "
-        f"loop {out['machine']['loop']})"
+        f"(medians of {c['runs']} run(s), interleaved; MRC {c['size']} bytes per transfer; "
+        f"references {c['duration']:g} s each, in payload Gbit/s: "
+        + "; ".join(f"{k} = {PEER_HELP[k]}" for k in compare)
+        + f"; loop {out['machine']['loop']})"
     )
     return "\n".join(lines)
 
@@ -779,6 +662,16 @@ def _int_list(text: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
+def _peer_kinds(text: str) -> list[str]:
+    kinds = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    bad = [k for k in kinds if k not in PEER_KINDS]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"references are {', '.join(PEER_KINDS)}; not {', '.join(bad)}"
+        )
+    return kinds
+
+
 def _modes(text: str) -> list[str]:
     modes = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
     bad = [m for m in modes if m not in SECURITY_MODES]
@@ -787,16 +680,6 @@ def _modes(text: str) -> list[str]:
             f"security modes are {', '.join(SECURITY_MODES)}; not {', '.join(bad) or text!r}"
         )
     return modes
-
-
-def _targets(text: str) -> list[tuple[str, str]]:
-    pairs = []
-    for item in text.split(","):
-        local, sep, remote = item.partition("/")
-        if not sep:
-            raise argparse.ArgumentTypeError(f"expected LOCAL/REMOTE pairs, got {item!r}")
-        pairs.append((local, remote))
-    return pairs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -843,6 +726,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--mtu", type=int, default=9000, help="veth MTU (default 9000)")
     p.add_argument(
+        "--compare",
+        type=_peer_kinds,
+        default=list(PEER_KINDS),
+        metavar="KIND[,KIND...]",
+        help="references run beside MRC, interleaved: raw (a Python loop of one datagram "
+        "per send/recv), gso (GSO sends, GRO receives), tcp (kernel TCP); default all",
+    )
+    p.add_argument(
         "--security",
         type=_modes,
         default=["none"],
@@ -888,15 +779,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="py-spy record mrc-send and mrc-recv during the first MRC run of each "
         "topology into DIR (needs py-spy)",
     )
-    # internal helper modes: the raw UDP processes
-    p.add_argument("--blast-recv", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument(
-        "--blast-send", type=_targets, metavar="LOCAL/REMOTE,...", help=argparse.SUPPRESS
-    )
-    p.add_argument("--port", type=int, default=BLAST_PORT, help=argparse.SUPPRESS)
-    p.add_argument("--dgram", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--wait", type=float, default=10.0, help=argparse.SUPPRESS)
-    p.add_argument("--blast-window", type=float, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -929,12 +811,6 @@ def _finish_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
-    if a.blast_recv:
-        return blast_recv(a.port, a.dgram, a.duration or 2.0, a.wait)
-    if a.blast_send:
-        return blast_send(
-            a.blast_send, a.port, a.dgram, a.duration or 2.0, a.blast_window or a.duration or 2.0
-        )
     _finish_args(parser, a)
     return run_main(PROG, lambda: _main(a))
 
@@ -971,6 +847,7 @@ def _main(a: argparse.Namespace) -> int:
             "quick": a.quick,
             "aim_bps": AIM_BPS,
             "security": a.security,
+            "compare": a.compare,
         },
         "results": [],
     }
@@ -996,7 +873,7 @@ def _main(a: argparse.Namespace) -> int:
             print(_table(out), file=sys.stderr)
     failed = any(
         r["mrc"]["errors"]
-        or r["raw_udp"]["errors"]
+        or any(r[PEER_KEYS[k]]["errors"] for k in a.compare)
         or any(v["errors"] for v in r["security"].values())
         for r in out["results"]
     )
