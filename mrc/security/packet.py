@@ -3,14 +3,18 @@
 Layout (docs/PROTOCOL.md section 11). A protected datagram has BTH byte 8 bit S set and a
 28-byte *security block* right after its fixed headers::
 
-    headers | key id (4) | counter (8) | header ICV (16) | payload | payload ICV (16)
+    headers | key id (4) | counter (8) | header ICV (16) | payload ICV (16) | payload
+                                                          (integrity mode)
+    headers | key id (4) | counter (8) | header ICV (16) | ciphertext | payload ICV (16)
+                                                          (encrypt mode)
 
 The header ICV is a GMAC over the headers (with the bits a switch may change masked to zero:
 FECN, BECN, TRIMMED, LASTHOP) plus key id and counter. It sits *before* the payload so that a
 trimming switch, which keeps the headers and the security block and cuts the rest, leaves a
-packet the receiver can still authenticate and NACK. Data packets add a payload ICV at the end:
-a GMAC of the payload (integrity mode; the payload travels in clear) or the AES-GCM tag of the
-encrypted payload (encrypt mode). Both use the packet's counter in the nonce, so a payload
+packet the receiver can still authenticate and NACK. Data packets add a payload ICV: a GMAC of
+the payload right after the security block (integrity mode; the payload travels in clear, and
+is sent from where it lies, no copy to append a tag), or the AES-GCM tag after the ciphertext
+(encrypt mode). Both use the packet's counter in the nonce, so a payload
 cannot be moved under another header. ACKs and probes have no payload part.
 
 Each direction of each connection has its own keys (see :mod:`mrc.security.handshake`), and
@@ -97,11 +101,11 @@ class Sealer:
     def seal_pair(
         self, headers: bytes, payload: bytes | memoryview | None
     ) -> tuple[bytes, bytes | memoryview]:
-        """(headers with S set + security block, payload part) of one datagram.
+        """(headers with S set + security block [+ payload ICV], payload part) of a datagram.
 
-        ``payload`` None: an ACK or probe (empty payload part). A data packet's payload part
-        is its payload and ICV (integrity mode; one copy of the payload, so that a datagram
-        stays two buffers) or the ciphertext and its tag (encrypt mode).
+        ``payload`` None: an ACK or probe (empty payload part). Integrity mode: the payload
+        ICV ends the first part and the payload is the second, as given (no copy). Encrypt
+        mode: the second part is the ciphertext followed by its tag.
         """
         self.counter = ctr = self.counter + 1
         nonce = ctr.to_bytes(12, "big")
@@ -116,8 +120,11 @@ class Sealer:
         if payload is None:
             return bytes(h), _EMPTY
         if self._encrypt:
-            return bytes(h), self._pay(nonce, payload, None)
-        return bytes(h), b"".join((payload, self._pay(nonce, _EMPTY, payload)))
+            return bytes(h), self._pay(nonce, payload, None)  # ciphertext, then its tag
+        # integrity: the payload ICV goes before the payload, so the payload is sent from
+        # where it lies (a copy to append the ICV cost more than the GMAC itself)
+        h += self._pay(nonce, _EMPTY, payload)
+        return bytes(h), payload
 
     def seal(self, headers: bytes, payload: bytes | memoryview | None) -> list[bytes | memoryview]:
         """The buffers of one protected datagram, to send together (``sendmsg``)."""
@@ -207,18 +214,18 @@ class Opener:
     def open_payload(self, data: memoryview, hdr_len: int, counter: int) -> memoryview:
         """The payload of an authenticated data packet (decrypted in encrypt mode).
 
-        ``data`` must be whole (not trimmed): headers, security block, payload and ICV.
+        ``data`` must be whole (not trimmed): headers, security block, payload and its ICV
+        (before the payload in integrity mode, after the ciphertext in encrypt mode).
         """
         start = hdr_len + SEC_BLOCK_LEN
-        n = len(data)
-        if n < start + ICV_LEN:
+        if len(data) < start + ICV_LEN:
             raise SecurityDrop("security_short")
         nonce = counter.to_bytes(12, "big")
         try:
             if self._encrypt:
                 return memoryview(self._pay(nonce, data[start:], None))
-            payload = data[start : n - ICV_LEN]
-            self._pay(nonce, data[n - ICV_LEN :], payload)  # the tag, with the payload as AAD
+            payload = data[start + ICV_LEN :]
+            self._pay(nonce, data[start : start + ICV_LEN], payload)  # the tag; payload as AAD
         except InvalidTag:
             raise SecurityDrop("security_bad_tag") from None
         return payload
@@ -237,7 +244,16 @@ class Opener:
         head[4] = data[4]  # the switch-set marks (trimmed, last hop) count
         head[8] &= _CLEAR_SECURE
         if is_data and len(data) > hdr_len + SEC_BLOCK_LEN:
-            head += self.open_payload(data, hdr_len, ctr)
+            payload = self.open_payload(data, hdr_len, ctr)
+            if self._encrypt or data.readonly:
+                head += payload
+            else:
+                # integrity, in a receive buffer of ours: put the headers right before the
+                # payload where it lies (over the security block and ICV), no payload copy
+                start = len(data) - len(payload) - hdr_len
+                data[start : start + hdr_len] = head
+                self.replay.accept(ctr)
+                return data[start:]
         self.replay.accept(ctr)
         return memoryview(head)
 
