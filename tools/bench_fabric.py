@@ -21,6 +21,7 @@ a one-line summary).  The fabric is always torn down (also on Ctrl-C / SIGTERM).
     sudo .venv/bin/python tools/bench_fabric.py --window 16,512   # compare MRC windows
     sudo .venv/bin/python tools/bench_fabric.py --planes 8        # window auto = 32
     sudo .venv/bin/python tools/bench_fabric.py --quick           # ~10 s smoke run
+    sudo .venv/bin/python tools/bench_fabric.py --burst 1,8 --no-tcp   # GSO bursts vs spraying
 
 Why ``--window auto`` (4 packets per plane: 16 for 4 planes) by default: the transport has no
 congestion control yet (a fixed window of ``--window`` packets; mrc-send's default is 512).  On
@@ -137,7 +138,7 @@ class Bench:
 
     # ---- MRC -------------------------------------------------------------------------------
 
-    def mrc_run(self, size: int, window: int) -> dict[str, Any]:
+    def mrc_run(self, size: int, window: int, burst: int = 1) -> dict[str, Any]:
         a = self.args
         name = self.topo.name
         cpu0 = _child_cpu()
@@ -173,6 +174,8 @@ class Bench:
                 str(window),
                 "--evs",
                 str(a.evs),
+                "--burst",
+                str(burst),
                 "--json",
                 "--no-progress",
             )
@@ -209,6 +212,7 @@ class Bench:
         )
         return {
             "window": window,
+            "burst": burst,
             "goodput_bps": sj["goodput_bps"],
             "seconds": sj["seconds"],
             **{k: sj.get(k) for k in keys},
@@ -279,7 +283,7 @@ class Bench:
             lsock.close()
 
     def warm_up(self) -> None:
-        self.mrc_run(1 << 20, self.args.window[0])
+        self.mrc_run(1 << 20, self.args.window[0], self.args.burst[0])
         self.tcp_run(1 << 20)
 
 
@@ -312,16 +316,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     topo = Fabric.up(spec)
     bench = Bench(args, topo)
-    mrc: dict[int, list[dict[str, Any]]] = {w: [] for w in args.window}
+    # (window, burst) -> runs; every combination once per round, so all see the same noise
+    combos = [(w, b) for w in args.window for b in args.burst]
+    mrc: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in combos}
     tcp: list[dict[str, Any]] = []
     try:
         bench.warm_up()
         for i in range(args.runs):
-            for w in args.window:
-                r = bench.mrc_run(args.size, w)
-                mrc[w].append(r)
+            for w, b in combos:
+                r = bench.mrc_run(args.size, w, b)
+                mrc[w, b].append(r)
                 log(
-                    f"  run {i + 1}: mrc window {w:4d}: {fmt_rate(r['goodput_bps'])} "
+                    f"  run {i + 1}: mrc window {w:4d} burst {b:2d}: {fmt_rate(r['goodput_bps'])} "
                     f"({r['goodput_bps'] / capacity:6.1%}), {r['retransmits']} retransmits, "
                     f"{r['evs_assumed_bad']} EVs assumed bad, cpu {r['cpu_seconds']:.2f} s"
                 )
@@ -364,11 +370,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "seconds": round(time.monotonic() - t0, 1),
     }
-    for w, rs in mrc.items():
+    for (w, b), rs in mrc.items():
         med = _median([r["goodput_bps"] for r in rs])
         out["mrc"].append(
             {
                 "window": w,
+                "burst": b,
                 "goodput_bps": round(med) if med else None,
                 "fraction_of_capacity": round(med / capacity, 4) if med else None,
                 "retransmits": _median([r["retransmits"] for r in rs]),
@@ -385,6 +392,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
     best = max(out["mrc"], key=lambda m: m["goodput_bps"] or 0)
     out["best_window"] = best["window"]
+    out["best_burst"] = best["burst"]
     out["mrc_goodput_bps"] = best["goodput_bps"]
     out["mrc_fraction_of_capacity"] = best["fraction_of_capacity"]
     out["mrc_over_tcp"] = (
@@ -397,17 +405,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(out: dict[str, Any]) -> str:
     f = out["fabric"]
-    row = "{:<22}{:>16}  {:>24}  {:>11}"
+    row = "{:<26}{:>16}  {:>24}  {:>11}"
     lines = [
         f"MRC over mrc-fabric: {f['planes']} planes x {f['spines']} spines, links {f['rate']}, "
         f"MTU {f['mtu']}, h0 -> h3, {out['size'] >> 20} MiB, median of {out['runs']}",
         row.format("", "goodput", "of capacity", "retransmits"),
     ]
     cap = out["capacity_bps"]
+    bursts = len({m["burst"] for m in out["mrc"]}) > 1
     for m in out["mrc"]:
         lines.append(
             row.format(
-                f"mrc, window {m['window']}",
+                f"mrc, window {m['window']}"
+                + (f", burst {m['burst']}" if m["burst"] != 1 or bursts else ""),
                 fmt_rate(m["goodput_bps"]),
                 f"{m['fraction_of_capacity']:.1%} of {cap / 1e6:.0f} Mbit/s",
                 f"{m['retransmits']:g}",
@@ -461,6 +471,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "for 4 planes); mrc-send's own default is 512",
     )
     p.add_argument("--evs", type=positive_int, default=128, help="MRC entropy values (128)")
+    p.add_argument(
+        "--burst",
+        default="1",
+        help="mrc-send --burst: packets per EV sent as one GSO burst, comma-separated to "
+        "compare (1,8); default 1",
+    )
     p.add_argument("--no-tcp", action="store_true", help="skip the kernel TCP baseline")
     p.add_argument(
         "--timeout", type=float_between(0, 3600), default=120.0, help="per transfer, seconds"
@@ -480,6 +496,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"bad --window {args.window!r}: expected auto, 16 or 16,512")
     if not args.window or min(args.window) < 1:
         p.error("--window must be positive")
+    try:
+        args.burst = [int(b) for b in str(args.burst).split(",") if b]
+    except ValueError:
+        p.error(f"bad --burst {args.burst!r}: expected 8 or 1,8")
+    if not args.burst or not all(1 <= b <= 64 for b in args.burst):
+        p.error("--burst must be 1..64")
     if args.quick:
         args.size, args.runs = 16 << 20, 1
     return args

@@ -9,7 +9,8 @@ Order matters and is the reason this module exists as one sequence:
    per-namespace defaults apply), with deterministic MACs and the fabric MTU;
 3. set per-interface sysctls explicitly as well (belt and braces: SRv6 is checked on the
    *ingress interface*), add addresses with NODAD, bring links up;
-4. shape with tbf, install permanent neighbours and static routes;
+4. shape with tbf (host NICs get a deeper queue: :func:`kernel.tbf_params`), install
+   permanent neighbours and static routes;
 5. with ``--trim``, load and attach the trimming program (:mod:`mrc.fabric.trim`);
 6. write the topology file last: its presence means "this fabric is complete".
 """
@@ -120,7 +121,9 @@ def build(topo: Topology) -> float:
             h[link.a].set_state(link.a_ifname, True)
             h[link.b].set_state(link.b_ifname, True)
             if link.rate_bps:
-                h[link.a].shape(link.a_ifname, link.rate_bps, link.mtu)
+                # ``a`` of a host-leaf link is the host: its NIC gets a host's queue
+                host = link.kind == "host-leaf"
+                h[link.a].shape(link.a_ifname, link.rate_bps, link.mtu, host=host)
                 h[link.b].shape(link.b_ifname, link.rate_bps, link.mtu)
 
         for node in nodes:

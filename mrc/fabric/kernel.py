@@ -24,17 +24,32 @@ IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
 
 
-def tbf_params(rate_bps: int, mtu: int) -> tuple[int, int, int]:
+#: A host NIC's queue holds at least this many full frames (see :func:`tbf_params`).
+HOST_QUEUE_FRAMES = 64
+
+
+def tbf_params(rate_bps: int, mtu: int, host: bool = False) -> tuple[int, int, int]:
     """(rate bytes/s, burst bytes, queue limit bytes) of the tbf on a link: ~1 ms of burst,
     ~10 ms of queue.
 
     Burst must hold at least a couple of full frames or tbf drops them; the queue is kept
     short on purpose (MRC wants shallow buffers; ``--trim`` trims before it overflows, see
     :mod:`mrc.fabric.trim`).  tbf counts frames from the Ethernet header on (+14 bytes).
+
+    ``host``: the tbf on a *host's* NIC (its end of a host-leaf link) stands for the NIC's line
+    rate, and its queue for the host's own transmit queue, not for a switch buffer: nothing
+    trims there, and a real host does not tail-drop what its own transport hands its NIC.  It
+    holds at least :data:`HOST_QUEUE_FRAMES` full frames (>= the longest burst a QP puts on one
+    EV, ``QPConfig.burst`` <= 64).  With large frames 10 ms is few of them (~14 at 100 Mbit/s,
+    MTU 9000), and a sender whose GSO bursts happen to land two or three in a row on one plane
+    overflowed it: tail drops the fabric would have trimmed (docs/FABRIC.md, "Host queues").
     """
     rate_Bps = rate_bps // 8
-    burst = max(rate_Bps // 1000, 2 * (mtu + 14), 3200)
-    limit = max(rate_Bps // 100, burst + 4 * (mtu + 14))
+    frame = mtu + 14
+    burst = max(rate_Bps // 1000, 2 * frame, 3200)
+    limit = max(rate_Bps // 100, burst + 4 * frame)
+    if host:
+        limit = max(limit, HOST_QUEUE_FRAMES * frame)
     return rate_Bps, burst, limit
 
 
@@ -99,9 +114,9 @@ class NsHandle:
                 state=NUD_PERMANENT,
             )
 
-    def shape(self, ifname: str, rate_bps: int, mtu: int) -> None:
-        """Root tbf on ``ifname`` with :func:`tbf_params`."""
-        rate_Bps, burst, limit = tbf_params(rate_bps, mtu)
+    def shape(self, ifname: str, rate_bps: int, mtu: int, host: bool = False) -> None:
+        """Root tbf on ``ifname`` with :func:`tbf_params` (``host``: a host's NIC)."""
+        rate_Bps, burst, limit = tbf_params(rate_bps, mtu, host)
         self.ipr.tc(
             "replace",
             "tbf",

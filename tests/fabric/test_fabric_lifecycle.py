@@ -21,7 +21,7 @@ from fabric_helpers import (
 from pyroute2 import IPRoute
 
 from mrc.fabric import Fabric, FabricError, FabricSpec, netns
-from mrc.fabric.kernel import NsHandle
+from mrc.fabric.kernel import NsHandle, tbf_params
 from mrc.fabric.topology import topology_path
 from mrc.srv6.paths import open_path_socket, path_via
 
@@ -105,8 +105,15 @@ def test_rate_and_jumbo_mtu_applied() -> None:
             try:
                 ports = {i["ifname"]: i for i in h.links() if i["ifname"] != "lo"}
                 assert ports and all(p["mtu"] == 9000 for p in ports.values())
-                kinds = {q.get("TCA_KIND") for q in h.ipr.get_qdiscs() if q["index"] != 1}
+                qdiscs = [q for q in h.ipr.get_qdiscs() if q["index"] != 1]
+                kinds = {q.get("TCA_KIND") for q in qdiscs}
                 assert kinds == {"tbf"}, (node, kinds)
+                # a host's NIC queues 64 jumbo frames; router ports keep the shallow 10 ms
+                host = node in {x.name for x in topo.hosts}
+                want = tbf_params(200_000_000, 9000, host=host)[2]
+                assert want == (64 * 9014 if host else 250_000)
+                limits = {q.get("TCA_OPTIONS").get("TCA_TBF_PARMS")["limit"] for q in qdiscs}
+                assert limits == {want}, (node, limits)
             finally:
                 h.close()
         # a jumbo datagram crosses leaf -> spine -> leaf unfragmented

@@ -9,6 +9,7 @@ import pytest
 
 from mrc.errors import UsageError
 from mrc.fabric import FabricSpec, Topology, load_topology, parse_rate, plan
+from mrc.fabric.kernel import HOST_QUEUE_FRAMES, tbf_params
 from mrc.fabric.routes import node_neighbours, node_routes
 from mrc.srv6.paths import default_path, list_paths, path_via
 from mrc.srv6.srh import decode_srh
@@ -93,6 +94,17 @@ def test_parse_rate() -> None:
     assert parse_rate("1.5mbit") == 1_500_000
     assert parse_rate("10mbps") == 80_000_000  # tc: bps = bytes per second
     assert parse_rate("64000") == 64_000
+
+
+def test_tbf_params_give_hosts_a_deeper_queue() -> None:
+    """Router ports queue ~10 ms; a host's NIC at least HOST_QUEUE_FRAMES full frames (it is
+    the host's own transmit queue: GSO bursts of jumbo frames must not overflow it)."""
+    assert tbf_params(100_000_000, 9000) == (12_500_000, 18_028, 125_000)
+    assert tbf_params(100_000_000, 9000, host=True) == (12_500_000, 18_028, 64 * 9014)
+    assert HOST_QUEUE_FRAMES == 64
+    # where 10 ms already holds more than 64 frames, the host queue is the same as a router's
+    assert tbf_params(100_000_000, 1500, host=True) == tbf_params(100_000_000, 1500)
+    assert tbf_params(10_000_000_000, 9000, host=True) == tbf_params(10_000_000_000, 9000)
 
 
 def test_lookups_fail_cleanly() -> None:

@@ -509,16 +509,38 @@ def test_incast_with_trim_and_encryption(trimmed_run, tmp_path) -> None:
 
 def test_incast_with_trim_and_gso_bursts(trimmed_run) -> None:
     """Bursts of 8 packets per EV, each sent as one UDP GSO skb through SRv6 paths into a
-    trimming, rate-shaped fabric: every transfer verifies. (Known gap, issue 10: the trimmer
-    charges a GSO skb whole and never trims it, so bursts cost some tail drops and EV
-    retirements that per-packet spraying does not; the summary printed here shows them.)"""
-    topo, _ = trimmed_run
+    trimming, rate-shaped fabric: every transfer verifies, and the fabric loses no more than
+    with per-packet spraying (the k=1 run of this module): no tail drop anywhere, no timeout.
+
+    Issue 10: this used to cost 56-148 tail drops, all in the *senders'* own NIC queues (the
+    host end of host-leaf links; the routers dropped nothing and never saw a GSO skb, since
+    host NICs run without UDP segmentation offload under --trim). A burst puts 8 frames on one
+    plane, two or three bursts in a row can land on the same plane, and 16-24 frames of 8.3 kB
+    overflowed the 125 kB (10 ms) tbf queue. Host NICs now queue at least 64 frames
+    (kernel.tbf_params). Still open (core, not the fabric): RACK's reordering window and the
+    8-losses plane-down rule were made for level per-packet spraying, so bursts still cause
+    spurious SACK losses and EV retirements although nothing is lost; printed, not asserted."""
+    topo, k1 = trimmed_run
+    gso_before = _router_gso(topo)
     run = run_incast(topo, 4814, capture=False, size="8M", send_extra=("--burst", "8"))
     sm = run.summary()
     print(f"\nincast with --trim and --burst 8 ({RATE}, window {WINDOW}, 8M each):", sm)
     check_complete(run, topo, 8 << 20)
     assert sm["fabric_trims"] > 0 and sm["receiver_trims_seen"] > 0, sm
-    assert sm["retransmits_timeout"] <= max(2, 0.02 * sm["retransmits"]), sm
+    assert sm["trims_seen"] > 0 and sm["retransmits_nack"] > 0, sm
+    k1sm = k1.summary()
+    # nothing dropped: not at the routers, not in the senders' own NIC queues
+    host_drops = {k: v["drops"] for k, v in run.fabric.items() if v["drops"]}
+    assert sm["fabric_drops"] <= k1sm["fabric_drops"] and sm["fabric_drops"] == 0, host_drops
+    assert sm["retransmits_timeout"] <= max(2, k1sm["retransmits_timeout"]), sm
+    # with USO off on host NICs every burst leaves the host segmented: the trimmer never has
+    # to charge a GSO super-packet whole
+    assert _router_gso(topo) == gso_before, "GSO super-packets reached a router"
+
+
+def _router_gso(topo: Topology) -> int:
+    """The trimmer's ``gso`` counter (GSO skbs seen on router ingress), summed over routers."""
+    return sum(r.get("gso", 0) for r in Fabric.status(topo.name)["trim_routers"].values())
 
 
 # ---- without trimming -------------------------------------------------------------------------
