@@ -29,12 +29,17 @@ Topology (one copy per plane, two tiers, hosts on leaves; every host is its own 
 
 Each link is FIFO with two bands, served with strict (non-preemptive) priority: the *priority*
 band holds trimmed headers and every non-data packet (ACK/SACK/NACK, probes), the *data* band
-holds untrimmed RDMA WRITE packets.  A data packet that finds more than ``queue`` bytes waiting
-in the data band (with itself) is trimmed if the link trims and the packet has payload to cut
+holds untrimmed RDMA WRITE packets.  A data packet that would take the bytes waiting in the data
+band over ``queue`` is trimmed if the link trims and the packet has payload to cut
 (headers kept: BTH + RETH [+ ImmDt] [+ the security block when S is set], BTH byte 4 TRIMMED,
 plus LASTHOP on a last hop, the same cut ``mrc/fabric/trim`` makes), and the header joins the
 priority band, ahead of the data it was cut to avoid; otherwise it is tail-dropped.  Sizes are
-UDP payload bytes; "waiting" never counts the packet being serialized.
+UDP payload bytes; "waiting" never counts the packet being serialized.  ``priority=False``
+gives plain FIFO (the header waits behind the data), the control case for the priority band.
+
+The network's seeded ``Faults`` (loss, trim, duplicates, delay, jitter, reorder) still apply,
+at the sender, before a datagram enters the fabric: ``Faults(delay=0.0, jitter=0.0)`` leaves
+only the fabric's own timing.
 
 ECN: the simulator carries no IP header, so Congestion Experienced is modelled with the BTH
 FECN bit (byte 4, 0x80), which docs/PROTOCOL.md section 3.1 reserves for congestion control and
