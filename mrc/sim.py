@@ -5,6 +5,13 @@ lose, trim, duplicate or reorder packets according to a seeded fault schedule. T
 ``run()`` jumps from one event to the next, so a simulated second costs only the work done.
 Tests use it to check invariants over hundreds of seeds; researchers can use it to try ideas
 without sockets.
+
+Congestion is opt-in: with a :class:`~mrc.sim_links.Fabric` (``SimNetwork(fabric=...)`` or
+``set_fabric``) each datagram, after the seeded ``Faults`` (applied at the sender, as today),
+crosses that fabric's links, which serialize at a rate, queue, trim or drop, and mark ECN; the
+module ``mrc.sim_links`` documents the topology and how EVs map onto it. Without one, every
+datagram is delivered after its own delay, exactly as before the fabric existed (same seed, same
+events).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from mrc.core.config import QPConfig
 from mrc.core.endpoint import EndpointCore
 from mrc.core.events import Event
 from mrc.core.qp import QueuePair
+from mrc.sim_links import Fabric
 
 
 @dataclass(slots=True)
@@ -46,7 +54,9 @@ class SimHost:
 
 
 class SimNetwork:
-    def __init__(self, seed: int = 0, faults: Faults | None = None) -> None:
+    def __init__(
+        self, seed: int = 0, faults: Faults | None = None, fabric: Fabric | None = None
+    ) -> None:
         self.rng = random.Random(seed)
         self.faults = faults or Faults()
         self.now = 0.0
@@ -58,6 +68,18 @@ class SimNetwork:
         self._next_port = 1024
         self.lost = 0
         self.trimmed = 0
+        # source port -> (host, plane) of the EV that owns it: where a datagram enters a fabric
+        self._port_owner: dict[int, tuple[str, int]] = {}
+        self.fabric: Fabric | None = None
+        if fabric is not None:
+            self.set_fabric(fabric)
+
+    def set_fabric(self, fabric: Fabric) -> None:
+        """Send every datagram through ``fabric``'s links from now on (see mrc.sim_links)."""
+        if self.fabric is not None:
+            raise ValueError("this network already has a fabric")
+        fabric.attach(self._at, self._deliver)
+        self.fabric = fabric
 
     def _ports(self, n: int) -> list[int]:
         """``n`` fresh source ports: unique across the whole simulation, like real EVs."""
@@ -90,6 +112,9 @@ class SimNetwork:
         plane_of = [i % planes for i in range(evs)]
         qa = QueuePair(qpn_a, self.hosts[a].core.pd, ports_a, plane_of, config, psn_a)
         qb = QueuePair(qpn_b, self.hosts[b].core.pd, ports_b, plane_of, config, psn_b)
+        for host, ports in ((a, ports_a), (b, ports_b)):
+            for port, plane in zip(ports, plane_of, strict=True):
+                self._port_owner[port] = (host, plane)
         qa.connect(qpn_b, psn_b)
         qb.connect(qpn_a, psn_a)
         self.hosts[a].core.add(qa)
@@ -144,7 +169,15 @@ class SimNetwork:
             delay = f.delay + r.random() * f.jitter
             if r.random() < f.reorder:
                 delay += r.random() * f.reorder_delay
-            self._at(self.now + delay, partial(self._deliver, dst, data, sport))
+            if self.fabric is None:
+                self._at(self.now + delay, partial(self._deliver, dst, data, sport))
+            else:
+                self._at(self.now + delay, partial(self._enter_fabric, dst, data, sport))
+
+    def _enter_fabric(self, dst: str, data: bytes, sport: int) -> None:
+        assert self.fabric is not None
+        src, plane = self._port_owner.get(sport, ("?", 0))
+        self.fabric.send(self.now, src, dst, sport, plane, data)
 
     def _deliver(self, dst: str, data: bytes, sport: int) -> None:
         host = self.hosts[dst]
