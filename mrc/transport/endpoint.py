@@ -56,8 +56,8 @@ class QPChannel:
         self.gso = qp.config.burst > 1
         # called with every EV state transition (Connection.on_ev_change sets it)
         self.on_ev_event: Callable[[EVStateChanged], None] | None = None
-        # called once, when the first datagram from the peer reaches this QP: how a listener
-        # learns that a sender it welcomed has started (Listener's start_timeout)
+        # called once, when this QP first takes a datagram (not one it dropped): how a
+        # listener learns that a sender it welcomed has started (Listener's start_timeout)
         self.on_first_datagram: Callable[[], None] | None = None
 
     def fail(self, reason: str) -> None:
@@ -190,7 +190,9 @@ class Endpoint:
         for qpn in touched:
             ch = channels.get(qpn)
             if ch is not None:
-                if ch.on_first_datagram is not None:
+                # started only by a datagram the QP took: junk, or with keys anything not
+                # sealed by the peer, is dropped and must not keep a silent sender's slot
+                if ch.on_first_datagram is not None and ch.qp.stats.taken():
                     started, ch.on_first_datagram = ch.on_first_datagram, None
                     started()
                 self._pump(ch)
