@@ -156,9 +156,6 @@ class _StderrHandler(logging.StreamHandler[TextIO]):
         super().emit(record)
 
 
-_handler: logging.Handler | None = None
-
-
 def configure_logging(args: argparse.Namespace) -> int:
     """Set up stdlib logging for a command from its ``-v``/``-q`` (see
     :func:`add_logging_args`); returns the level chosen.
@@ -167,7 +164,6 @@ def configure_logging(args: argparse.Namespace) -> int:
     WARNING even with ``-vv``, because their debug chatter is not what ``-v`` on an MRC command
     asks for. One handler on the root logger writes to stderr; called again (tests run several
     mains in one process) it replaces the handler it installed, so lines are never doubled."""
-    global _handler
     default = getattr(args, "log_default", logging.WARNING)
     verbose = getattr(args, "verbose", 0) or 0
     if getattr(args, "quiet", False):
@@ -175,11 +171,11 @@ def configure_logging(args: argparse.Namespace) -> int:
     else:  # each -v one level down from the command's default: WARNING -> INFO -> DEBUG
         level = max(logging.DEBUG, default - 10 * verbose)
     root = logging.getLogger()
-    if _handler is not None:
-        root.removeHandler(_handler)
-    _handler = _StderrHandler(sys.stderr)
-    _handler.setFormatter(_Formatter(getattr(args, "log_command", "mrc")))
-    root.addHandler(_handler)
+    for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
+        root.removeHandler(old)
+    handler = _StderrHandler(sys.stderr)
+    handler.setFormatter(_Formatter(getattr(args, "log_command", "mrc")))
+    root.addHandler(handler)
     root.setLevel(max(level, logging.WARNING))
     logging.getLogger("mrc").setLevel(level)
     return level
