@@ -51,7 +51,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mrc.cli.common import Parser, float_between, positive_int, rate_arg, run_main, size_arg
+from mrc.cli.common import (
+    Parser,
+    emit_json,
+    float_between,
+    positive_int,
+    rate_arg,
+    run_main,
+    size_arg,
+)
 from mrc.errors import MRCError
 from mrc.fabric import Fabric, FabricSpec, Topology, netns
 from mrc.units import SIZE_HELP, parse_rate
@@ -523,7 +531,7 @@ def _main(args: argparse.Namespace) -> int:
     out = run(args)
     print(table(out), file=sys.stderr)
     if args.json:
-        print(json.dumps(out, indent=2))
+        emit_json(out, indent=2)
     else:
         print(
             f"mrc {out['mrc_goodput_bps'] / 1e6:.1f} Mbit/s "

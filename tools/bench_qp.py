@@ -45,7 +45,14 @@ from typing import Any
 
 PROG = "bench_qp.py"
 try:
-    from mrc.cli.common import Parser, float_between, positive_int, run_main, size_arg
+    from mrc.cli.common import (
+        Parser,
+        emit_json,
+        float_between,
+        positive_int,
+        run_main,
+        size_arg,
+    )
     from mrc.errors import MRCError
     from mrc.units import SIZE_HELP
     from mrc.wire import DATA_HDR_LEN, DATA_IMM_HDR_LEN, DEFAULT_PORT
@@ -868,7 +875,7 @@ def _main(a: argparse.Namespace) -> int:
     if a.table:
         print(_table(out))
     else:
-        print(json.dumps(out, indent=2))
+        emit_json(out, indent=2)
         if not a.json:
             print(_table(out), file=sys.stderr)
     failed = any(

@@ -57,6 +57,7 @@ from mrc.bench.common import (  # noqa: E402 - after the sys.path fix above
 )
 from mrc.cli.common import (  # noqa: E402
     Parser,
+    emit_json,
     float_between,
     non_negative_int,
     positive_int,
@@ -1308,7 +1309,7 @@ def _main(a: argparse.Namespace) -> int:
         demo.cleanup()
     out["wall_s"] = round(time.monotonic() - t0, 1)
     if a.json:
-        print(json.dumps(out))
+        emit_json(out)
     else:
         print(table(out))
     ok = all(out[n].get("ok") for n in a.transports)

@@ -19,7 +19,6 @@ Run with the venv's python: ``.venv/bin/python tools/profile_core.py [--size 128
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import struct
@@ -28,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mrc.cli.common import emit_json
 from mrc.core import QPConfig, QueuePair
 from mrc.core.evset import EVSet
 from mrc.core.memory import Access, ProtectionDomain
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "core": core_model(a.size, a.security, a.burst),
         "kernel_loopback_us_per_datagram": kernel_model(PAYLOAD + 28),
     }
-    print(json.dumps(out, indent=2))
+    emit_json(out, indent=2)
     if not a.json:
         rows = list(out["core"]["stages_us_per_packet"].items())
         rows += [(f"kernel: {k}", v) for k, v in out["kernel_loopback_us_per_datagram"].items()]

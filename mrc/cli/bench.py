@@ -4,6 +4,10 @@ Training jobs wait for their slowest transfer, so the number reported first is t
 worst) step time. See docs/BENCH.md. Every user-caused failure is one line on stderr,
 ``mrc-bench: error: ...``: exit 2 for bad arguments, 1 for other failures, 130 when interrupted.
 Fabrics and agents are always removed, also on Ctrl-C.
+
+Progress notes go through stdlib logging at INFO, and INFO is this command's default level
+(a run takes minutes: silence would look like a hang); ``-q`` hides them, ``-v`` adds DEBUG
+and the agents' logs when something fails.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
+import logging
 import os
 import signal
 import sys
@@ -20,7 +24,16 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from mrc.bench.common import CONDITIONS, TRANSPORTS, WORKLOADS
-from mrc.cli.common import Parser, float_between, int_at_least, run_main, size_arg
+from mrc.cli.common import (
+    Parser,
+    add_logging_args,
+    configure_logging,
+    emit_json,
+    float_between,
+    int_at_least,
+    run_main,
+    size_arg,
+)
 from mrc.errors import MRCError, UsageError
 from mrc.units import SIZE_HELP
 
@@ -28,6 +41,7 @@ if TYPE_CHECKING:
     from mrc.bench.coordinator import Bench, BenchConfig
 
 PROG = "mrc-bench"
+log = logging.getLogger(__name__)
 MAX_SIZE = 256 << 20
 
 
@@ -202,8 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     o.add_argument("--table", metavar="FILE", help="also write the markdown table to FILE")
     o.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
-    o.add_argument(
-        "-v", "--verbose", action="store_true", help="also print agents' logs when something fails"
+    add_logging_args(
+        p,
+        default=logging.INFO,
+        verbose_help="also DEBUG notes, and the agents' logs when something fails",
+        quiet_help="no progress lines on stderr: errors only",
     )
     return p
 
@@ -247,7 +264,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         if v is not None:
             setattr(cfg, name, v)
     cfg.seed = args.seed
-    cfg.verbose = args.verbose
+    cfg.verbose = args.verbose > 0
     if args.rate is not None:
         cfg.rate = None if args.rate.lower() in ("none", "0", "") else args.rate
     if args.payload is not None:
@@ -285,11 +302,11 @@ def validate(cfg: BenchConfig) -> None:
 
 
 def progress_printer() -> Callable[[str], None]:
+    """The coordinator's progress notes, as INFO log lines stamped with the run's elapsed time."""
     start = time.monotonic()
 
     def progress(msg: str) -> None:
-        sys.stderr.write(f"[{PROG} {time.monotonic() - start:6.1f}s] {msg}\n")
-        sys.stderr.flush()
+        log.info("[%6.1fs] %s", time.monotonic() - start, msg)
 
     return progress
 
@@ -308,6 +325,7 @@ async def _run(bench: Bench) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_logging(args)
     return run_main(PROG, lambda: _main(args), "interrupted (fabrics and agents removed)")
 
 
@@ -342,7 +360,7 @@ def _main(args: argparse.Namespace) -> int:
     except MRCError:
         if cfg.verbose:
             for a in bench.agents:
-                print(f"{PROG}: h{a.index} log: {a.log_tail(20)}", file=sys.stderr)
+                log.debug("h%d log: %s", a.index, a.log_tail(20))
         raise
     finally:
         bench.cleanup_sync()  # whatever the loop could not remove (idempotent)
@@ -367,7 +385,7 @@ def _main(args: argparse.Namespace) -> int:
         files = plots(doc, args.plots)
         progress(f"{len(files)} plots in {args.plots}")
     if args.json:
-        print(json.dumps(doc, indent=1))
+        emit_json(doc, indent=1)
     else:
         print(md, end="")
     sys.stdout.flush()

@@ -3,18 +3,25 @@
 Every command (mrc-send, mrc-recv, mrc-fabric, mrc-bench and the scripts in tools/) runs its body
 through :func:`run_main` (or :func:`run_command` for a coroutine), so a failure always ends the
 same way: one line ``PROG: error: ...`` on stderr and an exit status, never a traceback.
+
+The conventions people expect of a command live here too, so no command can miss one: every
+:class:`Parser` has ``--version``; :func:`add_logging_args` and :func:`configure_logging` give
+``-v``/``-q`` the same meaning everywhere; :func:`emit_json` stamps every JSON object with the
+version that produced it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import logging
 import os
 import select
 import sys
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from mrc.errors import MRCError, UsageError
 from mrc.security.keys import read_key_file
@@ -22,14 +29,156 @@ from mrc.units import parse_rate, parse_size
 from mrc.wire import DEFAULT_PORT
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (argparse prints usage + message).
+@functools.cache
+def package_version() -> str:
+    """The installed distribution's version (what pip and bug reports see), or, when mrc runs
+    from a source tree nobody installed, ``mrc.__version__`` (kept equal to pyproject's by a
+    test). Looked up on first use: the metadata scan costs a few milliseconds."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    Sub-command parsers (``mrc-fabric up``) report under the command's name, so every error
-    line of a command starts the same way."""
+    try:
+        return version("mrc")
+    except PackageNotFoundError:
+        from mrc import __version__
+
+        return __version__
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: prints ``PROG VERSION`` and exits 0. argparse's own version action wants
+    the text when the parser is built; this one reads the metadata only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str, command: str = "") -> None:
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the version"
+        )
+        self.command = command
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{self.command} {package_version()}")
+        parser.exit()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (argparse prints usage + message),
+    and every command gets ``--version``.
+
+    ``command`` names the command in error lines and in ``--version`` (default: the first word
+    of ``prog``). Sub-command parsers (``mrc-fabric up``) report under the command's name, so
+    every error line of a command starts the same way; they take no ``--version`` of their own
+    (it belongs to the command, before the sub-command)."""
+
+    def __init__(self, *args: Any, command: str | None = None, version: bool = True, **kw: Any):
+        super().__init__(*args, **kw)
+        self.command = command or self.prog.split(" ")[0]
+        if version:
+            self.add_argument("--version", action=_VersionAction, command=self.command)
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        kwargs.setdefault("parser_class", _SubParser)
+        return super().add_subparsers(**kwargs)
 
     def error(self, message: str) -> NoReturn:
-        die(self.prog.split(" ")[0], f"{message} (see {self.prog} --help)", 2)
+        die(self.command, f"{message} (see {self.prog} --help)", 2)
+
+
+class _SubParser(Parser):
+    """A sub-command's parser: one-line errors under the command's name, no ``--version``."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw["version"] = False
+        super().__init__(*args, **kw)
+
+
+# --- -v / -q: stdlib logging, one format for every command ------------------------------------
+
+
+def add_logging_args(
+    parser: argparse.ArgumentParser,
+    default: int = logging.WARNING,
+    verbose_help: str = "say more on stderr: -v notes of what happens (INFO), -vv also DEBUG",
+    quiet_help: str = "say nothing on stderr but errors (no notes, warnings or progress bar)",
+) -> None:
+    """``-v/--verbose`` (repeatable) and ``-q/--quiet``, as every long-running command takes
+    them, and the command's default level (``default``: WARNING unless a command's progress
+    notes are what a user watches, as mrc-bench's are). On a sub-command's parser too, so
+    ``mrc-fabric up -v`` works as ``mrc-fabric -v up`` does: there the defaults are
+    suppressed, so an absent flag does not undo the one given before the sub-command."""
+    sub = isinstance(parser, _SubParser)
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS if sub else 0,
+        help=verbose_help,
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS if sub else False,
+        help=quiet_help,
+    )
+    if not sub:
+        parser.set_defaults(
+            log_command=getattr(parser, "command", parser.prog), log_default=default
+        )
+
+
+class _Formatter(logging.Formatter):
+    """``PROG: level: message``, the shape of the one-line ``PROG: error: ...`` failures, so
+    a user's grep (and eye) finds both the same way."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__()
+        self.command = command
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"{self.command}: {record.levelname.lower()}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+class _StderrHandler(logging.StreamHandler[TextIO]):
+    """Writes to whatever ``sys.stderr`` is when a line is logged, not what it was when the
+    command started: tests capture stderr per test while the handler outlives them."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def configure_logging(args: argparse.Namespace) -> int:
+    """Set up stdlib logging for a command from its ``-v``/``-q`` (see
+    :func:`add_logging_args`); returns the level chosen.
+
+    mrc's own loggers (``mrc.*``) get that level; everything else (asyncio, pyroute2) stays at
+    WARNING even with ``-vv``, because their debug chatter is not what ``-v`` on an MRC command
+    asks for. One handler on the root logger writes to stderr; called again (tests run several
+    mains in one process) it replaces the handler it installed, so lines are never doubled."""
+    default = getattr(args, "log_default", logging.WARNING)
+    verbose = getattr(args, "verbose", 0) or 0
+    if getattr(args, "quiet", False):
+        level = logging.ERROR
+    else:  # each -v one level down from the command's default: WARNING -> INFO -> DEBUG
+        level = max(logging.DEBUG, default - 10 * verbose)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
+        root.removeHandler(old)
+    handler = _StderrHandler(sys.stderr)
+    handler.setFormatter(_Formatter(getattr(args, "log_command", "mrc")))
+    root.addHandler(handler)
+    root.setLevel(max(level, logging.WARNING))
+    logging.getLogger("mrc").setLevel(level)
+    return level
 
 
 # --- argparse types: each raises ArgumentTypeError, whose message argparse prints as is -------
@@ -166,8 +315,20 @@ def die(prog: str, message: str, status: int) -> NoReturn:
     raise SystemExit(status)
 
 
-def emit_json(obj: dict[str, object]) -> None:
-    print(json.dumps(obj, sort_keys=False), flush=True)
+def versioned(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` with a ``"version"`` field: the mrc that produced it, so a result kept in a file
+    or a CI log says which code measured it. A field ``obj`` already has is kept (and must then
+    be that version: two meanings of one key would mislead)."""
+    out = {**obj, "version": package_version()}
+    if "version" in obj and obj["version"] != out["version"]:
+        raise ValueError(f"JSON object already has a different 'version': {obj['version']!r}")
+    return out
+
+
+def emit_json(obj: dict[str, Any], indent: int | None = None) -> None:
+    """Print one JSON object on stdout, stamped by :func:`versioned`: every command's and tool's
+    ``--json`` goes through here, so none forgets the version."""
+    print(json.dumps(versioned(obj), indent=indent), flush=True)
 
 
 def human_bytes(n: float) -> str:

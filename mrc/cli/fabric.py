@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -16,6 +17,9 @@ from collections.abc import Sequence
 
 from mrc.cli.common import (
     Parser,
+    add_logging_args,
+    configure_logging,
+    emit_json,
     float_between,
     non_negative_int,
     positive_int,
@@ -30,6 +34,7 @@ from mrc.fabric.spec import NAME_RE
 from mrc.fabric.topology import Topology, topology_path
 
 PROG = "mrc-fabric"
+log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_logging_args(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def name_opt(sp: argparse.ArgumentParser) -> None:
@@ -165,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument(
         "-W", "--timeout", type=float_between(0, 60), default=1.0, help="seconds per reply"
     )
+    for sp in sub.choices.values():  # -v/-q after the sub-command too
+        add_logging_args(sp)
     return p
 
 
@@ -184,6 +192,14 @@ def _cmd_up(args: argparse.Namespace) -> int:
     )
     spec.validate()
     require_root()
+    log.info(
+        "building fabric %s: %d planes x (%d spines + %d leaves), %d hosts",
+        spec.name,
+        spec.planes,
+        spec.spines,
+        spec.leaves,
+        spec.hosts,
+    )
     t0 = time.monotonic()
     topo = Fabric.up(spec)
     took = time.monotonic() - t0
@@ -225,7 +241,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     require_root()
     st = Fabric.status(load_topology(args.name))
     if args.json:
-        print(json.dumps(st, indent=2))
+        emit_json(st, indent=2)
         return 0
     if st["missing_nodes"]:
         print(f"MISSING namespaces for: {' '.join(st['missing_nodes'])}")
@@ -429,6 +445,7 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_logging(args)
     return run_main(PROG, lambda: COMMANDS[args.command](args))
 
 

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import logging
 import mmap
 import os
 import secrets
@@ -18,6 +19,8 @@ from mrc.cli.common import (
     Progress,
     add_idle_timeout,
     add_key_args,
+    add_logging_args,
+    configure_logging,
     emit_json,
     endpoint_arg,
     float_between,
@@ -39,6 +42,7 @@ from mrc.units import SIZE_HELP
 from mrc.wire import DEFAULT_PORT
 
 PROG = "mrc-recv"
+log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_path_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object per transfer")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
+    add_logging_args(p)
     return p
 
 
@@ -278,7 +283,9 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
     buf = cast(mmap.mmap, region.view.obj)  # _Outputs hands out nothing but mmaps
     path = outputs.path_of(buf)
     peer = conn.peer_host
-    progress = Progress(size, f"receiving from {peer}", None if not args.no_progress else False)
+    log.info("transfer from %s: %s into %s", peer, human_bytes(size), path if path else "memory")
+    quiet = args.no_progress or args.quiet
+    progress = Progress(size, f"receiving from {peer}", False if quiet else None)
     evlog.attach(conn, "recv")
     finished = False
 
@@ -385,8 +392,7 @@ async def _main(args: argparse.Namespace) -> int:
         main_task.cancel()
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_term)
-    if sys.stderr.isatty() and not args.json:
-        print(f"listening on {', '.join(f'[{h}]:{listener.port}' for h in hosts)}", file=sys.stderr)
+    log.info("listening on %s", ", ".join(f"[{h}]:{listener.port}" for h in hosts))
     failures = 0
     tasks = []
     try:
@@ -431,6 +437,7 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure_logging(args)
     _check_usage(parser, args)
     return run_command(PROG, _main(args))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import mmap
 import os
 import sys
@@ -12,6 +13,8 @@ from mrc.cli.common import (
     Progress,
     add_idle_timeout,
     add_key_args,
+    add_logging_args,
+    configure_logging,
     emit_json,
     endpoint_arg,
     human_bytes,
@@ -40,6 +43,7 @@ from mrc.units import SIZE_HELP, parse_rate
 from mrc.wire import DEFAULT_PORT
 
 PROG = "mrc-send"
+log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_key_args(p, "also encrypt every payload with AES-128-GCM (needs a key)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the result")
     p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
+    add_logging_args(p)
     return p
 
 
@@ -177,6 +182,8 @@ async def _main(args: argparse.Namespace) -> int:
     local = args.local or local_plane_addrs(fabric)
     data, label = _load(args)
     evlog = EVLog(args.ev_log)
+    log.info("connecting to [%s]:%d from %s", host, port, ", ".join(local or ["the default route"]))
+    log.debug("QP config %s", config)
     conn = await connect(
         host,
         port,
@@ -189,7 +196,17 @@ async def _main(args: argparse.Namespace) -> int:
         key=key,
         encrypt=args.encrypt,
     )
-    progress = Progress(len(data), "sending", None if not args.no_progress else False)
+    log.info(
+        "connected: sending %s (%s) over %d EVs; window %d packets of %d bytes, security %s",
+        label,
+        human_bytes(len(data)),
+        args.evs,
+        config.max_outstanding,
+        config.payload_size,
+        ("encrypt" if args.encrypt else "integrity") if key else "none",
+    )
+    quiet = args.no_progress or args.quiet
+    progress = Progress(len(data), "sending", False if quiet else None)
     try:
         evlog.attach(conn, "send")
         apply_denies(conn, args.deny)
@@ -247,6 +264,7 @@ async def _main(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure_logging(args)
     try:
         _config(args)
     except ValueError as exc:

@@ -182,6 +182,11 @@ SEND_FLAGS = [
     "--key-file",
     "--encrypt",
     "--burst",
+    "--version",
+    "-v",
+    "--verbose",
+    "-q",
+    "--quiet",
 ]
 RECV_FLAGS = [
     "--listen",
@@ -204,6 +209,11 @@ RECV_FLAGS = [
     "--ev-log",
     "--key-file",
     "--encrypt",
+    "--version",
+    "-v",
+    "--verbose",
+    "-q",
+    "--quiet",
 ]
 
 

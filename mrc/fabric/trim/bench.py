@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import socket
 import statistics
@@ -220,7 +219,9 @@ def main() -> None:
     try:
         topo = Fabric.up(spec)
         run(topo, 0.3, pps, args.gso)  # warm up
-        print(json.dumps(run(topo, args.seconds, pps, args.gso), indent=2))
+        from mrc.cli.common import emit_json
+
+        emit_json(run(topo, args.seconds, pps, args.gso), indent=2)
     finally:
         Fabric.down(spec.name)
         if old is not None:
