@@ -47,6 +47,17 @@ class QPConfig:
     # such a burst as one GSO send (one skb through the kernel) and the receiver takes it in one
     # GRO receive; 1 sprays every packet (docs/PROTOCOL.md section 2)
     burst: int = 1
+    # congestion control (mrc/core/cc.py, docs/CONGESTION.md): "fixed" = a window of
+    # max_outstanding packets, as always; "nscc" = an NSCC-style window, max_outstanding its cap
+    cc: str = "fixed"
+    # nscc: the queueing delay (RTT above the smallest seen) the window aims at, seconds. Above
+    # any ACK-coalescing delay of the peer (ack_delay), yet a fraction of a 20-packet queue at
+    # 100 Mbit/s (1.6 ms): about 6 kB of queue at 100 Mbit/s, 60 kB at 1 Gbit/s
+    cc_target_delay: float = 0.0005
+    # nscc: the window before any signal, packets (capped by max_outstanding)
+    cc_initial_window: int = 16
+    # nscc: weight of the proportional increase (0: additive only, one packet per RTT)
+    cc_gain: float = 0.5
 
     def validate(self) -> None:
         """Raise ValueError with a user-facing message for impossible settings."""
@@ -62,5 +73,13 @@ class QPConfig:
             raise ValueError(f"burst must be 1..{MAX_BURST} packets, not {self.burst}")
         if self.ack_every < 1:
             raise ValueError("ack_every must be at least 1")
+        if self.cc not in ("fixed", "nscc"):
+            raise ValueError(f"cc must be 'fixed' or 'nscc', not {self.cc!r}")
+        if not self.cc_target_delay > 0:
+            raise ValueError("cc_target_delay must be > 0 seconds")
+        if self.cc_initial_window < 1:
+            raise ValueError("cc_initial_window must be at least 1 packet")
+        if self.cc_gain < 0:
+            raise ValueError("cc_gain must be >= 0")
         if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:
             raise ValueError("need 0 < min_rto <= initial_rto <= max_rto")

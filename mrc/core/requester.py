@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from itertools import chain
 
 from mrc import wire
+from mrc.core.cc import NsccWindow
 from mrc.core.config import QPConfig
 from mrc.core.events import Datagram, Event, EVReason, QPFailed, WriteCompleted
 from mrc.core.evset import EVSet
@@ -115,6 +116,19 @@ class Requester:
         # the EV of the burst being sent and how many more new packets it takes
         self._burst_ev = 0
         self._burst_left = 0
+        # congestion control: None = the fixed window of max_outstanding packets, as always.
+        # With NSCC, packets known to be out of the network (queued in _retransmit after a
+        # NACK, a loss or a timeout) do not count as in flight: _waiting counts them
+        self.cc: NsccWindow | None = None
+        if config.cc == "nscc":
+            self.cc = NsccWindow(
+                config.payload_size,
+                config.max_outstanding,
+                config.cc_initial_window,
+                config.cc_target_delay,
+                gain=config.cc_gain,
+            )
+        self._waiting = 0
 
     # ---- application side -------------------------------------------------------------
 
@@ -156,11 +170,18 @@ class Requester:
         outstanding = self._outstanding
         retransmit = self._retransmit
         sent_before = len(out)
-        while retransmit:
+        cc = self.cc
+        # NSCC: packets in the network (len(outstanding) - _waiting) stay below the window,
+        # retransmissions and new data alike; the fixed window never holds retransmissions back
+        rtx_limit = _INF if cc is None else cc.limit + self._waiting
+        while retransmit and len(outstanding) < rtx_limit:
             seq = retransmit.popleft()
             pkt = outstanding.get(seq)
             if pkt is None:
                 continue  # acknowledged meanwhile
+            if pkt.deadline == _INF:
+                self._waiting -= 1
+                rtx_limit -= 1
             pkt.ev = self.evs.next_other(pkt.ev)
             pkt.retransmitted = True
             pkt.nacked = False  # a new transmission: it may be NACKed once more
@@ -169,7 +190,9 @@ class Requester:
             heapq.heappush(self._deadlines, (deadline, seq))
             out.append(self._build(seq, pkt))
             self.stats.retransmits += 1
-        limit = self.config.max_outstanding
+        limit = self.config.max_outstanding  # a hard cap on records, whatever the window
+        if cc is not None and cc.limit + self._waiting < limit:
+            limit = cc.limit + self._waiting
         span = self._snd_una + self.config.psn_window
         queue = self._queue
         payload = self.config.payload_size
@@ -208,6 +231,16 @@ class Requester:
             self.stats.data_packets_sent += 1
             self.stats.bytes_sent += length
         if len(out) > sent_before:
+            if cc is not None:
+                # the window is full (or the queue empty): ask for an ACK of this burst's last
+                # packet at once (AckReq), instead of after the receiver's ack_delay. A window
+                # below ack_every would otherwise see every RTT sample inflated by that delay
+                # and read it as queueing (docs/CONGESTION.md)
+                last_ev, hdr, body = out[-1]
+                if not hdr[8] & wire.BTH_ACKREQ:
+                    req = bytearray(hdr)
+                    req[8] |= wire.BTH_ACKREQ
+                    out[-1] = (last_ev, bytes(req), body)
             self._arm_tlp(now)
 
     def _arm_tlp(self, now: float) -> None:
@@ -278,7 +311,10 @@ class Requester:
                 return
             pkt.deadline = _INF
             self._retransmit.append(seq)
+            self._waiting += 1
             self.stats.retransmits_timeout += 1
+            if self.cc is not None:
+                self.cc.on_congestion_loss(now)
             if self.health:
                 self.evs.lost(pkt.ev, now, EVReason.TIMEOUT, sent_at=pkt.sent_at)
         if self._tlp_at is not None and self._tlp_at <= now and not self.failed:
@@ -289,6 +325,7 @@ class Requester:
                 if pkt.deadline != _INF:  # not already queued for a resend
                     pkt.deadline = _INF
                     self._retransmit.append(seq)
+                    self._waiting += 1
                     self.stats.retransmits_tlp += 1
                     self._tlp_out = True
 
@@ -309,7 +346,7 @@ class Requester:
         or change an EV. A believed ACK that reports PSNs beyond what we sent (the receiver
         took a forged WRITE at our next PSN) counts only for what we did send.
         """
-        (_op, _f, _pk, _qpw, psnw, aeth, subj, base, bitmap, ev_port, ports) = (
+        (_op, _f, _pk, qpw, psnw, aeth, subj, base, bitmap, ev_port, ports) = (
             wire.ACK_PKT.unpack_from(data)
         )
         stats = self.stats
@@ -370,6 +407,7 @@ class Requester:
         )
         if self.health and (ports != 0xFFFF or any(evs.peer_plane_down)):
             evs.set_peer_planes(ports)
+        rtt_sample: float | None = None
         if is_nack:
             if subject is not None:  # always (refused above otherwise): for the type checker
                 self._on_nack(syndrome & 0x1F, subj_seq, subject, now)
@@ -378,7 +416,8 @@ class Requester:
         else:
             stats.sacks += 1
             if subject is not None and not subject.retransmitted:
-                self.rtt.sample(now - subject.sent_at)
+                rtt_sample = now - subject.sent_at
+                self.rtt.sample(rtt_sample)
         cum = to_seq(ip, psnw & wire.PSN_MASK, una)
         beyond = cum >= nxt
         if beyond:
@@ -410,9 +449,13 @@ class Requester:
         # per plane, the send time of the latest-sent packet it delivered (-inf: none)
         delivered = [_NEG_INF] * evs.nplanes
         planes = evs.planes
+        newly = 0  # packets this ACK acknowledged
         for seq in chain(acked, sacked):
             pkt = outstanding.pop(seq, None)
             if pkt is not None:
+                newly += 1
+                if pkt.deadline == _INF:
+                    self._waiting -= 1  # queued for a resend that is no longer needed
                 plane = planes[pkt.ev]
                 if pkt.sent_at > delivered[plane]:
                     delivered[plane] = pkt.sent_at
@@ -422,6 +465,11 @@ class Requester:
         while una < nxt and una not in outstanding:
             una += 1
         self._snd_una = una
+        cc = self.cc
+        if cc is not None and (newly or rtt_sample is not None):
+            # BECN: the responder's echo of the subject's CE mark (docs/PROTOCOL.md 3.4)
+            ce = bool(qpw & (wire.BTH_BECN << 24))
+            cc.on_ack(now, newly * self.config.payload_size, rtt_sample, ce)
         wrs = self._inflight_wrs
         while wrs and wrs[0].last_seq >= 0 and wrs[0].last_seq < una:
             wr = wrs.popleft()
@@ -435,9 +483,12 @@ class Requester:
 
     def _on_losses(self, lost: list[tuple[int, _Packet, bool]], now: float) -> None:
         """Resend packets the loss detector found lost; retire the EVs it blames."""
+        if lost and self.cc is not None:
+            self.cc.on_congestion_loss(now)
         for seq, pkt, blame in lost:
             pkt.deadline = _INF
             self._retransmit.append(seq)
+            self._waiting += 1
             self.stats.retransmits_sack += 1
             if not self.health:
                 continue
@@ -458,7 +509,10 @@ class Requester:
             if pkt.deadline != _INF:  # not already queued for retransmission
                 pkt.deadline = _INF
                 self._retransmit.append(seq)
+                self._waiting += 1
                 self.stats.retransmits_nack += 1
+            if self.cc is not None:
+                self.cc.on_congestion_loss(now, now - pkt.sent_at)
             if self.health and code == wire.NackCode.TRIMMED:
                 self.evs.trimmed(pkt.ev, now)  # congestion on the path; LASTHOP is incast
             return

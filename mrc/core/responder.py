@@ -20,6 +20,7 @@ from mrc.core.stats import QPStats
 
 _FULL = (1 << 64) - 1
 _MAX_SACKS_PER_FLUSH = 8
+_BECN = wire.BTH_BECN << 24
 
 
 class Responder:
@@ -46,6 +47,8 @@ class Responder:
         self._pending = 0  # packets arrived since the last ACK
         self._dirty: set[int] = set()  # blocks with arrivals since the last ACK
         self._subject = (0, 0)  # (seq, source port) of the latest arrival
+        # the latest arrival carried CE (FECN): echoed as BECN in the ACKs about it (NSCC)
+        self._subject_ce = False
         self._ack_deadline: float | None = None
         self._out: list[Datagram] = []
         self._sack_ev: dict[int, int] = {}  # block -> reverse EV of the last SACK reporting it
@@ -110,6 +113,7 @@ class Responder:
             lost_on = self._sack_ev.pop(seq >> 6, None)
             if lost_on is not None and self.config.ev_health:
                 self.evs.lost(lost_on, now, EVReason.ACK_LOST, plane_evidence=False)
+            self._subject_ce = bool(marks & wire.BTH_FECN)
             self._note_arrival(seq, src_port, now, force=True)
             return
         hs = hdr.size
@@ -121,6 +125,7 @@ class Responder:
             heapq.heappush(self._imms, (seq, imm))
         if seq == cum + 1:
             self._advance()
+        self._subject_ce = bool(marks & wire.BTH_FECN)
         self._note_arrival(seq, src_port, now, force=bool(psnw & (wire.BTH_ACKREQ << 24)))
 
     def _has(self, seq: int) -> bool:
@@ -165,10 +170,13 @@ class Responder:
         below = (1 << (cum - first + 1)) - 1 if cum >= first else 0
         return self._blocks.get(block, 0) | below
 
-    def _ack_bytes(self, syndrome: int, seq: int, src_port: int, block: int) -> bytes:
+    def _ack_bytes(
+        self, syndrome: int, seq: int, src_port: int, block: int, becn: bool = False
+    ) -> bytes:
         ip = self.peer_initial_psn
         return wire.pack_ack(
-            self.remote_qpn or 0,
+            # BECN rides in the BTH byte that pack_ack fills from the QPN's top 8 bits
+            (self.remote_qpn or 0) | (_BECN if becn else 0),
             to_psn(ip, self._cum),
             syndrome,
             to_psn(ip, seq),
@@ -192,7 +200,7 @@ class Responder:
         blocks = sorted(self._dirty)[-_MAX_SACKS_PER_FLUSH:]
         sack_ev = self._sack_ev
         for block in blocks:
-            pkt = self._ack_bytes(wire.AETH_ACK, seq, port, block)
+            pkt = self._ack_bytes(wire.AETH_ACK, seq, port, block, self._subject_ce)
             ev = self.evs.next()
             sack_ev[block] = ev
             self._out.append((ev, pkt, b""))

@@ -1,0 +1,227 @@
+"""An NSCC-style congestion window for one queue pair (opt-in: ``QPConfig.cc = "nscc"``).
+
+Modelled on the public description of UET 1.0's network-signal-based congestion control: a
+window in **bytes of payload**, steered by three network signals that a sprayed, trimming
+fabric gives for free, without per-path state:
+
+* **queueing delay**: every RTT sample (the requester's own, of an ACK's subject, Karn's rule
+  applied) minus the *base RTT*, the smallest sample ever seen. Below ``target_delay`` the
+  window grows, above it shrinks, proportionally to how far it is off;
+* **ECN**: the responder echoes the CE mark (FECN) of an ACK's subject in the ACK's BECN bit
+  (docs/PROTOCOL.md section 3.4); a mark counts as "over target";
+* **trims and losses**: a trim is proof that a queue overflowed *now*. NSCC's *quick adapt*
+  cuts the window to what the network actually delivered in the last round trip, so the sender
+  stops refilling a full queue with the very packets it just lost there (the retransmit storm
+  of a fixed window).
+
+The law, per ACK that acknowledges ``acked`` new bytes (``q`` = queueing delay of the latest
+sample, ``T`` = ``target_delay``, ``mss`` = payload size):
+
+* ``q < T`` and no CE: ``cwnd += acked * (mss / cwnd + gain * (T - q) / T)``: one packet per
+  RTT (additive) plus a proportional term that grows fast while the queue is empty and fades
+  out as the delay approaches the target (NSCC's "proportional increase");
+* ``q > T`` or CE, at most once per RTT: ``cwnd *= 1 - min(max_md, md_gain * (q - T) / q)``
+  (a CE mark with ``q <= T`` takes ``ce_md``): a decrease proportional to the excess delay;
+* trim, SACK-detected loss or timeout, at most once per RTT: ``cwnd = min(cwnd, delivered in
+  the last base RTT + T)`` (quick adapt), and no further decrease for that RTT: the delay
+  samples still in flight describe the queue before the cut;
+* always ``mss <= cwnd <= ceiling``, ``ceiling = min(cap, 1.5 * best rate * (base RTT + T))``
+  once a rate was measured (``cap`` = ``max_outstanding`` packets): 1.5 times the window that
+  would sit exactly at the target, so that a burst of good news cannot inflate the window far
+  beyond what the path ever carried. "Best rate" is the most bytes delivered in any interval
+  of one base RTT + T, divided by that interval.
+
+The requester enforces the window in whole packets (``limit``), new data and retransmissions
+alike, so that the per-packet check stays one integer comparison; the window itself changes
+only on ACKs, NACKs and timers. Sans-IO: time comes in as ``now``; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+_INF = float("inf")
+
+
+class NsccWindow:
+    """The congestion window of one sender (see the module docstring for the law)."""
+
+    __slots__ = (
+        "mss",
+        "cap",
+        "target",
+        "gain",
+        "md_gain",
+        "max_md",
+        "ce_md",
+        "cwnd",
+        "floor_ceiling",
+        "limit",
+        "base_rtt",
+        "best_rate",
+        "qdelay",
+        "ce",
+        "decreases",
+        "quick_adapts",
+        "trace",
+        "_next_decrease",
+        "_next_adapt",
+        "_delivered",
+        "_hist",
+        "_horizon",
+    )
+
+    def __init__(
+        self,
+        mss: int,
+        cap_packets: int,
+        initial_packets: int,
+        target_delay: float,
+        gain: float = 0.5,
+        md_gain: float = 0.8,
+        max_md: float = 0.5,
+        ce_md: float = 0.125,
+        trace: bool = False,
+    ) -> None:
+        self.mss = mss
+        self.cap = float(mss * cap_packets)
+        self.target = target_delay
+        self.gain = gain
+        self.md_gain = md_gain
+        self.max_md = max_md
+        self.ce_md = ce_md
+        self.cwnd = float(mss * max(1, min(initial_packets, cap_packets)))
+        self.floor_ceiling = self.cwnd
+        self.limit = 0  # the window in whole packets, what the requester compares against
+        self.base_rtt = _INF
+        self.best_rate = 0.0  # bytes/s
+        self.qdelay = 0.0  # queueing delay of the latest sample
+        self.ce = False  # the latest sample's subject carried CE
+        self.decreases = 0
+        self.quick_adapts = 0
+        #: (time, cwnd in bytes) after every change, when asked for (tests, plots)
+        self.trace: list[tuple[float, float]] | None = [] if trace else None
+        self._next_decrease = -_INF
+        self._next_adapt = -_INF
+        self._delivered = 0  # payload bytes acknowledged so far
+        # (time, _delivered) per ACK with news, over the last two intervals: delivery rate and
+        # "delivered in the last round trip" for quick adapt
+        self._hist: deque[tuple[float, int]] = deque()
+        self._horizon = 0.0  # how far back _hist must reach: two intervals (0: none known)
+        self._set(0.0, self.cwnd)
+
+    # ---- derived quantities ----------------------------------------------------------
+
+    @property
+    def interval(self) -> float:
+        """One round trip at the target: base RTT + target delay (before any sample: inf)."""
+        return self.base_rtt + self.target
+
+    @property
+    def ceiling(self) -> float:
+        if self.best_rate <= 0.0 or self.base_rtt == _INF:
+            return self.cap
+        # never below the initial window: a sender that was idle or application-limited has
+        # a low best rate, and that says nothing about the path
+        return max(self.floor_ceiling, min(self.cap, 1.5 * self.best_rate * self.interval))
+
+    def delivered_since(self, since: float) -> int:
+        """Payload bytes acknowledged after time ``since`` (the history reaches back two
+        intervals; before it was ever pruned, to the first ACK)."""
+        before = 0
+        for t, d in self._hist:
+            if t >= since:
+                break
+            before = d
+        return self._delivered - before
+
+    # ---- signals -----------------------------------------------------------------------
+
+    def on_ack(self, now: float, acked: int, rtt: float | None, ce: bool) -> None:
+        """An ACK acknowledged ``acked`` new payload bytes; ``rtt``: the sample its subject
+        gave (None: none, e.g. a retransmitted subject), ``ce``: the subject carried CE."""
+        if rtt is not None:
+            if rtt < self.base_rtt:
+                if self._next_adapt == _INF:
+                    self._next_adapt = now  # the first time scale: quick adapt armed again
+                self.base_rtt = rtt
+                self._horizon = 2 * self.interval
+            self.qdelay = rtt - self.base_rtt
+            self.ce = ce
+        if acked > 0:
+            self._delivered += acked
+            self._note_delivery(now)
+        q = self.qdelay
+        target = self.target
+        if q > target or self.ce:
+            if rtt is None or now < self._next_decrease:
+                return
+            # over target: proportional to the excess; CE alone (delay fine): a small fixed cut
+            cut = min(self.max_md, self.md_gain * (q - target) / q) if q > target else self.ce_md
+            self.decreases += 1
+            # once per RTT: packets sent after this cut report back one sample-RTT from now
+            self._next_decrease = now + rtt
+            self._set(now, self.cwnd * (1.0 - cut))
+        elif acked > 0:
+            cwnd = self.cwnd
+            self._set(now, cwnd + acked * (self.mss / cwnd + self.gain * (target - q) / target))
+
+    def on_congestion_loss(self, now: float, rtt_hint: float = 0.0) -> None:
+        """A trim, a SACK-detected loss or a timeout: quick adapt, at most once per RTT.
+
+        ``rtt_hint``: a round trip that this very signal measured (a NACK: the trimmed
+        packet's send time to now). It stands in for the base RTT until an ACK gave one: in a
+        storm every ACK's subject may be a retransmission, which gives no sample (Karn), and
+        quick adapt is exactly what must not wait for one. It never enters ``base_rtt``: a
+        NACK is sent at once and its trimmed header overtook the queue, so its round trip is
+        not comparable with an ACK's."""
+        if now < self._next_adapt:
+            return
+        if self.base_rtt != _INF:
+            interval = self.interval
+        elif rtt_hint > 0.0:
+            interval = rtt_hint + self.target
+        else:
+            # no time scale at all (a timeout before any round trip): halve, once, until a
+            # sample or a hint comes
+            self.quick_adapts += 1
+            self._set(now, self.cwnd / 2)
+            self._next_adapt = _INF
+            return
+        self.quick_adapts += 1
+        self._horizon = max(self._horizon, 2 * interval)
+        delivered = self.delivered_since(now - interval)
+        if delivered < self.cwnd:  # else the window is not above what the path carries
+            self._set(now, float(delivered))
+        # the delay samples of the next round trip describe the queue before the cut
+        self._next_adapt = now + interval
+        self._next_decrease = max(self._next_decrease, self._next_adapt)
+
+    # ---- internals ---------------------------------------------------------------------
+
+    def _note_delivery(self, now: float) -> None:
+        hist = self._hist
+        hist.append((now, self._delivered))
+        horizon = now - self._horizon
+        while len(hist) > 2 and hist[1][0] <= horizon:
+            hist.popleft()
+        interval = self.interval
+        if interval == _INF:
+            return
+        # the delivery rate over the last interval, once the history spans a whole one
+        t0, d0 = hist[0]
+        if now - t0 >= interval:
+            for t, d in hist:
+                if t >= now - interval:
+                    break
+                t0, d0 = t, d
+            rate = (self._delivered - d0) / (now - t0)
+            if rate > self.best_rate:
+                self.best_rate = rate
+
+    def _set(self, now: float, cwnd: float) -> None:
+        cwnd = min(max(cwnd, float(self.mss)), self.ceiling)
+        self.cwnd = cwnd
+        self.limit = max(1, int(cwnd // self.mss))
+        if self.trace is not None:
+            self.trace.append((now, cwnd))
