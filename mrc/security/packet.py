@@ -9,7 +9,7 @@ Layout (docs/PROTOCOL.md section 11). A protected datagram has BTH byte 8 bit S 
                                                           (encrypt mode)
 
 The header ICV is a GMAC over the headers (with the bits a switch may change masked to zero:
-FECN, BECN, TRIMMED, LASTHOP) plus key id and counter. It sits *before* the payload so that a
+FECN, TRIMMED, LASTHOP) plus key id and counter. It sits *before* the payload so that a
 trimming switch, which keeps the headers and the security block and cuts the rest, leaves a
 packet the receiver can still authenticate and NACK. Data packets add a payload ICV: a GMAC of
 the payload right after the security block (integrity mode; the payload travels in clear, and
@@ -42,8 +42,10 @@ ICV_LEN = 16
 #: bytes protection adds to a data packet (security block + payload ICV)
 DATA_OVERHEAD = SEC_BLOCK_LEN + ICV_LEN
 
-#: BTH byte 4 bits that switches may set in flight (FECN, BECN, TRIMMED, LASTHOP): not covered.
-MUTABLE_BYTE4 = 0xF0
+#: BTH byte 4 bits that switches may set in flight (FECN, TRIMMED, LASTHOP): not covered.
+#: BECN (0x40) is covered: only the receiver sets it (the ECN echo in its ACKs), and a forged
+#: echo would make the sender slow down for nothing.
+MUTABLE_BYTE4 = 0xB0
 BTH_SECURE = 0x40  # BTH byte 8
 
 #: counters the replay window remembers behind the highest one seen
