@@ -237,6 +237,13 @@ class Bench:
             "data_packets": sj["data_packets"],
             "pps": sj["packets_sent"] / seconds if seconds > 0 else 0.0,
             "retransmits": sj["retransmits"],
+            # CPU seconds per GiB moved, each side's process during the transfer
+            "send_cpu_s_per_gib": sj["cpu_seconds"] / (sj["bytes"] / (1 << 30))
+            if sj.get("cpu_seconds") is not None and sj["bytes"]
+            else None,
+            "recv_cpu_s_per_gib": rj["cpu_seconds"] / (sj["bytes"] / (1 << 30))
+            if rj and rj.get("cpu_seconds") is not None and sj["bytes"]
+            else None,
             "retransmits_nack": sj.get("retransmits_nack"),
             "retransmits_timeout": sj.get("retransmits_timeout"),
             "nacks": sj.get("nacks"),
@@ -465,6 +472,12 @@ class Bench:
             "goodput_bps_median": _median([x["goodput_bps"] for x in mrc_runs]),
             "pps_median": _median([x["pps"] for x in mrc_runs]),
             "retransmits_median": _median([x["retransmits"] for x in mrc_runs]),
+            "send_cpu_s_per_gib_median": _median(
+                [x["send_cpu_s_per_gib"] for x in mrc_runs if x.get("send_cpu_s_per_gib")]
+            ),
+            "recv_cpu_s_per_gib_median": _median(
+                [x["recv_cpu_s_per_gib"] for x in mrc_runs if x.get("recv_cpu_s_per_gib")]
+            ),
             "goodput_bps": [x["goodput_bps"] for x in mrc_runs],
             "pps": [round(x["pps"]) for x in mrc_runs],
             "retransmits": [x["retransmits"] for x in mrc_runs],
@@ -609,6 +622,7 @@ def _machine() -> dict[str, Any]:
 def _table(out: dict[str, Any]) -> str:
     compare = out["config"]["compare"]
     head = f"{'links':>5} {'payload':>7} | {'MRC Gbit/s':>10} {'MRC kpps':>8} {'rtx':>5}"
+    head += f" {'CPU s/GiB snd/rcv':>17}"
     for kind in compare:
         head += f" | {kind + ' Gbit/s':>11} {'MRC/' + kind:>8}"
     lines = [head, "-" * len(head)]
@@ -620,7 +634,9 @@ def _table(out: dict[str, Any]) -> str:
         m = r["mrc"]
         line = (
             f"{r['links']:>5} {r['payload']:>7} | {f(m['goodput_bps_median'], 1e9, '10.3f')} "
-            f"{f(m['pps_median'], 1e3, '8.1f')} {f(m['retransmits_median'], 1, '5.0f')}"
+            f"{f(m['pps_median'], 1e3, '8.1f')} {f(m['retransmits_median'], 1, '5.0f')} "
+            f"{f(m['send_cpu_s_per_gib_median'], 1, '8.2f')}/"
+            f"{f(m['recv_cpu_s_per_gib_median'], 1, '<8.2f')}"
         )
         for kind in compare:
             ref = r[PEER_KEYS[kind]]

@@ -12,6 +12,7 @@ import os
 import secrets
 import signal
 import sys
+import time
 from typing import cast
 
 from mrc.cli.common import (
@@ -301,6 +302,7 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
         """The hashes match: put the file in place before the sender is told it is there."""
         finish(keep=True)
 
+    cpu0 = time.process_time()
     try:
         apply_denies(conn, args.deny)
         result = await receive_buffer(conn, view, progress.update, commit, args.idle_timeout)
@@ -326,6 +328,9 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
         "bytes": size,
         "seconds": round(result.seconds, 6) if result else None,
         "goodput_bps": round(result.goodput_bps) if result else None,
+        # CPU time of this process since the transfer began (hashing included; with --count
+        # N transfers at once it is shared between them)
+        "cpu_seconds": round(time.process_time() - cpu0, 4),
         "sha256": result.sha256 if result else None,
         "sha256_sender": result.peer_sha256 if result else None,
         "packets_received": stats["packets_received"],

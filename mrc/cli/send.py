@@ -7,6 +7,7 @@ import logging
 import mmap
 import os
 import sys
+import time
 
 from mrc.cli.common import (
     Parser,
@@ -100,6 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the kernel as one UDP GSO send (default 1: every packet on its own EV; 1..64)",
     )
     p.add_argument(
+        "--cc",
+        choices=["fixed", "nscc"],
+        default="fixed",
+        help="congestion control: fixed (a window of --window packets, the default) or nscc "
+        "(experimental: a window driven by delay, ECN echoes and trims, capped by --window; "
+        "docs/CONGESTION.md)",
+    )
+    p.add_argument(
         "--from",
         dest="local",
         action="append",
@@ -163,6 +172,7 @@ def _config(args: argparse.Namespace) -> QPConfig:
         max_outstanding=window,
         psn_window=max(16384, window * 4),
         burst=args.burst,
+        cc=args.cc,
     )
     config.validate()
     return config
@@ -210,7 +220,9 @@ async def _main(args: argparse.Namespace) -> int:
     try:
         evlog.attach(conn, "send")
         apply_denies(conn, args.deny)
+        cpu0 = time.process_time()
         result = await send_buffer(conn, data, progress.update, args.idle_timeout)
+        cpu = time.process_time() - cpu0
     finally:
         progress.finish()
         stats = conn.stats()
@@ -228,6 +240,8 @@ async def _main(args: argparse.Namespace) -> int:
         "bytes": result.bytes,
         "seconds": round(result.seconds, 6),
         "goodput_bps": round(result.goodput_bps),
+        # CPU time (user + system) of this process during the transfer, hashing included
+        "cpu_seconds": round(cpu, 4),
         "sha256": result.sha256,
         "sha256_receiver": result.peer_sha256,
         "payload": args.payload,

@@ -182,6 +182,7 @@ SEND_FLAGS = [
     "--key-file",
     "--encrypt",
     "--burst",
+    "--cc",
     "--version",
     "-v",
     "--verbose",

@@ -543,6 +543,22 @@ def _router_gso(topo: Topology) -> int:
     return sum(r.get("gso", 0) for r in Fabric.status(topo.name)["trim_routers"].values())
 
 
+def test_incast_with_trim_and_nscc(trimmed_run) -> None:
+    """The same incast with the experimental NSCC window (--cc nscc, capped by the same
+    --window): every transfer verifies, and the window reacts to trims, so the fabric trims
+    fewer packets per data packet than the fixed window of the first run in this module."""
+    topo, fixed = trimmed_run
+    run = run_incast(topo, 4815, capture=False, size="8M", send_extra=("--cc", "nscc"))
+    sm, base = run.summary(), fixed.summary()
+    print(f"\nincast with --trim and --cc nscc ({RATE}, window cap {WINDOW}, 8M each):", sm)
+    check_complete(run, topo, 8 << 20)
+    per_packet = sm["fabric_trims"] / sm["data_packets"]
+    fixed_per_packet = base["fabric_trims"] / base["data_packets"]
+    print(f"trims per data packet: nscc {per_packet:.3f}, fixed {fixed_per_packet:.3f}")
+    assert per_packet < fixed_per_packet, (per_packet, fixed_per_packet)
+    assert sm["retransmits_timeout"] <= max(2, 0.02 * max(1, sm["retransmits"])), sm
+
+
 # ---- without trimming -------------------------------------------------------------------------
 
 
