@@ -63,6 +63,7 @@ class NsccWindow:
         "ce",
         "decreases",
         "quick_adapts",
+        "losses_ignored",
         "trace",
         "_next_decrease",
         "_next_adapt",
@@ -99,6 +100,7 @@ class NsccWindow:
         self.ce = False  # the latest sample's subject carried CE
         self.decreases = 0
         self.quick_adapts = 0
+        self.losses_ignored = 0  # losses taken for path failures, not congestion (on_loss)
         #: (time, cwnd in bytes) after every change, when asked for (tests, plots)
         self.trace: list[tuple[float, float]] | None = [] if trace else None
         self._next_decrease = -_INF
@@ -165,6 +167,17 @@ class NsccWindow:
         elif acked > 0:
             cwnd = self.cwnd
             self._set(now, cwnd + acked * (self.mss / cwnd + self.gain * (target - q) / target))
+
+    def on_loss(self, now: float) -> None:
+        """A SACK-detected loss or a timeout. Over sprayed paths a loss is as likely a dead
+        path as a full queue: with no congestion signal (delay at or under target, no CE) it is
+        the EV health's to handle (the EV is retired and its packets resent elsewhere), and the
+        window stays; cutting it would turn every link failure into a goodput collapse. With a
+        congestion signal it is congestion: quick adapt."""
+        if self.qdelay > self.target or self.ce:
+            self.on_congestion_loss(now)
+        else:
+            self.losses_ignored += 1
 
     def on_congestion_loss(self, now: float, rtt_hint: float = 0.0) -> None:
         """A trim, a SACK-detected loss or a timeout: quick adapt, at most once per RTT.

@@ -314,7 +314,7 @@ class Requester:
             self._waiting += 1
             self.stats.retransmits_timeout += 1
             if self.cc is not None:
-                self.cc.on_congestion_loss(now)
+                self.cc.on_loss(now)
             if self.health:
                 self.evs.lost(pkt.ev, now, EVReason.TIMEOUT, sent_at=pkt.sent_at)
         if self._tlp_at is not None and self._tlp_at <= now and not self.failed:
@@ -484,7 +484,7 @@ class Requester:
     def _on_losses(self, lost: list[tuple[int, _Packet, bool]], now: float) -> None:
         """Resend packets the loss detector found lost; retire the EVs it blames."""
         if lost and self.cc is not None:
-            self.cc.on_congestion_loss(now)
+            self.cc.on_loss(now)
         for seq, pkt, blame in lost:
             pkt.deadline = _INF
             self._retransmit.append(seq)

@@ -259,3 +259,19 @@ def test_window_law_units() -> None:
     for i in range(2000):
         w.on_ack(0.2 + i * 1e-4, 1000, 0.001, False)
     assert w.cwnd == pytest.approx(w.ceiling) and w.cwnd <= w.cap
+
+
+def test_a_loss_without_congestion_is_a_path_failure_not_a_window_cut() -> None:
+    """Over sprayed paths a lost packet with no queueing and no CE is a dead path (EV health
+    retires it); NSCC must not collapse the window for it, as it did for the failover demo
+    (during-failure goodput 89% -> 94% of capacity once losses were told apart). With queueing
+    over target the same loss is congestion and quick-adapts."""
+    w = NsccWindow(mss=1000, cap_packets=100, initial_packets=10, target_delay=0.001)
+    for i in range(20):
+        w.on_ack(i * 1e-4, 1000, 0.001, False)  # base RTT 1 ms, no queue: grow
+    before = w.cwnd
+    w.on_loss(0.01)
+    assert w.cwnd == before and w.quick_adapts == 0 and w.losses_ignored == 1
+    w.on_ack(0.011, 1000, 0.004, False)  # 3 ms of queue now: congestion
+    w.on_loss(0.0111)
+    assert w.quick_adapts == 1 and w.cwnd < before
