@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
+
+import jsonschema
 
 EVS = 8  # few EVs, so "connected" is a clear jump in the number of open sockets
 
@@ -53,6 +56,9 @@ def test_sender_dies_mid_transfer(mrc_tools, mrc_port: int) -> None:
     assert len(lines) == 1 and lines[0].startswith("mrc-recv: error: "), res.describe()
     assert "sender went away" in lines[0]
     out = json.loads(res.stdout)
+    # a failed transfer's report follows the documented schema too (docs/schemas/)
+    schema = Path(__file__).resolve().parents[2] / "docs" / "schemas" / "mrc-recv.schema.json"
+    jsonschema.validate(out, json.loads(schema.read_text()))
     assert out["ok"] is False and "sender went away" in out["error"]
     assert out["bytes_placed"] < out["bytes"]
 
