@@ -173,8 +173,11 @@ class NsccWindow:
         path as a full queue: with no congestion signal (delay at or under target, no CE) it is
         the EV health's to handle (the EV is retired and its packets resent elsewhere), and the
         window stays; cutting it would turn every link failure into a goodput collapse. With a
-        congestion signal it is congestion: quick adapt."""
-        if self.qdelay > self.target or self.ce:
+        congestion signal (queueing delay over twice the target, or CE) it is congestion: quick
+        adapt."""
+        # twice the target: a window in steady state keeps the delay around the target, so
+        # "over target" alone would take every path failure for congestion half the time
+        if self.qdelay > 2 * self.target or self.ce:
             self.on_congestion_loss(now)
         else:
             self.losses_ignored += 1
