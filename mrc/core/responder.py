@@ -67,9 +67,8 @@ class Responder:
         else:
             (_o, _f, _p, qpw, psnw, va, rkey, length) = hdr.unpack_from(data)
             imm = 0
-        if psnw & (wire.BTH_SECURE << 24):
-            stats.dropped_by_reason["security_unsupported"] += 1
-            return
+        # the S flag was handled before dispatch (QueuePair.receive_datagram): a datagram
+        # reaching here is either unprotected or already unsealed, its S bit cleared
         # Without keys, whatever a stranger can learn from our answers it can probe for, so
         # an unknown rkey and a PSN no sender may use get none: dropped and counted exactly
         # like a datagram for an unknown QP (no ACK, no NACK, no PSN/SACK state, no EV
