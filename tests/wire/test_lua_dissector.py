@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tshark_fields import read_fields
 
 import mrc
 from mrc import wire
@@ -369,17 +370,7 @@ def _write_pcap(path: Path, frames: list[bytes]) -> None:
 def _decode(pcap: Path, *extra: str) -> list[dict[str, list[str]]]:
     """tshark's reading of ``pcap`` with the script: per frame, each field's values."""
     assert TSHARK is not None
-    cmd = [TSHARK, "-r", str(pcap), "-X", f"lua_script:{LUA}", *extra, "-T", "fields"]
-    cmd += ["-E", "separator=\t", "-E", "occurrence=a", "-E", "aggregator=,"]
-    for f in FIELDS:
-        cmd += ["-e", f]
-    res = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
-    assert res.returncode == 0, res.stderr.decode(errors="replace")
-    frames = []
-    for line in res.stdout.decode().splitlines():
-        cols = line.split("\t")
-        frames.append({f: (v.split(",") if v else []) for f, v in zip(FIELDS, cols, strict=True)})
-    return frames
+    return read_fields(TSHARK, str(pcap), FIELDS, "-X", f"lua_script:{LUA}", *extra)
 
 
 def _value(raw: str, want: object) -> object:

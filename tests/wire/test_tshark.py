@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
+from tshark_fields import read_fields
 
 from mrc import wire
 
@@ -188,29 +189,7 @@ def _wait_capturing(proc: subprocess.Popen[bytes]) -> str:
 
 def _decode(pcap: str, *extra: str) -> list[dict[str, list[str]]]:
     """tshark's reading of ``pcap``: per frame, each field's values (all occurrences)."""
-    cmd = [
-        TSHARK,
-        "-r",
-        pcap,
-        *extra,
-        "-T",
-        "fields",
-        "-E",
-        "separator=\t",
-        "-E",
-        "occurrence=a",
-        "-E",
-        "aggregator=,",
-    ]
-    for f in FIELDS:
-        cmd += ["-e", f]
-    res = subprocess.run(cmd, capture_output=True, timeout=30, check=False)
-    assert res.returncode == 0, res.stderr.decode(errors="replace")
-    frames = []
-    for line in res.stdout.decode().splitlines():
-        cols = line.split("\t")
-        frames.append({f: (v.split(",") if v else []) for f, v in zip(FIELDS, cols, strict=True)})
-    return frames
+    return read_fields(TSHARK, pcap, FIELDS, *extra, timeout=30)
 
 
 @pytest.fixture(scope="module")
