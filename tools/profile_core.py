@@ -77,6 +77,11 @@ class Stopwatch:
         self.overhead = self.ns.pop("_probe") / self.calls.pop("_probe")
         self._undo.pop()()
 
+    def restore(self) -> None:
+        """Put every wrapped method back, the last wrapped first."""
+        while self._undo:
+            self._undo.pop()()
+
     def per_packet_us(self, packets: int) -> dict[str, float]:
         return {
             k: round((v - self.calls[k] * self.overhead) / packets / 1000, 3)
@@ -129,9 +134,7 @@ def core_model(size: int, security: str, burst: int) -> dict[str, Any]:
         for ev, hdr, payload in b.datagrams_to_send(now + 0.001):
             a.receive_datagram(memoryview(hdr + bytes(payload)), ports_b[ev], now)
     wall = time.perf_counter() - t0
-    sw.__dict__["_undo"], undo = [], sw._undo
-    for f in reversed(undo):
-        f()
+    sw.restore()
     if bytes(region[: 1 << 16]) != bytes(data[: 1 << 16]):
         raise SystemExit("profile_core: the data did not arrive intact")
     stages = sw.per_packet_us(packets)
