@@ -5,6 +5,12 @@ chunks, then posts a zero-length WRITE_IMM carrying ``DONE_IMM``. Completions ar
 when the receiver sees that immediate every byte before it is placed. Each side then hashes
 its buffer (SHA-256) and the two hashes are swapped over the side channel: both sides know
 whether what was placed is what was sent, and both exit non-zero if not.
+
+A timed transfer (mrc/timed.py, ``mrc-send --time``) asks for a region of two equal slots and
+writes round after round into them, each round ended by a zero-length WRITE_IMM carrying
+``ROUND_IMM | round``; the receiver hashes the slot of every such round and answers with a
+``RoundDigest`` the sender checks. Its ``DONE_IMM`` and verdict then cover the region as the
+last two rounds left it.
 """
 
 from __future__ import annotations
@@ -20,9 +26,12 @@ from typing import Any
 from mrc.connection import Connection
 from mrc.errors import MRCError
 from mrc.transport.control import ControlError
-from mrc.transport.messages import Abort, Done, MessageError, Result, StatValue
+from mrc.transport.messages import Abort, Done, MessageError, Result, RoundDigest, StatValue
 
 DONE_IMM = 0x4D524321  # "MRC!"
+#: a timed transfer's end of round ``r``: ``ROUND_IMM | (r mod 2^24)`` ("R" in the top byte)
+ROUND_IMM = 0x52000000
+ROUND_MASK = 0xFFFFFF
 CHUNK = 16 << 20
 RESULT_TIMEOUT = 30.0
 #: default for both sides: fail a transfer on which nothing moved for this long (a peer stopped
@@ -30,7 +39,7 @@ RESULT_TIMEOUT = 30.0
 IDLE_TIMEOUT = 30.0
 
 
-class _Stall:
+class Stall:
     """Fails a transfer whose progress counter has not moved for ``limit`` seconds."""
 
     def __init__(self, limit: float, what: str) -> None:
@@ -86,10 +95,31 @@ async def send_buffer(
     start = time.perf_counter()
     for off in range(0, n, CHUNK):
         conn.post_write(data[off : off + CHUNK], region, off)
-    done = conn.post_write(b"", region, n, imm=DONE_IMM)
     peer_msg = asyncio.ensure_future(conn.recv_message())
+    stall = Stall(idle_timeout, "nothing acknowledged by the receiver")
+    return await conclude(
+        conn, peer_msg, lambda: sha256_of(data), n, start, stall, on_progress=on_progress
+    )
+
+
+async def conclude(
+    conn: Connection,
+    peer_msg: asyncio.Future[dict[str, object] | None],
+    digest_of: Callable[[], str],
+    n: int,
+    start: float,
+    stall: Stall,
+    on_progress: Callable[[int], None] | None = None,
+) -> TransferResult:
+    """The sender's end of every transfer, once its data WRITEs are posted: the ``DONE_IMM``
+    WRITE_IMM after them, the receiver watched meanwhile (``peer_msg``: its next side-channel
+    message, anything before the verdict means it gave up), then ``digest_of()`` (the SHA-256
+    the receiver's region must have, computed off the event loop) swapped for its verdict.
+    ``n``: the payload bytes the transfer moved."""
+    region = conn.requested
+    assert region is not None
+    done = conn.post_write(b"", region, region.length, imm=DONE_IMM)
     either: set[asyncio.Future[Any]] = {done, peer_msg}
-    stall = _Stall(idle_timeout, "nothing acknowledged by the receiver")
     try:
         while not done.done():
             await asyncio.wait(either, timeout=0.1, return_when="FIRST_COMPLETED")
@@ -99,7 +129,7 @@ async def send_buffer(
             if not done.done():
                 stall.check(acked)
             if peer_msg.done() and not done.done():
-                raise MRCError(f"receiver gave up: {_reason(peer_msg.result())}")
+                raise MRCError(f"receiver gave up: {reason(peer_msg.result())}")
         try:
             done.result()
         except ConnectionError as exc:
@@ -107,7 +137,7 @@ async def send_buffer(
         seconds = time.perf_counter() - start
         # hashed after the data is placed, while the receiver hashes too: hashing during the
         # transfer would steal a core from the two endpoints on small machines
-        digest = await asyncio.to_thread(sha256_of, data)
+        digest = await asyncio.to_thread(digest_of)
         await conn.send_message(Done(digest, n).to_json())
         reply = await asyncio.wait_for(peer_msg, RESULT_TIMEOUT)
     except (ControlError, TimeoutError) as exc:
@@ -141,7 +171,7 @@ async def send_buffer(
     )
 
 
-def _reason(msg: dict[str, object] | None) -> str:
+def reason(msg: dict[str, object] | None) -> str:
     """Why a peer that spoke (or hung up) before the transfer completed gave up."""
     if msg is None:
         return "closed the connection"
@@ -166,10 +196,10 @@ async def receive_buffer(
     first packet too: a sender that connects and never sends does not hold the receiver)."""
     start = time.perf_counter()
     n = len(view)
-    imm = asyncio.ensure_future(_wait_done(conn))
+    imm = asyncio.ensure_future(_wait_done(conn, view))
     msg = asyncio.ensure_future(conn.recv_message())
     either: set[asyncio.Future[Any]] = {imm, msg}
-    stall = _Stall(idle_timeout, "no data from the sender")
+    stall = Stall(idle_timeout, "no data from the sender")
     try:
         while not imm.done():
             await asyncio.wait(either, timeout=0.1, return_when="FIRST_COMPLETED")
@@ -180,8 +210,10 @@ async def receive_buffer(
                 stall.check(placed)
             if msg.done() and not imm.done():
                 early = msg.result()
-                if early is None or early.get("type") != "done":
+                if early is None:
                     raise MRCError("sender went away before the transfer completed")
+                if early.get("type") != "done":
+                    raise MRCError(f"sender gave up: {reason(early)}")
                 # the sender saw its WRITE_IMM acknowledged: the completion is imminent
                 await asyncio.wait_for(asyncio.shield(imm), 5.0)
         imm.result()
@@ -212,9 +244,11 @@ async def receive_buffer(
         await conn.send_message(verdict.to_json())
     if on_progress is not None:
         on_progress(n)
+    rounds = imm.result()
     return TransferResult(
         ok=error is None,
-        bytes=n,
+        # a timed transfer moved its rounds (each one slot, hashed here); others the region
+        bytes=rounds * (n // 2) if rounds else n,
         seconds=seconds,
         sha256=digest,
         peer_sha256=peer_sha,
@@ -233,7 +267,24 @@ def _stats(conn: Connection) -> dict[str, StatValue]:
     return out
 
 
-async def _wait_done(conn: Connection) -> None:
+async def _wait_done(conn: Connection, view: memoryview) -> int:
+    """Wait for ``DONE_IMM``, answering every round of a timed transfer on the way with the
+    hash of its slot (the sender writes that slot again only after the answer); returns how
+    many rounds there were (0: not a timed transfer)."""
+    rounds = 0
     while True:
-        if await conn.next_immediate() == DONE_IMM:
-            return
+        imm = await conn.next_immediate()
+        if imm == DONE_IMM:
+            return rounds
+        if imm & ~ROUND_MASK != ROUND_IMM:
+            continue
+        number = imm & ROUND_MASK
+        if number != rounds & ROUND_MASK:
+            raise MRCError(f"round {number} ended where round {rounds & ROUND_MASK} was due")
+        slot = len(view) // 2
+        if slot == 0 or len(view) % 2:
+            raise MRCError(f"a timed transfer needs two equal slots, not {len(view)} bytes")
+        part = view[(rounds % 2) * slot : (rounds % 2 + 1) * slot]
+        digest = await asyncio.to_thread(sha256_of, part)
+        await conn.send_message(RoundDigest(number, digest).to_json())
+        rounds += 1

@@ -325,7 +325,7 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
         "role": "recv",
         "from": peer,
         "out": path if not args.discard else None,
-        "bytes": size,
+        "bytes": result.bytes if result else size,  # a timed sender's rounds, all verified
         "seconds": round(result.seconds, 6) if result else None,
         "goodput_bps": round(result.goodput_bps) if result else None,
         # CPU time of this process since the transfer began (hashing included; with --count
@@ -347,7 +347,7 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
         emit_json(out)
     elif ok and result is not None:
         print(
-            f"ok: received {human_bytes(size)} from {peer} in {result.seconds:.3f} s "
+            f"ok: received {human_bytes(result.bytes)} from {peer} in {result.seconds:.3f} s "
             f"({human_rate(result.goodput_bps)}); sha256 {result.sha256[:16]}... verified"
         )
     if not ok:  # with --json too: every failure is one line on stderr

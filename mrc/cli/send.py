@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import logging
 import mmap
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 from mrc.cli.common import (
     Parser,
@@ -18,6 +22,7 @@ from mrc.cli.common import (
     configure_logging,
     emit_json,
     endpoint_arg,
+    float_between,
     human_bytes,
     human_rate,
     load_key,
@@ -26,6 +31,7 @@ from mrc.cli.common import (
     run_command,
     size_arg,
 )
+from mrc.cli.intervals import Meter, Stream, interval_header, interval_line
 from mrc.cli.pathopts import (
     EVLog,
     add_path_args,
@@ -34,12 +40,14 @@ from mrc.cli.pathopts import (
     load_fabric,
     local_plane_addrs,
 )
-from mrc.connection import connect
+from mrc.cli.sendreport import Outcome, summary_table, totals
+from mrc.connection import Connection, connect
 from mrc.core.config import QPConfig
 from mrc.errors import MRCError
 from mrc.fabric.topology import Topology
 from mrc.security.packet import DATA_OVERHEAD
-from mrc.transfer import IDLE_TIMEOUT, send_buffer
+from mrc.timed import SLOT, Posted, RoundData, send_timed
+from mrc.transfer import IDLE_TIMEOUT, TransferResult, send_buffer
 from mrc.units import SIZE_HELP, parse_rate
 from mrc.wire import DEFAULT_PORT
 
@@ -61,6 +69,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--size",
         type=size_arg,
         help=f"send N random bytes instead (64M, 1G...; {SIZE_HELP})",
+    )
+    src.add_argument(
+        "--time",
+        type=float_between(0.0, 86400.0),
+        metavar="SECONDS",
+        help=f"send random data for this long instead, in verified rounds of "
+        f"{human_bytes(SLOT)} (the receiver checks each round's SHA-256)",
+    )
+    p.add_argument(
+        "--interval",
+        type=float_between(0.0, 3600.0),
+        metavar="SECONDS",
+        help="report every SECONDS: bytes, goodput, retransmits, trims and EVs by state "
+        '(a line each on stdout; with --json an "intervals" list)',
+    )
+    p.add_argument(
+        "--parallel",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="send over N queue pairs (connections) at once, each the whole FILE, --size or "
+        f"--time; the receiver takes them as N transfers (mrc-recv --count N; 1..{MAX_PARALLEL})",
     )
     p.add_argument(
         "--to",
@@ -125,7 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load(args: argparse.Namespace) -> tuple[memoryview, str]:
+def _load(args: argparse.Namespace) -> tuple[memoryview | RoundData, str]:
+    """What every stream sends: a file (mapped), --size random bytes, or --time's rounds."""
+    if args.time is not None:
+        return RoundData(), f"<random rounds for {args.time:g} s>"
     if args.file is not None:
         try:
             fd = os.open(args.file, os.O_RDONLY)
@@ -144,6 +177,8 @@ def _load(args: argparse.Namespace) -> tuple[memoryview, str]:
         buf[off : min(off + step, args.size)] = os.urandom(min(step, args.size - off))
     return memoryview(buf)[: args.size], f"<{args.size} random bytes>"
 
+
+MAX_PARALLEL = 64
 
 DEFAULT_WINDOW = 512
 DEFAULT_PAYLOAD = 1400
@@ -191,98 +226,141 @@ async def _main(args: argparse.Namespace) -> int:
     host = host_address(fabric, host)
     local = args.local or local_plane_addrs(fabric)
     data, label = _load(args)
+    size = 2 * data.slot if isinstance(data, RoundData) else len(data)
     evlog = EVLog(args.ev_log)
     log.info("connecting to [%s]:%d from %s", host, port, ", ".join(local or ["the default route"]))
     log.debug("QP config %s", config)
-    conn = await connect(
-        host,
-        port,
-        evs=args.evs,
-        local_addrs=local,
-        config=config,
-        request_size=len(data),
-        request_name=os.path.basename(label),
-        fabric=fabric,
-        key=key,
-        encrypt=args.encrypt,
-    )
-    log.info(
-        "connected: sending %s (%s) over %d EVs; window %d packets of %d bytes, security %s",
-        label,
-        human_bytes(len(data)),
-        args.evs,
-        config.max_outstanding,
-        config.payload_size,
-        ("encrypt" if args.encrypt else "integrity") if key else "none",
-    )
-    quiet = args.no_progress or args.quiet
-    progress = Progress(len(data), "sending", False if quiet else None)
+    conns: list[Connection] = []
     try:
-        evlog.attach(conn, "send")
-        apply_denies(conn, args.deny)
-        cpu0 = time.process_time()
-        result = await send_buffer(conn, data, progress.update, args.idle_timeout)
-        cpu = time.process_time() - cpu0
+        for _ in range(args.parallel):
+            conn = await connect(
+                host,
+                port,
+                evs=args.evs,
+                local_addrs=local,
+                config=config,
+                request_size=size,
+                request_name=os.path.basename(label),
+                fabric=fabric,
+                key=key,
+                encrypt=args.encrypt,
+            )
+            conns.append(conn)
+            evlog.attach(conn, "send")
+            apply_denies(conn, args.deny)
+        log.info(
+            "connected %d QP(s): sending %s over %d EVs each; window %d packets of %d bytes, "
+            "security %s",
+            len(conns),
+            label,
+            args.evs,
+            config.max_outstanding,
+            config.payload_size,
+            ("encrypt" if args.encrypt else "integrity") if key else "none",
+        )
+        out = await _run(args, conns, data)
     finally:
-        progress.finish()
-        stats = conn.stats()
-        evs = conn.ev_report()
-        health = conn.ev_counters()
-        await conn.close()
+        for conn in conns:
+            await conn.close()
         evlog.close()
-    peer = result.peer_stats
-    srtt = stats["srtt"]
     out = {
-        "ok": result.ok,
+        "ok": out["ok"],
         "role": "send",
         "source": label,
         "to": f"[{host}]:{port}",
-        "bytes": result.bytes,
-        "seconds": round(result.seconds, 6),
-        "goodput_bps": round(result.goodput_bps),
-        # CPU time (user + system) of this process during the transfer, hashing included
-        "cpu_seconds": round(cpu, 4),
-        "sha256": result.sha256,
-        "sha256_receiver": result.peer_sha256,
+        "time": args.time,
         "payload": args.payload,
         "security": ("encrypt" if args.encrypt else "integrity") if key else "none",
-        "planes": len({e["plane"] for e in evs}),
-        "packets_sent": stats["packets_sent"],
-        "data_packets": stats["data_packets_sent"],
-        "retransmits": stats["retransmits"],
-        "retransmits_nack": stats["retransmits_nack"],
-        "retransmits_timeout": stats["retransmits_timeout"],
-        "nacks": stats["nacks"],
-        "trims_seen": peer.get("trims_seen", 0),
-        "sacks": stats["sacks"],
-        "retransmits_sack": stats["retransmits_sack"],
-        "retransmits_tlp": stats["retransmits_tlp"],
-        "srtt_ms": round(srtt * 1000, 3) if isinstance(srtt, float) and srtt else None,
-        "dropped_by_reason": peer.get("dropped_by_reason", {}),
-        **health,
-        "evs": evs,
+        "planes": len({e["plane"] for e in out["evs"]}),
+        **out,
     }
     if args.json:
         emit_json(out)
     else:
         print(
-            f"{'ok' if result.ok else 'FAILED'}: sent {human_bytes(result.bytes)} in "
-            f"{result.seconds:.3f} s ({human_rate(result.goodput_bps)}) over {len(evs)} EVs, "
-            f"{stats['retransmits']} retransmits; sha256 {result.sha256[:16]}..."
+            f"{'ok' if out['ok'] else 'FAILED'}: sent {human_bytes(out['bytes'])} in "
+            f"{out['seconds']:.3f} s ({human_rate(out['goodput_bps'])}) over "
+            f"{len(out['evs'])} EVs, {out['retransmits']} retransmits; "
+            + (f"sha256 {out['sha256'][:16]}..." if out["sha256"] else f"{len(conns)} streams")
         )
-    if not result.ok:
-        raise MRCError(result.error or "transfer failed")
+        print(summary_table(out))
+    if not out["ok"]:
+        raise MRCError(out["error"] or "transfer failed")
     return 0
+
+
+async def _run(
+    args: argparse.Namespace, conns: list[Connection], data: memoryview | RoundData
+) -> dict[str, Any]:
+    """Send on every connection at once, sampled by a Meter; the totals of the streams."""
+    posted = [Posted() for _ in conns]
+    meter_streams = [Stream(c, p) for c, p in zip(conns, posted, strict=True)]
+    show: Callable[[dict[str, Any]], None] | None = None
+    if args.interval and not args.json:
+        print(interval_header(), flush=True)
+
+        def show(record: dict[str, Any]) -> None:
+            print(interval_line(record), flush=True)
+
+    meter = Meter(meter_streams, args.interval, show)
+    timed = isinstance(data, RoundData)
+    quiet = args.no_progress or args.quiet or timed or bool(args.interval)
+    total = len(conns) * (0 if isinstance(data, RoundData) else len(data))
+    progress = Progress(total, "sending", False if quiet else None)
+    done = [0] * len(conns)
+
+    def on_progress(i: int, value: int) -> None:
+        done[i] = value
+        progress.update(sum(done))
+
+    async def one(i: int, conn: Connection) -> TransferResult:
+        report = functools.partial(on_progress, i)
+        if isinstance(data, RoundData):
+            return await send_timed(conn, data, args.time, posted[i], args.idle_timeout, report)
+        posted[i].bytes = len(data)
+        return await send_buffer(conn, data, report, args.idle_timeout)
+
+    cpu0 = time.process_time()
+    meter.start()
+    tasks = [asyncio.ensure_future(one(i, c)) for i, c in enumerate(conns)]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:  # the first stream that failed fails the run
+            if task.done() and task.exception() is not None:
+                task.result()
+        results = [t.result() for t in tasks]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        progress.finish()
+    await meter.stop([r.bytes for r in results])
+    cpu = time.process_time() - cpu0
+    outcomes = [
+        Outcome(r, c.stats(), c.ev_report(), c.ev_counters())
+        for r, c in zip(results, conns, strict=True)
+    ]
+    out = totals(outcomes, cpu, meter.peak_bps)
+    if args.interval:
+        out["intervals"] = meter.intervals
+    return out
+
+
+def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage errors argparse cannot see on its own (exit status 2)."""
+    if args.parallel > MAX_PARALLEL:
+        parser.error(f"--parallel: at most {MAX_PARALLEL} streams, not {args.parallel}")
+    try:
+        _config(args)
+    except ValueError as exc:
+        parser.error(str(exc))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args)
-    try:
-        _config(args)
-    except ValueError as exc:
-        parser.error(str(exc))
+    _check_usage(parser, args)
     return run_command(PROG, _main(args))
 
 

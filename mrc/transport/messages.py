@@ -477,6 +477,26 @@ class Result:
 
 
 @dataclass(frozen=True, slots=True)
+class RoundDigest:
+    """Receiver -> sender in a timed transfer (``mrc-send --time``): round ``round`` (counted
+    modulo 2^24, as its immediate carries it) is placed and its slot hashes to ``sha256``."""
+
+    round: int
+    sha256: str
+    type: Literal["round"] = "round"
+
+    @classmethod
+    def from_json(cls, obj: object) -> RoundDigest:
+        f = _Fields(obj, "round message")
+        if f.get("type") != "round":
+            f.fail("type", '"round"', f.get("type"))
+        return cls(f.integer("round", 0, U24), f.text("sha256", 64, _SHA256))
+
+    def to_json(self) -> JSON:
+        return {"type": "round", "round": self.round, "sha256": self.sha256}
+
+
+@dataclass(frozen=True, slots=True)
 class Abort:
     """Either side giving up mid-transfer, with the reason: ``{"error": "..."}``."""
 
