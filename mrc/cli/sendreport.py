@@ -81,7 +81,9 @@ def totals(outcomes: list[Outcome], cpu: float, peak_bps: float) -> dict[str, An
     evs: list[dict[str, object]] = []
     for i, o in enumerate(outcomes):
         evs.extend({**row, "stream": i} if len(outcomes) > 1 else row for row in o.evs)
-    errors = [f"stream {s['stream']}: {s['error']}" for s in streams if s["error"]]
+    errors = [s["error"] for s in streams if s["error"]]
+    if len(streams) > 1:
+        errors = [f"stream {s['stream']}: {s['error']}" for s in streams if s["error"]]
     return {
         "ok": all(s["ok"] for s in streams),
         "bytes": total,

@@ -167,6 +167,9 @@ def test_recv_refuses_oversized_transfer(mrc_tools, mrc_port: int) -> None:
 SEND_FLAGS = [
     "--idle-timeout",
     "--size",
+    "--time",
+    "--interval",
+    "--parallel",
     "--to",
     "--evs",
     "--payload",

@@ -1,0 +1,96 @@
+"""send_timed (mrc-send --time): rounds into two slots, each checked by the receiver's hash."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import pytest
+
+import mrc
+from mrc.timed import ROTATIONS, Posted, RoundData, send_timed
+from mrc.transfer import receive_buffer
+
+SLOT = 256 << 10
+
+
+async def _pair(size: int):
+    buffers: list[bytearray] = []
+
+    def factory(n: int, _request: dict[str, object]) -> bytearray:
+        buffers.append(bytearray(max(n, 1)))
+        return buffers[-1]
+
+    listener = await mrc.listen("::1", 0, region_factory=factory)
+    conn = await mrc.connect(
+        "::1", listener.port, evs=16, request_size=size, config=mrc.QPConfig(payload_size=4096)
+    )
+    peer = await listener.accept(timeout=5)
+    return listener, conn, peer, buffers[0]
+
+
+def test_rounds_are_distinct_rotations_and_the_region_digest_follows_them() -> None:
+    data = RoundData(1024)
+    rounds = [bytes(data.round(r)) for r in range(ROTATIONS)]
+    assert len(set(rounds)) == ROTATIONS  # r and r + 2 (one slot) never carry the same bytes
+    assert [hashlib.sha256(r).hexdigest() for r in rounds] == data.digests
+    region = bytearray(2048)
+    assert data.region_digest(0) == hashlib.sha256(region).hexdigest()
+    for r in range(7):  # place the rounds as the receiver would, slot r % 2
+        region[(r % 2) * 1024 : (r % 2 + 1) * 1024] = data.round(r)
+        assert data.region_digest(r + 1) == hashlib.sha256(region).hexdigest(), r
+
+
+async def test_timed_transfer_verifies_every_round_on_both_sides() -> None:
+    data = RoundData(SLOT)
+    listener, conn, peer, buf = await _pair(2 * SLOT)
+    try:
+        assert peer.granted is not None
+        posted = Posted()
+        sent, got = await asyncio.gather(
+            send_timed(conn, data, 0.3, posted),
+            receive_buffer(peer, peer.granted.view[: 2 * SLOT]),
+        )
+        assert sent.ok and got.ok, (sent.error, got.error)
+        rounds = sent.bytes // SLOT
+        assert rounds >= 3 and sent.bytes == rounds * SLOT == posted.bytes
+        # the receiver counts the rounds it hashed, not the region
+        assert got.bytes == sent.bytes
+        assert 0.3 <= sent.seconds < 10
+        assert sent.sha256 == got.sha256 == hashlib.sha256(buf[: 2 * SLOT]).hexdigest()
+        assert sent.sha256 == data.region_digest(rounds)
+        assert sent.peer_stats["bytes_placed"] == sent.bytes
+    finally:
+        await conn.close()
+        await listener.close()
+
+
+async def test_a_round_whose_hash_differs_fails_both_sides() -> None:
+    """The receiver hashes a buffer the data never lands in: round 0 already differs."""
+    data = RoundData(SLOT)
+    listener, conn, peer, _buf = await _pair(2 * SLOT)
+    try:
+        elsewhere = memoryview(bytearray(2 * SLOT))
+        sent, got = await asyncio.gather(
+            send_timed(conn, data, 5.0),
+            receive_buffer(peer, elsewhere),
+            return_exceptions=True,
+        )
+        assert isinstance(sent, mrc.MRCError)
+        assert str(sent) == "SHA-256 mismatch in round 0: data placed differs from sent"
+        assert isinstance(got, mrc.MRCError)
+        assert str(got) == f"sender gave up: {sent}"
+    finally:
+        await conn.close()
+        await listener.close()
+
+
+async def test_a_region_too_small_for_two_rounds_is_refused() -> None:
+    data = RoundData(SLOT)
+    listener, conn, _peer, _buf = await _pair(SLOT)
+    try:
+        with pytest.raises(mrc.MRCError, match="large enough for two rounds"):
+            await send_timed(conn, data, 1.0)
+    finally:
+        await conn.close()
+        await listener.close()
