@@ -24,6 +24,7 @@ from mrc.transport.messages import (
     RegionRequest,
     RemoteRegion,
     Result,
+    RoundDigest,
     Welcome,
     parse_reply,
 )
@@ -280,6 +281,8 @@ def test_messages_round_trip() -> None:
     result = Result(True, SHA, {"bytes_placed": 5, "srtt": None, "dropped_by_reason": {"a": 1}})
     assert Result.from_json(result.to_json()) == result
     assert Abort.from_json({"error": "disk full"}) == Abort("disk full")
+    digest = RoundDigest(7, SHA)
+    assert RoundDigest.from_json(digest.to_json()) == digest
 
 
 @pytest.mark.parametrize(
@@ -295,6 +298,10 @@ def test_messages_round_trip() -> None:
             {"type": "result", "ok": True, "sha256": SHA, "stats": {"x": float("nan")}},
             "stats.x",
         ),
+        (RoundDigest, {"type": "round", "round": 1 << 24, "sha256": SHA}, "round must be"),
+        (RoundDigest, {"type": "round", "round": True, "sha256": SHA}, "round must be"),
+        (RoundDigest, {"type": "round", "round": 1}, "sha256 is missing"),
+        (RoundDigest, {"type": "done", "round": 1, "sha256": SHA}, 'type must be "round"'),
         (Abort, {"error": None}, "error must be a string"),
         (Abort, {}, "error is missing"),
         (RemoteRegion, {"name": "", "rkey": 1, "addr": (1 << 64) - 1, "length": 2}, "length"),
