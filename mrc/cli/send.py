@@ -233,19 +233,27 @@ async def _main(args: argparse.Namespace) -> int:
     log.debug("QP config %s", config)
     conns: list[Connection] = []
     try:
-        for _ in range(args.parallel):
-            conn = await connect(
-                host,
-                port,
-                evs=args.evs,
-                local_addrs=local,
-                config=config,
-                request_size=size,
-                request_name=os.path.basename(label),
-                fabric=fabric,
-                key=key,
-                encrypt=args.encrypt,
-            )
+        for i in range(args.parallel):
+            try:
+                conn = await connect(
+                    host,
+                    port,
+                    evs=args.evs,
+                    local_addrs=local,
+                    config=config,
+                    request_size=size,
+                    request_name=os.path.basename(label),
+                    fabric=fabric,
+                    key=key,
+                    encrypt=args.encrypt,
+                )
+            except MRCError as exc:
+                if i == 0:
+                    raise
+                raise MRCError(
+                    f"stream {i + 1} of {args.parallel}: {exc} (--parallel {args.parallel} "
+                    f"needs a receiver that takes {args.parallel} transfers: mrc-recv --count)"
+                ) from None
             conns.append(conn)
             evlog.attach(conn, "send")
             apply_denies(conn, args.deny)

@@ -79,6 +79,16 @@ def test_parallel_streams_are_each_verified(mrc_tools, mrc_port) -> None:
     assert sum(1 for e in out["evs"] if e["stream"] == 1) == len(out["evs"]) // 2
 
 
+def test_parallel_beyond_what_the_receiver_takes_is_one_line(mrc_tools, mrc_port) -> None:
+    recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard")
+    recv.wait_listening(mrc_port)
+    sent = mrc_tools.run("mrc-send", "--size", "1M", "--parallel", "2", "--to", f"[::1]:{mrc_port}")
+    assert sent.returncode == 1, sent.describe()
+    assert sent.stderr.count("\n") == 1
+    assert sent.stderr.startswith("mrc-send: error: stream 2 of 2: connection refused")
+    assert "mrc-recv --count" in sent.stderr
+
+
 def test_human_output_has_interval_lines_and_the_summary_table(mrc_tools, mrc_port) -> None:
     size = 2 << 20
     recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--count", "2")
