@@ -109,7 +109,8 @@ class Meter:
                 next_tick += PEAK_TICK * max(1, int((now - next_tick) / PEAK_TICK) + 1)
             if now >= next_interval and self.interval:
                 self._close_interval(sample)
-                next_interval += self.interval
+                while next_interval <= now:  # a loop held up past a boundary: one long interval
+                    next_interval += self.interval
 
     def _tick(self, sample: _Sample) -> None:
         span = sample.time - self._last_tick.time
@@ -133,6 +134,12 @@ class Meter:
         self.intervals.append(record)
         if self.on_interval is not None:
             self.on_interval(record)
+
+    def cancel(self) -> None:
+        """Stop sampling without a last interval (the run failed)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
 
     async def stop(self, final_bytes: list[int]) -> None:
         """Stop sampling; the last interval ends now, with each stream at ``final_bytes``."""

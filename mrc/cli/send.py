@@ -314,7 +314,7 @@ async def _run(
     meter = Meter(meter_streams, args.interval, show)
     timed = isinstance(data, RoundData)
     quiet = args.no_progress or args.quiet or timed or bool(args.interval)
-    total = len(conns) * (0 if isinstance(data, RoundData) else len(data))
+    total = 0 if isinstance(data, RoundData) else len(conns) * len(data)
     progress = Progress(total, "sending", False if quiet else None)
     done = [0] * len(conns)
 
@@ -338,6 +338,9 @@ async def _run(
             if task.done() and task.exception() is not None:
                 task.result()
         results = [t.result() for t in tasks]
+    except BaseException:
+        meter.cancel()
+        raise
     finally:
         for task in tasks:
             task.cancel()
