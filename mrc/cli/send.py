@@ -18,6 +18,7 @@ from mrc.cli.common import (
     configure_logging,
     emit_json,
     endpoint_arg,
+    float_between,
     human_bytes,
     human_rate,
     load_key,
@@ -116,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="local address of one plane; repeat once per plane/NIC (default: the "
         "address the kernel picks towards HOST)",
     )
+    p.add_argument(
+        "--wait",
+        type=float_between(0.0, 3600.0, " s", low_inclusive=True),
+        default=0.0,
+        metavar="SECONDS",
+        help="while the receiver refuses the connection (not started yet, e.g. a container "
+        "started beside this one), keep trying for up to SECONDS (default 0: fail at once)",
+    )
     add_path_args(p)
     add_idle_timeout(p, "the receiver acknowledges nothing", IDLE_TIMEOUT)
     add_key_args(p, "also encrypt every payload with AES-128-GCM (needs a key)")
@@ -205,6 +214,7 @@ async def _main(args: argparse.Namespace) -> int:
         fabric=fabric,
         key=key,
         encrypt=args.encrypt,
+        wait=args.wait,
     )
     log.info(
         "connected: sending %s (%s) over %d EVs; window %d packets of %d bytes, security %s",
