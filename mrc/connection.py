@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import logging
+import os
 import secrets
 import socket
 import time
@@ -59,6 +61,8 @@ from mrc.wire import DEFAULT_PORT
 
 if TYPE_CHECKING:
     from mrc.fabric.topology import Topology
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Buffer",
@@ -892,6 +896,9 @@ async def _open_side_channel(
             ) from None
         except OSError as exc:
             if exc.errno in _RETRYABLE and time.monotonic() + delay <= deadline:
+                log.debug(
+                    "[%s]:%d: %s; trying again in %g s", host, port, os.strerror(exc.errno), delay
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
