@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import logging
+import os
 import secrets
 import socket
 import time
@@ -59,6 +61,8 @@ from mrc.wire import DEFAULT_PORT
 
 if TYPE_CHECKING:
     from mrc.fabric.topology import Topology
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Buffer",
@@ -866,6 +870,46 @@ async def listen(
     return listener
 
 
+#: connect errors worth trying again while ``wait`` lasts: nobody listens yet, or the
+#: address or its route is not up yet (a container's interface still coming up)
+_RETRYABLE = (errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL)
+
+
+async def _open_side_channel(
+    host: str, port: int, timeout: float, wait: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The TCP side channel to ``host``:``port``, tried again on refusal while ``wait`` lasts.
+
+    Polling is the only way here: nothing tells a client that a remote listener has started.
+    Retries back off from 50 ms to 1 s so a peer that never comes costs little.
+    """
+    deadline = time.monotonic() + wait
+    delay = 0.05
+    while True:
+        try:
+            return await asyncio.wait_for(
+                asyncio.open_connection(host, port, limit=MAX_LINE), timeout
+            )
+        except TimeoutError:
+            raise MRCError(
+                f"peer [{host}]:{port} unreachable (no answer in {timeout:g} s)"
+            ) from None
+        except OSError as exc:
+            if exc.errno in _RETRYABLE and time.monotonic() + delay <= deadline:
+                log.debug(
+                    "[%s]:%d: %s; trying again in %g s", host, port, os.strerror(exc.errno), delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            if isinstance(exc, ConnectionRefusedError):
+                waited = f" after trying for {wait:g} s" if wait > 0 else ""
+                raise MRCError(
+                    f"connection refused by [{host}]:{port}{waited} (is mrc-recv listening there?)"
+                ) from None
+            raise MRCError(f"cannot reach [{host}]:{port}: {exc.strerror or exc}") from None
+
+
 async def connect(
     host: str,
     port: int = DEFAULT_PORT,
@@ -880,6 +924,7 @@ async def connect(
     fabric: Topology | None = None,
     key: bytes | None = None,
     encrypt: bool = False,
+    wait: float = 0.0,
 ) -> Connection:
     """Connect a QP to a listener at ``host``:``port``.
 
@@ -891,6 +936,8 @@ async def connect(
     listener to allocate a region of that size for us (it appears first in ``remote``).
     ``regions``: memory of ours the listener may write into (announced in the hello; its
     ``remote``). ``timeout`` bounds the TCP connect and the wait for the listener's answer.
+    ``wait``: for up to this many seconds, a refused or unroutable connect is tried again (the
+    receiver, say a container started beside this one, may still be starting); 0 fails at once.
 
     ``key``: the listener's pre-shared key; both sides prove they hold it, and every datagram
     of the connection is then authenticated, its payload also encrypted with ``encrypt``.
@@ -914,18 +961,7 @@ async def connect(
         _adopt(core.pd, region)
     host = _resolve(host)
     locals_ = [_resolve(a) for a in local_addrs] if local_addrs else []
-    try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, limit=MAX_LINE), timeout
-        )
-    except TimeoutError:
-        raise MRCError(f"peer [{host}]:{port} unreachable (no answer in {timeout:g} s)") from None
-    except ConnectionRefusedError:
-        raise MRCError(
-            f"connection refused by [{host}]:{port} (is mrc-recv listening there?)"
-        ) from None
-    except OSError as exc:
-        raise MRCError(f"cannot reach [{host}]:{port}: {exc.strerror or exc}") from None
+    reader, writer = await _open_side_channel(host, port, timeout, wait)
     control = ControlChannel(reader, writer)
     if not locals_:
         locals_ = [writer.get_extra_info("sockname")[0]]

@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from mrc.cli.common import (
     Parser,
@@ -30,6 +31,7 @@ from mrc.errors import FabricError, UsageError
 from mrc.fabric import Fabric, FabricSpec, load_topology
 from mrc.fabric import netns as nsutil
 from mrc.fabric.builder import require_root
+from mrc.fabric.containers import exec_argv
 from mrc.fabric.spec import NAME_RE
 from mrc.fabric.topology import Topology, topology_path
 
@@ -90,14 +92,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="trim MRC data packets to their headers instead of dropping them when a link's"
         " queue would overflow (tc eBPF on the routers; needs --rate, clang, libbpf-dev)",
     )
+    up.add_argument(
+        "--host-image",
+        metavar="IMAGE",
+        help="run every host as a container of IMAGE (podman, or docker; MRC_ENGINE picks),"
+        " its plane NICs inside the container's network namespace; `exec` then runs commands"
+        " in the container (docker/build.sh builds an image with mrc in it)",
+    )
     up.add_argument("--json", action="store_true", help="print the topology JSON on stdout")
 
     down = sub.add_parser(
         "down",
         help="remove a fabric (idempotent; works without the topology file)",
         description=(
-            "Remove every namespace named mrc-NAME-<node> (and with them every veth), kill"
-            " processes left inside them, delete the topology file. Touches nothing else."
+            "Remove every container labelled mrc.fabric=NAME, every namespace named"
+            " mrc-NAME-<node> (and with them every veth), kill processes left inside them,"
+            " delete the topology file. Touches nothing else."
         ),
     )
     name_opt(down)
@@ -189,6 +199,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         rate=args.rate,
         mtu=args.mtu,
         trim=args.trim,
+        host_image=args.host_image,
     )
     spec.validate()
     require_root()
@@ -211,6 +222,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         f" spines + {topo.leaves_per_plane} leaves), {len(topo.hosts)} hosts,"
         f" {len(topo.links)} links, mtu {topo.mtu}, rate {topo.rate or 'unshaped'}"
         + (", trimming on" if topo.trim else "")
+        + (f", hosts are {topo.engine} containers of {topo.host_image}" if topo.engine else "")
     )
     print(f"topology: {topology_path(topo.name)}")
     _print_hosts(topo)
@@ -327,6 +339,27 @@ def _resolve_netns(name: str, node: str) -> str:
         raise FabricError(f"no fabric {name!r} with a node {node!r}") from None
 
 
+def _container_of(name: str, node: str) -> tuple[str, str] | None:
+    """(engine, container) if ``node`` is a host run as a container, else None."""
+    try:
+        topo = load_topology(name)
+    except FabricError:
+        return None
+    item = next((h for h in topo.hosts if node in (h.name, h.netns)), None)
+    if item is None or not item.container:
+        return None
+    return topo.engine, item.container
+
+
+def _in_image(program: str) -> str:
+    """A program of this tool's own virtualenv (its Python, mrc-recv...) names the image's
+    program of the same name, on the image's PATH: the host's files are not in the container."""
+    path = Path(program)
+    if path.is_absolute() and path.parent == Path(sys.executable).parent:
+        return path.name
+    return program
+
+
 def _cmd_exec(args: argparse.Namespace) -> int:
     require_root()
     cmd = list(args.cmd)
@@ -345,6 +378,12 @@ def _cmd_exec(args: argparse.Namespace) -> int:
                 raise UsageError(f"exec: unexpected argument {opt!r} before '--'")
     if not cmd:
         raise UsageError("exec needs a command: mrc-fabric exec NODE -- CMD [ARGS...]")
+    container = _container_of(args.name, args.node)
+    if container is not None:
+        engine, name = container
+        argv = exec_argv(engine, name, [_in_image(cmd[0]), *cmd[1:]], sys.stdin.isatty())
+        sys.stdout.flush()
+        os.execvp(argv[0], argv)
     ns = _resolve_netns(args.name, args.node)
     sys.stdout.flush()
     nsutil.enter_for_exec(ns)

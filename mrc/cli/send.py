@@ -147,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="local address of one plane; repeat once per plane/NIC (default: the "
         "address the kernel picks towards HOST)",
     )
+    p.add_argument(
+        "--wait",
+        type=float_between(0.0, 3600.0, " s", low_inclusive=True),
+        default=0.0,
+        metavar="SECONDS",
+        help="while the receiver refuses the connection (not started yet, e.g. a container "
+        "started beside this one), keep trying for up to SECONDS (default 0: fail at once)",
+    )
     add_path_args(p)
     add_idle_timeout(p, "the receiver acknowledges nothing", IDLE_TIMEOUT)
     add_key_args(p, "also encrypt every payload with AES-128-GCM (needs a key)")
@@ -246,6 +254,7 @@ async def _main(args: argparse.Namespace) -> int:
                     fabric=fabric,
                     key=key,
                     encrypt=args.encrypt,
+                    wait=args.wait,
                 )
             except MRCError as exc:
                 if i == 0:

@@ -4,7 +4,9 @@ Order matters and is the reason this module exists as one sequence:
 
 1. create every namespace and set its sysctls *before* any link exists, so interfaces are
    born with ``keep_addr_on_down=1`` (else ``ip link set down`` deletes static IPv6 addresses),
-   ``accept_dad=0`` and ``seg6_enabled=1`` (and ``forwarding=1`` on routers);
+   ``accept_dad=0`` and ``seg6_enabled=1`` (and ``forwarding=1`` on routers); with
+   ``--host-image`` a host's namespace is a container's (:mod:`mrc.fabric.containers`), started
+   with no network and attached under /run/netns before any link exists;
 2. create each veth pair directly with its two ends in their namespaces (no move, so the
    per-namespace defaults apply), with deterministic MACs and the fabric MTU;
 3. set per-interface sysctls explicitly as well (belt and braces: SRv6 is checked on the
@@ -17,6 +19,7 @@ Order matters and is the reason this module exists as one sequence:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -70,8 +73,17 @@ def build(topo: Topology) -> float:
     nodes = topo.nodes()
     ns_of = {n: topo.netns_of(n) for n in nodes}
 
+    containers = {h.name: h.container for h in topo.hosts if h.container}
     for node in nodes:
-        netns.create(ns_of[node])
+        if node in containers:
+            from . import containers as ct
+
+            pid = ct.start_host(
+                topo.engine, topo.host_image or "", topo.name, containers[node], node
+            )
+            netns.attach(ns_of[node], pid)
+        else:
+            netns.create(ns_of[node])
         with netns.entered(ns_of[node]):
             _namespace_sysctls(node in routers)
 
@@ -153,6 +165,12 @@ def up(spec: FabricSpec) -> Topology:
 
         obj = trim.prepare()  # tools, compile, bpffs: fail before building anything
     topo = plan(spec)
+    if spec.host_image:
+        from . import containers as ct
+
+        engine = ct.pick_engine()
+        ct.check_image(engine, spec.host_image)
+        topo = dataclasses.replace(topo, engine=engine)
     try:
         build(topo)
         if obj is not None:

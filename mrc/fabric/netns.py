@@ -127,6 +127,20 @@ def create(name: str) -> None:
         os.close(back)
 
 
+def attach(name: str, pid: int) -> None:
+    """Name the network namespace of process ``pid`` ``name`` (``ip netns attach``): how a
+    container's namespace joins the fabric. Raise FileExistsError if ``name`` exists."""
+    _prepare_run_dir()
+    path = netns_path(name)
+    os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
+    try:
+        _check(_mount(f"/proc/{pid}/ns/net", path, "none", MS_BIND), "bind", name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+
+
 def remove(name: str) -> bool:
     """Detach and delete the named namespace; False if it did not exist.
 

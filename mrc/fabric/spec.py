@@ -20,6 +20,9 @@ MAX_LEAVES = 64
 MAX_HOSTS = 256
 MAX_NAMESPACES = 2000
 
+#: An image reference as engines accept it (registry/name:tag@digest, an ID): never an option.
+IMAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@-]{0,254}$")
+
 
 @dataclass(frozen=True)
 class FabricSpec:
@@ -28,6 +31,8 @@ class FabricSpec:
     ``rate`` is a tc rate string applied with tbf to every fabric link in both directions
     (``None``: unshaped); ``mtu`` is applied to every fabric link.  ``trim`` puts the packet
     trimming program on every router (needs ``rate``: it trims before tbf's queue overflows).
+    ``host_image``: run every host as a container of this image (:mod:`mrc.fabric.containers`)
+    instead of a bare namespace.
     """
 
     name: str = "mrc"
@@ -38,6 +43,7 @@ class FabricSpec:
     rate: str | None = None
     mtu: int = 1500
     trim: bool = False
+    host_image: str | None = None
 
     def validate(self) -> None:
         """Raise :class:`UsageError` with a one-line reason if this spec cannot be built."""
@@ -66,6 +72,8 @@ class FabricSpec:
             raise UsageError(
                 "--trim needs --rate: trimming acts when a shaped link's queue would overflow"
             )
+        if self.host_image is not None and not IMAGE_RE.match(self.host_image):
+            raise UsageError(f"bad --host-image {self.host_image!r}: not an image name")
         if self.namespace_count > MAX_NAMESPACES:
             raise UsageError(
                 f"fabric would need {self.namespace_count} namespaces (max {MAX_NAMESPACES})"

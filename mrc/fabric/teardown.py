@@ -30,13 +30,16 @@ def fabric_namespaces(name: str) -> list[str]:
 
 
 def down(name: str) -> list[str]:
-    """Remove fabric ``name``: processes, namespaces (and thus links), topology file, and the
-    trimming program's bpffs pins (``/sys/fs/bpf/mrc-<name>``).
+    """Remove fabric ``name``: host containers, processes, namespaces (and thus links), the
+    topology file, and the trimming program's bpffs pins (``/sys/fs/bpf/mrc-<name>``).
 
     Idempotent: removing a fabric that does not exist does nothing and returns [].
     """
     if not NAME_RE.match(name):
         return []
+    from . import containers
+
+    containers.remove(name)  # first: a container's processes would keep its namespace busy
     namespaces = fabric_namespaces(name)
     netns.kill_processes(namespaces)
     removed = [ns for ns in namespaces if netns.remove(ns)]

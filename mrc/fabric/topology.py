@@ -53,6 +53,8 @@ class Host:
     netns: str
     index: int
     nics: tuple[HostNic, ...]
+    #: the container this host runs as (``mrc-fabric up --host-image``); "" for a bare namespace
+    container: str = ""
 
     def nic(self, plane: int) -> HostNic:
         for n in self.nics:
@@ -125,6 +127,8 @@ class Topology:
     version: int = FORMAT_VERSION
     created: float = field(default=0.0, compare=False)
     trim: bool = False  # packet trimming on the routers (mrc.fabric.trim)
+    host_image: str | None = None  # hosts are containers of this image
+    engine: str = ""  # the container engine that runs them (podman or docker)
 
     # --- lookups -----------------------------------------------------------------------------
 
@@ -192,6 +196,7 @@ class Topology:
                 netns=h["netns"],
                 index=h["index"],
                 nics=tuple(HostNic(**n) for n in h["nics"]),
+                container=h.get("container", ""),
             )
             for h in d["hosts"]
         )
@@ -208,6 +213,8 @@ class Topology:
             version=d["version"],
             created=d.get("created", 0.0),
             trim=bool(d.get("trim", False)),
+            host_image=d.get("host_image"),
+            engine=d.get("engine", ""),
         )
 
     def save(self, path: Path | None = None) -> Path:
@@ -261,6 +268,7 @@ def plan(spec: FabricSpec) -> Topology:
                 netns=A.netns_name(fab, A.host_name(h)),
                 index=h,
                 nics=tuple(nics),
+                container=A.netns_name(fab, A.host_name(h)) if spec.host_image else "",
             )
         )
 
@@ -328,4 +336,5 @@ def plan(spec: FabricSpec) -> Topology:
         links=tuple(links),
         created=time.time(),
         trim=spec.trim,
+        host_image=spec.host_image,
     )

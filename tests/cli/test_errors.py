@@ -186,6 +186,7 @@ SEND_FLAGS = [
     "--encrypt",
     "--burst",
     "--cc",
+    "--wait",
     "--version",
     "-v",
     "--verbose",
