@@ -379,3 +379,14 @@ def test_a_host_whose_addresses_are_not_here_is_refused(mrc_tools, tmp_path: Pat
         "mrc-send: error: fabric 'lab': host alpha's plane-0 address 2001:db8::a is not an "
         "address of this machine"
     ], res.describe()
+
+
+def test_the_documented_example_is_a_good_file(tmp_path: Path) -> None:
+    """docs/FABRIC.md's example, read as a user would copy it."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "FABRIC.md").read_text()
+    section = text.split("\n## Real networks\n", 1)[1]
+    example = section.split("```json\n", 1)[1].split("```", 1)[0]
+    topo = load_fabric(str(write(tmp_path / "lab.json", example.encode())))
+    assert [h.name for h in topo.hosts] == ["gpu1", "gpu2"]
+    assert [r.name for r in topo.routers] == ["red-s1", "red-s2", "blue-s1", "blue-s2"]
+    assert topo.host("gpu2").nic(1).address == "2001:db8:1:2::10"
