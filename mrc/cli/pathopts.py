@@ -80,10 +80,14 @@ def local_plane_addrs(topo: Topology | None, name: str | None = None) -> list[st
     else:
         hosts = local_fabric_hosts(topo)
         if not hosts:
-            how = "mrc-fabric exec HOST -- ..." if topo.hosts[0].netns else "--from ADDR ..."
+            how = (
+                "run it with: mrc-fabric exec HOST -- ..."
+                if topo.hosts[0].netns
+                else "run it on one, or give the addresses with --from / --listen"
+            )
             raise MRCError(
                 f"this process is not on a host of fabric {topo.name!r}: no host's plane-0 "
-                f"address is local here (run it on one, or use {how})"
+                f"address is local here ({how})"
             )
         if len(hosts) > 1:
             names = ", ".join(h.name for h in hosts)

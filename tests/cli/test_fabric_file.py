@@ -370,7 +370,7 @@ def test_a_host_whose_addresses_are_not_here_is_refused(mrc_tools, tmp_path: Pat
     res = mrc_tools.run("mrc-send", "--size", "1K", "--to", "beta", "--fabric", str(path))
     assert res.returncode == 1 and res.stderr.splitlines() == [
         "mrc-send: error: this process is not on a host of fabric 'lab': no host's plane-0 "
-        "address is local here (run it on one, or use --from ADDR ...)"
+        "address is local here (run it on one, or give the addresses with --from / --listen)"
     ], res.describe()
     res = mrc_tools.run(
         "mrc-send", "--size", "1K", "--to", "beta", "--fabric", str(path), "--fabric-host", "alpha"
