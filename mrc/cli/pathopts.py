@@ -9,7 +9,7 @@ from typing import IO, TYPE_CHECKING
 
 from mrc.connection import Connection
 from mrc.core.events import EVStateChanged
-from mrc.errors import MRCError
+from mrc.errors import MRCError, UsageError
 
 if TYPE_CHECKING:
     from mrc.fabric.topology import Topology
@@ -19,9 +19,15 @@ def add_path_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fabric",
         metavar="NAME|FILE",
-        help="an mrc-fabric topology (fabric name or JSON file): EVs are spread over "
-        "its SRv6 paths, every spine of every plane; this host's plane addresses "
-        "come from it, and the peer may be named by its fabric host name (h3)",
+        help="a fabric: an mrc-fabric name, its topology file, or a real-fabric file written "
+        "by hand (docs/FABRIC.md): EVs are spread over its SRv6 paths, every spine of every "
+        "plane; this host's plane addresses come from it, and the peer may be named by its "
+        "fabric host name (h3)",
+    )
+    p.add_argument(
+        "--fabric-host",
+        metavar="NAME",
+        help="which host of --fabric this is (default: the one whose addresses are local)",
     )
     p.add_argument(
         "--deny",
@@ -36,12 +42,16 @@ def add_path_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def load_fabric(name: str | None) -> Topology | None:
+def load_fabric(name: str | None, host: str | None = None) -> Topology | None:
+    """``--fabric``: a running mrc-fabric by name, or a file in either format. ``host`` is
+    ``--fabric-host``, which means nothing without a fabric."""
     if name is None:
+        if host is not None:
+            raise UsageError("--fabric-host needs --fabric")
         return None
-    from mrc.fabric import load_topology
+    from mrc.fabric.realfile import load_fabric as load
 
-    return load_topology(name)
+    return load(name)
 
 
 def host_address(topo: Topology | None, name: str) -> str:
@@ -49,24 +59,51 @@ def host_address(topo: Topology | None, name: str) -> str:
     if topo is None:
         return name
     for host in topo.hosts:
-        if host.name == name or host.netns == name:
+        if name in (host.name, host.netns or None):
             return host.nics[0].address
     return name
 
 
-def local_plane_addrs(topo: Topology | None) -> list[str] | None:
-    """The plane addresses of the fabric host this process runs on."""
+def local_plane_addrs(topo: Topology | None, name: str | None = None) -> list[str] | None:
+    """The plane addresses of the fabric host this process runs on: ``name`` (--fabric-host)
+    if given, else the one host of the fabric whose addresses are local here."""
     if topo is None:
         return None
-    from mrc.srv6.evroutes import local_fabric_host
+    from mrc.srv6.evroutes import is_local_address, local_fabric_hosts
 
-    host = local_fabric_host(topo)
-    if host is None:
-        raise MRCError(
-            f"this process is not on a host of fabric {topo.name!r} "
-            f"(run it with: mrc-fabric exec HOST -- ...)"
-        )
-    return [nic.address for nic in sorted(host.nics, key=lambda n: n.plane)]
+    if name is not None:
+        found = [h for h in topo.hosts if h.name == name]
+        if not found:
+            known = ", ".join(h.name for h in topo.hosts)
+            raise UsageError(f"--fabric-host {name}: no such host in {topo.name!r} ({known})")
+        host = found[0]
+    else:
+        hosts = local_fabric_hosts(topo)
+        if not hosts:
+            how = (
+                "run it with: mrc-fabric exec HOST -- ..."
+                if topo.hosts[0].netns
+                else "run it on one, or give the addresses with --from / --listen"
+            )
+            raise MRCError(
+                f"this process is not on a host of fabric {topo.name!r}: no host's plane-0 "
+                f"address is local here ({how})"
+            )
+        if len(hosts) > 1:
+            names = ", ".join(h.name for h in hosts)
+            raise UsageError(
+                f"addresses of several hosts of fabric {topo.name!r} are local here ({names}): "
+                f"say which this is with --fabric-host NAME"
+            )
+        host = hosts[0]
+    nics = sorted(host.nics, key=lambda n: n.plane)
+    for nic in nics:
+        if not is_local_address(nic.address):
+            raise MRCError(
+                f"fabric {topo.name!r}: host {host.name}'s plane-{nic.plane} address "
+                f"{nic.address} is not an address of this machine"
+            )
+    return [nic.address for nic in nics]
 
 
 def apply_denies(conn: Connection, denies: list[str]) -> int:

@@ -361,9 +361,9 @@ async def _main(args: argparse.Namespace) -> int:
     hosts = [h for h, _p in endpoints]
     key = load_key(args)
     outputs = _Outputs(args)
-    fabric = load_fabric(args.fabric)
+    fabric = load_fabric(args.fabric, args.fabric_host)
     if fabric is not None and hosts == ["::"]:
-        hosts = local_plane_addrs(fabric) or hosts
+        hosts = local_plane_addrs(fabric, args.fabric_host) or hosts
     plane_addrs = hosts if len(hosts) > 1 or hosts[0] not in ("::", "0.0.0.0") else None
     evlog = EVLog(args.ev_log)
     listener: Listener = await listen(

@@ -226,14 +226,14 @@ async def _main(args: argparse.Namespace) -> int:
     host, port = parse_endpoint(args.to)
     key = load_key(args)
     config = _config(args)
-    fabric = load_fabric(args.fabric)
+    fabric = load_fabric(args.fabric, args.fabric_host)
     if args.window is None:
         auto = fabric_window(fabric, args.payload)
         if auto is not None:
             args.window = auto
             config = _config(args)
     host = host_address(fabric, host)
-    local = args.local or local_plane_addrs(fabric)
+    local = args.local or local_plane_addrs(fabric, args.fabric_host)
     data, label = _load(args)
     size = 2 * data.slot if isinstance(data, RoundData) else len(data)
     evlog = EVLog(args.ev_log)

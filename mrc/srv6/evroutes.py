@@ -64,16 +64,20 @@ def fabric_routes(topo: Topology, pairs: list[tuple[str, str]]) -> list[list[EVR
     return out
 
 
-def local_fabric_host(topo: Topology) -> Host | None:
-    """The fabric host this process runs on (its plane addresses are local here)."""
-    for host in topo.hosts:
-        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
-            try:
-                s.bind((host.nics[0].address, 0))
-            except OSError:
-                continue
-            return host
-    return None
+def local_fabric_hosts(topo: Topology) -> list[Host]:
+    """Every fabric host whose plane-0 address is local here: one in a fabric host's namespace
+    or on a real host; several only if one machine holds the addresses of several hosts."""
+    return [host for host in topo.hosts if is_local_address(host.nics[0].address)]
+
+
+def is_local_address(address: str) -> bool:
+    """Whether this process can bind to ``address`` (it is configured on a local interface)."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((address, 0))
+        except OSError:
+            return False
+    return True
 
 
 def _norm(address: str) -> str:

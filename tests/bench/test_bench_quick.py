@@ -15,12 +15,14 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from mrc.bench.common import TRANSPORTS, WORKLOADS
 
 pytestmark = pytest.mark.netns
 
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("MRC_BIN_DIR") or Path(sys.executable).parent)
 
 
@@ -81,6 +83,8 @@ def test_quick_run_every_workload_and_transport_verified(tmp_path: Path) -> None
     assert proc.returncode == 0, f"exit {proc.returncode}; stderr: {err[-3000:]}"
     assert took < 60, f"--quick took {took:.1f} s"
     doc = json.loads(out)  # one JSON object, nothing else on stdout
+    schema = json.loads((REPO / "docs" / "schemas" / "mrc-bench.schema.json").read_text())
+    jsonschema.validate(doc, schema)  # key for key what docs/schemas/ says
 
     cfg = doc["config"]
     assert doc["machine"]["cpus"] >= 1

@@ -15,9 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
+
+from mrc.fabric.topology import topology_path
 from tests.fabric.fabric_helpers import unique_name
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
 SIZE = 96 << 20  # about 2 s at 2 x 200 Mbit/s: room for a 0.5 s outage in the middle
 
 
@@ -63,6 +67,8 @@ def test_transfer_and_link_failure_between_host_containers(mrc_image: str) -> No
     engine = topo.engine
     try:
         assert all(h.container for h in topo.hosts)
+        schema = json.loads((ROOT / "docs/schemas/mrc-fabric-topology.schema.json").read_text())
+        jsonschema.validate(json.loads(topology_path(name).read_text()), schema)
         assert len(_containers(engine, name)) == 2
         who = subprocess.run(
             _exec(name, "h0", "id", "-un"), capture_output=True, text=True, check=True
