@@ -398,7 +398,7 @@ def _cmd_exec(args: argparse.Namespace) -> int:
 def _cmd_list(args: argparse.Namespace) -> int:
     fabrics = Fabric.list()
     if args.json:
-        print(json.dumps(fabrics, indent=2))
+        emit_json({"fabrics": fabrics}, indent=2)
         return 0
     if not fabrics:
         print("no fabrics")
@@ -417,20 +417,19 @@ def _cmd_paths(args: argparse.Namespace) -> int:
         raise UsageError("SRC and DST are the same host")
     paths = list_paths(topo, args.src, args.dst)
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "plane": p.plane,
-                        "spine": p.spine,
-                        "segments": list(p.segments),
-                        "src_address": p.src_address,
-                        "dst_address": p.dst_address,
-                    }
-                    for p in paths
-                ],
-                indent=2,
-            )
+        rows = [
+            {
+                "plane": p.plane,
+                "spine": p.spine,
+                "segments": list(p.segments),
+                "src_address": p.src_address,
+                "dst_address": p.dst_address,
+            }
+            for p in paths
+        ]
+        emit_json(
+            {"src": topo.canonical(args.src), "dst": topo.canonical(args.dst), "paths": rows},
+            indent=2,
         )
         return 0
     for p in paths:

@@ -122,10 +122,10 @@ def test_fabric_outputs_match_their_schemas() -> None:
             assert set(status["trim_routers"]) == {r["name"] for r in topo["routers"]}
         paths = _fabric("paths", "--name", name, "h0", "h1", "--json")
         jsonschema.validate(paths, _schema("mrc-fabric-paths"))
-        assert [p["spine"] for p in paths] == ["p0s0", "p0s1", None, "p1s0", "p1s1", None]
+        assert [p["spine"] for p in paths["paths"]] == ["p0s0", "p0s1", None, "p1s0", "p1s1", None]
         listed = _fabric("list", "--json")
         jsonschema.validate(listed, _schema("mrc-fabric-list"))
-        assert listed[name]["namespaces"] == 2 + 2 * 3
+        assert listed["fabrics"][name]["namespaces"] == 2 + 2 * 3
     finally:
         assert "removed 8 namespaces" in _fabric("down", "--name", name, parse=False)
 

@@ -104,7 +104,7 @@ def test_unknown_fabric() -> None:
 def test_happy_paths(small: Topology) -> None:
     name = small.name
     res = run_cli("list", "--json")
-    assert res.returncode == 0 and json.loads(res.stdout)[name]["namespaces"] == 11
+    assert res.returncode == 0 and json.loads(res.stdout)["fabrics"][name]["namespaces"] == 11
 
     res = run_cli("status", "--json", "--name", name)
     st = json.loads(res.stdout)
@@ -122,7 +122,7 @@ def test_happy_paths(small: Topology) -> None:
     assert res.stdout.strip() == "1"
 
     res = run_cli("paths", "--name", name, "h0", "h2", "--json")
-    assert [p["spine"] for p in json.loads(res.stdout)] == ["p0s0", "p0s1", "p1s0", "p1s1"]
+    assert [p["spine"] for p in json.loads(res.stdout)["paths"]] == ["p0s0", "p0s1", "p1s0", "p1s1"]
 
     res = run_cli("ping", "--name", name, "h0", "h2", "--via", "p1s1", "-c", "2")
     assert res.returncode == 0 and "2/2 replies" in res.stdout, res.stderr
