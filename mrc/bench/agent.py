@@ -276,6 +276,8 @@ class StreamTransport(Transport):
 
     def _mptcp_setup(self) -> list[str]:
         """Set the in-kernel path manager up (see :func:`mptcp_setup_commands`)."""
+        if self.agent.mptcp_ready:
+            return ["path manager set up by the coordinator"]
         done = []
         for cmd in mptcp_setup_commands(self.agent.host):
             r = subprocess.run(cmd, capture_output=True, text=True)
@@ -428,6 +430,7 @@ class Agent:
         self.host = self.topo.hosts[self.me]
         self.addrs = [n.address for n in sorted(self.host.nics, key=lambda n: n.plane)]
         self.slot = args.max_size
+        self.mptcp_ready = bool(getattr(args, "mptcp_ready", False))
         self.pool = make_pool(args.seed, self.me, args.max_size)
         self.pool_view = memoryview(self.pool)
         self.inbox = bytearray(self.slot * len(self.topo.hosts))
@@ -587,6 +590,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--max-size", type=int, required=True)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--mptcp-ready",
+        action="store_true",
+        help="the MPTCP path manager was set up from outside (a container host whose user "
+        "may not configure it)",
+    )
     args = p.parse_args(argv)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with contextlib.suppress(ValueError, OSError):

@@ -76,6 +76,7 @@ class BenchConfig:
     seed: int = 1
     quick: bool = False
     verbose: bool = False
+    host_image: str | None = None  # hosts are containers of this image
 
     def timeout(self) -> float:
         return self.step_timeout if self.step_timeout is not None else self.outage + 20.0
@@ -101,7 +102,19 @@ class BenchConfig:
             rate=self.rate,
             mtu=self.mtu,
             trim=trim,
+            host_image=self.host_image,
         )
+
+
+def _setup_mptcp_outside(topo: Any) -> None:
+    """:func:`mptcp_setup_commands` for every host, run with ``ip -n`` from this process."""
+    from mrc.bench.common import mptcp_setup_commands
+
+    for h in topo.hosts:
+        for cmd in mptcp_setup_commands(h):
+            r = subprocess.run(["ip", "-n", h.netns, *cmd[1:]], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise MRCError(f"{h.name}: {' '.join(cmd)}: {r.stderr.strip() or r.returncode}")
 
 
 @dataclass
@@ -288,6 +301,11 @@ class Bench:
     async def start_agents(self, topo: Any) -> list[Agent]:
         cfg = self.cfg
         agents = []
+        extra = []
+        if topo.engine and "mptcp" in cfg.transports:
+            # a container host's user may not configure MPTCP: do it from outside, as root
+            await asyncio.to_thread(_setup_mptcp_outside, topo)
+            extra = ["--mptcp-ready"]
         for h in topo.hosts:
             log_path = os.path.join(self.tmpdir, f"{topo.name}-{h.name}.log")
             log = open(log_path, "wb")  # noqa: SIM115 - handed to the child
@@ -311,6 +329,7 @@ class Bench:
                 str(cfg.max_size()),
                 "--seed",
                 str(cfg.seed),
+                *extra,
             ]
             proc = await asyncio.create_subprocess_exec(
                 *cmd,

@@ -160,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--leaves", type=int_at_least(1), help="leaves per plane (default 2)")
     f.add_argument("--rate", help="tbf rate of every link (default 100mbit; 'none': unshaped)")
     f.add_argument("--mtu", type=int_at_least(1280), help="MTU of every link (default 9000)")
+    f.add_argument(
+        "--host-image",
+        metavar="IMAGE",
+        help="run every host as a container of IMAGE (mrc-fabric up --host-image;"
+        " docker/build.sh builds one)",
+    )
 
     m = p.add_argument_group("MRC")
     m.add_argument("--evs", type=int_at_least(1), help="EVs per QP (default 128)")
@@ -247,6 +253,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "spines",
         "leaves",
         "mtu",
+        "host_image",
         "evs",
         "window",
         "incast_window",

@@ -119,3 +119,25 @@ def test_transfer_and_link_failure_between_host_containers(mrc_image: str) -> No
         Fabric.down(name)
     assert _containers(engine, name) == []
     assert fabric_namespaces(name) == []
+
+
+def test_mrc_bench_between_host_containers(mrc_image: str) -> None:
+    """mrc-bench's agents run inside the host containers (MPTCP set up from outside, since the
+    image's user may not); every step's data is verified by the agents."""
+    res = subprocess.run(
+        [str(BIN / "mrc-bench"), "--quick", "--host-image", mrc_image, "--conditions", "clean"]
+        + ["--workloads", "pair", "--transports", "mrc,mptcp", "--steps", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout)
+    schema = json.loads((ROOT / "docs/schemas/mrc-bench.schema.json").read_text())
+    jsonschema.validate(out, schema)
+    assert out["config"]["host_image"] == mrc_image
+    runs = {(r["transport"], r["workload"]): r for r in out["results"]}
+    assert set(runs) == {("mrc", "pair"), ("mptcp", "pair")}
+    for r in runs.values():
+        assert r["failed_steps"] == 0 and r["sha256_ok"], r
+        assert r["bytes_verified"] == r["bytes_expected"] > 0
