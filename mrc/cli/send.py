@@ -215,7 +215,7 @@ async def _main(args: argparse.Namespace) -> int:
         config.payload_size,
         ("encrypt" if args.encrypt else "integrity") if key else "none",
     )
-    quiet = args.no_progress or args.quiet
+    quiet = args.no_progress or args.quiet or args.json
     progress = Progress(len(data), "sending", False if quiet else None)
     try:
         evlog.attach(conn, "send")
