@@ -116,11 +116,3 @@ def test_recv_metrics_port_in_use_is_one_line_exit_2(mrc_tools, mrc_port: int) -
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.describe()
     assert lines[0].startswith(f"mrc-recv: error: cannot serve metrics on [::1]:{mport}: ")
     assert "in use" in lines[0]
-
-
-def test_recv_metrics_addr_without_port_is_a_usage_error(mrc_tools, mrc_port: int) -> None:
-    res = mrc_tools.run(
-        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--metrics-addr", "::"
-    )
-    assert res.returncode == 2, res.describe()
-    assert res.stderr.startswith("mrc-recv: error: --metrics-addr needs --metrics-port")
