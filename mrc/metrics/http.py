@@ -76,10 +76,14 @@ class MetricsServer:
                 status, body, ctype = self._answer(head)
                 writer.write(_response(status, body, ctype, head.startswith(b"HEAD ")))
                 await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
-            pass  # a client that hung up or sent junk: nothing to answer
-        except (TimeoutError, ConnectionError):
-            pass
+        except (
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+            ValueError,
+            TimeoutError,
+            ConnectionError,
+        ):
+            pass  # a client that hung up, sent junk or dawdled: nothing to answer
         finally:
             self._clients -= 1
             writer.close()
