@@ -372,6 +372,15 @@ class Connection:
         None stops. It runs inside the transport's packet processing, so keep it short."""
         self.channel.on_ev_event = callback
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once, when this connection closes: its QP is detached by then,
+        so its counters are final (how :mod:`mrc.metrics` keeps a closed connection's totals).
+        Called at once if the connection is already closed."""
+        if self._closed:
+            callback()
+        else:
+            self._close_hooks.append(callback)
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -458,6 +467,7 @@ class Listener:
         self._abort_tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self.shared_regions: list[MemoryRegion] = []
+        self._on_connection: list[Callable[[Connection], None]] = []
 
     @property
     def port(self) -> int:
@@ -474,6 +484,12 @@ class Listener:
         limit refused so far (``refused_setups``, ``refused_connections``,
         ``refused_granted_bytes``; absent while zero)."""
         return self.ledger.usage()
+
+    def on_connection(self, callback: Callable[[Connection], None]) -> None:
+        """Call ``callback(conn)`` with every connection this listener sets up, as soon as it
+        is set up (before :meth:`accept` hands it out, and whether it ever does): how
+        :mod:`mrc.metrics` counts a connection that closes before anyone accepts it."""
+        self._on_connection.append(callback)
 
     async def accept(self, timeout: float | None = None, *, started: bool = False) -> Connection:
         """The next connection set up, in set-up order; from here on the caller owns it
@@ -558,6 +574,8 @@ class Listener:
         self.connections.append(conn)
         self._queue.append(conn)
         conn._close_hooks.append(lambda: self._closed_one(conn, admission))
+        for callback in self._on_connection:
+            callback(conn)
         conn.channel.on_first_datagram = lambda: self._on_start(conn)
         if self.start_timeout is not None:
             loop = asyncio.get_running_loop()

@@ -18,6 +18,9 @@ EXPECT = {
         r"^stranger refused: authentication failed: the receiver does not hold our key$",
         r"^encrypted write of 1048576 bytes: ok$",
     ],
+    "scrape_metrics.py": [
+        r"^mrc_qp_placed_bytes_total 2097152, connection says 2097152$",
+    ],
     "incast_simulation.py": [
         r"^fixed: .* \d+ of 3 QPs failed \(PSN \d+ trimmed 1001 times\)$",
         r"^ nscc: .* 0 timeouts, data ok$",

@@ -19,10 +19,10 @@ import logging
 import os
 import select
 import sys
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn, TextIO
 
+from mrc.cli.progress import Progress as Progress  # (re-exported: mrc-send, mrc-recv)
 from mrc.errors import MRCError, UsageError
 from mrc.security.keys import read_key_file
 from mrc.units import parse_rate, parse_size
@@ -344,38 +344,6 @@ def human_rate(bps: float) -> str:
         if bps >= scale:
             return f"{bps / scale:.2f} {unit}"
     return f"{bps:.0f} bit/s"
-
-
-class Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
-
-    def __init__(self, total: int, label: str, enabled: bool | None = None) -> None:
-        self.total = max(total, 1)
-        self.label = label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.start = time.monotonic()
-        self._last = 0.0
-
-    def update(self, done: int, force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not force and now - self._last < 0.1:
-            return
-        self._last = now
-        frac = min(done / self.total, 1.0)
-        width = 30
-        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        rate = done * 8 / max(now - self.start, 1e-9)
-        sys.stderr.write(
-            f"\r{self.label} [{bar}] {frac * 100:5.1f}% {human_bytes(done)} {human_rate(rate)}  "
-        )
-        sys.stderr.flush()
-
-    def finish(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
 
 
 def run_main(prog: str, body: Callable[[], int], interrupted: str = "interrupted") -> int:

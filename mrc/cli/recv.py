@@ -33,6 +33,7 @@ from mrc.cli.common import (
     run_command,
     size_arg,
 )
+from mrc.cli.metricsopts import add_metrics_args, check_metrics_usage, start_metrics
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
 from mrc.connection import START_TIMEOUT, Connection, Listener, listen
 from mrc.errors import MRCError
@@ -133,8 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up if no sender connects and starts sending within this time",
     )
     add_path_args(p)
+    add_metrics_args(p, "the counters of every transfer (and of the listener)")
     p.add_argument("--json", action="store_true", help="print one JSON object per transfer")
-    p.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="never draw progress bars (drawn only when stderr is a terminal, one line per "
+        "transfer, and never with --json or -q)",
+    )
     add_logging_args(p)
     return p
 
@@ -285,8 +292,9 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
     path = outputs.path_of(buf)
     peer = conn.peer_host
     log.info("transfer from %s: %s into %s", peer, human_bytes(size), path if path else "memory")
-    quiet = args.no_progress or args.quiet
-    progress = Progress(size, f"receiving from {peer}", False if quiet else None)
+    quiet = args.no_progress or args.quiet or args.json
+    label = f"{peer} -> {path if path else 'memory'}"
+    progress = Progress(size, label, False if quiet else None)
     evlog.attach(conn, "recv")
     finished = False
 
@@ -386,6 +394,13 @@ async def _main(args: argparse.Namespace) -> int:
         ),
         start_timeout=args.start_timeout,
     )
+    try:
+        metrics = await start_metrics(args)
+    except BaseException:
+        await listener.close()
+        raise
+    if metrics is not None:
+        metrics.exporter.watch_listener(listener)
     # SIGTERM ends the run as Ctrl-C does: through the finally below, so no part file is left
     main_task = asyncio.current_task()
     assert main_task is not None
@@ -420,6 +435,8 @@ async def _main(args: argparse.Namespace) -> int:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await listener.close()
+        if metrics is not None:
+            await metrics.close()
         outputs.remove_all()
         evlog.close()
     return 1 if failures else 0
@@ -444,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging(args)
     _check_usage(parser, args)
+    check_metrics_usage(parser, args)
     return run_command(PROG, _main(args))
 
 

@@ -322,7 +322,7 @@ async def _run(
 
     meter = Meter(meter_streams, args.interval, show)
     timed = isinstance(data, RoundData)
-    quiet = args.no_progress or args.quiet or timed or bool(args.interval)
+    quiet = args.no_progress or args.quiet or args.json or timed or bool(args.interval)
     total = 0 if isinstance(data, RoundData) else len(conns) * len(data)
     progress = Progress(total, "sending", False if quiet else None)
     done = [0] * len(conns)

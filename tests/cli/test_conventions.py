@@ -238,7 +238,8 @@ def test_log_line_format_and_no_doubled_handlers(restore_logging, capsys) -> Non
 def test_no_stderr_prints_left_in_the_commands() -> None:
     """A note printed with print() would ignore -q and -v: what the commands write to stderr
     themselves is only a one-line error; common.py (not scanned) holds the sanctioned writers,
-    die, run_main and the progress bar; everything else goes through logging."""
+    die and run_main, the progress bars draw through rich; everything else goes through
+    logging."""
     allowed = {
         "recv.py": 1,  # mrc-recv: error: transfer from PEER failed: ... (one per transfer)
         "fabric.py": 1,  # mrc-fabric: error: cannot run CMD in NS (exec, after entering NS)

@@ -63,6 +63,9 @@ def test_send_usage_errors(mrc_tools, args: list[str], pattern: str) -> None:
         (["--discard", "--listen", "[::1]:4000", "--listen", "[::2]:4001"], r"same port"),
         (["--discard", "--count", "0"], r"--count"),
         (["--discard", "--max-size", "lots"], r"lots"),
+        (["--discard", "--metrics-port", "70000"], r"--metrics-port: must be a port"),
+        (["--discard", "--metrics-port", "x"], r"--metrics-port: not an integer"),
+        (["--discard", "--metrics-addr", "::"], r"--metrics-addr needs --metrics-port"),
     ],
     ids=[
         "out-and-discard",
@@ -72,6 +75,9 @@ def test_send_usage_errors(mrc_tools, args: list[str], pattern: str) -> None:
         "ports-differ",
         "count-0",
         "bad-max-size",
+        "metrics-port-huge",
+        "metrics-port-nan",
+        "metrics-addr-alone",
     ],
 )
 def test_recv_usage_errors(mrc_tools, args: list[str], pattern: str) -> None:
@@ -207,6 +213,8 @@ RECV_FLAGS = [
     "--start-timeout",
     "--idle-timeout",
     "--timeout",
+    "--metrics-port",
+    "--metrics-addr",
     "--json",
     "--no-progress",
     "--help",
