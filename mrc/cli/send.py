@@ -32,6 +32,7 @@ from mrc.cli.common import (
     size_arg,
 )
 from mrc.cli.intervals import Meter, Stream, interval_header, interval_line
+from mrc.cli.metricsopts import add_metrics_args, check_metrics_usage, start_metrics
 from mrc.cli.pathopts import (
     EVLog,
     add_path_args,
@@ -156,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "started beside this one), keep trying for up to SECONDS (default 0: fail at once)",
     )
     add_path_args(p)
+    add_metrics_args(p, "the counters of this sender's QPs")
     add_idle_timeout(p, "the receiver acknowledges nothing", IDLE_TIMEOUT)
     add_key_args(p, "also encrypt every payload with AES-128-GCM (needs a key)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the result")
@@ -240,6 +242,7 @@ async def _main(args: argparse.Namespace) -> int:
     log.info("connecting to [%s]:%d from %s", host, port, ", ".join(local or ["the default route"]))
     log.debug("QP config %s", config)
     conns: list[Connection] = []
+    metrics = await start_metrics(args)
     try:
         for i in range(args.parallel):
             try:
@@ -264,6 +267,8 @@ async def _main(args: argparse.Namespace) -> int:
                     f"needs a receiver that takes {args.parallel} transfers: mrc-recv --count)"
                 ) from None
             conns.append(conn)
+            if metrics is not None:
+                metrics.exporter.watch_connection(conn)
             evlog.attach(conn, "send")
             apply_denies(conn, args.deny)
         log.info(
@@ -280,6 +285,8 @@ async def _main(args: argparse.Namespace) -> int:
     finally:
         for conn in conns:
             await conn.close()
+        if metrics is not None:
+            await metrics.close()
         evlog.close()
     out = {
         "ok": out["ok"],
@@ -369,6 +376,7 @@ async def _run(
 
 def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors argparse cannot see on its own (exit status 2)."""
+    check_metrics_usage(parser, args)
     if args.parallel > MAX_PARALLEL:
         parser.error(f"--parallel: at most {MAX_PARALLEL} streams, not {args.parallel}")
     try:

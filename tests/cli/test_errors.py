@@ -194,6 +194,8 @@ SEND_FLAGS = [
     "--burst",
     "--cc",
     "--wait",
+    "--metrics-port",
+    "--metrics-addr",
     "--version",
     "-v",
     "--verbose",

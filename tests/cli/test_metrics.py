@@ -116,3 +116,30 @@ def test_recv_metrics_port_in_use_is_one_line_exit_2(mrc_tools, mrc_port: int) -
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.describe()
     assert lines[0].startswith(f"mrc-recv: error: cannot serve metrics on [::1]:{mport}: ")
     assert "in use" in lines[0]
+
+
+def test_send_metrics_during_a_transfer(mrc_tools, mrc_port: int) -> None:
+    """mrc-send --metrics-port serves its own QP's counters while it sends."""
+    mport = free_port()
+    recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--json")
+    recv.wait_listening(mrc_port)
+    send = mrc_tools.start(
+        "mrc-send",
+        "--size",
+        str(SIZE),
+        "--window",
+        "4",
+        "--to",
+        f"[::1]:{mrc_port}",
+        "--metrics-port",
+        str(mport),
+    )
+    send.wait_listening(mport)
+    sent_bytes = "mrc_qp_sent_bytes_total"
+    first = _until(mport, lambda s: s.total(sent_bytes) > 0, "the first bytes sent", send)
+    (labels, _v), *more = first.series(sent_bytes)
+    assert not more and labels["side"] == "connect"
+    second = _until(mport, lambda s: s.total(sent_bytes) > first.total(sent_bytes), "more", send)
+    assert second.total("mrc_qp_received_acks_total") > 0
+    assert send.wait().returncode == 0
+    assert recv.wait().returncode == 0
