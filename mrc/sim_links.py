@@ -57,7 +57,8 @@ Usage (one QP into a 100 Mbit/s last hop that trims and marks; run by the tests)
     fab = Fabric(lasthop=LinkSpec(rate=12.5e6, queue=20_000, ecn=8_000, trim=True))
     net = SimNetwork(seed=1, faults=Faults(delay=0.0, jitter=0.0), fabric=fab)
     net.add_host("a"), net.add_host("b")
-    qa, qb = net.connect("a", "b", evs=16, config=QPConfig(max_outstanding=48), planes=2)
+    cfg = QPConfig(max_outstanding=48, cc="fixed")  # a fixed window, so that the queue overflows
+    qa, qb = net.connect("a", "b", evs=16, config=cfg, planes=2)
     mr = net.hosts["b"].core.pd.register(buf := bytearray(1 << 18))
     qa.post_write(b"x" * len(buf), mr.addr, mr.rkey)
     assert net.run(lambda: qa.idle) and buf == b"x" * len(buf)
@@ -119,6 +120,7 @@ class LinkStats:
     enqueued_bytes: int = 0
     dropped: int = 0  # tail drops
     dropped_bytes: int = 0
+    lost_down: int = 0  # packets that arrived while the link was down (``Link.down``)
     trimmed: int = 0  # data packets cut to their headers
     trimmed_bytes: int = 0  # payload bytes cut off
     ecn_marked: int = 0
@@ -200,6 +202,9 @@ class Link:
         self._data_bytes = 0
         self._prio_bytes = 0
         self._busy = False
+        #: a failed link: every packet that arrives is lost (queued ones still leave), the way
+        #: a spine port that lost its carrier swallows what routing still sends it
+        self.down = False
 
     def __repr__(self) -> str:
         return f"Link({self.name!r}, {self.spec})"
@@ -226,6 +231,10 @@ class Link:
         if st.first_arrival is None:
             st.first_arrival = now
         pkt.arrived = now
+        if self.down:
+            st.lost_down += 1
+            self._trace(now, "drop", pkt, self._data_bytes, False)
+            return
         spec = self.spec
         if spec.rate is None:  # an ideal wire: no queue, no serialization
             st.enqueued += 1

@@ -49,6 +49,9 @@ class NsccWindow:
     __slots__ = (
         "mss",
         "cap",
+        "target_min",
+        "target_packets",
+        "planes",
         "target",
         "gain",
         "md_gain",
@@ -79,6 +82,8 @@ class NsccWindow:
         initial_packets: int,
         target_delay: float,
         gain: float = 0.5,
+        planes: int = 1,
+        target_packets: float = 0.0,
         md_gain: float = 0.8,
         max_md: float = 0.5,
         ce_md: float = 0.125,
@@ -86,6 +91,9 @@ class NsccWindow:
     ) -> None:
         self.mss = mss
         self.cap = float(mss * cap_packets)
+        self.target_min = target_delay
+        self.target_packets = target_packets
+        self.planes = max(1, planes)
         self.target = target_delay
         self.gain = gain
         self.md_gain = md_gain
@@ -234,6 +242,19 @@ class NsccWindow:
             rate = (self._delivered - d0) / (now - t0)
             if rate > self.best_rate:
                 self.best_rate = rate
+                self._scale_target()
+
+    def _scale_target(self) -> None:
+        """The target delay follows the bottleneck: ``target_packets`` packets' worth of one
+        plane's share of the best rate seen, never below the configured minimum. Spraying over
+        many paths queues a few packets at every bottleneck even below capacity, so a fixed
+        target under a few packet times would read that as congestion and hold the window
+        below the path's BDP (docs/CONGESTION.md). Once a rate is known the target can only
+        shrink, as the best rate only grows: congestion cannot raise it."""
+        if self.target_packets <= 0.0 or self.best_rate <= 0.0:
+            return
+        per_plane = self.best_rate / self.planes
+        self.target = max(self.target_min, self.target_packets * self.mss / per_plane)
 
     def _set(self, now: float, cwnd: float) -> None:
         cwnd = min(max(cwnd, float(self.mss)), self.ceiling)

@@ -49,11 +49,15 @@ class QPConfig:
     burst: int = 1
     # congestion control (mrc/core/cc.py, docs/CONGESTION.md): "fixed" = a window of
     # max_outstanding packets, as always; "nscc" = an NSCC-style window, max_outstanding its cap
-    cc: str = "fixed"
+    cc: str = "nscc"
     # nscc: the queueing delay (RTT above the smallest seen) the window aims at, seconds. Above
     # any ACK-coalescing delay of the peer (ack_delay), yet a fraction of a 20-packet queue at
     # 100 Mbit/s (1.6 ms): about 6 kB of queue at 100 Mbit/s, 60 kB at 1 Gbit/s
     cc_target_delay: float = 0.0005
+    # nscc: the target delay also covers this many packet times of one plane's share of the
+    # best delivery rate seen (spraying queues a few packets per bottleneck even below
+    # capacity); cc_target_delay stays the floor. 0: a fixed target
+    cc_target_packets: float = 4.0
     # nscc: the window before any signal, packets (capped by max_outstanding)
     cc_initial_window: int = 16
     # nscc: weight of the proportional increase (0: additive only, one packet per RTT)
@@ -77,6 +81,8 @@ class QPConfig:
             raise ValueError(f"cc must be 'fixed' or 'nscc', not {self.cc!r}")
         if not self.cc_target_delay > 0:
             raise ValueError("cc_target_delay must be > 0 seconds")
+        if not self.cc_target_packets >= 0:
+            raise ValueError("cc_target_packets must be >= 0")
         if self.cc_initial_window < 1:
             raise ValueError("cc_initial_window must be at least 1 packet")
         if self.cc_gain < 0:

@@ -127,6 +127,8 @@ class Requester:
                 config.cc_initial_window,
                 config.cc_target_delay,
                 gain=config.cc_gain,
+                planes=evs.nplanes,
+                target_packets=config.cc_target_packets,
             )
         self._waiting = 0
 
@@ -456,6 +458,7 @@ class Requester:
                 newly += 1
                 if pkt.deadline == _INF:
                     self._waiting -= 1  # queued for a resend that is no longer needed
+                    self.stats.retransmits_cancelled += 1
                 plane = planes[pkt.ev]
                 if pkt.sent_at > delivered[plane]:
                     delivered[plane] = pkt.sent_at

@@ -18,6 +18,9 @@ class QPStats:
     retransmits_timeout: int = 0
     retransmits_sack: int = 0
     retransmits_tlp: int = 0
+    #: packets queued for a resend (one of the four causes above) that an ACK covered before
+    #: they went out again: retransmits + retransmits_cancelled == the four causes' sum
+    retransmits_cancelled: int = 0
     nacks: int = 0
     nacks_ignored: int = 0
     sacks: int = 0

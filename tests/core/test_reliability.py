@@ -31,6 +31,7 @@ def _budget_config(retries: int) -> QPConfig:
         min_rto=0.01,
         max_rto=0.4,
         max_timeout_retries=retries,
+        cc="fixed",  # the whole write goes out at once: the budget is what is counted
     )
 
 
@@ -246,7 +247,7 @@ def _qp_pair(cfg: QPConfig | None = None) -> tuple[QueuePair, QueuePair, Protect
 )
 def test_trim_nack_decoded_from_receiver_output(marks: int, code: int) -> None:
     """Drive two QPs by hand (no simulator) with the largest QPN and a PSN at the wrap."""
-    qa, qb, pd_b = _qp_pair(QPConfig(payload_size=100))
+    qa, qb, pd_b = _qp_pair(QPConfig(payload_size=100, cc="fixed"))
     buf = bytearray(1000)
     mr = pd_b.register(buf)
     qa.post_write(bytes(range(250)), mr.addr + 10, mr.rkey, imm=9)
@@ -281,7 +282,7 @@ def test_trim_nack_decoded_from_receiver_output(marks: int, code: int) -> None:
 
 
 def test_trimmed_duplicate_of_received_packet_is_not_nacked() -> None:
-    qa, qb, pd_b = _qp_pair(QPConfig(payload_size=100))
+    qa, qb, pd_b = _qp_pair(QPConfig(payload_size=100, cc="fixed"))
     mr = pd_b.register(bytearray(500))
     qa.post_write(b"z" * 200, mr.addr, mr.rkey)
     out = qa.datagrams_to_send(0.0)

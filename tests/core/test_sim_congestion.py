@@ -30,6 +30,7 @@ def _config(window: int) -> QPConfig:
         ack_every=4,
         min_rto=0.005,
         initial_rto=0.01,
+        cc="fixed",  # what the queue does to a fixed window is the point here
     )
 
 
@@ -277,8 +278,14 @@ def _trace_digest(seed: int, fabric: Fabric | None = None) -> str:
             return _orig(data, sport, now)
 
         host.core.receive_datagram = rec  # type: ignore[method-assign]
+    # the fixed window the digests were computed with
     cfg = QPConfig(
-        payload_size=1000, max_outstanding=32, ack_every=4, min_rto=0.01, initial_rto=0.02
+        payload_size=1000,
+        max_outstanding=32,
+        ack_every=4,
+        min_rto=0.01,
+        initial_rto=0.02,
+        cc="fixed",
     )
     qa, _qb = net.connect("a", "b", evs=8, config=cfg, planes=2)
     qc, _qb2 = net.connect("c", "b", evs=8, config=cfg, qpn_a=2, qpn_b=2, planes=2)

@@ -33,7 +33,9 @@ def _run(seed: int, cfg: QPConfig, faults: Faults, nbytes: int, tamper=None):
 @pytest.mark.parametrize("max_outstanding", [1, 2, 7, 32, 100])
 def test_max_outstanding_is_respected_and_reached(max_outstanding: int) -> None:
     for seed in range(6):
-        cfg = QPConfig(payload_size=600, max_outstanding=max_outstanding, psn_window=128)
+        cfg = QPConfig(
+            payload_size=600, max_outstanding=max_outstanding, psn_window=128, cc="fixed"
+        )
         faults = Faults(loss=0.03, trim=0.05, duplicate=0.05, reorder=0.3)
         net, t = _run(seed, cfg, faults, 120_000)
         assert not net.violations, net.violations[:3]
