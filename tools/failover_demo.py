@@ -15,6 +15,12 @@ What it does, for each transport in turn, on one freshly built, shaped mrc-fabri
    stall, goodput before / during / after the failure and, for MRC, the time from the heal to
    the healed link's EVs being GOOD again (from the sender's EV event log).
 
+With ``--host-image IMAGE`` the fabric's hosts are containers of an image with mrc in it
+(``mrc-fabric up --host-image``, docker/build.sh): the roles run there as the image's user, with
+its Python, the data file and the result files go through the fabric's shared directory
+(``/run/mrc/share-NAME``, the same path inside and out), and MPTCP's path manager is set up from
+here with ``ip -n``, as root, as everything else that needs root in a host's namespace.
+
 Output: a table on stdout (or one JSON object with ``--json``), a PNG plot of goodput over time
 (``--plot``), progress on stderr.  The fabric has a unique name and is always torn down, also on
 Ctrl-C.  Needs root.
@@ -23,6 +29,7 @@ Ctrl-C.  Needs root.
     .venv/bin/python tools/failover_demo.py --quick --json  # < 1 min
     .venv/bin/python tools/failover_demo.py --fail nic      # host NIC h0-p1l0 instead
     .venv/bin/python tools/failover_demo.py --link p1l0 p1s0 --fail-at 2 --heal-at 4
+    .venv/bin/python tools/failover_demo.py --quick --host-image "$(bash docker/build.sh)"
 """
 
 from __future__ import annotations
@@ -361,30 +368,31 @@ class Child:
                 self.proc.wait(5)
 
 
-def _exec_argv(fabric: str, node: str, cmd: list[str]) -> list[str]:
+def _exec_argv(topo, node: str, cmd: list[str]) -> list[str]:
+    """``cmd`` run in ``node``: in its container (``ENGINE exec``) or its bare namespace."""
     tool = Path(sys.executable).parent / "mrc-fabric"
     if tool.exists():
-        return [str(tool), "exec", "--name", fabric, node, "--", *cmd]
-    from mrc.fabric import load_topology
+        return [str(tool), "exec", "--name", topo.name, node, "--", *cmd]
+    container = topo.host(node).container
+    if container:
+        from mrc.fabric.containers import exec_argv
 
-    return ["ip", "netns", "exec", load_topology(fabric).netns_of(node), *cmd]
-
-
-def _run_in(topo, node: str, *cmd: str) -> None:
-    subprocess.run(
-        ["ip", "netns", "exec", topo.netns_of(node), *cmd],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+        return exec_argv(topo.engine, container, cmd, interactive=False)
+    return ["ip", "netns", "exec", topo.netns_of(node), *cmd]
 
 
 def setup_mptcp(topo, client: str, server: str) -> None:
     """Server announces its other plane addresses (ADD_ADDR); the client accepts them and
-    opens one subflow per plane, each routed over that plane (source = its plane address)."""
+    opens one subflow per plane, each routed over that plane (source = its plane address).
+
+    Done from here, as root, with ``ip -n NETNS``: a host container's user may not."""
     for node, announce in ((client, False), (server, True)):
+        ns = topo.netns_of(node)
         for cmd in mptcp_setup_commands(topo.host(node), announce):
-            _run_in(topo, node, *cmd)
+            done = subprocess.run(["ip", "-n", ns, *cmd[1:]], capture_output=True, text=True)
+            if done.returncode != 0:
+                why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+                raise MRCError(f"mptcp set-up in {node} ({' '.join(cmd)}) failed: {why}")
 
 
 class Demo:
@@ -393,8 +401,8 @@ class Demo:
         self.name = args.name or f"fo{os.getpid() % 100000}"
         self.topo = None
         self.children: list[Child] = []
-        self.workdir = Path(tempfile.mkdtemp(prefix="mrc-failover-", dir="/dev/shm"))
-        self.data = self.workdir / "data.bin"
+        self.workdir: Path | None = None  # made by up(), where the hosts see it
+        self.data = Path("data.bin")
         self.link_state_down = False
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -403,15 +411,30 @@ class Demo:
         from mrc.fabric import Fabric, FabricSpec
 
         a = self.args
+        hosts = f"4 hosts (containers of {a.host_image})" if a.host_image else "4 hosts"
         log(
-            f"building fabric {self.name}: {a.planes} planes x 2 spines x 2 leaves, 4 hosts, "
+            f"building fabric {self.name}: {a.planes} planes x 2 spines x 2 leaves, {hosts}, "
             f"{a.rate} per link, MTU {a.mtu}"
         )
-        self.topo = Fabric.up(FabricSpec(name=self.name, planes=a.planes, rate=a.rate, mtu=a.mtu))
+        spec = FabricSpec(
+            name=self.name, planes=a.planes, rate=a.rate, mtu=a.mtu, host_image=a.host_image
+        )
+        self.topo = topo = Fabric.up(spec)
+        # data and results: in memory, or where host containers see them under the same name
+        self.workdir = Path(
+            tempfile.mkdtemp(prefix="mrc-failover-", dir=topo.share_dir or "/dev/shm")
+        )
+        if topo.share_dir:
+            os.chmod(self.workdir, 0o1777)  # the image's user writes its results here
+        self.data = self.workdir / "data.bin"
 
     def cleanup(self) -> None:
         for c in self.children:
             c.kill()
+        if self.workdir is not None and self.args.keep_files:
+            if self.topo is not None and self.topo.share_dir:  # down removes the shared dir
+                self.workdir = Path(shutil.move(self.workdir, "/dev/shm"))
+            log(f"files kept in {self.workdir}")
         if self.topo is not None:
             from mrc.fabric import Fabric
 
@@ -419,7 +442,7 @@ class Demo:
                 Fabric.down(self.name)
             log(f"fabric {self.name} removed")
             self.topo = None
-        if not self.args.keep_files:
+        if self.workdir is not None and not self.args.keep_files:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ---- data --------------------------------------------------------------------------
@@ -460,7 +483,9 @@ class Demo:
 
     def run_one(self, name: str, size: int, port: int) -> dict:
         a = self.args
-        me = [sys.executable, "-m", "mrc.bench.failover_roles"]
+        # a container runs the image's Python (python3 on its PATH), whose mrc has the roles
+        python = "python3" if self.topo.host("h0").container else sys.executable
+        me = [python, "-m", "mrc.bench.failover_roles"]
         common = ["--fabric", self.name, "--port", str(port), "--size", str(size)]
         rres = self.workdir / f"{name}-recv.json"
         sres = self.workdir / f"{name}-send.json"
@@ -513,10 +538,10 @@ class Demo:
             ]
             if name == "mptcp":
                 setup_mptcp(self.topo, "h0", "h3")
-        recv = Child(_exec_argv(self.name, "h3", rargv), f"{name} receiver")
+        recv = Child(_exec_argv(self.topo, "h3", rargv), f"{name} receiver")
         self.children.append(recv)
         recv.expect("ready", 30)
-        send = Child(_exec_argv(self.name, "h0", sargv), f"{name} sender")
+        send = Child(_exec_argv(self.topo, "h0", sargv), f"{name} sender")
         self.children.append(send)
         t_start = float(send.expect("start", 30).split()[1])
         log(f"{name}: transfer of {size / 1e6:.0f} MB started")
@@ -609,6 +634,8 @@ class Demo:
                 "spines_per_plane": topo.spines_per_plane,
                 "rate": topo.rate,
                 "mtu": topo.mtu,
+                "host_image": topo.host_image,
+                "engine": topo.engine or None,
             },
             "link": list(a.link),
             "link_kind": link.kind,
@@ -809,6 +836,13 @@ def main(argv: list[str] | None = None) -> int:
         "--rate", type=rate_arg, default="200mbit", help="tbf rate on every link (200mbit)"
     )
     p.add_argument("--mtu", type=positive_int, default=9000)
+    p.add_argument(
+        "--host-image",
+        metavar="IMAGE",
+        help="run the fabric's hosts as containers of IMAGE (docker/build.sh builds one;"
+        " podman, or docker: MRC_ENGINE picks); data and results go through the fabric's"
+        " shared directory",
+    )
     p.add_argument(
         "--fail",
         choices=sorted(PRESETS),
