@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
+
 from mrc.fabric.containers import share_dir
 from mrc.fabric.teardown import fabric_namespaces
 from tests.fabric.fabric_helpers import unique_name
@@ -43,6 +45,8 @@ def test_failover_demo_between_host_containers(mrc_image: str) -> None:
     )
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout)
+    schema = json.loads((ROOT / "docs/schemas/failover_demo.schema.json").read_text())
+    jsonschema.validate(out, schema)
     assert out["fabric"]["name"] == name
     assert out["fabric"]["host_image"] == mrc_image
     engine = out["fabric"]["engine"]
