@@ -4,16 +4,22 @@ kernel TCP (pinned to the failed path) and Linux MPTCP (one subflow per plane).
 
 What it does, for each transport in turn, on one freshly built, shaped mrc-fabric:
 
-1. starts a receiver in host h3 and a sender in host h0 (helper modes of this very script, run
-   in the hosts' namespaces with ``mrc-fabric exec``); the MRC ends use the library API
-   (``mrc.listen`` / ``mrc.connect`` with ``fabric=``), so the receiver can sample how many
-   bytes are placed every millisecond, per plane (the sender tells it which EV source port is
-   on which plane); TCP and MPTCP receivers timestamp every ``recv``;
+1. starts a receiver in host h3 and a sender in host h0 (the roles of
+   :mod:`mrc.bench.failover_roles`, run in the hosts with ``mrc-fabric exec``); the MRC ends
+   use the library API (``mrc.listen`` / ``mrc.connect`` with ``fabric=``), so the receiver
+   can sample how many bytes are placed every millisecond, per plane (the sender tells it which
+   EV source port is on which plane); TCP and MPTCP receivers timestamp every ``recv``;
 2. downs a link (default: the spine link p1l1-p1s0, which plain routing in plane 1 uses) at
    ``--fail-at`` seconds after the sender started, and heals it at ``--heal-at``;
 3. checks the SHA-256 of what arrived against what was sent, and computes the largest delivery
    stall, goodput before / during / after the failure and, for MRC, the time from the heal to
    the healed link's EVs being GOOD again (from the sender's EV event log).
+
+With ``--host-image IMAGE`` the fabric's hosts are containers of an image with mrc in it
+(``mrc-fabric up --host-image``, docker/build.sh): the roles run there as the image's user, with
+its Python, the data file and the result files go through the fabric's shared directory
+(``/run/mrc/share-NAME``, the same path inside and out), and MPTCP's path manager is set up from
+here with ``ip -n``, as root, as everything else that needs root in a host's namespace.
 
 Output: a table on stdout (or one JSON object with ``--json``), a PNG plot of goodput over time
 (``--plot``), progress on stderr.  The fabric has a unique name and is always torn down, also on
@@ -23,38 +29,31 @@ Ctrl-C.  Needs root.
     .venv/bin/python tools/failover_demo.py --quick --json  # < 1 min
     .venv/bin/python tools/failover_demo.py --fail nic      # host NIC h0-p1l0 instead
     .venv/bin/python tools/failover_demo.py --link p1l0 p1s0 --fail-at 2 --heal-at 4
+    .venv/bin/python tools/failover_demo.py --quick --host-image "$(bash docker/build.sh)"
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import hashlib
 import json
-import mmap
 import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from array import array
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
-from mrc.bench.common import (  # noqa: E402 - after the sys.path fix above
-    IPPROTO_MPTCP,
-    mptcp_setup_commands,
-    mptcp_subflows,
-)
+from mrc.bench.common import mptcp_setup_commands  # noqa: E402 - after the sys.path fix above
 from mrc.cli.common import (  # noqa: E402
     Parser,
     emit_json,
@@ -67,8 +66,6 @@ from mrc.cli.common import (  # noqa: E402
 from mrc.errors import MRCError  # noqa: E402
 
 PROG = "failover_demo.py"
-DONE_IMM = 0x444F4E45  # "DONE"
-CHUNK = 16 << 20
 TRANSPORTS = ("mrc", "tcp", "mptcp")
 
 PRESETS = {  # --fail NAME -> the link to down (plane 1 by default, see --plane)
@@ -80,435 +77,6 @@ PRESETS = {  # --fail NAME -> the link to down (plane 1 by default, see --plane)
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# =============================================================================================
-# helpers: run inside the host namespaces
-# =============================================================================================
-
-
-def _plane_addrs(topo, host: str) -> list[str]:
-    return [n.address for n in sorted(topo.host(host).nics, key=lambda n: n.plane)]
-
-
-class _NicCounters:
-    """Per-plane rx/tx byte counters of this host's NICs (p0, p1, ...) from /sys.
-
-    ``mrc-fabric exec`` gives the helper a /sys that shows its namespace's interfaces."""
-
-    def __init__(self, planes: int, what: str) -> None:
-        self.files = []
-        for p in range(planes):
-            try:
-                self.files.append(open(f"/sys/class/net/p{p}/statistics/{what}_bytes", "rb"))  # noqa: SIM115
-            except OSError:
-                self.files.append(None)
-
-    def read(self) -> list[int]:
-        out = []
-        for f in self.files:
-            if f is None:
-                out.append(0)
-                continue
-            f.seek(0)
-            out.append(int(f.read()))
-        return out
-
-
-def _mrc_config(args: argparse.Namespace):
-    from mrc.core.config import QPConfig
-
-    cfg = QPConfig(
-        payload_size=args.payload,
-        max_outstanding=args.window,
-        psn_window=max(16384, 4 * args.window),
-    )
-    for item in args.qp or []:
-        key, _, value = item.partition("=")
-        cur = getattr(cfg, key)
-        setattr(cfg, key, type(cur)(value) if not isinstance(cur, bool) else value == "1")
-    cfg.validate()
-    return cfg
-
-
-async def _helper_mrc_recv(args: argparse.Namespace) -> dict:
-    import mrc
-    from mrc.fabric import load_topology
-    from mrc.transfer import sha256_of
-
-    topo = load_topology(args.fabric)
-    addrs = _plane_addrs(topo, args.host)
-    size = args.size
-    buf = mmap.mmap(-1, max(size, 1))
-    view = memoryview(buf)[:size]
-    listener = await mrc.listen(
-        addrs[0],
-        args.port,
-        plane_addrs=addrs,
-        evs=args.ack_evs,
-        config=_mrc_config(args),
-        fabric=topo,
-    )
-    listener.register(buf, name="data")
-    print("ready", flush=True)
-    conn = await listener.accept(timeout=60)
-    # per-EV placement and in-order progress are not in the API (counting them per packet
-    # would slow every receiver): this demo alone instruments the core underneath
-    qp = conn.qp
-    stats = qp.stats
-    resp = qp.responder
-    per_port: dict[int, int] = {}
-    plane_of: dict[int, int] = {}
-    # count placed bytes per source port (= EV of the sender): one extra call per packet
-    orig = resp.on_data
-
-    def on_data(data, src_port, now, imm_op):
-        before = stats.bytes_placed
-        orig(data, src_port, now, imm_op)
-        d = stats.bytes_placed - before
-        if d:
-            per_port[src_port] = per_port.get(src_port, 0) + d
-
-    resp.on_data = on_data
-    payload = qp.config.payload_size
-    nplanes = len(addrs)
-    nic = _NicCounters(nplanes, "rx")
-    t_s = array("d")
-    placed_s = array("q")
-    inorder_s = array("q")
-    plane_t = array("d")
-    plane_s: list[array] = [array("q") for _ in range(nplanes)]
-    nic_s: list[array] = [array("q") for _ in range(nplanes)]
-    done = asyncio.Event()
-
-    async def sampler() -> None:
-        last_plane = 0.0
-        while not done.is_set():
-            now = time.monotonic()
-            t_s.append(now)
-            placed_s.append(stats.bytes_placed)
-            inorder_s.append(min(size, (resp.received_through + 1) * payload))
-            if now - last_plane >= 0.005:
-                last_plane = now
-                plane_t.append(now)
-                sums = [0] * nplanes
-                for port, n in per_port.items():
-                    p = plane_of.get(port)
-                    if p is not None:
-                        sums[p] += n
-                for p in range(nplanes):
-                    plane_s[p].append(sums[p])
-                for p, v in enumerate(nic.read()):
-                    nic_s[p].append(v)
-            await asyncio.sleep(args.sample)
-
-    async def evmap() -> None:
-        msg = await conn.recv_message(timeout=30)
-        if msg and msg.get("type") == "evmap":
-            for port, plane, _route in msg["evs"]:
-                plane_of[int(port)] = int(plane)
-
-    sampler_task = asyncio.ensure_future(sampler())
-    await evmap()
-    while await conn.next_immediate(timeout=600) != DONE_IMM:
-        pass
-    t_done = time.monotonic()
-    done.set()
-    await sampler_task
-    digest = await asyncio.to_thread(sha256_of, view)
-    msg = await conn.recv_message(timeout=30)  # the sender saw its completion
-    await conn.send_message({"type": "result", "sha256": digest})
-    evs_counters = conn.ev_counters()
-    st = conn.stats()
-    await asyncio.sleep(0.05)
-    await listener.close()
-    return {
-        "ok": msg is not None and msg.get("type") == "done",
-        "sha256": digest,
-        "bytes": size,
-        "t_done": t_done,
-        "samples": {"t": list(t_s), "placed": list(placed_s), "inorder": list(inorder_s)},
-        "planes": {
-            "t": list(plane_t),
-            "placed": [list(a) for a in plane_s],
-            "nic_rx": [list(a) for a in nic_s],
-        },
-        "stats": {
-            k: st[k]
-            for k in (
-                "packets_received",
-                "bytes_placed",
-                "duplicates",
-                "acks_sent",
-                "probes_sent",
-                "probes_answered",
-            )
-        },
-        "evs": evs_counters,
-    }
-
-
-async def _helper_mrc_send(args: argparse.Namespace) -> dict:
-    import mrc
-    from mrc.fabric import load_topology
-
-    topo = load_topology(args.fabric)
-    src = _plane_addrs(topo, args.host)
-    dst = _plane_addrs(topo, args.peer)
-    fd = os.open(args.data, os.O_RDONLY)
-    try:
-        data = memoryview(mmap.mmap(fd, args.size, prot=mmap.PROT_READ))
-    finally:
-        os.close(fd)
-    conn = await mrc.connect(
-        dst[0], args.port, evs=args.evs, local_addrs=src, config=_mrc_config(args), fabric=topo
-    )
-    routes = conn.routes
-    events: list[list] = []
-
-    def on_ev(e) -> None:  # EVStateChanged; e.time is the loop's clock = CLOCK_MONOTONIC
-        events.append(
-            [
-                e.time,
-                e.ev,
-                e.sport,
-                e.plane,
-                routes[e.ev] if routes else "direct",
-                e.old_label,
-                e.new_label,
-                e.reason_text,
-            ]
-        )
-
-    conn.on_ev_change(on_ev)
-    rows = conn.ev_report()
-    await conn.send_message(
-        {"type": "evmap", "evs": [[r["sport"], r["plane"], r["route"]] for r in rows]}
-    )
-    region = conn.remote["data"]
-    planes = [int(r["plane"]) for r in rows]
-    nplanes = max(planes) + 1
-    nic = _NicCounters(nplanes, "tx")
-    pt = array("d")
-    pk: list[array] = [array("q") for _ in range(nplanes)]
-    nic_s: list[array] = [array("q") for _ in range(nplanes)]
-    finished = asyncio.Event()
-
-    async def sampler() -> None:
-        while not finished.is_set():
-            pt.append(time.monotonic())
-            sums = [0] * nplanes
-            for i, row in enumerate(conn.ev_report()):
-                sums[planes[i]] += int(row["packets"])
-            for p in range(nplanes):
-                pk[p].append(sums[p])
-            for p, v in enumerate(nic.read()):
-                nic_s[p].append(v)
-            await asyncio.sleep(0.01)
-
-    t_start = time.monotonic()
-    print(f"start {t_start:.6f}", flush=True)
-    sampler_task = asyncio.ensure_future(sampler())
-    n = args.size
-    for off in range(0, n, CHUNK):
-        conn.post_write(data[off : off + CHUNK], region, off)
-    await conn.post_write(b"", region, n, imm=DONE_IMM)
-    t_end = time.monotonic()
-    finished.set()
-    await sampler_task
-    await conn.send_message({"type": "done"})
-    reply = await conn.recv_message(timeout=60)
-    st = conn.stats()
-    report = conn.ev_report()
-    counters = conn.ev_counters()
-    await conn.close()
-    return {
-        "ok": bool(reply and reply.get("type") == "result"),
-        "t_start": t_start,
-        "t_end": t_end,
-        "stats": {
-            k: st[k]
-            for k in (
-                "packets_sent",
-                "data_packets_sent",
-                "retransmits",
-                "retransmits_timeout",
-                "retransmits_sack",
-                "retransmits_nack",
-                "send_errors",
-                "srtt",
-                "rto",
-                "probes_sent",
-                "probes_answered",
-            )
-        },
-        "evs": counters,
-        "ev_report": report,
-        "ev_events": events,
-        "planes": {
-            "t": list(pt),
-            "packets": [list(a) for a in pk],
-            "nic_tx": [list(a) for a in nic_s],
-        },
-    }
-
-
-def _helper_stream_recv(args: argparse.Namespace) -> dict:
-    proto = IPPROTO_MPTCP if args.mptcp else 0
-    topo_addrs = None
-    if args.fabric:
-        from mrc.fabric import load_topology
-
-        topo_addrs = _plane_addrs(load_topology(args.fabric), args.host)
-    nplanes = len(topo_addrs) if topo_addrs else 1
-    ls = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
-    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("::", args.port))
-    ls.listen(1)
-    print("ready", flush=True)
-    ls.settimeout(60)
-    size = args.size
-    while True:
-        c, peer = ls.accept()
-        c.settimeout(None)
-        first = c.recv(1)  # G: data follows; R: the sender starts again (subflows missing)
-        if first != b"R":
-            break
-        c.close()
-    ls.close()
-    buf = mmap.mmap(-1, max(size, 1))
-    view = memoryview(buf)
-    got = 0
-    t_s = array("d")
-    n_s = array("q")
-    nic = _NicCounters(nplanes, "rx")
-    plane_t = array("d")
-    nic_s: list[array] = [array("q") for _ in range(nplanes)]
-    recv_into = c.recv_into
-    mono = time.monotonic
-    last_plane = 0.0
-    while got < size:
-        n = recv_into(view[got:], min(1 << 20, size - got))
-        if n == 0:
-            break
-        got += n
-        now = mono()
-        t_s.append(now)
-        n_s.append(got)
-        if now - last_plane >= 0.005:
-            last_plane = now
-            plane_t.append(now)
-            for p, v in enumerate(nic.read()):
-                nic_s[p].append(v)
-    t_done = mono()
-    digest = hashlib.sha256(view[:got]).hexdigest()
-    with contextlib.suppress(OSError):
-        c.sendall(b"k")
-        c.close()
-    return {
-        "ok": got == size,
-        "sha256": digest,
-        "bytes": got,
-        "t_done": t_done,
-        "peer": str(peer[0]),
-        "samples": {"t": list(t_s), "placed": list(n_s), "inorder": list(n_s)},
-        "planes": {"t": list(plane_t), "nic_rx": [list(a) for a in nic_s]},
-    }
-
-
-def _helper_stream_send(args: argparse.Namespace) -> dict:
-    from mrc.fabric import load_topology
-
-    topo = load_topology(args.fabric)
-    src = _plane_addrs(topo, args.host)
-    dst = _plane_addrs(topo, args.peer)
-    proto = IPPROTO_MPTCP if args.mptcp else 0
-    subflows = None
-    attempts = 0
-    while True:
-        attempts += 1
-        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
-        s.bind((src[args.plane], 0))
-        s.settimeout(10)
-        s.connect((dst[args.plane], args.port))
-        s.settimeout(None)
-        if not args.mptcp:
-            break
-        # let the path manager open the other planes' subflows (one per ADD_ADDR the
-        # receiver announces) before any data flows; an ADD_ADDR whose echo is lost is only
-        # repeated after net.mptcp.add_addr_timeout (120 s), so start again rather than wait
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
-            subflows = mptcp_subflows(s)
-            if subflows is not None and subflows >= args.want_subflows - 1:
-                break
-            time.sleep(0.01)
-        if (subflows is not None and subflows >= args.want_subflows - 1) or attempts >= 3:
-            break
-        s.sendall(b"R")  # tells the receiver to accept again
-        s.close()
-        print(f"retry: {subflows} extra subflows", file=sys.stderr, flush=True)
-    fd = os.open(args.data, os.O_RDONLY)
-    try:
-        data = memoryview(mmap.mmap(fd, args.size, prot=mmap.PROT_READ))
-    finally:
-        os.close(fd)
-    s.sendall(b"G")
-    t_start = time.monotonic()
-    print(f"start {t_start:.6f}", flush=True)
-    step = 1 << 20
-    for off in range(0, args.size, step):
-        s.sendall(data[off : off + step])
-    t_end = time.monotonic()
-    s.shutdown(socket.SHUT_WR)
-    s.settimeout(120)
-    ack = s.recv(1)
-    if args.mptcp:
-        subflows = mptcp_subflows(s) if subflows is None else subflows
-    s.close()
-    return {
-        "ok": ack == b"k",
-        "t_start": t_start,
-        "t_end": t_end,
-        "subflows": subflows,
-        "attempts": attempts,
-    }
-
-
-def helper_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="failover_demo.py _helper")
-    p.add_argument("role", choices=["mrc-recv", "mrc-send", "tcp-recv", "tcp-send"])
-    p.add_argument("--fabric", required=True)
-    p.add_argument("--host", required=True)
-    p.add_argument("--peer")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--size", type=int, required=True)
-    p.add_argument("--data")
-    p.add_argument("--result", required=True)
-    p.add_argument("--payload", type=int, default=8192)
-    p.add_argument("--window", type=int, default=64)
-    p.add_argument("--evs", type=int, default=128)
-    p.add_argument("--ack-evs", type=int, default=16)
-    p.add_argument("--sample", type=float, default=0.001)
-    p.add_argument("--qp", action="append", help="QPConfig field=value")
-    p.add_argument("--mptcp", action="store_true")
-    p.add_argument("--plane", type=int, default=0)
-    p.add_argument("--want-subflows", type=int, default=1)
-    args = p.parse_args(argv)
-    if args.role.startswith("mrc"):
-        from mrc.transport.loop import run
-
-        fn = _helper_mrc_recv if args.role == "mrc-recv" else _helper_mrc_send
-        out = run(fn(args))
-    elif args.role == "tcp-recv":
-        out = _helper_stream_recv(args)
-    else:
-        out = _helper_stream_send(args)
-    tmp = args.result + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(out, fh)
-    os.replace(tmp, args.result)
-    return 0 if out.get("ok") else 1
 
 
 # =============================================================================================
@@ -737,8 +305,17 @@ class Child:
 
     def __init__(self, argv: list[str], label: str) -> None:
         self.label = label
+        # a bare namespace runs this checkout's mrc, as the tool itself does (a container, the
+        # image's: the engine does not pass this environment on)
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": str(REPO) + (os.pathsep + path if path else "")}
         self.proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env=env,
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.err: list[str] = []
@@ -791,30 +368,31 @@ class Child:
                 self.proc.wait(5)
 
 
-def _exec_argv(fabric: str, node: str, cmd: list[str]) -> list[str]:
+def _exec_argv(topo, node: str, cmd: list[str]) -> list[str]:
+    """``cmd`` run in ``node``: in its container (``ENGINE exec``) or its bare namespace."""
     tool = Path(sys.executable).parent / "mrc-fabric"
     if tool.exists():
-        return [str(tool), "exec", "--name", fabric, node, "--", *cmd]
-    from mrc.fabric import load_topology
+        return [str(tool), "exec", "--name", topo.name, node, "--", *cmd]
+    container = topo.host(node).container
+    if container:
+        from mrc.fabric.containers import exec_argv
 
-    return ["ip", "netns", "exec", load_topology(fabric).netns_of(node), *cmd]
-
-
-def _run_in(topo, node: str, *cmd: str) -> None:
-    subprocess.run(
-        ["ip", "netns", "exec", topo.netns_of(node), *cmd],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+        return exec_argv(topo.engine, container, cmd, interactive=False)
+    return ["ip", "netns", "exec", topo.netns_of(node), *cmd]
 
 
 def setup_mptcp(topo, client: str, server: str) -> None:
     """Server announces its other plane addresses (ADD_ADDR); the client accepts them and
-    opens one subflow per plane, each routed over that plane (source = its plane address)."""
+    opens one subflow per plane, each routed over that plane (source = its plane address).
+
+    Done from here, as root, with ``ip -n NETNS``: a host container's user may not."""
     for node, announce in ((client, False), (server, True)):
+        ns = topo.netns_of(node)
         for cmd in mptcp_setup_commands(topo.host(node), announce):
-            _run_in(topo, node, *cmd)
+            done = subprocess.run(["ip", "-n", ns, *cmd[1:]], capture_output=True, text=True)
+            if done.returncode != 0:
+                why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+                raise MRCError(f"mptcp set-up in {node} ({' '.join(cmd)}) failed: {why}")
 
 
 class Demo:
@@ -823,8 +401,8 @@ class Demo:
         self.name = args.name or f"fo{os.getpid() % 100000}"
         self.topo = None
         self.children: list[Child] = []
-        self.workdir = Path(tempfile.mkdtemp(prefix="mrc-failover-", dir="/dev/shm"))
-        self.data = self.workdir / "data.bin"
+        self.workdir: Path | None = None  # made by up(), where the hosts see it
+        self.data = Path("data.bin")
         self.link_state_down = False
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -833,15 +411,30 @@ class Demo:
         from mrc.fabric import Fabric, FabricSpec
 
         a = self.args
+        hosts = f"4 hosts (containers of {a.host_image})" if a.host_image else "4 hosts"
         log(
-            f"building fabric {self.name}: {a.planes} planes x 2 spines x 2 leaves, 4 hosts, "
+            f"building fabric {self.name}: {a.planes} planes x 2 spines x 2 leaves, {hosts}, "
             f"{a.rate} per link, MTU {a.mtu}"
         )
-        self.topo = Fabric.up(FabricSpec(name=self.name, planes=a.planes, rate=a.rate, mtu=a.mtu))
+        spec = FabricSpec(
+            name=self.name, planes=a.planes, rate=a.rate, mtu=a.mtu, host_image=a.host_image
+        )
+        self.topo = topo = Fabric.up(spec)
+        # data and results: in memory, or where host containers see them under the same name
+        self.workdir = Path(
+            tempfile.mkdtemp(prefix="mrc-failover-", dir=topo.share_dir or "/dev/shm")
+        )
+        if topo.share_dir:
+            os.chmod(self.workdir, 0o1777)  # the image's user writes its results here
+        self.data = self.workdir / "data.bin"
 
     def cleanup(self) -> None:
         for c in self.children:
             c.kill()
+        if self.workdir is not None and self.args.keep_files:
+            if self.topo is not None and self.topo.share_dir:  # down removes the shared dir
+                self.workdir = Path(shutil.move(self.workdir, "/dev/shm"))
+            log(f"files kept in {self.workdir}")
         if self.topo is not None:
             from mrc.fabric import Fabric
 
@@ -849,7 +442,7 @@ class Demo:
                 Fabric.down(self.name)
             log(f"fabric {self.name} removed")
             self.topo = None
-        if not self.args.keep_files:
+        if self.workdir is not None and not self.args.keep_files:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ---- data --------------------------------------------------------------------------
@@ -890,7 +483,9 @@ class Demo:
 
     def run_one(self, name: str, size: int, port: int) -> dict:
         a = self.args
-        me = [sys.executable, str(Path(__file__).resolve()), "_helper"]
+        # a container runs the image's Python (python3 on its PATH), whose mrc has the roles
+        python = "python3" if self.topo.host("h0").container else sys.executable
+        me = [python, "-m", "mrc.bench.failover_roles"]
         common = ["--fabric", self.name, "--port", str(port), "--size", str(size)]
         rres = self.workdir / f"{name}-recv.json"
         sres = self.workdir / f"{name}-send.json"
@@ -943,10 +538,10 @@ class Demo:
             ]
             if name == "mptcp":
                 setup_mptcp(self.topo, "h0", "h3")
-        recv = Child(_exec_argv(self.name, "h3", rargv), f"{name} receiver")
+        recv = Child(_exec_argv(self.topo, "h3", rargv), f"{name} receiver")
         self.children.append(recv)
         recv.expect("ready", 30)
-        send = Child(_exec_argv(self.name, "h0", sargv), f"{name} sender")
+        send = Child(_exec_argv(self.topo, "h0", sargv), f"{name} sender")
         self.children.append(send)
         t_start = float(send.expect("start", 30).split()[1])
         log(f"{name}: transfer of {size / 1e6:.0f} MB started")
@@ -1039,6 +634,8 @@ class Demo:
                 "spines_per_plane": topo.spines_per_plane,
                 "rate": topo.rate,
                 "mtu": topo.mtu,
+                "host_image": topo.host_image,
+                "engine": topo.engine or None,
             },
             "link": list(a.link),
             "link_kind": link.kind,
@@ -1223,8 +820,6 @@ def table(out: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "_helper":
-        return helper_main(argv[1:])
     p = Parser(
         prog=PROG,
         description="Down a fabric link mid-transfer and compare MRC, TCP and MPTCP.",
@@ -1241,6 +836,13 @@ def main(argv: list[str] | None = None) -> int:
         "--rate", type=rate_arg, default="200mbit", help="tbf rate on every link (200mbit)"
     )
     p.add_argument("--mtu", type=positive_int, default=9000)
+    p.add_argument(
+        "--host-image",
+        metavar="IMAGE",
+        help="run the fabric's hosts as containers of IMAGE (docker/build.sh builds one;"
+        " podman, or docker: MRC_ENGINE picks); data and results go through the fabric's"
+        " shared directory",
+    )
     p.add_argument(
         "--fail",
         choices=sorted(PRESETS),

@@ -105,9 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
         "down",
         help="remove a fabric (idempotent; works without the topology file)",
         description=(
-            "Remove every container labelled mrc.fabric=NAME, every namespace named"
-            " mrc-NAME-<node> (and with them every veth), kill processes left inside them,"
-            " delete the topology file. Touches nothing else."
+            "Remove every container labelled mrc.fabric=NAME and the directory they shared"
+            " (RUN_DIR/share-NAME), every namespace named mrc-NAME-<node> (and with them every"
+            " veth), kill processes left inside them, delete the topology file. Touches"
+            " nothing else."
         ),
     )
     name_opt(down)

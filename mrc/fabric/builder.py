@@ -170,7 +170,7 @@ def up(spec: FabricSpec) -> Topology:
 
         engine = ct.pick_engine()
         ct.check_image(engine, spec.host_image)
-        topo = dataclasses.replace(topo, engine=engine)
+        topo = dataclasses.replace(topo, engine=engine, share_dir=str(ct.share_dir(spec.name)))
     try:
         build(topo)
         if obj is not None:

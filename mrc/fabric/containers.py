@@ -8,9 +8,12 @@ it, addressed and routed from outside. Programs run in it with ``ENGINE exec`` (
 :func:`exec_argv`), with the image's own file system and Python.
 
 The fabric's run directory (topology files) is mounted read-only at the same path, so
-``--fabric NAME`` works inside. Containers carry the label ``mrc.fabric=<name>`` and the
-fabric's namespace name, and :func:`remove` finds them by label alone (teardown never trusts
-the topology file).
+``--fabric NAME`` works inside. A per-fabric directory under it, ``share-<name>`` (mode 1777, see
+:func:`share_dir`), is mounted read-write at the same path: the one place where files made on
+the host (data to send) and in the containers (results) are seen by both, under the same name.
+Containers carry the label ``mrc.fabric=<name>`` and the fabric's namespace name, and
+:func:`remove` finds them by label alone (teardown never trusts the topology file), as
+:func:`remove_share` finds the shared directory by the fabric's name alone.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 from mrc.errors import FabricError
 
@@ -69,12 +73,37 @@ def check_image(engine: str, image: str) -> None:
         )
 
 
+def share_dir(fabric: str) -> Path:
+    """The directory shared read-write by the host and every host container of ``fabric``."""
+    return run_dir() / f"share-{fabric}"
+
+
+def make_share(fabric: str) -> Path:
+    """Create :func:`share_dir` (empty, mode 1777: the image's user writes there, and only
+    removes what it made) before any container mounts it."""
+    path = share_dir(fabric)
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    path.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(path, 0o1777)  # after mkdir: the umask would take the group's and others' bits
+    return path
+
+
+def remove_share(fabric: str) -> bool:
+    """Remove :func:`share_dir` and everything in it; True if it was there."""
+    path = share_dir(fabric)
+    if path.is_symlink() or not path.is_dir():
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not path.exists()
+
+
 def start_host(engine: str, image: str, fabric: str, container: str, hostname: str) -> int:
     """Start one host container; return the PID whose network namespace is the host's."""
     fabric_dir = str(run_dir())
     os.makedirs(fabric_dir, mode=0o755, exist_ok=True)
+    share = str(make_share(fabric))
     try:
-        _start(engine, image, fabric, container, hostname, fabric_dir)
+        _start(engine, image, fabric, container, hostname, fabric_dir, share)
     except FabricError as exc:
         if engine == "podman" and any(s in str(exc) for s in _CONF_SYMPTOMS):
             raise FabricError(f"{exc} ({_CONF_HINT})") from None
@@ -90,7 +119,9 @@ _CONF_SYMPTOMS = ("rlimit", "cgroups in hybrid mode")
 _CONF_HINT = "try CONTAINERS_CONF=docker/podman.conf: runc and no default ulimits"
 
 
-def _start(engine: str, image: str, fabric: str, container: str, hostname: str, fdir: str) -> None:
+def _start(
+    engine: str, image: str, fabric: str, container: str, hostname: str, fdir: str, share: str
+) -> None:
     _run(
         engine,
         "run",
@@ -105,6 +136,8 @@ def _start(engine: str, image: str, fabric: str, container: str, hostname: str, 
         f"{LABEL}={fabric}",
         "--volume",
         f"{fdir}:{fdir}:ro",
+        "--volume",
+        f"{share}:{share}:rw",
         "--env",
         f"MRC_FABRIC_DIR={fdir}",
         "--entrypoint",

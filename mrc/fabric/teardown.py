@@ -30,8 +30,9 @@ def fabric_namespaces(name: str) -> list[str]:
 
 
 def down(name: str) -> list[str]:
-    """Remove fabric ``name``: host containers, processes, namespaces (and thus links), the
-    topology file, and the trimming program's bpffs pins (``/sys/fs/bpf/mrc-<name>``).
+    """Remove fabric ``name``: host containers and the directory they shared with the host,
+    processes, namespaces (and thus links), the topology file, and the trimming program's bpffs
+    pins (``/sys/fs/bpf/mrc-<name>``).
 
     Idempotent: removing a fabric that does not exist does nothing and returns [].
     """
@@ -40,6 +41,7 @@ def down(name: str) -> list[str]:
     from . import containers
 
     containers.remove(name)  # first: a container's processes would keep its namespace busy
+    containers.remove_share(name)
     namespaces = fabric_namespaces(name)
     netns.kill_processes(namespaces)
     removed = [ns for ns in namespaces if netns.remove(ns)]

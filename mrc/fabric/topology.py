@@ -129,6 +129,9 @@ class Topology:
     trim: bool = False  # packet trimming on the routers (mrc.fabric.trim)
     host_image: str | None = None  # hosts are containers of this image
     engine: str = ""  # the container engine that runs them (podman or docker)
+    #: with host containers: the directory they and the host share read-write, at this same
+    #: path (mrc.fabric.containers.share_dir); "" for bare namespaces
+    share_dir: str = ""
 
     # --- lookups -----------------------------------------------------------------------------
 
@@ -215,6 +218,7 @@ class Topology:
             trim=bool(d.get("trim", False)),
             host_image=d.get("host_image"),
             engine=d.get("engine", ""),
+            share_dir=d.get("share_dir", ""),
         )
 
     def save(self, path: Path | None = None) -> Path:

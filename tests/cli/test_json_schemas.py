@@ -62,6 +62,7 @@ COVERED = {
     "mrc-fabric-paths": "test_fabric_outputs_match_their_schemas",
     "mrc-bench": "tests/bench/test_bench_quick.py",
     "mrc-real-fabric": "test_real_fabric_files_match_their_schema",
+    "failover_demo": "tests/containers/test_failover_demo_containers.py",
 }
 
 

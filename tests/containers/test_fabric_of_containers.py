@@ -10,6 +10,8 @@ both ends; teardown must leave no container and no namespace behind.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import jsonschema
 
+from mrc.fabric.containers import share_dir
 from mrc.fabric.topology import topology_path
 from tests.fabric.fabric_helpers import unique_name
 
@@ -67,6 +70,9 @@ def test_transfer_and_link_failure_between_host_containers(mrc_image: str) -> No
     engine = topo.engine
     try:
         assert all(h.container for h in topo.hosts)
+        # the directory the containers share with the host, read-write, at the same path
+        assert topo.share_dir == str(share_dir(name))
+        assert stat.S_IMODE(os.stat(topo.share_dir).st_mode) == 0o1777
         schema = json.loads((ROOT / "docs/schemas/mrc-fabric-topology.schema.json").read_text())
         jsonschema.validate(json.loads(topology_path(name).read_text()), schema)
         assert len(_containers(engine, name)) == 2
@@ -74,6 +80,9 @@ def test_transfer_and_link_failure_between_host_containers(mrc_image: str) -> No
             _exec(name, "h0", "id", "-un"), capture_output=True, text=True, check=True
         )
         assert who.stdout.strip() == "mrc"  # the image's user, not root
+        mark = Path(topo.share_dir) / "from-h0"
+        subprocess.run(_exec(name, "h0", "touch", str(mark)), check=True, capture_output=True)
+        assert mark.stat().st_uid != 0  # made inside, by the image's user, seen outside
 
         recv = subprocess.Popen(
             _exec(name, "h1", str(BIN / "mrc-recv"), "--fabric", name, "--discard", "--json")
@@ -119,6 +128,7 @@ def test_transfer_and_link_failure_between_host_containers(mrc_image: str) -> No
         Fabric.down(name)
     assert _containers(engine, name) == []
     assert fabric_namespaces(name) == []
+    assert not share_dir(name).exists()
 
 
 def test_mrc_bench_between_host_containers(mrc_image: str) -> None:
