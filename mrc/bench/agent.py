@@ -106,7 +106,11 @@ class MrcTransport(Transport):
     def _config(self, opts: dict[str, Any]) -> Any:
         import mrc
 
-        return mrc.QPConfig(payload_size=int(opts["payload"]), max_outstanding=int(opts["window"]))
+        return mrc.QPConfig(
+            payload_size=int(opts["payload"]),
+            max_outstanding=int(opts["window"]),
+            cc=str(opts.get("cc", "nscc")),
+        )
 
     async def listen(self, opts: dict[str, Any]) -> dict[str, Any]:
         import mrc

@@ -63,8 +63,11 @@ class BenchConfig:
     evs: int = 128
     listener_evs: int = 16
     payload: int = 8192
-    window: int = 4
-    incast_window: int = 16
+    cc: str = "nscc"  # congestion control of every MRC QP: "nscc" or "fixed"
+    # packets in flight per QP: with nscc a cap (the window finds the rate itself); with the
+    # fixed window the window, 4 being what fits this fabric's queues without CC
+    window: int | None = None  # default: 64 with nscc, 4 fixed
+    incast_window: int | None = None  # trim/no_trim conditions; default: 64 with nscc, 16 fixed
     fail_link: tuple[str, str] = ("p0l0", "p0s0")
     fail_step: int | None = None  # default: steps // 3
     fail_delay: float = 0.01
@@ -85,6 +88,13 @@ class BenchConfig:
         if self.workloads is not None:
             return list(self.workloads)
         return list(DEFAULT_WORKLOADS[condition])
+
+    def window_for(self, condition: str) -> int:
+        """Packets in flight per QP under ``condition`` (see ``window``/``incast_window``)."""
+        nscc = self.cc == "nscc"
+        if condition in ("trim", "no_trim"):
+            return self.incast_window or (64 if nscc else 16)
+        return self.window or (64 if nscc else 4)
 
     def max_size(self) -> int:
         return max(self.size, self.pair_size)
@@ -383,12 +393,12 @@ class Bench:
 
     def _transport_opts(self, condition: str) -> dict[str, Any]:
         cfg = self.cfg
-        window = cfg.incast_window if condition in ("trim", "no_trim") else cfg.window
         return {
             "evs": cfg.evs,
             "listener_evs": cfg.listener_evs,
             "payload": cfg.payload,
-            "window": window,
+            "window": cfg.window_for(condition),
+            "cc": cfg.cc,
             "timeout": 10.0,
         }
 

@@ -177,14 +177,20 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--window",
         type=int_at_least(1),
-        help="packets in flight per QP (default 4: with no congestion control in"
-        " the core yet, a window that fits the fabric's queues)",
+        help="packets in flight per QP at most (default 64 with --cc nscc, where the"
+        " congestion window finds the rate; with --cc fixed the window itself, default 4:"
+        " what fits the fabric's queues)",
     )
     m.add_argument(
         "--incast-window",
         type=int_at_least(1),
-        help="window per QP under the trim/no_trim conditions (default 16: enough"
-        " for N-1 senders to overflow the last hop, which is what trimming is for)",
+        help="the same under the trim/no_trim conditions (default 64 with nscc; 16 with"
+        " --cc fixed: enough for N-1 senders to overflow the last hop)",
+    )
+    m.add_argument(
+        "--cc",
+        choices=["nscc", "fixed"],
+        help="congestion control of every MRC QP (default nscc; docs/CONGESTION.md)",
     )
 
     c = p.add_argument_group("conditions")
@@ -257,6 +263,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "evs",
         "window",
         "incast_window",
+        "cc",
         "outage",
         "fail_step",
         "fail_link",

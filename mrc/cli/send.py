@@ -45,11 +45,10 @@ from mrc.cli.sendreport import Outcome, summary_table, totals
 from mrc.connection import Connection, connect
 from mrc.core.config import QPConfig
 from mrc.errors import MRCError
-from mrc.fabric.topology import Topology
 from mrc.security.packet import DATA_OVERHEAD
 from mrc.timed import SLOT, Posted, RoundData, send_timed
 from mrc.transfer import IDLE_TIMEOUT, TransferResult, send_buffer
-from mrc.units import SIZE_HELP, parse_rate
+from mrc.units import SIZE_HELP
 from mrc.wire import DEFAULT_PORT
 
 PROG = "mrc-send"
@@ -121,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         metavar="PACKETS",
-        help="packets in flight at most (default 512; on a --fabric shaped with a rate, "
-        "about 1.5 ms of every plane's link rate: there is no congestion control yet)",
+        help=f"packets in flight at most (default {DEFAULT_WINDOW}): a cap only, the "
+        "congestion window (--cc nscc, the default) finds the rate of whatever path it "
+        "runs on; with --cc fixed the window itself",
     )
     p.add_argument(
         "--burst",
@@ -135,10 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cc",
         choices=["fixed", "nscc"],
-        default="fixed",
-        help="congestion control: fixed (a window of --window packets, the default) or nscc "
-        "(experimental: a window driven by delay, ECN echoes and trims, capped by --window; "
-        "docs/CONGESTION.md)",
+        default="nscc",
+        help="congestion control: nscc (the default: a window driven by queueing delay, ECN "
+        "echoes and trims, capped by --window; docs/CONGESTION.md) or fixed (a window of "
+        "--window packets, as before)",
     )
     p.add_argument(
         "--from",
@@ -195,19 +195,6 @@ DEFAULT_WINDOW = 512
 DEFAULT_PAYLOAD = 1400
 
 
-def fabric_window(topo: Topology | None, payload: int) -> int | None:
-    """A window that fits a shaped fabric's queues: ~1.5 ms of every plane's link rate.
-
-    Without congestion control, a fixed window much larger than that overflows the first hop
-    (the sender's own NIC queue, which cannot trim) and tail drops look like dead paths.
-    """
-    if topo is None or not topo.rate:
-        return None
-    rate = parse_rate(topo.rate)
-    per_plane = max(4, -(-int(rate / 8 * 0.0015) // payload))
-    return per_plane * topo.planes
-
-
 def _config(args: argparse.Namespace) -> QPConfig:
     """The QP settings the flags ask for; raises ValueError (bad usage) if impossible."""
     window = args.window or DEFAULT_WINDOW
@@ -229,11 +216,6 @@ async def _main(args: argparse.Namespace) -> int:
     key = load_key(args)
     config = _config(args)
     fabric = load_fabric(args.fabric, args.fabric_host)
-    if args.window is None:
-        auto = fabric_window(fabric, args.payload)
-        if auto is not None:
-            args.window = auto
-            config = _config(args)
     host = host_address(fabric, host)
     local = args.local or local_plane_addrs(fabric, args.fabric_host)
     data, label = _load(args)

@@ -11,8 +11,9 @@ the sender retransmits at once, and should not blame the path (no SKIP, no ASSUM
 latter is test_incast_lasthop_trims_do_not_retire_evs).  Without trimming,
 tbf tail-drops the overflow and recovery takes SACK evidence or timeouts; that must complete too.
 
-Why ``--window 24``: the transport has no congestion control yet (a fixed window, default 512
-packets).  512 x 8 KiB overflows the sender's *own* first hop (a host qdisc, which does not
+Why ``--cc fixed --window 24``: this module tests what trimming does to senders that do not back
+off (a fixed window; NSCC, the default, avoids most trims and has a test of its own at the end).
+A fixed window of 512 x 8 KiB overflows the sender's *own* first hop (a host qdisc, which does not
 trim), so that run measures host drops and timeouts, not incast.  24 packets (6 per plane) fit
 in a sender's own NIC queues, while three senders (18 per plane) overflow both the trimming
 threshold (~7 packets) and tbf's queue (~15 packets) of each last-hop port.  Without congestion
@@ -343,6 +344,8 @@ def run_incast(
                 str(PAYLOAD),
                 "--window",
                 str(WINDOW),
+                "--cc",
+                "fixed",
                 "--ev-log",
                 f"{logdir.name}/{h}.jsonl",
                 "--json",
