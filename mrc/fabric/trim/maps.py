@@ -114,7 +114,9 @@ def port_config(
     rate_Bps, burst, tbf_limit = tbf_params(rate_bps, mtu)
     frame = mtu + 14
     limit = max(int(tbf_limit * VQ_FRACTION), burst + 2 * frame)
-    ecn_limit = max(int(limit * ecn_fraction), 2 * frame) if ecn_fraction > 0 else NO_ECN
+    ecn_limit = NO_ECN  # last hops never mark: congestion there says nothing about the path
+    if ecn_fraction > 0 and not lasthop:
+        ecn_limit = max(int(limit * ecn_fraction), 2 * frame)
     return PortConfig(
         rate=rate_Bps,
         limit=limit,
