@@ -338,6 +338,8 @@ class Connection:
             drops[k] = drops.get(k, 0) + v
         out["dropped_by_reason"] = drops
         out["send_errors"] = self.channel.send_errors
+        # datagrams of this QP that arrived with CE (the IP ECN field; mrc/transport/ecn.py)
+        out["ce_received"] = self.channel.ce_received
         out["srtt"] = self.qp.requester.rtt.srtt
         out["rto"] = self.qp.requester.rtt.rto
         return out

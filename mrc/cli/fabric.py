@@ -90,7 +90,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--trim",
         action="store_true",
         help="trim MRC data packets to their headers instead of dropping them when a link's"
-        " queue would overflow (tc eBPF on the routers; needs --rate, clang, libbpf-dev)",
+        " queue would overflow (tc eBPF on the routers; needs --rate, clang, libbpf-dev); also"
+        " marks CE on ECT packets above --ecn-threshold on ports between routers, and gives"
+        " trimmed headers and ACK/NACKs a strict-priority band on every router port",
+    )
+    up.add_argument(
+        "--ecn-threshold",
+        type=float_between(0, 1, low_inclusive=True),
+        metavar="FRACTION",
+        help="with --trim: mark CE when a port's queue is above FRACTION of its trimming limit"
+        " (default 0.5; 0: no marking)",
+    )
+    up.add_argument(
+        "--no-prio-band",
+        dest="prio_band",
+        action="store_false",
+        help="with --trim: keep a plain tbf on router ports, no priority band (to compare)",
     )
     up.add_argument(
         "--host-image",
@@ -117,8 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         help="per-link state and counters at both ends",
         description="For every link: admin/oper state at both ends, tx/rx packets and bytes,"
-        " drops (interface rx/tx dropped + tbf drops); on a --trim fabric also TRIMS: MRC data"
-        " packets a router trimmed on their way out of that end.",
+        " drops (interface rx/tx dropped + tbf/htb drops); on a --trim fabric also TRIMS: MRC"
+        " data packets a router trimmed on their way out of that end, and CE: packets it marked"
+        " CE there.",
     )
     name_opt(st)
     st.add_argument("--json", action="store_true", help="print JSON")
@@ -201,6 +217,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         mtu=args.mtu,
         trim=args.trim,
         host_image=args.host_image,
+        ecn_threshold=args.ecn_threshold,
+        prio_band=args.prio_band,
     )
     spec.validate()
     require_root()
@@ -223,6 +241,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         f" spines + {topo.leaves_per_plane} leaves), {len(topo.hosts)} hosts,"
         f" {len(topo.links)} links, mtu {topo.mtu}, rate {topo.rate or 'unshaped'}"
         + (", trimming on" if topo.trim else "")
+        + (f", ECN at {topo.ecn_threshold:g} of the trim limit" if topo.ecn_threshold else "")
+        + (", priority band for headers" if topo.prio_band else "")
         + (f", hosts are {topo.engine} containers of {topo.host_image}" if topo.engine else "")
     )
     print(f"topology: {topology_path(topo.name)}")
@@ -274,8 +294,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     fmt = "{:<14} {:>5} {:<5} {:<10} {:<5} {:<7} {:>9} {:>9} {:>11} {:>11} {:>6}"
     trim = bool(st.get("trim"))
     if trim:
-        hdr = (*hdr, "TRIMS")
-        fmt += " {:>7}"
+        hdr = (*hdr, "TRIMS", "CE")
+        fmt += " {:>7} {:>7}"
     print(fmt.format(*hdr))
     for lk in st["links"]:
         for i, (node, end) in enumerate(((lk["a"], lk["a_end"]), (lk["b"], lk["b_end"]))):
@@ -290,7 +310,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
                         f"{node}:{end['ifname']}",
                         "-",
                         "missing",
-                        *["-"] * (6 if trim else 5),
+                        *["-"] * (7 if trim else 5),
                     )
                 )
                 continue
@@ -310,6 +330,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             ]
             if trim:
                 cols.append(end["trim"]["trimmed"] if "trim" in end else "-")
+                cols.append(end["trim"]["ce_marked"] if "trim" in end else "-")
             print(fmt.format(*cols))
     if trim:
         for router, rs in sorted(st.get("trim_routers", {}).items()):

@@ -345,6 +345,7 @@ async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, ev
         "bytes_placed": stats["bytes_placed"],
         "duplicates": stats["duplicates"],
         "trims_seen": stats["trims_seen"],
+        "ce_received": stats["ce_received"],
         "nacks_sent": stats["nacks_sent"],
         "acks_sent": stats["acks_sent"],
         "dropped_by_reason": stats["dropped_by_reason"],

@@ -21,6 +21,7 @@ SUMMED = (
     "nacks",
     "trims_seen",
     "sacks",
+    "ecn_echoes",
 )
 HEALTH = ("evs_assumed_bad", "evs_resurrected", "evs_skipped", "planes_lost", "floor_holds")
 
@@ -62,6 +63,7 @@ def stream_record(index: int, o: Outcome) -> dict[str, Any]:
         "nacks": _int(stats["nacks"]),
         "trims_seen": _int(peer.get("trims_seen", 0)),
         "sacks": _int(stats["sacks"]),
+        "ecn_echoes": _int(stats["ecn_echoes"]),
         "srtt_ms": round(srtt * 1000, 3) if isinstance(srtt, float) and srtt else None,
         "dropped_by_reason": dict(drops) if isinstance(drops, dict) else {},
         **o.health,

@@ -34,6 +34,7 @@ _NEG_INF = float("-inf")
 #: moments ago (the other SACKs of one flush share a subject that the first one acknowledged).
 _RING = 1 << 12
 _RING_MASK = _RING - 1
+_BECN = wire.BTH_BECN << 24
 _TRIM_CODES = (wire.NackCode.TRIMMED, wire.NackCode.TRIMMED_LASTHOP)
 
 
@@ -417,6 +418,8 @@ class Requester:
                 return
         else:
             stats.sacks += 1
+            if qpw & _BECN:
+                stats.ecn_echoes += 1  # the peer echoed a CE mark (docs/PROTOCOL.md 3.1)
             if subject is not None and not subject.retransmitted:
                 rtt_sample = now - subject.sent_at
                 self.rtt.sample(rtt_sample)

@@ -34,6 +34,7 @@ class QPStats:
     probes_answered: int = 0  # probe replies taken (for an EV of ours)
     probes_received: int = 0  # probes from the peer, answered
     ack_beyond_sent: int = 0  # ACKs reporting PSNs beyond what was sent (clamped, see requester)
+    ecn_echoes: int = 0  # ACKs (not NACKs) taken with BECN: the peer's echo of a CE mark
     dropped_by_reason: Counter[str] = field(default_factory=Counter)
 
     def taken(self) -> int:

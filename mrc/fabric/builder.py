@@ -11,8 +11,9 @@ Order matters and is the reason this module exists as one sequence:
    per-namespace defaults apply), with deterministic MACs and the fabric MTU;
 3. set per-interface sysctls explicitly as well (belt and braces: SRv6 is checked on the
    *ingress interface*), add addresses with NODAD, bring links up;
-4. shape with tbf (host NICs get a deeper queue: :func:`kernel.tbf_params`), install
-   permanent neighbours and static routes;
+4. shape with tbf (host NICs get a deeper queue: :func:`kernel.tbf_params`; with ``--trim``
+   router ports get an htb with a priority band instead, :meth:`kernel.NsHandle.prio_band`),
+   install permanent neighbours and static routes;
 5. with ``--trim``, load and attach the trimming program (:mod:`mrc.fabric.trim`);
 6. write the topology file last: its presence means "this fabric is complete".
 """
@@ -135,8 +136,14 @@ def build(topo: Topology) -> float:
             if link.rate_bps:
                 # ``a`` of a host-leaf link is the host: its NIC gets a host's queue
                 host = link.kind == "host-leaf"
-                h[link.a].shape(link.a_ifname, link.rate_bps, link.mtu, host=host)
-                h[link.b].shape(link.b_ifname, link.rate_bps, link.mtu)
+                for node, ifname, is_host in (
+                    (link.a, link.a_ifname, host),
+                    (link.b, link.b_ifname, False),
+                ):
+                    if topo.trim and not is_host:  # router port: priority band for trimmed headers
+                        h[node].prio_band(ifname, link.rate_bps, link.mtu)
+                    else:
+                        h[node].shape(ifname, link.rate_bps, link.mtu, host=is_host)
 
         for node in nodes:
             configure_node(topo, node, h[node])

@@ -14,6 +14,8 @@ from typing import Any
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
+from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
 
 from . import netns
 from .routes import Neighbour, Route
@@ -26,6 +28,20 @@ IFF_LOWER_UP = 0x10000
 
 #: A host NIC's queue holds at least this many full frames (see :func:`tbf_params`).
 HOST_QUEUE_FRAMES = 64
+
+TC_H_ROOT = 0xFFFFFFFF
+#: htb of a router port with a priority band (:meth:`NsHandle.prio_band`): handle 1:, one
+#: class 1:1 at the link rate, leaves 1:10 (prio 0: trimmed headers, MRC ACK/NACK/probes) and
+#: 1:20 (prio 1, the default: everything else).  mrc_trim.bpf.c puts these ids in
+#: skb->priority (PRIO_CLASS / DATA_CLASS); keep them in step.
+HTB_ROOT = 0x10000
+HTB_LINK_CLASS = 0x10001
+HTB_PRIO_CLASS = 0x10010
+HTB_DATA_CLASS = 0x10020
+
+# pyroute2 encodes bfifo's options exactly as pfifo's (struct tc_fifo_qopt: a limit, in bytes
+# for bfifo) but has no entry for it
+_tc_plugins.setdefault("bfifo", sched_pfifo)
 
 
 def tbf_params(rate_bps: int, mtu: int, host: bool = False) -> tuple[int, int, int]:
@@ -127,6 +143,46 @@ class NsHandle:
             limit=limit,
         )
 
+    def prio_band(self, ifname: str, rate_bps: int, mtu: int) -> None:
+        """Root htb on a router port: the link rate shared by a strict-priority band for what
+        must not wait behind data (trimmed headers, ACK/NACKs) and a data band, each with a
+        byte FIFO as deep as :func:`tbf_params`'s queue.
+
+        Why htb: this kernel has no prio qdisc.  The priority class is guaranteed (almost)
+        the whole link rate and the data class 1% of it, both may borrow up to the link rate,
+        and htb serves the lower prio first among classes in the same state: so a header
+        waits at most for the frame being sent (plus htb's burst), never for the data queue.
+        The shared class 1:1 drains at the link rate with tbf's burst, which is what the
+        trimmer's virtual queue models (mrc/fabric/trim/maps.py).
+        """
+        rate_Bps, burst, limit = tbf_params(rate_bps, mtu)
+        frame = mtu + 14
+        index = self.index(ifname)
+        common = {"ceil": rate_Bps, "burst": burst, "cburst": burst, "quantum": frame, "mtu": frame}
+        data_rate = max(rate_Bps // 100, 1)
+        self.ipr.tc("replace", "htb", index, HTB_ROOT, default=HTB_DATA_CLASS & 0xFFFF)
+        self.ipr.tc(
+            "add-class", "htb", index, HTB_LINK_CLASS, parent=HTB_ROOT, rate=rate_Bps, **common
+        )
+        for classid, prio, rate in (
+            (HTB_PRIO_CLASS, 0, rate_Bps - data_rate),
+            (HTB_DATA_CLASS, 1, data_rate),
+        ):
+            self.ipr.tc(
+                "add-class",
+                "htb",
+                index,
+                classid,
+                parent=HTB_LINK_CLASS,
+                rate=rate,
+                prio=prio,
+                **common,
+            )
+            # leaf qdisc handle: the class minor as major (1:10 -> 10:)
+            self.ipr.tc(
+                "add", "bfifo", index, (classid & 0xFFFF) << 16, parent=classid, limit=limit
+            )
+
     def links(self) -> list[dict[str, Any]]:
         """Interface facts for status: admin/oper state and 64-bit counters."""
         out = []
@@ -152,9 +208,11 @@ class NsHandle:
         return out
 
     def qdisc_drops(self) -> dict[int, int]:
-        """Drops counted by root qdiscs (tbf overflow), by ifindex."""
+        """Drops counted by root qdiscs (tbf overflow; an htb counts its leaves'), by ifindex."""
         drops: dict[int, int] = {}
         for q in self.ipr.get_qdiscs():
+            if q.get("parent") != TC_H_ROOT:
+                continue
             stats = q.get("TCA_STATS2")
             queue = stats.get("TCA_STATS_QUEUE") if stats else None
             if queue is not None and q.get("TCA_KIND") != "noqueue":

@@ -44,6 +44,12 @@ class FabricSpec:
     mtu: int = 1500
     trim: bool = False
     host_image: str | None = None
+    #: with ``trim``: CE-mark ECT packets joining a router port's queue above this fraction
+    #: of the trimming limit (mrc.fabric.trim.maps.ECN_FRACTION); 0 turns marking off
+    ecn_threshold: float | None = None
+    #: with ``trim``: router ports get an htb with a strict-priority band for trimmed headers
+    #: and ACK/NACKs (kernel.NsHandle.prio_band); False keeps a plain tbf (for comparison)
+    prio_band: bool = True
 
     def validate(self) -> None:
         """Raise :class:`UsageError` with a one-line reason if this spec cannot be built."""
@@ -72,6 +78,16 @@ class FabricSpec:
             raise UsageError(
                 "--trim needs --rate: trimming acts when a shaped link's queue would overflow"
             )
+        if self.ecn_threshold is not None:
+            if not self.trim:
+                raise UsageError("--ecn-threshold needs --trim: the trimming program marks CE")
+            if not 0.0 <= self.ecn_threshold <= 1.0:
+                raise UsageError(
+                    f"--ecn-threshold must be between 0 and 1 (a fraction of the trimming"
+                    f" limit), got {self.ecn_threshold}"
+                )
+        if not self.prio_band and not self.trim:
+            raise UsageError("--no-prio-band needs --trim: only --trim fabrics have the band")
         if self.host_image is not None and not IMAGE_RE.match(self.host_image):
             raise UsageError(f"bad --host-image {self.host_image!r}: not an image name")
         if self.namespace_count > MAX_NAMESPACES:

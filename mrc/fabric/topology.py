@@ -127,6 +127,9 @@ class Topology:
     version: int = FORMAT_VERSION
     created: float = field(default=0.0, compare=False)
     trim: bool = False  # packet trimming on the routers (mrc.fabric.trim)
+    # with trim: CE marking threshold, a fraction of the trimming limit (0: no marking)
+    ecn_threshold: float = 0.0
+    prio_band: bool = False  # with trim: router ports have an htb priority band
     host_image: str | None = None  # hosts are containers of this image
     engine: str = ""  # the container engine that runs them (podman or docker)
     #: with host containers: the directory they and the host share read-write, at this same
@@ -216,6 +219,8 @@ class Topology:
             version=d["version"],
             created=d.get("created", 0.0),
             trim=bool(d.get("trim", False)),
+            ecn_threshold=float(d.get("ecn_threshold", 0.0)),
+            prio_band=bool(d.get("prio_band", False)),
             host_image=d.get("host_image"),
             engine=d.get("engine", ""),
             share_dir=d.get("share_dir", ""),
@@ -340,5 +345,17 @@ def plan(spec: FabricSpec) -> Topology:
         links=tuple(links),
         created=time.time(),
         trim=spec.trim,
+        ecn_threshold=_ecn_threshold(spec),
+        prio_band=spec.trim and spec.prio_band,
         host_image=spec.host_image,
     )
+
+
+def _ecn_threshold(spec: FabricSpec) -> float:
+    if not spec.trim:
+        return 0.0
+    if spec.ecn_threshold is not None:
+        return spec.ecn_threshold
+    from .trim.maps import ECN_FRACTION
+
+    return ECN_FRACTION

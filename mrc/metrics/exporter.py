@@ -48,6 +48,10 @@ QP_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("duplicates", "mrc_qp_duplicate_packets", "Data packets received that were already placed"),
     ("trims_seen", "mrc_qp_trimmed_packets", "Trimmed packets received (headers whose payload "
      "a switch cut under congestion)"),
+    ("ce_received", "mrc_qp_received_ce_packets", "Datagrams received with CE in the IP ECN "
+     "field (a fabric port above its ECN threshold marked them)"),
+    ("ecn_echoes", "mrc_qp_received_ecn_echoes", "ACKs received with BECN (the peer's echo of "
+     "a CE mark)"),
     ("nacks", "mrc_qp_received_nacks", "NACKs received from the peer"),
     ("nacks_sent", "mrc_qp_sent_nacks", "NACKs sent to the peer"),
     ("sacks", "mrc_qp_received_acks", "ACKs (SACKs) received from the peer"),
@@ -91,6 +95,7 @@ def _qp_totals(conn: Connection) -> _Totals:
         if hasattr(stats, attr):
             counters[attr] = getattr(stats, attr)
     counters["send_errors"] = conn.channel.send_errors
+    counters["ce_received"] = conn.channel.ce_received
     counters.update(conn.qp.evs.counters())
     for cause in RETRANSMIT_CAUSES:
         counters[f"retransmits_{cause}"] = getattr(stats, f"retransmits_{cause}")

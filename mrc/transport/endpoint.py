@@ -2,7 +2,8 @@
 
 One ``Endpoint`` owns the listen sockets (where data and ACKs for its QPs arrive, demultiplexed
 by QP number), the EV sockets of each QP, and a single timer. Per-packet work here is kept to a
-``recvfrom_into`` into one reused buffer and a ``sendmsg`` of header + payload view (no copy):
+``recvmsg_into`` into one reused buffer (its control messages: a GRO train's segment size and
+the IP ECN field, mrc/transport/ecn.py) and a ``sendmsg`` of header + payload view (no copy):
 everything else is the core's.
 """
 
@@ -15,9 +16,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from mrc import wire
 from mrc.core.endpoint import EndpointCore
 from mrc.core.events import EVStateChanged, ImmediateReceived, QPFailed, WriteCompleted
 from mrc.core.qp import QueuePair
+from mrc.transport import ecn as _ecn
 from mrc.transport import gso
 
 # The core's clock: CLOCK_MONOTONIC with microsecond resolution. (uvloop's loop.time() has
@@ -30,6 +33,23 @@ RX_BUFFER = 65536
 
 # what sendmsg takes for one datagram (header, payload) or one GSO burst of them
 Buffers = list[bytes | memoryview]
+
+_BTH_MARKS = 4  # BTH byte 4: FECN BECN T L
+_NO_META = (0, False)
+_SOL_UDP = gso.SOL_UDP
+_UDP_GRO = gso.UDP_GRO
+
+
+def rx_meta(ancillary: list[tuple[int, int, bytes]]) -> tuple[int, bool]:
+    """(GRO segment size or 0, CE) from the control messages of one receive."""
+    seg = 0
+    ce = False
+    for level, kind, data in ancillary:
+        if level == _SOL_UDP and kind == _UDP_GRO:
+            seg = gso.segment_size(data)
+        else:
+            ce = _ecn.is_ce(level, kind, data) or ce
+    return seg, ce
 
 
 def _split(bufs: Buffers, ev: int) -> list[gso.Send]:
@@ -50,6 +70,8 @@ class QPChannel:
         self.error_event = asyncio.Event()
         self.gso_error: str | None = None
         self.send_errors = 0
+        # datagrams for this QP that arrived with CE in the IP ECN field
+        self.ce_received = 0
         # sends the socket would not take yet, in order
         self.backlog: deque[gso.Send] = deque()
         # False once a GSO send was refused (e.g. a device without checksum offload)
@@ -85,7 +107,11 @@ class Endpoint:
     """asyncio driver for an :class:`EndpointCore` (use :meth:`open`)."""
 
     def __init__(
-        self, core: EndpointCore, listen_sockets: list[socket.socket], gro: bool = True
+        self,
+        core: EndpointCore,
+        listen_sockets: list[socket.socket],
+        gro: bool = True,
+        ecn: bool = True,
     ) -> None:
         self.core = core
         self.listen_sockets = listen_sockets
@@ -99,6 +125,11 @@ class Endpoint:
         # GRO on every receiving socket: bursts sent with GSO arrive as one receive each
         self.gro = all(gso.enable_gro(s) for s in listen_sockets) if gro else False
         self.gro_trains = 0  # receives that held more than one datagram
+        # the IP ECN field of every datagram (a cmsg per receive; see mrc/transport/ecn.py)
+        self.ecn = all(_ecn.enable_recv(s) for s in listen_sockets) if ecn else False
+        self.ce_received = 0  # datagrams that arrived with CE, whoever took them
+        space = (gso.GRO_CMSG_SPACE if self.gro else 0) + (_ecn.CMSG_SPACE if self.ecn else 0)
+        self._meta_space = space  # 0: plain recvfrom_into, no control messages
         for sock in listen_sockets:
             self.loop.add_reader(sock.fileno(), self._on_readable, sock)
 
@@ -134,8 +165,8 @@ class Endpoint:
     # ---- receive path ------------------------------------------------------------------
 
     def _on_readable(self, sock: socket.socket) -> None:
-        if self.gro:
-            self._on_readable_gro(sock)
+        if self._meta_space:
+            self._on_readable_meta(sock)
             return
         recv = sock.recvfrom_into
         buf = self._rxbuf
@@ -155,13 +186,14 @@ class Endpoint:
                 touched[qp.qpn] = qp
         self._pump_touched(touched)
 
-    def _on_readable_gro(self, sock: socket.socket) -> None:
-        """As _on_readable, but a receive may hold a GRO train of datagrams: walk it."""
+    def _on_readable_meta(self, sock: socket.socket) -> None:
+        """As _on_readable, with control messages: a receive may hold a GRO train of datagrams
+        (walk it), and carries the IP ECN field (CE: FECN set in each datagram's BTH)."""
         recv = sock.recvmsg_into
         bufs = [self._rxbuf]
         view = self._rxview
         rx = self.core.receive_datagram
-        space = gso.GRO_CMSG_SPACE
+        space = self._meta_space
         now = _clock()
         touched: dict[int, QueuePair] = {}
         for _ in range(RX_BATCH):
@@ -172,8 +204,13 @@ class Endpoint:
             except OSError:
                 continue
             port = addr[1]
-            seg = gso.gro_segment(anc) if anc else 0
+            seg, ce = rx_meta(anc) if anc else _NO_META
             if seg <= 0 or seg >= n:
+                seg = 0  # a single datagram
+            if ce:
+                self._receive_ce(n, seg, port, now, touched)
+                continue
+            if not seg:
                 qp = rx(view[:n], port, now)
                 if qp is not None:
                     touched[qp.qpn] = qp
@@ -184,6 +221,30 @@ class Endpoint:
                 if qp is not None:
                     touched[qp.qpn] = qp
         self._pump_touched(touched)
+
+    def _receive_ce(
+        self, n: int, seg: int, port: int, now: float, touched: dict[int, QueuePair]
+    ) -> None:
+        """The datagram(s) of one receive that arrived with CE: FECN set in each one's BTH
+        (the core echoes it as BECN, docs/PROTOCOL.md 3.1), counted, then received as usual."""
+        buf = self._rxbuf
+        view = self._rxview
+        rx = self.core.receive_datagram
+        channels = self.channels
+        if seg:
+            self.gro_trains += 1
+        step = seg or max(n, 1)  # an empty datagram too: the core counts it as short
+        for off in range(0, max(n, 1), step):
+            end = min(off + step, n)
+            if end - off > _BTH_MARKS:
+                buf[off + _BTH_MARKS] |= wire.BTH_FECN
+            self.ce_received += 1
+            qp = rx(view[off:end], port, now)
+            if qp is not None:
+                touched[qp.qpn] = qp
+                ch = channels.get(qp.qpn)
+                if ch is not None:
+                    ch.ce_received += 1
 
     def _pump_touched(self, touched: dict[int, QueuePair]) -> None:
         channels = self.channels

@@ -87,8 +87,14 @@ def gro_segment(ancillary: list[tuple[int, int, bytes]]) -> int:
     """The segment size of a coalesced receive (0: a single datagram)."""
     for level, kind, data in ancillary:
         if level == SOL_UDP and kind == UDP_GRO:
-            if len(data) >= 4:
-                return int(struct.unpack_from("=i", data)[0])
-            if len(data) >= 2:
-                return int(struct.unpack_from("=H", data)[0])
+            return segment_size(data)
+    return 0
+
+
+def segment_size(data: bytes) -> int:
+    """The value of a ``UDP_GRO`` control message (an int; 2 bytes on some kernels)."""
+    if len(data) >= 4:
+        return int(struct.unpack_from("=i", data)[0])
+    if len(data) >= 2:
+        return int(struct.unpack_from("=H", data)[0])
     return 0

@@ -12,6 +12,7 @@ import ipaddress
 import socket
 
 from mrc.srv6.srh import IPV6_RTHDR
+from mrc.transport.ecn import mark_ect0
 
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
@@ -59,9 +60,15 @@ def ev_socket(local: str, peer: tuple[str, int], srh: bytes | None = None) -> so
 
     ``srh``: a Segment Routing Header to put on every packet (sticky IPV6_RTHDR, the only way
     the kernel accepts an SRH from a UDP socket), so the EV's packets follow its path.
+
+    Every datagram leaves with ECT(0) in the IP ECN field (DSCP 0), so fabric ports can mark
+    congestion as CE instead of only trimming or dropping (docs/PROTOCOL.md 3.1). Always on:
+    a sticky option costs nothing per packet, and a window that ignores BECN (``cc="fixed"``)
+    loses nothing by it.
     """
     sock = udp_socket(local, 0, rcvbuf=1 << 16, sndbuf=SNDBUF)
     try:
+        mark_ect0(sock)
         if srh is not None:
             sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, srh)
         sock.connect(peer)

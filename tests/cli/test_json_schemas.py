@@ -11,13 +11,17 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 
-from mrc.testbed import netns_available
+from mrc.fabric import Fabric
+from mrc.fabric.netns import remove as remove_netns
+from mrc.fabric.trim import unavailable_reason
+from mrc.testbed import leftover_namespaces, netns_available
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
@@ -63,6 +67,9 @@ COVERED = {
     "mrc-bench": "tests/bench/test_bench_quick.py",
     "mrc-real-fabric": "test_real_fabric_files_match_their_schema",
     "failover_demo": "tests/containers/test_failover_demo_containers.py",
+    "bench_qp": "test_bench_qp_matches_its_schema",
+    "bench_fabric": "test_bench_fabric_matches_its_schema",
+    "trim_bench": "test_trim_bench_matches_its_schema",
 }
 
 
@@ -71,6 +78,8 @@ def test_every_schema_is_checked_against_real_output() -> None:
     assert found == sorted(COVERED)
     for name in found:
         _schema(name)  # each is a valid 2020-12 schema
+    for name, test in COVERED.items():  # and the test named for it exists
+        assert (REPO / test).is_file() if "/" in test else callable(globals().get(test)), name
 
 
 def test_keygen_matches_its_schema(mrc_tools, tmp_path: Path) -> None:
@@ -146,3 +155,91 @@ def test_real_fabric_files_match_their_schema() -> None:
     for case in sorted(refused):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad[case], schema)
+
+
+# --- the benchmarks, each in its quickest mode -----------------------------------------------
+
+
+def _needs_netns() -> None:
+    reason = netns_available()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def _run_tool(argv: list[str], timeout: float, left_by: Callable[[int], list[str]]) -> Any:
+    """Run a benchmark and return its JSON. ``left_by(pid)`` removes and returns what the run
+    left behind (there must be nothing). A run past ``timeout`` gets SIGTERM, on which bench_qp
+    and bench_fabric take their namespaces down, and fails."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+            pytest.fail(f"{argv[1:3]} did not finish within {timeout} s")
+    finally:
+        left = left_by(proc.pid)
+    assert proc.returncode == 0, (argv, err)
+    assert left == [], f"{argv[1:3]} left behind {left}"
+    return json.loads(out)
+
+
+def _namespaces_of_bench_qp(pid: int) -> list[str]:
+    left = leftover_namespaces(f"bq{pid}")
+    for ns in left:
+        remove_netns(ns)
+    return left
+
+
+@pytest.mark.netns
+def test_bench_qp_matches_its_schema() -> None:
+    """--quick: one 32 MiB MRC transfer and the three references, one run each (< 20 s)."""
+    _needs_netns()
+    tool = [sys.executable, str(REPO / "tools" / "bench_qp.py"), "--quick", "--json"]
+    out = _run_tool(tool, 120, _namespaces_of_bench_qp)
+    jsonschema.validate(out, _schema("bench_qp"))
+    (row,) = out["results"]
+    assert out["config"]["quick"] and row["mrc"]["all_ok"], row["mrc"]["errors"]
+    assert [r["bytes"] for r in row["mrc"]["runs"]] == [32 << 20]
+    assert {k for k in row if k.startswith("mrc_vs_")} == {"mrc_vs_raw", "mrc_vs_gso", "mrc_vs_tcp"}
+
+
+@pytest.mark.netns
+def test_bench_fabric_matches_its_schema() -> None:
+    """--quick (16 MiB, one run) on the smallest fabric it builds, 2 planes of 1 spine; with
+    TCP, so its object is checked too."""
+    _needs_netns()
+    name = f"t{os.getpid()}j1"  # the fabric tests' naming: a crashed run's fabric is swept
+    tool = [sys.executable, str(REPO / "tools" / "bench_fabric.py"), "--quick", "--json"]
+    tool += ["--quiet", "--planes", "2", "--spines", "1", "--name", name]
+    out = _run_tool(tool, 120, lambda _pid: Fabric.down(name))
+    jsonschema.validate(out, _schema("bench_fabric"))
+    (row,) = out["mrc"]
+    (run,) = row["runs"]
+    assert run["packets_per_route"].keys() == {"p0s0", "p1s0"}  # both planes carried data
+    assert out["tcp"] is not None and len(out["tcp"]["runs"]) == 1
+
+
+@pytest.mark.netns
+@pytest.mark.parametrize("trim", [True, False], ids=["trim", "no-trim"])
+def test_trim_bench_matches_its_schema(trim: bool) -> None:
+    """The trimming benchmark for 0.2 s (it has no --quick), with trimming and without: three
+    senders into one 50 Mbit/s port, so the routers trim, or drop."""
+    _needs_netns()
+    why = unavailable_reason() if trim else None
+    if why is not None:
+        pytest.skip(f"trimming unavailable: {why}")
+    tool = [sys.executable, "-m", "mrc.fabric.trim.bench", "--seconds", "0.2"]
+    tool += [] if trim else ["--no-trim"]
+    out = _run_tool(tool, 90, lambda pid: Fabric.down(f"tb{pid}"))  # its fabric is tb<pid>
+    jsonschema.validate(out, _schema("trim_bench"))
+    assert out["trim"] is trim and out["whole"] + out["trimmed"] == out["arrived"]
+    if trim:
+        assert out["trimmed"] > 0 and out["trims_per_s"] > 0
+    else:
+        assert out["trimmed"] == 0 and out["router_tbf_drops"] > 0

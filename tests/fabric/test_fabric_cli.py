@@ -38,6 +38,10 @@ def _one_line_error(res, code: int | None = None, contains: str = "") -> None:
         (["link", "sideways", "h0", "p0l0"], "invalid choice"),
         (["link", "down", "h0"], "required"),
         (["down", "--name", "../etc"], "name"),
+        (["up", "--rate", "10mbit", "--trim", "--ecn-threshold", "1.5"], "--ecn-threshold"),
+        (["up", "--rate", "10mbit", "--trim", "--ecn-threshold", "x"], "--ecn-threshold"),
+        (["up", "--rate", "10mbit", "--ecn-threshold", "0.5"], "needs --trim"),
+        (["up", "--rate", "10mbit", "--no-prio-band"], "needs --trim"),
     ],
 )
 def test_bad_arguments(args: list[str], contains: str) -> None:

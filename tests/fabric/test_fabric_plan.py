@@ -157,3 +157,44 @@ def test_paths_same_leaf_include_spines_and_direct() -> None:
     assert default_path(topo, "h0", "h3", 0).srh is None
     with pytest.raises(ValueError):
         list_paths(topo, "h0", "h0")
+
+
+def test_port_ecn_threshold_and_flags() -> None:
+    """ECN threshold: a fraction of the trimming limit with a two-frame floor, none on last
+    hops or at fraction 0; the packed map value carries the limits and flags as the program
+    reads them."""
+    from mrc.fabric.trim.maps import (
+        EGRESS,
+        EGRESS_LASTHOP,
+        EGRESS_PRIO,
+        EGRESS_TRIM,
+        NO_ECN,
+        port_config,
+        unpack_egress,
+    )
+
+    c = port_config(50_000_000, 1500, lasthop=False, ecn_fraction=0.5, prio=True)
+    assert c.limit == 15_625 and c.ecn_limit == 7_812
+    assert port_config(50_000_000, 1500, False, ecn_fraction=0.1).ecn_limit == 2 * 1514
+    assert port_config(50_000_000, 1500, True, ecn_fraction=0.5).ecn_limit == NO_ECN
+    assert port_config(50_000_000, 1500, False, ecn_fraction=0.0).ecn_limit == NO_ECN
+    raw = c.pack()
+    assert len(raw) == EGRESS.size
+    assert EGRESS.unpack(raw)[1] == EGRESS_TRIM | EGRESS_PRIO
+    assert EGRESS.unpack(port_config(50_000_000, 1500, True).pack())[1] & EGRESS_LASTHOP
+    shown = unpack_egress(raw)
+    assert shown["ecn_limit"] == 7_812 and shown["prio_band"] and not shown["lasthop"]
+    assert unpack_egress(port_config(50_000_000, 1500, True).pack())["ecn_limit"] is None
+
+
+def test_trim_topology_records_ecn_and_band() -> None:
+    from mrc.fabric import FabricSpec
+    from mrc.fabric.topology import Topology, plan
+
+    t = plan(FabricSpec(name="x", rate="10mbit", trim=True))
+    assert t.ecn_threshold == 0.5 and t.prio_band
+    t = plan(FabricSpec(name="x", rate="10mbit", trim=True, ecn_threshold=0, prio_band=False))
+    assert t.ecn_threshold == 0 and not t.prio_band
+    plain = plan(FabricSpec(name="x", rate="10mbit"))
+    assert plain.ecn_threshold == 0 and not plain.prio_band
+    assert Topology.from_dict(t.to_dict()) == t

@@ -138,7 +138,9 @@ def _install_router(topo: Topology, router: str, h: NsHandle, obj: Path) -> None
         for ifname, lasthop, rate_bps in ports:
             if not rate_bps:
                 continue
-            cfg = port_config(rate_bps, topo.mtu, lasthop)
+            cfg = port_config(
+                rate_bps, topo.mtu, lasthop, ecn_fraction=topo.ecn_threshold, prio=topo.prio_band
+            )
             libbpf.map_update(eg_fd, KEY.pack(h.index(ifname)), cfg.pack())
         for ifname, _lasthop, _rate in ports:
             idx = h.index(ifname)

@@ -26,12 +26,13 @@ PIN_RSTATS = "rstats"
 #: BPF program (function) name in the object, also the tc filter name.
 PROG_NAME = "mrc_trim"
 
-#: struct egress: bpf_spin_lock (u32), flags (u32), then 14 u64 (host byte order).
-EGRESS = struct.Struct("=II14Q")
+#: struct egress: bpf_spin_lock (u32), flags (u32), then 18 u64 (host byte order).
+EGRESS = struct.Struct("=II18Q")
 EGRESS_FIELDS = (
     "rate",
     "limit",
     "hard_limit",
+    "ecn_limit",
     "backlog",
     "last_ns",
     "pkts",
@@ -43,8 +44,15 @@ EGRESS_FIELDS = (
     "tail_drops",
     "errors",
     "max_backlog",
+    "ce_marked",
+    "ect_pkts",
+    "prio_pkts",
 )
 EGRESS_LASTHOP = 0x1
+EGRESS_TRIM = 0x2
+EGRESS_PRIO = 0x4
+#: ecn_limit of a port that never marks
+NO_ECN = (1 << 64) - 1
 
 #: struct rstats: per router, per CPU.
 RSTATS = struct.Struct("=4Q")
@@ -62,6 +70,12 @@ KEY = struct.Struct("=I")
 #: hops of 2.8 ms and 7.9 ms; 0.75 already lets tbf drop.  MRC wants shallow queues: 0.25.
 VQ_FRACTION = 0.25
 
+#: The ECN threshold as a fraction of that virtual queue limit (FabricSpec.ecn_threshold).  A
+#: packet joining the queue above it is marked CE if ECT, so window-based senders (NSCC) slow
+#: down before the queue reaches the trimming limit: trims become the exception.  Measured on
+#: the netns fabric (docs/FABRIC.md, "ECN"): see the table there for 0.25 / 0.5 / 0.75.
+ECN_FRACTION = 0.5
+
 
 @dataclass(frozen=True)
 class PortConfig:
@@ -71,26 +85,55 @@ class PortConfig:
     limit: int  # virtual queue limit, bytes
     hard_limit: int  # estimated real capacity (tbf queue + burst): beyond it tbf drops
     lasthop: bool  # the port faces the destination host
+    ecn_limit: int = NO_ECN  # over it, ECT packets are marked CE (never on a last hop)
+    trim: bool = True  # trim MRC data packets over ``limit``
+    prio: bool = False  # the port's htb has a priority band (skb->priority classes)
 
     def pack(self) -> bytes:
         values = dict.fromkeys(EGRESS_FIELDS, 0)
-        values.update(rate=self.rate, limit=self.limit, hard_limit=self.hard_limit)
-        flags = EGRESS_LASTHOP if self.lasthop else 0
+        values.update(
+            rate=self.rate, limit=self.limit, hard_limit=self.hard_limit, ecn_limit=self.ecn_limit
+        )
+        flags = (
+            (EGRESS_LASTHOP if self.lasthop else 0)
+            | (EGRESS_TRIM if self.trim else 0)
+            | (EGRESS_PRIO if self.prio else 0)
+        )
         return EGRESS.pack(0, flags, *(values[f] for f in EGRESS_FIELDS))
 
 
-def port_config(rate_bps: int, mtu: int, lasthop: bool) -> PortConfig:
-    """Constants for a port shaped at ``rate_bps`` with the fabric's tbf (see tbf_params)."""
+def port_config(
+    rate_bps: int, mtu: int, lasthop: bool, ecn_fraction: float = 0.0, prio: bool = False
+) -> PortConfig:
+    """Constants for a port shaped at ``rate_bps`` with the fabric's tbf (see tbf_params), or
+    the htb with a priority band of the same rate, burst and queue (``prio``).
+
+    ``ecn_fraction``: CE marking threshold as a fraction of the trimming limit (0: none).
+    Never below two full frames: the virtual queue holds a packet's own bytes and a burst of
+    a couple of frames even when the real queue is empty."""
     rate_Bps, burst, tbf_limit = tbf_params(rate_bps, mtu)
     frame = mtu + 14
     limit = max(int(tbf_limit * VQ_FRACTION), burst + 2 * frame)
-    return PortConfig(rate=rate_Bps, limit=limit, hard_limit=tbf_limit + burst, lasthop=lasthop)
+    ecn_limit = NO_ECN  # last hops never mark: congestion there says nothing about the path
+    if ecn_fraction > 0 and not lasthop:
+        ecn_limit = max(int(limit * ecn_fraction), 2 * frame)
+    return PortConfig(
+        rate=rate_Bps,
+        limit=limit,
+        hard_limit=tbf_limit + burst,
+        lasthop=lasthop,
+        ecn_limit=ecn_limit,
+        prio=prio,
+    )
 
 
 def unpack_egress(raw: bytes) -> dict[str, Any]:
     _lock, flags, *values = EGRESS.unpack_from(raw)
     out = dict(zip(EGRESS_FIELDS, values, strict=True))
     out["lasthop"] = bool(flags & EGRESS_LASTHOP)
+    out["prio_band"] = bool(flags & EGRESS_PRIO)
+    if out["ecn_limit"] == NO_ECN:
+        out["ecn_limit"] = None  # never marks
     del out["last_ns"]
     return out
 

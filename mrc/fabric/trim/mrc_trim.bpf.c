@@ -17,6 +17,18 @@
  * LASTHOP (0x10) when the egress port faces the destination host.  Everything else passes
  * untouched (and may be tail-dropped by tbf).  The program never drops a packet.
  *
+ * ECN: a packet that joins the virtual queue above the port's ECN threshold (ecn_limit) and
+ * carries ECT(0) or ECT(1) in the IPv6 traffic class gets CE instead (no checksum covers the
+ * traffic class; the UDP pseudo-header does not include it), except on a port that faces the
+ * destination host: congestion there says nothing about the path (EGRESS_LASTHOP).  Trimmed
+ * headers and MRC control packets are never marked: they do not wait in the data queue.
+ *
+ * Priority band: on ports whose egress qdisc is an htb with a priority class (EGRESS_PRIO),
+ * every packet charged to the port gets skb->priority = the htb class it belongs to:
+ * PRIO_CLASS for trimmed headers and MRC control packets (ACK/NACK, probes), DATA_CLASS for
+ * everything else.  htb takes skb->priority as the class id before any filter, and IPv6
+ * forwarding keeps it (tests/fabric/test_fabric_signals.py checks that on this kernel).
+ *
  * One program instance (with its own maps) is loaded per router and attached to all of its
  * ports, so every port into one egress link charges the same virtual queue.  Ports run on
  * several CPUs at once: the queue state is protected by a bpf_spin_lock.
@@ -49,6 +61,25 @@
 #define KEEP_MAX (KEEP_WRITE_IMM + SEC_BLOCK)
 
 #define EGRESS_LASTHOP 0x1 /* egress port faces the destination host */
+#define EGRESS_TRIM 0x2    /* trim MRC data packets over the limit */
+#define EGRESS_PRIO 0x4    /* the port's htb has a priority band: classify into it */
+
+/* htb classes of a router port (mrc/fabric/kernel.py, prio_band): TC_H_MAKE(1:, minor) */
+#define PRIO_CLASS 0x00010010
+#define DATA_CLASS 0x00010020
+
+#define OP_ACK 0x11
+#define OP_PROBE 0xC0
+#define OP_PROBE_REPLY 0xC1
+#define BTH_LEN 12
+#define ACK_LEN 36   /* BTH + AETH + MRC ACK extension */
+#define PROBE_LEN 24 /* BTH + probe extension */
+
+/* IPv6 byte 1: the low four bits of the traffic class, then the flow label's top four; the
+ * ECN field is the traffic class's low two bits */
+#define IP6_ECN_SHIFT 4
+#define ECN_MASK 0x3
+#define ECN_CE 0x3
 
 /* Per egress port (key: its ifindex in the router's namespace).  Written once by userspace
  * (rate, limits, flags; the rest zero), then updated under the lock by the program. */
@@ -58,6 +89,7 @@ struct egress {
 	__u64 rate;         /* drain rate, bytes/s of L2 frames (as tbf counts them) */
 	__u64 limit;        /* virtual queue limit, bytes: over it, MRC data packets are trimmed */
 	__u64 hard_limit;   /* estimate of what the real (tbf) queue holds: over it, tbf drops */
+	__u64 ecn_limit;    /* ECN threshold, bytes: over it, ECT packets are marked CE */
 	__u64 backlog;      /* virtual queue, bytes, as of last_ns */
 	__u64 last_ns;
 	/* counters */
@@ -70,6 +102,9 @@ struct egress {
 	__u64 tail_drops;   /* over the hard limit, not trimmable: tbf will drop them (estimate) */
 	__u64 errors;       /* trims that failed in a helper (packet passed whole) */
 	__u64 max_backlog;  /* high-water mark of the virtual queue, bytes */
+	__u64 ce_marked;    /* packets whose ECT was rewritten to CE */
+	__u64 ect_pkts;     /* packets that arrived ECT(0)/ECT(1) (or CE) */
+	__u64 prio_pkts;    /* packets put in the priority band */
 };
 
 /* Per router, per CPU (key 0). */
@@ -135,6 +170,7 @@ int mrc_trim(struct __sk_buff *skb)
 	__u8 proto;
 	int has_srh = 0, srh_ok = 0;
 	__u32 keep = 0;
+	int ctrl = 0; /* an MRC ACK/NACK or probe */
 
 	if (skb->protocol != bpf_htons(ETH_P_IPV6))
 		return TC_ACT_OK;
@@ -203,8 +239,9 @@ int mrc_trim(struct __sk_buff *skb)
 			rs->gso++;
 	} else if (proto == IPPROTO_UDP && (!has_srh || srh_ok) &&
 		   !bpf_skb_load_bytes(skb, l4off, &udp, sizeof(udp)) &&
-		   !bpf_skb_load_bytes(skb, l4off + sizeof(udp), hdr, KEEP_WRITE)) {
+		   !bpf_skb_load_bytes(skb, l4off + sizeof(udp), hdr, BTH_LEN)) {
 		__u32 ulen = bpf_ntohs(udp.len);
+		__u32 plen_udp = ulen - sizeof(udp);
 		__u8 op = hb[0];
 		__u32 want = 0;
 
@@ -214,7 +251,9 @@ int mrc_trim(struct __sk_buff *skb)
 			want = KEEP_WRITE_IMM;
 		/* TVer 0, not trimmed before, RETH DMA Length == the payload actually present */
 		if (want && (hb[1] & 0x0f) == 0 && !(hb[4] & BTH_TRIMMED) &&
-		    l4off + ulen == len) {
+		    l4off + ulen == len &&
+		    !bpf_skb_load_bytes(skb, l4off + sizeof(udp) + BTH_LEN, &hb[BTH_LEN],
+					KEEP_WRITE - BTH_LEN)) {
 			__u32 dma = ((__u32)hb[24] << 24) | ((__u32)hb[25] << 16) |
 				    ((__u32)hb[26] << 8) | hb[27];
 			__u32 sec = (hb[8] & BTH_SECURE) ? SEC_BLOCK : 0;
@@ -222,6 +261,14 @@ int mrc_trim(struct __sk_buff *skb)
 			if (dma > 0 && dma < 65536 && ulen == sizeof(udp) + want + sec + dma + icv)
 				keep = want + sec;
 		}
+		/* small MRC control packets: ACK/NACK and probes (with or without security block),
+		 * and headers trimmed by an earlier hop: all go in the priority band */
+		if ((hb[1] & 0x0f) == 0 && l4off + ulen == len &&
+		    ((want && (hb[4] & BTH_TRIMMED)) ||
+		     (op == OP_ACK && (plen_udp == ACK_LEN || plen_udp == ACK_LEN + SEC_BLOCK)) ||
+		     ((op == OP_PROBE || op == OP_PROBE_REPLY) &&
+		      (plen_udp == PROBE_LEN || plen_udp == PROBE_LEN + SEC_BLOCK))))
+			ctrl = 1;
 		/* the bytes kept beyond BTH + RETH feed the checksum: load them (constant sizes) */
 		__u32 more = l4off + sizeof(udp) + KEEP_WRITE;
 		if (keep == KEEP_WRITE_IMM) {
@@ -239,8 +286,9 @@ int mrc_trim(struct __sk_buff *skb)
 	/* --- the virtual queue ------------------------------------------------------------ */
 	__u32 tlen = l4off + sizeof(udp) + keep; /* length after a trim */
 	__u64 now = bpf_ktime_get_ns();
-	int trim = 0;
+	int trim = 0, mark = 0;
 	__u32 flags;
+	__u8 ecn = (((__u8 *)&ip6)[1] >> IP6_ECN_SHIFT) & ECN_MASK;
 
 	bpf_spin_lock(&eg->lock);
 	if (now > eg->last_ns) {
@@ -261,7 +309,10 @@ int mrc_trim(struct __sk_buff *skb)
 	eg->bytes += len;
 	if (keep)
 		eg->data_pkts++;
-	if (eg->backlog + len > eg->limit && keep) {
+	if (ecn)
+		eg->ect_pkts++;
+	flags = eg->flags;
+	if (eg->backlog + len > eg->limit && keep && (flags & EGRESS_TRIM)) {
 		trim = 1;
 		eg->backlog += tlen;
 		eg->trimmed++;
@@ -271,13 +322,30 @@ int mrc_trim(struct __sk_buff *skb)
 	} else {
 		if (eg->backlog + len > eg->limit)
 			eg->over++;
+		/* joins the data queue above the ECN threshold: CE, if it is ECN-capable */
+		if (eg->backlog + len > eg->ecn_limit && !ctrl && ecn && ecn != ECN_CE &&
+		    !(flags & EGRESS_LASTHOP)) {
+			mark = 1;
+			eg->ce_marked++;
+		}
 		eg->backlog += len;
 	}
+	if ((flags & EGRESS_PRIO) && (trim || ctrl))
+		eg->prio_pkts++;
 	if (eg->backlog > eg->max_backlog)
 		eg->max_backlog = eg->backlog;
-	flags = eg->flags;
 	bpf_spin_unlock(&eg->lock);
 
+	if (flags & EGRESS_PRIO)
+		skb->priority = (trim || ctrl) ? PRIO_CLASS : DATA_CLASS;
+	if (mark) {
+		__u8 b1 = ((__u8 *)&ip6)[1] | (ECN_CE << IP6_ECN_SHIFT);
+		if (bpf_skb_store_bytes(skb, ETH_HLEN + 1, &b1, 1, BPF_F_RECOMPUTE_CSUM)) {
+			bpf_spin_lock(&eg->lock);
+			eg->errors++;
+			bpf_spin_unlock(&eg->lock);
+		}
+	}
 	if (!trim)
 		return TC_ACT_OK;
 
