@@ -50,8 +50,7 @@ class NsccWindow:
         "mss",
         "cap",
         "target_min",
-        "target_packets",
-        "planes",
+        "target_rtt_fraction",
         "target",
         "gain",
         "md_gain",
@@ -82,8 +81,7 @@ class NsccWindow:
         initial_packets: int,
         target_delay: float,
         gain: float = 0.5,
-        planes: int = 1,
-        target_packets: float = 0.0,
+        target_rtt_fraction: float = 0.0,
         md_gain: float = 0.8,
         max_md: float = 0.5,
         ce_md: float = 0.125,
@@ -92,8 +90,7 @@ class NsccWindow:
         self.mss = mss
         self.cap = float(mss * cap_packets)
         self.target_min = target_delay
-        self.target_packets = target_packets
-        self.planes = max(1, planes)
+        self.target_rtt_fraction = target_rtt_fraction
         self.target = target_delay
         self.gain = gain
         self.md_gain = md_gain
@@ -155,6 +152,13 @@ class NsccWindow:
                 if self._next_adapt == _INF:
                     self._next_adapt = now  # the first time scale: quick adapt armed again
                 self.base_rtt = rtt
+                # the target follows the path: a fraction of its base RTT, never below the
+                # configured floor. On a long path a fixed sub-millisecond target is less than
+                # the queue spraying itself builds (a few packet times per bottleneck) and
+                # holds the window below the BDP (docs/CONGESTION.md). The base RTT only
+                # shrinks, so congestion can never raise the target; and unlike the flow's
+                # own rate it does not grow the target when many flows share a bottleneck.
+                self.target = max(self.target_min, self.target_rtt_fraction * rtt)
                 self._horizon = 2 * self.interval
             self.qdelay = rtt - self.base_rtt
             self.ce = ce
@@ -242,19 +246,6 @@ class NsccWindow:
             rate = (self._delivered - d0) / (now - t0)
             if rate > self.best_rate:
                 self.best_rate = rate
-                self._scale_target()
-
-    def _scale_target(self) -> None:
-        """The target delay follows the bottleneck: ``target_packets`` packets' worth of one
-        plane's share of the best rate seen, never below the configured minimum. Spraying over
-        many paths queues a few packets at every bottleneck even below capacity, so a fixed
-        target under a few packet times would read that as congestion and hold the window
-        below the path's BDP (docs/CONGESTION.md). Once a rate is known the target can only
-        shrink, as the best rate only grows: congestion cannot raise it."""
-        if self.target_packets <= 0.0 or self.best_rate <= 0.0:
-            return
-        per_plane = self.best_rate / self.planes
-        self.target = max(self.target_min, self.target_packets * self.mss / per_plane)
 
     def _set(self, now: float, cwnd: float) -> None:
         cwnd = min(max(cwnd, float(self.mss)), self.ceiling)

@@ -42,6 +42,10 @@ class QPConfig:
     reorder_min: float = 0.002
     # tail loss probe: resend the newest packet after max(tlp_min, 2 srtt) without an ACK
     tlp_min: float = 0.005
+    # tail loss probes in a row without news, each after twice the previous wait, before the
+    # RTO is left to act: a single probe lost as well (the receiver starved for a moment, or
+    # the probe's EV on a path that just died) would otherwise cost a whole min_rto
+    tlp_max: int = 3
     reorder_srtt_fraction: float = 0.5
     # new packets sent back to back on one EV before the next EV is drawn: the transport sends
     # such a burst as one GSO send (one skb through the kernel) and the receiver takes it in one
@@ -54,10 +58,9 @@ class QPConfig:
     # any ACK-coalescing delay of the peer (ack_delay), yet a fraction of a 20-packet queue at
     # 100 Mbit/s (1.6 ms): about 6 kB of queue at 100 Mbit/s, 60 kB at 1 Gbit/s
     cc_target_delay: float = 0.0005
-    # nscc: the target delay also covers this many packet times of one plane's share of the
-    # best delivery rate seen (spraying queues a few packets per bottleneck even below
-    # capacity); cc_target_delay stays the floor. 0: a fixed target
-    cc_target_packets: float = 4.0
+    # nscc: the target delay is at least this fraction of the path's base RTT (a long path
+    # needs room for the queue spraying builds); cc_target_delay stays the floor. 0: fixed
+    cc_target_rtt_fraction: float = 0.25
     # nscc: the window before any signal, packets (capped by max_outstanding)
     cc_initial_window: int = 16
     # nscc: weight of the proportional increase (0: additive only, one packet per RTT)
@@ -77,12 +80,14 @@ class QPConfig:
             raise ValueError(f"burst must be 1..{MAX_BURST} packets, not {self.burst}")
         if self.ack_every < 1:
             raise ValueError("ack_every must be at least 1")
+        if self.tlp_max < 0:
+            raise ValueError("tlp_max must be >= 0")
         if self.cc not in ("fixed", "nscc"):
             raise ValueError(f"cc must be 'fixed' or 'nscc', not {self.cc!r}")
         if not self.cc_target_delay > 0:
             raise ValueError("cc_target_delay must be > 0 seconds")
-        if not self.cc_target_packets >= 0:
-            raise ValueError("cc_target_packets must be >= 0")
+        if not 0 <= self.cc_target_rtt_fraction <= 4:
+            raise ValueError("cc_target_rtt_fraction must be between 0 and 4")
         if self.cc_initial_window < 1:
             raise ValueError("cc_initial_window must be at least 1 packet")
         if self.cc_gain < 0:

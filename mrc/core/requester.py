@@ -110,7 +110,7 @@ class Requester:
         # tail loss probe: when no ACK has come for a while, resend the newest outstanding
         # packet so that its ACK (SACK evidence) repairs a lost tail without waiting for an RTO
         self._tlp_at: float | None = None
-        self._tlp_out = False
+        self._tlps = 0  # tail loss probes sent since the last news (at most tlp_max)
         self.health = config.ev_health
         # seq & _RING_MASK -> (seq << 16) | EV port of seq's latest transmission (-1: none)
         self._sent_ring = [-1] * _RING
@@ -128,8 +128,7 @@ class Requester:
                 config.cc_initial_window,
                 config.cc_target_delay,
                 gain=config.cc_gain,
-                planes=evs.nplanes,
-                target_packets=config.cc_target_packets,
+                target_rtt_fraction=config.cc_target_rtt_fraction,
             )
         self._waiting = 0
 
@@ -247,12 +246,13 @@ class Requester:
             self._arm_tlp(now)
 
     def _arm_tlp(self, now: float) -> None:
-        if not self._outstanding or self._tlp_out:
+        if not self._outstanding or self._tlps >= self.config.tlp_max:
             self._tlp_at = None
             return
         srtt = self.rtt.srtt
         pto = 2 * srtt if srtt is not None else self.config.initial_rto / 2
-        self._tlp_at = now + max(self.config.tlp_min, pto)
+        # each probe in a row waits twice as long as the one before
+        self._tlp_at = now + max(self.config.tlp_min, pto) * (1 << self._tlps)
 
     def _build(self, seq: int, pkt: _Packet) -> Datagram:
         wr = pkt.wr
@@ -330,7 +330,8 @@ class Requester:
                     self._retransmit.append(seq)
                     self._waiting += 1
                     self.stats.retransmits_tlp += 1
-                    self._tlp_out = True
+                    self._tlps += 1
+                    self._arm_tlp(now)  # the next probe, if this one meets silence too
 
     def fail(self, reason: str) -> None:
         if not self.failed:
@@ -481,7 +482,7 @@ class Requester:
             wr = wrs.popleft()
             self._emit(WriteCompleted(self.qpn, wr.wr_id, len(wr.view)))
         if latest > 0.0:  # news (as for the RACK point, 0.0 stands for none)
-            self._tlp_out = False  # news arrived: the next silence may be probed again
+            self._tlps = 0  # news arrived: the next silence may be probed again
             self._arm_tlp(now)
         if recovery.advance(latest) and outstanding:
             lost = recovery.detect(outstanding, self.rtt.srtt, planes, evs.plane_alive_sent)

@@ -9,7 +9,7 @@ import pytest
 from mrc import wire
 from mrc.core import ProbeReplied, QPConfig, QPFailed, QueuePair, WriteCompleted
 from mrc.core.memory import ProtectionDomain
-from mrc.sim import Faults
+from mrc.sim import Faults, SimNetwork
 
 from .mrcsim_harness import (
     DATA_OPS,
@@ -76,10 +76,11 @@ def test_retry_budget_fails_the_qp_cleanly(how: str, retries: int) -> None:
     for tx in txs:
         per_seq[tx.seq] = per_seq.get(tx.seq, 0) + 1
     assert len(per_seq) == 26  # the whole 25,600-byte write went out (window not full)
-    # ... plus at most one tail loss probe: a resend of the newest packet, not a timeout
+    # ... plus at most tlp_max tail loss probes: resends of the newest packet, not timeouts
     tail = max(per_seq)
     assert max(n for seq, n in per_seq.items() if seq != tail) <= 1 + retries
-    assert per_seq[tail] <= 2 + retries and qa.stats.retransmits_tlp <= 1
+    assert per_seq[tail] <= 1 + cfg.tlp_max + retries
+    assert 1 <= qa.stats.retransmits_tlp <= cfg.tlp_max
     assert per_seq[0] == 1 + retries
     assert all(s.time <= fail_time for s in net.sent_by("a", qa.qpn))
     assert qa.stats.retransmits_timeout + qa.stats.retransmits_tlp == qa.stats.retransmits
@@ -348,3 +349,59 @@ def test_timer_is_armed_at_the_earliest_deadline() -> None:
     assert run_until(net, [t], max_time=500)
     t.check_final()
     assert late == []
+
+
+# ---- tail loss probes in a row ---------------------------------------------------------------
+
+
+def _outage_run(tlp_max: int) -> tuple[float, QueuePair, bytes, bytearray]:
+    """16 MiB over 4 planes at 200 Mbit/s each; every plane's last hop into the receiver
+    swallows everything from 100 ms to 115 ms (the receiver starved, say): the whole window,
+    and the first tail loss probe with it. Returns the largest gap between deliveries."""
+    from mrc.sim_links import Fabric, LinkSpec
+
+    size = 16 << 20
+    fab = Fabric(lasthop=LinkSpec(rate=25e6, queue=250_000), spines=2)
+    net = SimNetwork(seed=1, faults=Faults(delay=0.0001, jitter=0.00005), fabric=fab)
+    net.add_host("a")
+    net.add_host("b")
+    cfg = QPConfig(payload_size=8192, max_outstanding=64, psn_window=16384, tlp_max=tlp_max)
+    qa, qb = net.connect("a", "b", evs=128, config=cfg, planes=4)
+    buf = bytearray(size)
+    mr = net.hosts["b"].core.pd.register(buf)
+    data = bytes((i * 7 + (i >> 13)) % 251 for i in range(size))
+    qa.post_write(data, mr.addr, mr.rkey)
+    names = [f"last:b/p{p}" for p in range(4)]  # links exist once first used
+    marks: list[tuple[float, int]] = []
+
+    def sample() -> None:
+        marks.append((net.now, qb.stats.bytes_placed))
+        if not qa.idle:
+            net._at(net.now + 0.0002, sample)
+
+    def outage(down: bool) -> None:
+        for name in names:
+            fab.link(name).down = down
+
+    net._at(0.0, sample)
+    net._at(0.100, lambda: outage(True))
+    net._at(0.115, lambda: outage(False))
+    assert net.run(lambda: qa.idle, max_time=30)
+    assert sum(fab.link(name).stats.lost_down for name in names) > 0
+    gap, last_t, last_v = 0.0, 0.0, -1
+    for t, v in marks:
+        if v > last_v:
+            gap = max(gap, t - last_t) if last_v >= 0 else gap
+            last_t, last_v = t, v
+    return gap, qa, data, buf
+
+
+def test_a_second_tail_loss_probe_repairs_an_outage_the_first_one_fell_into() -> None:
+    gap, qa, data, buf = _outage_run(tlp_max=3)
+    assert bytes(buf) == data
+    assert qa.stats.retransmits_timeout == 0 and qa.stats.retransmits_tlp >= 2
+    assert gap < 0.6 * qa.config.min_rto, gap  # measured: 17.8 ms for a 15 ms outage
+    # the control: a single probe, lost in the outage, leaves the repair to the RTO
+    gap1, qa1, data1, buf1 = _outage_run(tlp_max=1)
+    assert bytes(buf1) == data1
+    assert qa1.stats.retransmits_timeout > 0 and gap1 >= qa1.config.min_rto * 0.9, gap1
