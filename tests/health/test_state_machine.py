@@ -199,7 +199,9 @@ def run_transfer(
     **cfg: object,
 ) -> Run:
     """One WRITE of ``size`` random bytes plus a WRITE_IMM from host a to host b."""
-    config = QPConfig(**{"payload_size": 1000, "max_outstanding": 16, **cfg})  # type: ignore[arg-type]
+    # a fixed window of 16: the detection-time bounds below assume a steady packet rate
+    base = {"payload_size": 1000, "max_outstanding": 16, "cc": "fixed"}
+    config = QPConfig(**{**base, **cfg})  # type: ignore[arg-type]
     net = HealthNet(seed, drop)
     net.add_host("a")
     net.add_host("b")

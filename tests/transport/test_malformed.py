@@ -169,7 +169,7 @@ async def test_forgeries_before_any_data_do_not_disturb_a_later_transfer() -> No
 # while (``paused``): the sender's packets wait in the kernel queue, unacknowledged, and the
 # first retransmission timeout is a second away.
 
-SLOW_RTO = dict(initial_rto=1.0, max_rto=1.0, payload_size=1000, max_outstanding=64)
+SLOW_RTO = dict(initial_rto=1.0, max_rto=1.0, payload_size=1000, max_outstanding=64, cc="fixed")
 
 
 @contextlib.contextmanager
