@@ -147,18 +147,23 @@ def _start(
     )
 
 
+def labelled(engine: str, fabric: str) -> list[str]:
+    """IDs of ``engine``'s containers (running or not) labelled with ``fabric``."""
+    listed = subprocess.run(
+        [engine, "ps", "--all", "--quiet", "--filter", f"label={LABEL}={fabric}"],
+        capture_output=True,
+        text=True,
+    )
+    return listed.stdout.split() if listed.returncode == 0 else []
+
+
 def remove(fabric: str) -> list[str]:
     """Remove every container labelled with ``fabric``, on every engine that runs here."""
     removed: list[str] = []
     for engine in ENGINES:
         if shutil.which(engine) is None:
             continue
-        listed = subprocess.run(
-            [engine, "ps", "--all", "--quiet", "--filter", f"label={LABEL}={fabric}"],
-            capture_output=True,
-            text=True,
-        )
-        ids = listed.stdout.split() if listed.returncode == 0 else []
+        ids = labelled(engine, fabric)
         if ids:
             subprocess.run([engine, "rm", "--force", *ids], capture_output=True)
             removed += ids

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import jsonschema
 
-from mrc.fabric.containers import share_dir
+from mrc.fabric.containers import labelled, share_dir
 from mrc.fabric.topology import topology_path
 from tests.fabric.fabric_helpers import unique_name
 
@@ -40,15 +40,6 @@ def _tx_packets(ns: str, ifname: str) -> int:
         check=True,
     ).stdout
     return int(json.loads(out)[0]["stats64"]["tx"]["packets"])
-
-
-def _containers(engine: str, fabric: str) -> list[str]:
-    out = subprocess.run(
-        [engine, "ps", "--all", "--quiet", "--filter", f"label=mrc.fabric={fabric}"],
-        capture_output=True,
-        text=True,
-    )
-    return out.stdout.split()
 
 
 def test_transfer_and_link_failure_between_host_containers(mrc_image: str) -> None:
@@ -75,7 +66,7 @@ def test_transfer_and_link_failure_between_host_containers(mrc_image: str) -> No
         assert stat.S_IMODE(os.stat(topo.share_dir).st_mode) == 0o1777
         schema = json.loads((ROOT / "docs/schemas/mrc-fabric-topology.schema.json").read_text())
         jsonschema.validate(json.loads(topology_path(name).read_text()), schema)
-        assert len(_containers(engine, name)) == 2
+        assert len(labelled(engine, name)) == 2
         who = subprocess.run(
             _exec(name, "h0", "id", "-un"), capture_output=True, text=True, check=True
         )
@@ -126,7 +117,7 @@ def test_transfer_and_link_failure_between_host_containers(mrc_image: str) -> No
         assert sent["evs_assumed_bad"] >= 1  # the EVs through the failed link were retired
     finally:
         Fabric.down(name)
-    assert _containers(engine, name) == []
+    assert labelled(engine, name) == []
     assert fabric_namespaces(name) == []
     assert not share_dir(name).exists()
 

@@ -17,20 +17,11 @@ from pathlib import Path
 
 import jsonschema
 
-from mrc.fabric.containers import share_dir
+from mrc.fabric.containers import labelled, share_dir
 from mrc.fabric.teardown import fabric_namespaces
 from tests.fabric.fabric_helpers import unique_name
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _containers(engine: str, fabric: str) -> list[str]:
-    out = subprocess.run(
-        [engine, "ps", "--all", "--quiet", "--filter", f"label=mrc.fabric={fabric}"],
-        capture_output=True,
-        text=True,
-    )
-    return out.stdout.split()
 
 
 def test_failover_demo_between_host_containers(mrc_image: str) -> None:
@@ -61,6 +52,6 @@ def test_failover_demo_between_host_containers(mrc_image: str) -> None:
     # were retired during the outage
     assert out["mrc"]["evs_assumed_bad"] >= 1
     assert out["mptcp"]["subflows"] == 1  # an extra one in plane 1: set up from outside
-    assert _containers(engine, name) == []
+    assert labelled(engine, name) == []
     assert fabric_namespaces(name) == []
     assert not share_dir(name).exists()
