@@ -6,27 +6,13 @@ import asyncio
 import hashlib
 
 import pytest
+from requested_pair import requested_pair
 
 import mrc
 from mrc.timed import ROTATIONS, Posted, RoundData, send_timed
 from mrc.transfer import receive_buffer
 
 SLOT = 256 << 10
-
-
-async def _pair(size: int):
-    buffers: list[bytearray] = []
-
-    def factory(n: int, _request: dict[str, object]) -> bytearray:
-        buffers.append(bytearray(max(n, 1)))
-        return buffers[-1]
-
-    listener = await mrc.listen("::1", 0, region_factory=factory)
-    conn = await mrc.connect(
-        "::1", listener.port, evs=16, request_size=size, config=mrc.QPConfig(payload_size=4096)
-    )
-    peer = await listener.accept(timeout=5)
-    return listener, conn, peer, buffers[0]
 
 
 def test_rounds_are_distinct_rotations_and_the_region_digest_follows_them() -> None:
@@ -43,7 +29,7 @@ def test_rounds_are_distinct_rotations_and_the_region_digest_follows_them() -> N
 
 async def test_timed_transfer_verifies_every_round_on_both_sides() -> None:
     data = RoundData(SLOT)
-    listener, conn, peer, buf = await _pair(2 * SLOT)
+    listener, conn, peer, buf = await requested_pair(2 * SLOT, evs=16)
     try:
         assert peer.granted is not None
         posted = Posted()
@@ -68,7 +54,7 @@ async def test_timed_transfer_verifies_every_round_on_both_sides() -> None:
 async def test_a_round_whose_hash_differs_fails_both_sides() -> None:
     """The receiver hashes a buffer the data never lands in: round 0 already differs."""
     data = RoundData(SLOT)
-    listener, conn, peer, _buf = await _pair(2 * SLOT)
+    listener, conn, peer, _buf = await requested_pair(2 * SLOT, evs=16)
     try:
         elsewhere = memoryview(bytearray(2 * SLOT))
         sent, got = await asyncio.gather(
@@ -87,7 +73,7 @@ async def test_a_round_whose_hash_differs_fails_both_sides() -> None:
 
 async def test_a_region_too_small_for_two_rounds_is_refused() -> None:
     data = RoundData(SLOT)
-    listener, conn, _peer, _buf = await _pair(SLOT)
+    listener, conn, _peer, _buf = await requested_pair(SLOT, evs=16)
     try:
         with pytest.raises(mrc.MRCError, match="large enough for two rounds"):
             await send_timed(conn, data, 1.0)

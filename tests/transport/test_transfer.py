@@ -7,30 +7,16 @@ import hashlib
 import os
 
 import pytest
+from requested_pair import requested_pair
 
 import mrc
 from mrc.transfer import receive_buffer, send_buffer
 
 
-async def _pair(size: int):
-    buffers: list[bytearray] = []
-
-    def factory(n: int, _request: dict[str, object]) -> bytearray:
-        buffers.append(bytearray(max(n, 1)))
-        return buffers[-1]
-
-    listener = await mrc.listen("::1", 0, region_factory=factory)
-    conn = await mrc.connect(
-        "::1", listener.port, evs=32, request_size=size, config=mrc.QPConfig(payload_size=4096)
-    )
-    peer = await listener.accept(timeout=5)
-    return listener, conn, peer, buffers[0]
-
-
 async def test_verified_transfer_both_sides_agree() -> None:
     size = 5 * (1 << 20) + 3
     data = os.urandom(size)
-    listener, conn, peer, buf = await _pair(size)
+    listener, conn, peer, buf = await requested_pair(size)
     try:
         assert conn.requested is not None and conn.requested.length == size
         assert peer.granted is not None and peer.granted.length == size
@@ -57,7 +43,7 @@ async def test_mismatch_is_detected_on_both_sides() -> None:
     """The receiver hashes something other than what was placed: both verdicts say no."""
     size = 1 << 20
     data = os.urandom(size)
-    listener, conn, peer, _buf = await _pair(size)
+    listener, conn, peer, _buf = await requested_pair(size)
     try:
         elsewhere = memoryview(bytearray(size))  # not the region the data lands in
         sent, got = await asyncio.gather(
@@ -75,7 +61,7 @@ async def test_mismatch_is_detected_on_both_sides() -> None:
 
 async def test_receiver_sees_sender_vanish() -> None:
     size = 1 << 20
-    listener, conn, peer, _buf = await _pair(size)
+    listener, conn, peer, _buf = await requested_pair(size)
     try:
         # part of the data, no DONE_IMM, then the sender goes away
         await conn.write(os.urandom(1000), conn.requested, 0)  # type: ignore[arg-type]
