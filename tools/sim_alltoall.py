@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""All-to-all steps in the simulator, with a spine link of plane 0 going down: a quick,
+deterministic way to compare congestion controls (and their parameters) on the pattern where
+mrc-bench's ``link_down`` condition shows NSCC behind the fixed window (docs/CONGESTION.md).
+
+Four hosts on two leaves (a, b | c, d), 2 planes x 2 spines, every link shaped to ``--rate``
+with a tail-drop queue of ``--queue`` bytes; every host writes ``--size`` bytes to each of the
+other three per step (12 QPs, kept for the whole run). At ``--fail-at`` seconds the link between
+leaf L0 and spine 0 of plane 0 goes down in both directions (``--heal-at`` brings it back).
+
+    .venv/bin/python tools/sim_alltoall.py --cc fixed --window 4
+    .venv/bin/python tools/sim_alltoall.py --cc nscc --window 64 --qp cc_target_rtt_fraction=0.5
+    .venv/bin/python tools/sim_alltoall.py --cc nscc --fail-at 99        # no failure
+
+Prints one line: every step's time (ms) and the senders' timeouts, tail loss probes and
+retransmissions. Same arguments, same output: the simulator is seeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+
+from mrc.core import QPConfig
+from mrc.sim import Faults, SimNetwork
+from mrc.sim_links import Fabric, LinkSpec
+
+HOSTS = ("a", "b", "c", "d")
+LEAVES = {"a": "L0", "b": "L0", "c": "L1", "d": "L1"}
+FAILED = ("up:L0/p0/s0", "down:L0/p0/s0")
+
+
+def _qp_field(text: str) -> tuple[str, float | int | str]:
+    key, sep, value = text.partition("=")
+    if not sep or key not in QPConfig.__dataclass_fields__:
+        raise argparse.ArgumentTypeError(f"not a QPConfig field=value: {text!r}")
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def run(args: argparse.Namespace) -> str:
+    spec = LinkSpec(rate=args.rate / 8, queue=args.queue)
+    fab = Fabric(nic=spec, up=spec, down=spec, lasthop=spec, spines=2, leaves=dict(LEAVES))
+    net = SimNetwork(seed=args.seed, faults=Faults(delay=0.00005, jitter=0.00005), fabric=fab)
+    for h in HOSTS:
+        net.add_host(h)
+    extra = dict(args.qp)
+    qps = []
+    for n, (src, dst) in enumerate(itertools.permutations(HOSTS, 2), start=1):
+        cfg = QPConfig(
+            payload_size=8192,
+            max_outstanding=args.window,
+            psn_window=16384,
+            cc=args.cc,
+            **extra,  # type: ignore[arg-type]
+        )
+        qa, _qb = net.connect(src, dst, evs=128, config=cfg, planes=2, qpn_a=n, qpn_b=100 + n)
+        region = net.hosts[dst].core.pd.register(bytearray(args.size))
+        qps.append((qa, region))
+
+    def set_failed(down: bool) -> None:
+        for name in FAILED:
+            fab.link(name).down = down
+
+    net._at(args.fail_at, lambda: set_failed(True))
+    if args.heal_at is not None:
+        net._at(args.heal_at, lambda: set_failed(False))
+    steps = []
+    payload = bytes(args.size)
+    for _ in range(args.steps):
+        t0 = net.now
+        for qa, region in qps:
+            qa.post_write(payload, region.addr, region.rkey)
+        if not net.run(lambda: all(qa.idle for qa, _r in qps), max_time=net.now + 60):
+            return "a step did not finish within 60 s of simulated time"
+        steps.append(f"{(net.now - t0) * 1000:.0f}")
+    stats = [qa.stats for qa, _r in qps]
+    return (
+        f"{args.cc} window {args.window} {extra or ''} steps(ms) {' '.join(steps)} "
+        f"timeouts {sum(s.retransmits_timeout for s in stats)} "
+        f"tlp {sum(s.retransmits_tlp for s in stats)} "
+        f"retransmits {sum(s.retransmits for s in stats)}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cc", choices=["nscc", "fixed"], default="nscc")
+    p.add_argument("--window", type=int, default=64, help="packets in flight per QP at most")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--size", type=int, default=1 << 20, help="bytes per QP per step")
+    p.add_argument("--rate", type=float, default=100e6, help="bits/s of every link")
+    p.add_argument("--queue", type=int, default=120_000, help="bytes of every link's queue")
+    p.add_argument("--fail-at", type=float, default=0.25)
+    p.add_argument("--heal-at", type=float)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--qp", type=_qp_field, action="append", default=[], metavar="FIELD=VALUE")
+    args = p.parse_args(argv)
+    try:
+        print(run(args))
+    except (ValueError, TypeError) as exc:  # a QPConfig that does not validate
+        print(f"sim_alltoall.py: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
