@@ -356,7 +356,8 @@ class Connection:
 
     def ev_counters(self) -> dict[str, int]:
         """EV health so far: evs_assumed_bad, evs_resurrected, evs_skipped, planes_lost,
-        floor_holds (see mrc/core/evset.py)."""
+        floor_holds, evs_assumed_bad_false, evs_penalized, ev_losses_congested (see
+        mrc/core/evset.py, docs/EV_HEALTH.md)."""
         return self.qp.evs.counters()
 
     # ---- paths -------------------------------------------------------------------------

@@ -226,6 +226,7 @@ class MrcTransport(Transport):
         evs = [c.ev_counters() for c in self.out.values()]
         out["evs_assumed_bad"] = sum(e["evs_assumed_bad"] for e in evs)
         out["evs_resurrected"] = sum(e["evs_resurrected"] for e in evs)
+        out["evs_assumed_bad_false"] = sum(e["evs_assumed_bad_false"] for e in evs)
         out["planes_lost"] = sum(e["planes_lost"] for e in evs)
         out["ev_transitions"] = dict(self.ev_events)
         out["send_errors"] = sum(int(c.stats()["send_errors"]) for c in self.out.values())

@@ -140,7 +140,9 @@ def _extra(r: dict[str, Any]) -> str:
         if st.get("trims_seen"):
             bits.append(f"trims {st['trims_seen']}")
         if st.get("evs_assumed_bad"):
-            bits.append(f"EVs bad {st['evs_assumed_bad']}")
+            false = st.get("evs_assumed_bad_false")
+            more = f" ({false} false)" if false else ""
+            bits.append(f"EVs bad {st['evs_assumed_bad']}{more}")
     else:
         if st.get("retrans_segs"):
             bits.append(f"rtx {st['retrans_segs']}")

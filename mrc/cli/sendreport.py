@@ -23,7 +23,16 @@ SUMMED = (
     "sacks",
     "ecn_echoes",
 )
-HEALTH = ("evs_assumed_bad", "evs_resurrected", "evs_skipped", "planes_lost", "floor_holds")
+HEALTH = (
+    "evs_assumed_bad",
+    "evs_resurrected",
+    "evs_skipped",
+    "planes_lost",
+    "floor_holds",
+    "evs_assumed_bad_false",
+    "evs_penalized",
+    "ev_losses_congested",
+)
 
 
 @dataclass

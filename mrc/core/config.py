@@ -38,6 +38,15 @@ class QPConfig:
     probe_timeout: float = 0.1
     resurrect_after: int = 3
     plane_dead_losses: int = 8
+    # CE penalties (docs/EV_HEALTH.md, "CE penalties"): an EV whose packet came back CE-marked
+    # sits out of the rotation for max(ecn_penalty_min, ecn_penalty_rtts x srtt) after its
+    # latest mark; at most ecn_penalty_max_fraction of a plane's active EVs at once (more: the
+    # whole plane is congested, and no EV of it is penalized). A loss on a path marked within
+    # that long before the packet left is congestion, not failure: no retirement
+    ecn_steering: bool = True
+    ecn_penalty_rtts: float = 4.0
+    ecn_penalty_min: float = 0.001
+    ecn_penalty_max_fraction: float = 0.5
     # SACK-based loss detection: a packet is lost once one sent this much later was acked
     reorder_min: float = 0.002
     # tail loss probe: resend the newest packet after max(tlp_min, 2 srtt) without an ACK
@@ -92,5 +101,11 @@ class QPConfig:
             raise ValueError("cc_initial_window must be at least 1 packet")
         if self.cc_gain < 0:
             raise ValueError("cc_gain must be >= 0")
+        if not 0 <= self.ecn_penalty_rtts <= 1000:
+            raise ValueError("ecn_penalty_rtts must be between 0 and 1000")
+        if not 0 <= self.ecn_penalty_min <= 10:
+            raise ValueError("ecn_penalty_min must be between 0 and 10 seconds")
+        if not 0 <= self.ecn_penalty_max_fraction < 1:
+            raise ValueError("ecn_penalty_max_fraction must be >= 0 and < 1")
         if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:
             raise ValueError("need 0 < min_rto <= initial_rto <= max_rto")

@@ -50,6 +50,7 @@ from mrc.errors import MRCError
 
 __all__ = ["EVReason", "EVSet", "EVState", "EVTransitionError"]
 
+_INF = float("inf")
 _NEG_INF = float("-inf")
 
 _GOOD = EVState.GOOD
@@ -112,8 +113,11 @@ class EVSet:
         on_change: ChangeCallback | None = None,
         routes: list[int] | None = None,
         qpn: int = 0,
+        ecn_penalty_max_fraction: float = 0.5,
     ) -> None:
-        """``on_change`` receives an ``EVStateChanged`` (naming QP ``qpn``) per transition."""
+        """``on_change`` receives an ``EVStateChanged`` (naming QP ``qpn``) per transition.
+        ``ecn_penalty_max_fraction``: the share of a plane's active EVs that CE penalties may
+        take out of the rotation at once (see ``marked``)."""
         if not ports:
             raise ValueError("an EV set needs at least one entropy value")
         if len(set(ports)) != len(ports):
@@ -125,10 +129,10 @@ class EVSet:
             raise ValueError("need one plane per entropy value")
         self.nplanes = max(self.planes) + 1
         self.qpn = qpn
-        # route id of each EV (e.g. which spine an SRv6 path turns at); all 0 when unknown
-        self.routes = list(routes) if routes is not None else [0] * n
-        if len(self.routes) != n:
-            raise ValueError("need one route id per entropy value")
+        self.routes: list[int] = []
+        self._route_known: list[bool] = []
+        self._plane_routes: list[list[int]] = []
+        self.set_routes(routes if routes is not None else [0] * n)
         self.index_of_port = {p: i for i, p in enumerate(self.ports)}
         self.packets = [0] * n
         n_active = n if active is None else max(1, min(active, n))
@@ -159,12 +163,30 @@ class EVSet:
         self._skipped: list[int] = []
         self._skipped_prev: list[int] = []
         self._now = 0.0  # time of the latest evidence, for transitions found while spraying
+        # CE penalties (``marked``): ev -> end of its penalty; ``pen_next``, the earliest end
+        # (maybe early, never late), for a cheap "anything to lift?" test per ACK; penalized
+        # EVs per plane; latest CE mark per EV and per (plane, route); per plane, the end of a
+        # congestion common to its paths
+        self._pen_until: dict[int, float] = {}
+        self.pen_next = _INF
+        self._pen_count = [0] * self.nplanes
+        self._ce_at = [_NEG_INF] * n
+        self._route_ce: dict[tuple[int, int], float] = {}
+        self.plane_ce_until = [_NEG_INF] * self.nplanes
+        self.pen_limit = [int(t * ecn_penalty_max_fraction) for t in self.target]
+        # retirements still being judged (``evs_assumed_bad_false``): ev -> (plane, route,
+        # send time of the lost packet or None, time of the retirement)
+        self.judging: dict[int, tuple[int, int, float | None, float]] = {}
         # counters
         self.assumed_bad = 0
         self.resurrected = 0
         self.skips = 0
         self.planes_lost = 0
         self.floor_holds = 0
+        self.penalties = 0  # CE marks that took an EV out of the rotation (or extended that)
+        self.plane_congested = 0  # times a plane's marks were found common to its paths
+        self.losses_congested = 0  # losses not held against an EV: its path was marked
+        self.assumed_bad_false = 0  # retirements later proved false
         self._rng = random.Random(seed)
         self._order: list[int] = []
         self._pos = 0
@@ -258,6 +280,128 @@ class EVSet:
                 ev = min(others, key=lambda i: (rank[self.state[i]], i))
         return ev
 
+    def set_routes(self, routes: list[int]) -> None:
+        """``routes[i]``: an id of EV i's path (e.g. the spine its SRv6 route turns at), for
+        whoever knows it (the transport; a simulator that hashes ports onto spines). A plane
+        whose EVs all have one id has its paths unknown: evidence is then never pooled by
+        route there (see ``lost`` and ``route_delivered``)."""
+        if len(routes) != len(self.ports):
+            raise ValueError("need one route id per entropy value")
+        self.routes = list(routes)
+        ids: list[set[int]] = [set() for _ in range(self.nplanes)]
+        for ev, route in enumerate(self.routes):
+            ids[self.planes[ev]].add(route)
+        self._route_known = [len(r) > 1 for r in ids]
+        self._plane_routes = [sorted(r) for r in ids]
+
+    # ---- CE penalties ------------------------------------------------------------------
+
+    def marked(self, ev: int, now: float, duration: float, steer: bool = True) -> None:
+        """An ACK echoed a CE mark (BECN) of a packet sent on ``ev``: its path is congested.
+
+        The EV sits out of the rotation until ``duration`` after its latest mark (a penalty,
+        not a retirement: no state change, no event, no probe), so new packets go to unmarked
+        paths; the mark reaches the congestion window as always. A mark on a penalized EV
+        restarts its penalty. If penalizing it would take more than ``pen_limit`` of its
+        plane's EVs out, the congestion is common to the plane's paths (its last hop or NIC:
+        steering cannot avoid it): every penalty of the plane is lifted and none is given
+        there until ``duration`` after the plane's latest mark. Losses on a marked path, or on
+        a plane so congested, are not held against their EV (``lost``). ``steer`` False: the
+        mark is only remembered for that, no penalty.
+        """
+        self._ce_at[ev] = now
+        plane = self.planes[ev]
+        self._route_ce[(plane, self.routes[ev])] = now
+        if not steer:
+            return
+        until = now + duration
+        if self.plane_ce_until[plane] >= now:
+            self.plane_ce_until[plane] = until
+            return
+        pen = self._pen_until
+        if ev in pen:
+            pen[ev] = until
+            return
+        if not self.usable[ev]:
+            return  # not in the rotation anyway (backup, assumed bad, plane down)
+        if self._pen_count[plane] >= self.pen_limit[plane]:
+            self.plane_congested += 1
+            self.plane_ce_until[plane] = until
+            for other in [e for e in pen if self.planes[e] == plane]:
+                del pen[other]
+                self._refresh(other)
+            self._pen_count[plane] = 0
+            return
+        pen[ev] = until
+        self._pen_count[plane] += 1
+        self.penalties += 1
+        self.usable[ev] = False
+        if until < self.pen_next:
+            self.pen_next = until
+
+    def lift_penalties(self, now: float) -> None:
+        """End the penalties due by ``now``. Callers test ``now >= pen_next`` first: that
+        float comparison is all a packet or an ACK pays while no penalty is due."""
+        pen = self._pen_until
+        nxt = _INF
+        for ev, until in list(pen.items()):
+            if until <= now:
+                del pen[ev]
+                self._pen_count[self.planes[ev]] -= 1
+                self._refresh(ev)
+            elif until < nxt:
+                nxt = until
+        self.pen_next = nxt
+
+    def penalized(self, ev: int) -> bool:
+        return ev in self._pen_until
+
+    def congested(self, ev: int, since: float) -> bool:
+        """Whether ``ev``'s path showed congestion at or after ``since``: a CE mark on the
+        EV, its plane in common congestion (``marked``), or, when the plane's routes are
+        known, a mark on another EV of its route or marks on two routes of its plane or more
+        (a queue they share: the last hop or the NIC)."""
+        plane = self.planes[ev]
+        if self._ce_at[ev] >= since or self.plane_ce_until[plane] >= since:
+            return True
+        if not self._route_known[plane]:
+            return False
+        route_ce = self._route_ce
+        if route_ce.get((plane, self.routes[ev]), _NEG_INF) >= since:
+            return True
+        # marks from two routes or more: a queue the plane's paths share (last hop, NIC)
+        marked = 0
+        for route in self._plane_routes[plane]:
+            if route_ce.get((plane, route), _NEG_INF) >= since:
+                marked += 1
+                if marked > 1:
+                    return True
+        return False
+
+    # ---- false retirements -------------------------------------------------------------
+
+    def route_delivered(self, ev: int, sent_at: float) -> None:
+        """A packet sent on ``ev`` at ``sent_at`` was acknowledged, while ``judging`` is not
+        empty (the requester tests that; nothing is paid otherwise).
+
+        A retirement is false if another EV on the retired EV's route delivered a packet
+        sent after the lost one and no later than the retirement: the route carried traffic
+        then, so the loss was not its failure."""
+        plane = self.planes[ev]
+        if not self._route_known[plane]:
+            return
+        route = self.routes[ev]
+        for bad, (p, r, lost_sent, at) in list(self.judging.items()):
+            if (
+                p == plane
+                and r == route
+                and bad != ev
+                and lost_sent is not None
+                and lost_sent < sent_at <= at
+            ):
+                del self.judging[bad]
+                self.assumed_bad_false += 1
+
     # ---- evidence ----------------------------------------------------------------------
 
     def count_sent(self, ev: int) -> None:
@@ -284,8 +428,13 @@ class EVSet:
         plane_evidence: bool = True,
         sent_at: float | None = None,
         detail: str = "",
+        congestion_since: float | None = None,
     ) -> None:
-        """A packet sent on ``ev`` (at ``sent_at``) was lost without a trim: loss means failure.
+        """A packet sent on ``ev`` (at ``sent_at``) was lost without a trim: loss means failure,
+        unless its path was congested: with ``congestion_since`` given, a path that showed
+        congestion since then (``congested``) lost it to a queue, not a failure, and neither
+        the EV nor its plane is blamed (``losses_congested``; the packet is resent elsewhere
+        all the same).
 
         ``reason`` is one of the loss reasons of ``_TRANSITIONS`` (``detail`` completes its
         phrase, e.g. the OS error of a send error). ``plane_evidence``: whether the loss also
@@ -295,6 +444,9 @@ class EVSet:
         losses declared together (one SACK, or timeouts found late) would otherwise add up to
         a "dead" plane that is demonstrably alive.
         """
+        if congestion_since is not None and self.congested(ev, congestion_since):
+            self.losses_congested += 1
+            return
         plane = self.planes[ev]
         if plane_evidence and sent_at is not None and sent_at <= self.plane_alive_sent[plane]:
             plane_evidence = False
@@ -309,7 +461,7 @@ class EVSet:
         if backup is None and self._active_in_plane(plane) <= self.floor[plane]:
             self.floor_holds += 1
             return
-        self._retire(ev, now, reason, detail)
+        self._retire(ev, now, reason, detail, sent_at)
         if backup is not None:
             self._transition(backup, EVReason.REPLACES, now, str(ev), active=True)
 
@@ -371,6 +523,7 @@ class EVSet:
             if sent is not None and sent + self.probe_timeout <= now:  # as next_probe_time
                 del self._probe_sent[ev]  # unanswered: the streak starts again
                 self._probe_ok[ev] = 0
+                self.judging.pop(ev, None)  # the path failed a probe: not a false retirement
                 sent = None
             if sent is None and when <= now:
                 due.append(ev)
@@ -383,6 +536,8 @@ class EVSet:
         sent = self._probe_sent.pop(ev, None)
         if sent is None or self.state[ev] != EVState.ASSUMED_BAD:
             return
+        if self.judging.pop(ev, None) is not None:
+            self.assumed_bad_false += 1  # its first probe came back: the path worked
         plane = self.planes[ev]
         # the plane carried a packet sent at ``sent``: losses of packets sent before that
         # (e.g. timeouts of retransmissions that went out during the outage) are no evidence
@@ -429,6 +584,9 @@ class EVSet:
             "evs_skipped": self.skips,
             "planes_lost": self.planes_lost,
             "floor_holds": self.floor_holds,
+            "evs_assumed_bad_false": self.assumed_bad_false,
+            "evs_penalized": self.penalties,
+            "ev_losses_congested": self.losses_congested,
         }
 
     # ---- internals ---------------------------------------------------------------------
@@ -439,13 +597,23 @@ class EVSet:
         if sent_at > self.plane_alive_sent[plane]:
             self.plane_alive_sent[plane] = sent_at
 
-    def _retire(self, ev: int, now: float, reason: EVReason, detail: str = "") -> None:
+    def _retire(
+        self,
+        ev: int,
+        now: float,
+        reason: EVReason,
+        detail: str = "",
+        lost_sent: float | None = None,
+    ) -> None:
         self.assumed_bad += 1
+        # judged until its first probe is answered (false) or times out (not false)
+        self.judging[ev] = (self.planes[ev], self.routes[ev], lost_sent, now)
         self._transition(ev, reason, now, detail, active=False)
         self._next_probe[ev] = now + self.probe_interval
         self._probe_ok[ev] = 0
 
     def _probe_cleanup(self, ev: int) -> None:
+        self.judging.pop(ev, None)
         self._next_probe.pop(ev, None)
         self._probe_sent.pop(ev, None)
         self._probe_ok.pop(ev, None)
@@ -495,6 +663,7 @@ class EVSet:
             and self.state[ev] == EVState.GOOD
             and not self.plane_down[plane]
             and not self.peer_plane_down[plane]
+            and ev not in self._pen_until
         )
 
     def _refresh_plane(self, plane: int) -> None:

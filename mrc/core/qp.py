@@ -102,6 +102,7 @@ class QueuePair:
             on_change=emit,
             routes=ev_routes,
             qpn=qpn,
+            ecn_penalty_max_fraction=cfg.ecn_penalty_max_fraction,
         )
         self.requester = Requester(self.config, qpn, self.initial_psn, self.evs, self.stats, emit)
         self.pd = pd  # the regions peers of this QP may write into

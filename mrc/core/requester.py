@@ -168,6 +168,8 @@ class Requester:
     def datagrams_to_send(self, now: float, out: list[Datagram]) -> None:
         if self.failed or self.remote_qpn is None:
             return
+        if now >= self.evs.pen_next:
+            self.evs.lift_penalties(now)
         rto = self.rtt.rto
         outstanding = self._outstanding
         retransmit = self._retransmit
@@ -245,6 +247,14 @@ class Requester:
                     out[-1] = (last_ev, bytes(req), body)
             self._arm_tlp(now)
 
+    def _ce_memory(self) -> float:
+        """How long a CE mark counts: the penalty it gives an EV, and how far back before a
+        lost packet's send a mark on its path makes the loss congestion, not failure."""
+        cfg = self.config
+        srtt = self.rtt.srtt
+        span = cfg.ecn_penalty_rtts * srtt if srtt is not None else 0.0
+        return span if span > cfg.ecn_penalty_min else cfg.ecn_penalty_min
+
     def _arm_tlp(self, now: float) -> None:
         if not self._outstanding or self._tlps >= self.config.tlp_max:
             self._tlp_at = None
@@ -319,7 +329,13 @@ class Requester:
             if self.cc is not None:
                 self.cc.on_loss(now)
             if self.health:
-                self.evs.lost(pkt.ev, now, EVReason.TIMEOUT, sent_at=pkt.sent_at)
+                self.evs.lost(
+                    pkt.ev,
+                    now,
+                    EVReason.TIMEOUT,
+                    sent_at=pkt.sent_at,
+                    congestion_since=pkt.sent_at - self._ce_memory(),
+                )
         if self._tlp_at is not None and self._tlp_at <= now and not self.failed:
             self._tlp_at = None
             if outstanding:
@@ -411,6 +427,8 @@ class Requester:
         )
         if self.health and (ports != 0xFFFF or any(evs.peer_plane_down)):
             evs.set_peer_planes(ports)
+        if now >= evs.pen_next:
+            evs.lift_penalties(now)
         rtt_sample: float | None = None
         if is_nack:
             if subject is not None:  # always (refused above otherwise): for the type checker
@@ -421,6 +439,11 @@ class Requester:
             stats.sacks += 1
             if qpw & _BECN:
                 stats.ecn_echoes += 1  # the peer echoed a CE mark (docs/PROTOCOL.md 3.1)
+                if self.health:
+                    # the EV of the subject's transmission (in flight, or acknowledged
+                    # moments ago: then the echoed port, checked against the ring above)
+                    marked = subject.ev if subject is not None else evs.index_of_port[ev_port]
+                    evs.marked(marked, now, self._ce_memory(), self.config.ecn_steering)
             if subject is not None and not subject.retransmitted:
                 rtt_sample = now - subject.sent_at
                 self.rtt.sample(rtt_sample)
@@ -456,10 +479,13 @@ class Requester:
         delivered = [_NEG_INF] * evs.nplanes
         planes = evs.planes
         newly = 0  # packets this ACK acknowledged
+        judging = evs.judging  # retirements still open to being proved false
         for seq in chain(acked, sacked):
             pkt = outstanding.pop(seq, None)
             if pkt is not None:
                 newly += 1
+                if judging:
+                    evs.route_delivered(pkt.ev, pkt.sent_at)
                 if pkt.deadline == _INF:
                     self._waiting -= 1  # queued for a resend that is no longer needed
                     self.stats.retransmits_cancelled += 1
@@ -500,7 +526,13 @@ class Requester:
             if not self.health:
                 continue
             if blame:
-                self.evs.lost(pkt.ev, now, EVReason.SACK_LOSS, sent_at=pkt.sent_at)
+                self.evs.lost(
+                    pkt.ev,
+                    now,
+                    EVReason.SACK_LOSS,
+                    sent_at=pkt.sent_at,
+                    congestion_since=pkt.sent_at - self._ce_memory(),
+                )
             else:
                 self.losses_unblamed += 1
 

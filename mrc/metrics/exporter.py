@@ -63,6 +63,12 @@ QP_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("evs_resurrected", "mrc_qp_ev_resurrected", "EVs back to GOOD after answered probes"),
     ("evs_skipped", "mrc_qp_ev_skipped", "EVs skipped for a round after a trim"),
     ("planes_lost", "mrc_qp_planes_lost", "Planes declared down"),
+    ("evs_assumed_bad_false", "mrc_qp_ev_assumed_bad_false", "EV retirements later proved "
+     "false (the route carried traffic, or the first probe was answered)"),
+    ("evs_penalized", "mrc_qp_ev_penalized", "CE penalties: EVs left out of the spraying for a "
+     "while after a CE mark"),
+    ("ev_losses_congested", "mrc_qp_ev_losses_congested", "Losses not held against their EV: "
+     "its path showed congestion (CE)"),
 )  # fmt: skip
 
 # the reason each queued retransmission was triggered, as QPStats counts them

@@ -1,0 +1,205 @@
+"""Path signals steer spraying (docs/EV_HEALTH.md, "CE penalties" and "False retirements"):
+a CE-marked path gets less traffic while marked and all of it back after; congestion losses
+retire (almost) nothing and the retirements they still cause are counted false; a dead link
+still retires its EVs, and those are not counted false."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from mrc.core import QPConfig
+from mrc.core.events import EVReason
+from mrc.core.evset import EVSet, EVState
+from mrc.sim import Faults
+from mrc.sim_links import Fabric, LinkSpec
+
+from .mrcsim_harness import RecordingNetwork, Transfer, make_transfer, run_until
+
+RATE = 12.5e6  # bytes/s: 100 Mbit/s
+PAYLOAD = 1000
+
+
+def _pattern(n: int, salt: int) -> bytes:
+    return bytes((i * 31 + salt * 7 + (i >> 8)) % 251 for i in range(n))
+
+
+def _pair(fab: Fabric, cfg: QPConfig, seed: int = 3) -> tuple[RecordingNetwork, Transfer, int]:
+    """One QP a -> b over ``fab`` (16 EVs, one plane), its routes = the spine of each EV."""
+    net = RecordingNetwork(seed, Faults(delay=0.0, jitter=0.0))
+    net.set_fabric(fab)
+    net.add_host("a")
+    net.add_host("b")
+    qa, qb = net.connect("a", "b", evs=16, config=cfg)
+    qa.evs.set_routes([fab.spine_of(p) for p in qa.evs.ports])
+    size = 3_000_000
+    t = make_transfer(net, "a", "b", qa, qb, [size], seed)
+    t.post(0, 0, _pattern(size, seed))
+    return net, t, size
+
+
+def _per_ev_share(net: RecordingNetwork, t: Transfer, t0: float, t1: float) -> dict[int, float]:
+    """Data packets sent per EV of each route in [t0, t1)."""
+    routes = t.qp.evs.routes
+    sent = Counter(routes[d.ev] for d in net.data_tx[("a", t.qp.qpn)] if t0 <= d.time < t1)
+    evs = Counter(routes)
+    return {r: sent[r] / evs[r] for r in evs}
+
+
+@pytest.mark.parametrize("steer", [True, False])
+def test_a_marked_spine_gets_less_traffic_while_marked_and_all_of_it_back_after(
+    steer: bool,
+) -> None:
+    fast = LinkSpec(rate=4 * RATE, queue=200_000, delay=20e-6)
+    slow = LinkSpec(rate=RATE / 2, queue=None, delay=20e-6, ecn=4_000)  # marks, never drops
+    fab = Fabric(up=fast, down=fast, lasthop=fast, spines=2, overrides={"up:a/p0/s1": slow})
+    cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=256, ecn_steering=steer)
+    net, t, size = _pair(fab, cfg)
+    assert set(t.qp.evs.routes) == {0, 1}
+    assert net.run(lambda: t.qp.requester.acked_packets > size // PAYLOAD // 4)
+    healed = net.now
+    fab.link("up:a/p0/s1").spec = fast  # the marks stop
+    assert run_until(net, [t])
+    t.check_final()
+    counters = t.qp.evs.counters()
+    # nothing failed: whatever reordering behind the slow queue retired was proved false
+    assert counters["evs_assumed_bad_false"] == counters["evs_assumed_bad"], counters
+    before = _per_ev_share(net, t, 0.0, healed)
+    # once the last penalties ended, and EVs spuriously retired meanwhile were resurrected
+    after = _per_ev_share(net, t, healed + 0.15, net.now)
+    assert fab.link("up:a/p0/s1").stats.ecn_marked > 100
+    if steer:
+        assert counters["evs_penalized"] > 10
+        assert before[1] < 0.75 * before[0], before
+    else:
+        assert counters["evs_penalized"] == 0
+        assert before[1] == pytest.approx(before[0], rel=0.1), before
+    assert after[1] == pytest.approx(after[0], rel=0.1), after
+
+
+def _incast(ecn: int | None) -> dict[str, int]:
+    """8 senders -> b through a last hop with a 10 kB queue that tail-drops (no trimming):
+    pure congestion, no failure anywhere."""
+    net = RecordingNetwork(11, Faults(delay=0.0, jitter=0.0))
+    links = LinkSpec(rate=4 * RATE, queue=64_000, delay=10e-6)
+    last = LinkSpec(rate=RATE, queue=10_000, delay=5e-6, ecn=ecn)
+    fab = Fabric(up=links, down=links, lasthop=last, spines=2)
+    net.set_fabric(fab)
+    senders = [f"s{i}" for i in range(8)]
+    for h in ["b", *senders]:
+        net.add_host(h)
+    transfers = []
+    for i, src in enumerate(senders):
+        qa, qb = net.connect(
+            src,
+            "b",
+            evs=16,
+            config=QPConfig(payload_size=PAYLOAD),
+            qpn_a=i + 1,
+            qpn_b=i + 1,
+            planes=2,
+        )
+        qa.evs.set_routes([fab.spine_of(p) for p in qa.evs.ports])
+        t = make_transfer(net, src, "b", qa, qb, [200_000], 100 + i)
+        t.post(0, 0, _pattern(200_000, i))
+        transfers.append(t)
+    assert run_until(net, transfers)
+    for t in transfers:
+        t.check_final()
+    assert fab.total("dropped") > 100 and fab.total("lost_down") == 0
+    total: Counter[str] = Counter()
+    for t in transfers:
+        total.update(t.qp.evs.counters())
+    return dict(total)
+
+
+def test_congestion_losses_on_marked_paths_retire_far_fewer_evs_and_retirements_are_false() -> None:
+    marked = _incast(ecn=2_000)
+    unmarked = _incast(ecn=None)
+    # without marks every tail drop looks like a failure; with them, losses on marked paths
+    # are congestion. What is still retired is the first flight's losses, before any mark came
+    # back (measured: 41 against 121)
+    assert marked["ev_losses_congested"] > 20
+    assert unmarked["ev_losses_congested"] == 0
+    assert marked["evs_assumed_bad"] < 0.5 * unmarked["evs_assumed_bad"], (marked, unmarked)
+    # nothing failed: (nearly) every retirement is proved false, by its route or its probe
+    for c in (marked, unmarked):
+        assert c["evs_assumed_bad_false"] >= 0.9 * c["evs_assumed_bad"] > 0, c
+
+
+def test_a_dead_link_still_retires_its_evs_and_they_are_not_false() -> None:
+    links = LinkSpec(rate=4 * RATE, queue=200_000, delay=20e-6)
+    fab = Fabric(up=links, down=links, lasthop=links, spines=2)
+    net, t, size = _pair(fab, QPConfig(payload_size=PAYLOAD, max_outstanding=64))
+    assert net.run(lambda: t.qp.requester.acked_packets > size // PAYLOAD // 4)
+    dead = fab.link("up:a/p0/s1")
+    dead.down = True
+    t_down = net.now
+    assert net.run(lambda: net.now > t_down + 0.3)  # longer than a first probe takes
+    dead.down = False
+    assert run_until(net, [t])
+    t.check_final()
+    on_dead = [ev for ev, r in enumerate(t.qp.evs.routes) if r == 1]
+    counters = t.qp.evs.counters()
+    assert dead.stats.lost_down > 0
+    assert counters["evs_assumed_bad"] >= len(on_dead) // 2 > 0, counters
+    assert counters["evs_assumed_bad_false"] == 0, counters
+    assert counters["ev_losses_congested"] == 0
+
+
+# ---- the rules, on an EVSet alone --------------------------------------------------------
+
+
+def _evs(routes: list[int], **kw: float) -> EVSet:
+    return EVSet(list(range(2000, 2000 + len(routes))), [0] * len(routes), routes=routes, **kw)
+
+
+def test_penalty_lasts_its_duration_is_restarted_by_marks_and_has_a_floor() -> None:
+    evs = _evs([0, 1] * 4)  # 8 active EVs, one plane: at most 4 penalized
+    evs.marked(0, 1.0, 0.01)
+    assert evs.penalized(0) and not evs.usable[0] and evs.state[0] == EVState.GOOD
+    assert all(evs.next() != 0 for _ in range(50))
+    evs.marked(0, 1.005, 0.01)  # restarts: now ends at 1.015
+    evs.lift_penalties(1.012)
+    assert evs.penalized(0)
+    evs.lift_penalties(1.015)
+    assert not evs.penalized(0) and evs.usable[0]
+    for ev in range(4):
+        evs.marked(ev, 2.0, 0.01)
+    assert sum(evs.usable) == 4 and evs.penalties == 5
+    evs.marked(4, 2.0, 0.01)  # a fifth: the plane's paths are all congested: nobody sits out
+    assert all(evs.usable) and evs.plane_congested == 1
+    evs.marked(5, 2.005, 0.01)
+    assert all(evs.usable)  # no penalty while the plane's congestion lasts
+    assert evs.counters()["evs_penalized"] == 5
+
+
+def test_a_loss_on_a_marked_path_is_congestion_not_failure() -> None:
+    evs = _evs([0, 1] * 4)
+    evs.marked(2, 1.0, 0.01)  # route 0
+    evs.lost(0, 1.02, EVReason.SACK_LOSS, sent_at=1.005, congestion_since=1.005 - 0.01)
+    assert evs.state[0] == EVState.GOOD and evs.losses_congested == 1  # same route, marked
+    evs.lost(1, 1.02, EVReason.SACK_LOSS, sent_at=1.005, congestion_since=1.005 - 0.01)
+    assert evs.state[1] == EVState.ASSUMED_BAD  # route 1 showed nothing
+    evs.lost(4, 1.5, EVReason.TIMEOUT, sent_at=1.3, congestion_since=1.3 - 0.01)
+    assert evs.state[4] == EVState.ASSUMED_BAD  # the mark is too old
+    evs.lost(6, 1.5, EVReason.SEND_ERROR)  # no congestion test for a send error
+    assert evs.state[6] == EVState.ASSUMED_BAD
+
+
+def test_false_retirements_by_route_delivery_and_by_first_probe() -> None:
+    evs = _evs([0, 1] * 4, probe_interval=0.02, probe_timeout=0.1)
+    evs.lost(0, 1.0, EVReason.SACK_LOSS, sent_at=0.99)  # route 0
+    evs.lost(1, 1.0, EVReason.SACK_LOSS, sent_at=0.99)  # route 1
+    evs.lost(3, 1.0, EVReason.SACK_LOSS, sent_at=0.99)  # route 1
+    evs.route_delivered(5, 0.98)  # route 1, sent before the loss: proves nothing
+    evs.route_delivered(2, 0.995)  # route 0, sent between the loss and the retirement
+    assert evs.assumed_bad_false == 1 and 0 not in evs.judging
+    assert evs.probes_due(1.02) == [0, 1, 3]
+    evs.probe_answered(1, 1.021)  # EV 1's first probe came back: the path worked
+    assert evs.assumed_bad_false == 2
+    assert 3 in evs.probes_due(1.2)  # EV 3's probe timed out: a real failure, judged
+    assert 3 not in evs.judging
+    evs.probe_answered(3, 1.21)  # later answers prove nothing about the retirement
+    assert evs.counters()["evs_assumed_bad_false"] == 2
