@@ -45,7 +45,9 @@ def _qp_field(text: str) -> tuple[str, float | int | str]:
 
 def run(args: argparse.Namespace) -> str:
     spec = LinkSpec(rate=args.rate / 8, queue=args.queue)
-    fab = Fabric(nic=spec, up=spec, down=spec, lasthop=spec, spines=2, leaves=dict(LEAVES))
+    # a host's own NIC queue is deeper, as on the netns fabric (HOST_QUEUE_FRAMES of 9000 bytes)
+    nic = LinkSpec(rate=args.rate / 8, queue=max(args.queue, 64 * 9000))
+    fab = Fabric(nic=nic, up=spec, down=spec, lasthop=spec, spines=2, leaves=dict(LEAVES))
     net = SimNetwork(seed=args.seed, faults=Faults(delay=0.00005, jitter=0.00005), fabric=fab)
     for h in HOSTS:
         net.add_host(h)
@@ -59,7 +61,9 @@ def run(args: argparse.Namespace) -> str:
             cc=args.cc,
             **extra,  # type: ignore[arg-type]
         )
-        qa, _qb = net.connect(src, dst, evs=128, config=cfg, planes=2, qpn_a=n, qpn_b=100 + n)
+        qa, _qb = net.connect(
+            src, dst, evs=128, config=cfg, planes=2, qpn_a=n, qpn_b=100 + n, routes=True
+        )
         region = net.hosts[dst].core.pd.register(bytearray(args.size))
         qps.append((qa, region))
 
@@ -84,7 +88,8 @@ def run(args: argparse.Namespace) -> str:
         f"{args.cc} window {args.window} {extra or ''} steps(ms) {' '.join(steps)} "
         f"timeouts {sum(s.retransmits_timeout for s in stats)} "
         f"tlp {sum(s.retransmits_tlp for s in stats)} "
-        f"retransmits {sum(s.retransmits for s in stats)}"
+        f"retransmits {sum(s.retransmits for s in stats)} "
+        f"evs_assumed_bad {sum(qa.evs.assumed_bad for qa, _r in qps)}"
     )
 
 

@@ -38,6 +38,9 @@ class QPConfig:
     probe_timeout: float = 0.1
     resurrect_after: int = 3
     plane_dead_losses: int = 8
+    # EVs of one route (an SRv6 path) share its fate: once this many of them are assumed bad,
+    # the route's other EVs leave the rotation too (0: off; needs route labels)
+    route_dead_evs: int = 2
     # SACK-based loss detection: a packet is lost once one sent this much later was acked
     reorder_min: float = 0.002
     # tail loss probe: resend the newest packet after max(tlp_min, 2 srtt) without an ACK
