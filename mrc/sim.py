@@ -105,13 +105,22 @@ class SimNetwork:
         psn_a: int = 0,
         psn_b: int = 0,
         planes: int = 1,
+        routes: bool = False,
     ) -> tuple[QueuePair, QueuePair]:
-        """A connected QP pair between hosts ``a`` and ``b``, each with ``evs`` EVs."""
+        """A connected QP pair between hosts ``a`` and ``b``, each with ``evs`` EVs.
+
+        ``routes``: label each EV with the spine its port hashes to on the fabric, as SRv6
+        route labels do for real QPs (EVs of one route share its fate; docs/EV_HEALTH.md)."""
         ports_a = self._ports(evs)
         ports_b = self._ports(evs)
         plane_of = [i % planes for i in range(evs)]
-        qa = QueuePair(qpn_a, self.hosts[a].core.pd, ports_a, plane_of, config, psn_a)
-        qb = QueuePair(qpn_b, self.hosts[b].core.pd, ports_b, plane_of, config, psn_b)
+        # with a fabric, each EV's route is the spine it hashes to (what SRv6 labels give real QPs)
+        fab = self.fabric if routes else None
+        routes_a = [fab.spine_of(p) for p in ports_a] if fab is not None else None
+        routes_b = [fab.spine_of(p) for p in ports_b] if fab is not None else None
+        pd_a, pd_b = self.hosts[a].core.pd, self.hosts[b].core.pd
+        qa = QueuePair(qpn_a, pd_a, ports_a, plane_of, config, psn_a, ev_routes=routes_a)
+        qb = QueuePair(qpn_b, pd_b, ports_b, plane_of, config, psn_b, ev_routes=routes_b)
         for host, ports in ((a, ports_a), (b, ports_b)):
             for port, plane in zip(ports, plane_of, strict=True):
                 self._port_owner[port] = (host, plane)

@@ -23,6 +23,7 @@ import itertools
 import sys
 
 from mrc.core import QPConfig
+from mrc.core.events import EVReason, EVStateChanged
 from mrc.sim import Faults, SimNetwork
 from mrc.sim_links import Fabric, LinkSpec
 
@@ -43,9 +44,12 @@ def _qp_field(text: str) -> tuple[str, float | int | str]:
     return key, value
 
 
-def run(args: argparse.Namespace) -> str:
+def run(args: argparse.Namespace) -> dict[str, object]:
+    """One run: ``steps_ms`` (every step's time) and the senders' summed counters."""
     spec = LinkSpec(rate=args.rate / 8, queue=args.queue)
-    fab = Fabric(nic=spec, up=spec, down=spec, lasthop=spec, spines=2, leaves=dict(LEAVES))
+    # a host's own NIC queue is deeper, as on the netns fabric (HOST_QUEUE_FRAMES of 9000 bytes)
+    nic = LinkSpec(rate=args.rate / 8, queue=max(args.queue, 64 * 9000))
+    fab = Fabric(nic=nic, up=spec, down=spec, lasthop=spec, spines=2, leaves=dict(LEAVES))
     net = SimNetwork(seed=args.seed, faults=Faults(delay=0.00005, jitter=0.00005), fabric=fab)
     for h in HOSTS:
         net.add_host(h)
@@ -59,7 +63,9 @@ def run(args: argparse.Namespace) -> str:
             cc=args.cc,
             **extra,  # type: ignore[arg-type]
         )
-        qa, _qb = net.connect(src, dst, evs=128, config=cfg, planes=2, qpn_a=n, qpn_b=100 + n)
+        qa, _qb = net.connect(
+            src, dst, evs=128, config=cfg, planes=2, qpn_a=n, qpn_b=100 + n, routes=True
+        )
         region = net.hosts[dst].core.pd.register(bytearray(args.size))
         qps.append((qa, region))
 
@@ -70,25 +76,37 @@ def run(args: argparse.Namespace) -> str:
     net._at(args.fail_at, lambda: set_failed(True))
     if args.heal_at is not None:
         net._at(args.heal_at, lambda: set_failed(False))
-    steps = []
+    steps: list[float] = []
     payload = bytes(args.size)
     for _ in range(args.steps):
         t0 = net.now
         for qa, region in qps:
             qa.post_write(payload, region.addr, region.rkey)
         if not net.run(lambda: all(qa.idle for qa, _r in qps), max_time=net.now + 60):
-            return "a step did not finish within 60 s of simulated time"
-        steps.append(f"{(net.now - t0) * 1000:.0f}")
+            raise RuntimeError("a step did not finish within 60 s of simulated time")
+        steps.append((net.now - t0) * 1000)
     stats = [qa.stats for qa, _r in qps]
-    return (
-        f"{args.cc} window {args.window} {extra or ''} steps(ms) {' '.join(steps)} "
-        f"timeouts {sum(s.retransmits_timeout for s in stats)} "
-        f"tlp {sum(s.retransmits_tlp for s in stats)} "
-        f"retransmits {sum(s.retransmits for s in stats)}"
-    )
+    return {
+        "steps_ms": steps,
+        "timeouts": sum(s.retransmits_timeout for s in stats),
+        "tlp": sum(s.retransmits_tlp for s in stats),
+        "retransmits": sum(s.retransmits for s in stats),
+        "evs_assumed_bad": sum(qa.evs.assumed_bad for qa, _r in qps),
+        "route_down_transitions": sum(1 for host in net.hosts.values() for e in host.events if _route_down(e)),
+    }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _route_down(event: object) -> bool:
+    return isinstance(event, EVStateChanged) and event.reason is EVReason.ROUTE_DOWN
+
+
+def line(args: argparse.Namespace, out: dict[str, object]) -> str:
+    steps = " ".join(f"{t:.0f}" for t in out["steps_ms"])  # type: ignore[attr-defined]
+    counts = " ".join(f"{k} {v}" for k, v in out.items() if k != "steps_ms")
+    return f"{args.cc} window {args.window} {dict(args.qp) or ''} steps(ms) {steps} {counts}"
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cc", choices=["nscc", "fixed"], default="nscc")
     p.add_argument("--window", type=int, default=64, help="packets in flight per QP at most")
@@ -100,10 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heal-at", type=float)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--qp", type=_qp_field, action="append", default=[], metavar="FIELD=VALUE")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
-        print(run(args))
-    except (ValueError, TypeError) as exc:  # a QPConfig that does not validate
+        print(line(args, run(args)))
+    except (ValueError, TypeError, RuntimeError) as exc:  # a QPConfig that does not validate
         print(f"sim_alltoall.py: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -47,6 +47,9 @@ class QPConfig:
     ecn_penalty_rtts: float = 4.0
     ecn_penalty_min: float = 0.001
     ecn_penalty_max_fraction: float = 0.5
+    # EVs of one route (an SRv6 path) share its fate: once this many of them are assumed bad,
+    # the route's other EVs leave the rotation too (0: off; needs route labels)
+    route_dead_evs: int = 2
     # SACK-based loss detection: a packet is lost once one sent this much later was acked
     reorder_min: float = 0.002
     # tail loss probe: resend the newest packet after max(tlp_min, 2 srtt) without an ACK

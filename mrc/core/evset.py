@@ -75,6 +75,8 @@ _TRANSITIONS: dict[tuple[EVState, EVReason], EVState] = {
     (_GOOD, _R.ACK_LOST): _BAD,
     (_SKIP, _R.ACK_LOST): _BAD,
     (_GOOD, _R.REPLACES): _GOOD,  # 4: a backup joins the rotation
+    (_GOOD, _R.ROUTE_DOWN): _BAD,  # 5': every EV of a route that lost EVs (active or backup)
+    (_SKIP, _R.ROUTE_DOWN): _BAD,
     (_GOOD, _R.PLANE_DOWN): _BAD,  # 5: active or backup
     (_SKIP, _R.PLANE_DOWN): _BAD,
     (_BAD, _R.RESURRECTED): _GOOD,  # 6: active again, or back to the pool
@@ -110,6 +112,7 @@ class EVSet:
         probe_timeout: float = 0.1,
         resurrect_after: int = 3,
         plane_dead_losses: int = 8,
+        route_dead_evs: int = 0,
         on_change: ChangeCallback | None = None,
         routes: list[int] | None = None,
         qpn: int = 0,
@@ -156,6 +159,7 @@ class EVSet:
         self.probe_timeout = probe_timeout
         self.resurrect_after = resurrect_after
         self.plane_dead_losses = plane_dead_losses
+        self.route_dead_evs = route_dead_evs  # 0: EVs of a route do not share fate
         self.on_change: ChangeCallback = on_change or _nothing
         self._next_probe: dict[int, float] = {}  # ASSUMED_BAD ev -> next probe time
         self._probe_sent: dict[int, float] = {}  # ev -> when its unanswered probe left
@@ -464,6 +468,44 @@ class EVSet:
         self._retire(ev, now, reason, detail, sent_at)
         if backup is not None:
             self._transition(backup, EVReason.REPLACES, now, str(ev), active=True)
+        self._route_fate(plane, self.routes[ev], now)
+
+    def _route_fate(self, plane: int, route: int, now: float) -> None:
+        """EVs on one route share its fate: once ``route_dead_evs`` of them are assumed bad,
+        the route is taken for down and its other EVs leave the rotation too (each probed and
+        resurrected on its own, as any other), instead of every one of them having to lose a
+        packet first. Only with route labels (``routes``) and another route in the plane with
+        GOOD EVs to carry the traffic."""
+        if self.route_dead_evs <= 0:
+            return
+        n = len(self.ports)
+        same = [e for e in range(n) if self.planes[e] == plane and self.routes[e] == route]
+        bad = sum(1 for e in same if self.state[e] == _BAD)
+        if bad < self.route_dead_evs:
+            return
+        # a dead link shows on its route alone; losses spread over every route of the plane
+        # (a full queue at the sender's own NIC, say) say nothing against this one
+        bad_elsewhere: dict[int, int] = {}
+        for e in range(n):
+            if self.planes[e] == plane and self.routes[e] != route and self.state[e] == _BAD:
+                bad_elsewhere[self.routes[e]] = bad_elsewhere.get(self.routes[e], 0) + 1
+        if bad <= 2 * max(bad_elsewhere.values(), default=0):
+            return
+        others = [
+            e
+            for e in range(len(self.ports))
+            if self.planes[e] == plane and self.routes[e] != route and self.state[e] == _GOOD
+        ]
+        if not others:
+            return
+        for e in same:
+            if self.state[e] in (_GOOD, _SKIP):
+                was_active = self.active[e]
+                self._retire(e, now, EVReason.ROUTE_DOWN, str(bad))
+                if was_active:
+                    backup = self._backup_for(plane, route)
+                    if backup is not None:
+                        self._transition(backup, EVReason.REPLACES, now, str(e), active=True)
 
     def trimmed(self, ev: int, now: float) -> None:
         """A TRIMMED NACK: congestion on this EV's path; skip it for a round."""

@@ -99,6 +99,7 @@ class QueuePair:
             probe_timeout=cfg.probe_timeout,
             resurrect_after=cfg.resurrect_after,
             plane_dead_losses=cfg.plane_dead_losses,
+            route_dead_evs=cfg.route_dead_evs,
             on_change=emit,
             routes=ev_routes,
             qpn=qpn,

@@ -34,3 +34,37 @@ def test_a_bad_qp_field_is_one_line_exit_2() -> None:
         [sys.executable, str(TOOL), "--qp", "cc_gain=x"], capture_output=True, text=True
     )
     assert out.returncode == 2 and out.stderr.count("\n") == 1
+
+
+def _tool():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sim_alltoall", TOOL)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run_tool(*argv: str) -> dict[str, object]:
+    tool = _tool()
+    return tool.run(tool.parser().parse_args(["--size", "524288", "--steps", "4", *argv]))
+
+
+def test_a_dead_route_takes_its_evs_out_together() -> None:
+    """A spine link of plane 0 dies at 0.1 s. With route fate (route_dead_evs=2, the default)
+    the route's other EVs leave the rotation once two of them lost packets; without it every
+    one of them must lose a packet first, each loss a tail probe or an RTO."""
+    shared = _run_tool("--fail-at", "0.1")
+    alone = _run_tool("--fail-at", "0.1", "--qp", "route_dead_evs=0")
+    assert shared["route_down_transitions"] > 0 and alone["route_down_transitions"] == 0
+    # measured: worst step 258 vs 543 ms, timeouts 2 vs 39, tail probes 45 vs 244
+    assert max(shared["steps_ms"]) < 0.7 * max(alone["steps_ms"])  # type: ignore[call-overload]
+    assert shared["timeouts"] * 4 < alone["timeouts"]  # type: ignore[operator]
+    assert shared["tlp"] * 2 < alone["tlp"]  # type: ignore[operator]
+
+
+def test_no_failure_takes_no_route_down() -> None:
+    quiet = _run_tool("--fail-at", "99")
+    assert quiet["route_down_transitions"] == 0
+    assert quiet["evs_assumed_bad"] <= 2 and quiet["timeouts"] == 0  # type: ignore[operator]
