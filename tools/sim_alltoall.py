@@ -92,7 +92,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "tlp": sum(s.retransmits_tlp for s in stats),
         "retransmits": sum(s.retransmits for s in stats),
         "evs_assumed_bad": sum(qa.evs.assumed_bad for qa, _r in qps),
-        "route_down_transitions": sum(1 for host in net.hosts.values() for e in host.events if _route_down(e)),
+        "route_down_transitions": sum(
+            1 for host in net.hosts.values() for e in host.events if _route_down(e)
+        ),
     }
 
 
