@@ -87,6 +87,14 @@ class _Fields:
     def fail(self, key: str, want: str, value: object) -> NoReturn:
         self._fail_raw(self.msg, f"{self.path}{key} must be {want}, not {_show(value)}")
 
+    @classmethod
+    def of_type(cls, obj: object, kind: str) -> _Fields:
+        """The fields of ``obj``, which must be a message whose ``type`` is ``kind``."""
+        f = cls(obj, f"{kind} message")
+        if f.get("type") != kind:
+            f.fail("type", f'"{kind}"', f.get("type"))
+        return f
+
     def has(self, key: str) -> bool:
         return self.obj.get(key) is not None
 
@@ -435,9 +443,7 @@ class Done:
 
     @classmethod
     def from_json(cls, obj: object) -> Done:
-        f = _Fields(obj, "done message")
-        if f.get("type") != "done":
-            f.fail("type", '"done"', f.get("type"))
+        f = _Fields.of_type(obj, "done")
         return cls(f.text("sha256", 64, _SHA256), f.integer("bytes", 0, MAX_REGION_SIZE))
 
     def to_json(self) -> JSON:
@@ -458,9 +464,7 @@ class Result:
 
     @classmethod
     def from_json(cls, obj: object) -> Result:
-        f = _Fields(obj, "result message")
-        if f.get("type") != "result":
-            f.fail("type", '"result"', f.get("type"))
+        f = _Fields.of_type(obj, "result")
         return cls(
             f.boolean("ok"),
             f.text("sha256", 64, _SHA256),
@@ -487,9 +491,7 @@ class RoundDigest:
 
     @classmethod
     def from_json(cls, obj: object) -> RoundDigest:
-        f = _Fields(obj, "round message")
-        if f.get("type") != "round":
-            f.fail("type", '"round"', f.get("type"))
+        f = _Fields.of_type(obj, "round")
         return cls(f.integer("round", 0, U24), f.text("sha256", 64, _SHA256))
 
     def to_json(self) -> JSON:
