@@ -19,17 +19,15 @@ a one-line summary).  The fabric is always torn down (also on Ctrl-C / SIGTERM).
     sudo .venv/bin/python tools/bench_fabric.py                   # 200mbit x 4 planes, 64M x 3
     sudo .venv/bin/python tools/bench_fabric.py --rate 500mbit --json
     sudo .venv/bin/python tools/bench_fabric.py --window 16,512   # compare MRC windows
-    sudo .venv/bin/python tools/bench_fabric.py --planes 8        # window auto = 32
+    sudo .venv/bin/python tools/bench_fabric.py --cc nscc,fixed --window auto   # NSCC vs fixed
     sudo .venv/bin/python tools/bench_fabric.py --quick           # ~10 s smoke run
     sudo .venv/bin/python tools/bench_fabric.py --burst 1,8 --no-tcp   # GSO bursts vs spraying
 
-Why ``--window auto`` (4 packets per plane: 16 for 4 planes) by default: the transport has no
-congestion control yet (a fixed window of ``--window`` packets; mrc-send's default is 512).  On
-a shaped fabric a window much larger than the path's bandwidth-delay product plus a plane's queue
-only builds queues, and the queueing skew between planes makes the SACK loss detector declare
-packets lost that are merely late (spurious retransmissions, EVs retired, even planes declared
-down).  16 x 8 KiB is about the BDP of 4 x 200 Mbit/s at this machine's ~1 ms round trip; with
-8 planes, 16 leaves them short (65-90% of capacity) and 32 fills them.
+MRC runs with mrc-send's defaults: NSCC congestion control (``--cc``), the window it finds capped
+by ``--window`` (512). ``--cc fixed`` with ``--window auto`` (4 packets per plane: 16 for 4
+planes) is the fixed window that suited this fabric before NSCC: on a shaped fabric a fixed
+window much larger than the bandwidth-delay product plus a plane's queue only builds queues, and
+the queueing skew between planes makes the loss detector declare late packets lost.
 """
 
 from __future__ import annotations
@@ -146,7 +144,7 @@ class Bench:
 
     # ---- MRC -------------------------------------------------------------------------------
 
-    def mrc_run(self, size: int, window: int, burst: int = 1) -> dict[str, Any]:
+    def mrc_run(self, size: int, window: int, burst: int = 1, cc: str = "nscc") -> dict[str, Any]:
         a = self.args
         name = self.topo.name
         cpu0 = _child_cpu()
@@ -184,6 +182,8 @@ class Bench:
                 str(a.evs),
                 "--burst",
                 str(burst),
+                "--cc",
+                cc,
                 "--json",
                 "--no-progress",
             )
@@ -217,8 +217,10 @@ class Bench:
             "srtt_ms",
             "packets_sent",
             "data_packets",
+            "bursts",
         )
         return {
+            "cc": cc,
             "window": window,
             "burst": burst,
             "goodput_bps": sj["goodput_bps"],
@@ -324,18 +326,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     topo = Fabric.up(spec)
     bench = Bench(args, topo)
-    # (window, burst) -> runs; every combination once per round, so all see the same noise
-    combos = [(w, b) for w in args.window for b in args.burst]
-    mrc: dict[tuple[int, int], list[dict[str, Any]]] = {c: [] for c in combos}
+    # (cc, window, burst) -> runs; every combination once per round, so all see the same noise
+    combos = [(c, w, b) for c in args.cc for w in args.window for b in args.burst]
+    mrc: dict[tuple[str, int, int], list[dict[str, Any]]] = {c: [] for c in combos}
     tcp: list[dict[str, Any]] = []
     try:
         bench.warm_up()
         for i in range(args.runs):
-            for w, b in combos:
-                r = bench.mrc_run(args.size, w, b)
-                mrc[w, b].append(r)
+            for c, w, b in combos:
+                r = bench.mrc_run(args.size, w, b, c)
+                mrc[c, w, b].append(r)
                 log(
-                    f"  run {i + 1}: mrc window {w:4d} burst {b:2d}: {fmt_rate(r['goodput_bps'])} "
+                    f"  run {i + 1}: mrc {c:5} window {w:4d} burst {b:2d}: "
+                    f"{fmt_rate(r['goodput_bps'])} "
                     f"({r['goodput_bps'] / capacity:6.1%}), {r['retransmits']} retransmits, "
                     f"{r['evs_assumed_bad']} EVs assumed bad, cpu {r['cpu_seconds']:.2f} s"
                 )
@@ -378,10 +381,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "seconds": round(time.monotonic() - t0, 1),
     }
-    for (w, b), rs in mrc.items():
+    for (c, w, b), rs in mrc.items():
         med = _median([r["goodput_bps"] for r in rs])
         out["mrc"].append(
             {
+                "cc": c,
                 "window": w,
                 "burst": b,
                 "goodput_bps": round(med) if med else None,
@@ -399,6 +403,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "runs": tcp,
         }
     best = max(out["mrc"], key=lambda m: m["goodput_bps"] or 0)
+    out["best_cc"] = best["cc"]
     out["best_window"] = best["window"]
     out["best_burst"] = best["burst"]
     out["mrc_goodput_bps"] = best["goodput_bps"]
@@ -413,7 +418,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(out: dict[str, Any]) -> str:
     f = out["fabric"]
-    row = "{:<26}{:>16}  {:>24}  {:>11}"
+    row = "{:<34}{:>16}  {:>24}  {:>11}"
     lines = [
         f"MRC over mrc-fabric: {f['planes']} planes x {f['spines']} spines, links {f['rate']}, "
         f"MTU {f['mtu']}, h0 -> h3, {out['size'] >> 20} MiB, median of {out['runs']}",
@@ -424,7 +429,7 @@ def table(out: dict[str, Any]) -> str:
     for m in out["mrc"]:
         lines.append(
             row.format(
-                f"mrc, window {m['window']}"
+                f"mrc {m['cc']}, window {m['window']}"
                 + (f", burst {m['burst']}" if m["burst"] != 1 or bursts else ""),
                 fmt_rate(m["goodput_bps"]),
                 f"{m['fraction_of_capacity']:.1%} of {cap / 1e6:.0f} Mbit/s",
@@ -474,9 +479,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--window",
-        default="auto",
-        help="MRC window(s) in packets, comma-separated; 'auto' = 4 per plane (16 "
-        "for 4 planes); mrc-send's own default is 512",
+        default="512",
+        help="MRC window(s) in packets, comma-separated (default 512, mrc-send's own: a cap "
+        "on NSCC's window); 'auto' = 4 per plane (16 for 4 planes), the fixed window that "
+        "suited --cc fixed",
     )
     p.add_argument("--evs", type=positive_int, default=128, help="MRC entropy values (128)")
     p.add_argument(
@@ -488,6 +494,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-tcp", action="store_true", help="skip the kernel TCP baseline")
     p.add_argument(
         "--timeout", type=float_between(0, 3600), default=120.0, help="per transfer, seconds"
+    )
+    p.add_argument(
+        "--cc",
+        default="nscc",
+        help="mrc-send --cc: congestion control(s), comma-separated to compare (nscc,fixed); "
+        "default nscc",
     )
     p.add_argument("--name", help="fabric name (default bench<pid>)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
@@ -502,6 +514,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ]
     except ValueError:
         p.error(f"bad --window {args.window!r}: expected auto, 16 or 16,512")
+    args.cc = [c for c in str(args.cc).split(",") if c]
+    if not args.cc or any(c not in ("nscc", "fixed") for c in args.cc):
+        p.error(f"bad --cc {','.join(args.cc)!r}: expected nscc, fixed or nscc,fixed")
     if not args.window or min(args.window) < 1:
         p.error("--window must be positive")
     try:

@@ -127,10 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--burst",
         type=positive_int,
-        default=1,
+        default=None,
         metavar="PACKETS",
         help="new packets sent back to back on one EV before spraying moves on, handed to "
-        "the kernel as one UDP GSO send (default 1: every packet on its own EV; 1..64)",
+        "the kernel as one UDP GSO send, 1..64. With --cc nscc a maximum: each burst is "
+        "what one plane drains in half the target delay at the measured rate, so slow "
+        "links are still sprayed packet by packet (default: up to 16 with nscc; 1, every "
+        "packet on its own EV, with --cc fixed)",
     )
     p.add_argument(
         "--cc",

@@ -13,6 +13,7 @@ from mrc.transfer import TransferResult
 SUMMED = (
     "packets_sent",
     "data_packets",
+    "bursts",
     "retransmits",
     "retransmits_nack",
     "retransmits_timeout",
@@ -64,6 +65,7 @@ def stream_record(index: int, o: Outcome) -> dict[str, Any]:
         "sha256_receiver": r.peer_sha256,
         "packets_sent": _int(stats["packets_sent"]),
         "data_packets": _int(stats["data_packets_sent"]),
+        "bursts": _int(stats["bursts"]),
         "retransmits": _int(stats["retransmits"]),
         "retransmits_nack": _int(stats["retransmits_nack"]),
         "retransmits_timeout": _int(stats["retransmits_timeout"]),

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 PSN_WINDOW_MIN = 64
 PSN_WINDOW_MAX = 1 << 22
 MAX_BURST = 64  # the kernel's limit on segments in one UDP GSO send (UDP_MAX_SEGMENTS)
+# QPConfig.burst left unset: the most packets per burst NSCC may choose (docs/PERFORMANCE.md,
+# "Bursts": past about 16 x 8 KiB the kernel's GSO gains little and a burst's queueing grows)
+AUTO_BURST = 16
 
 
 @dataclass(slots=True)
@@ -61,8 +64,15 @@ class QPConfig:
     reorder_srtt_fraction: float = 0.5
     # new packets sent back to back on one EV before the next EV is drawn: the transport sends
     # such a burst as one GSO send (one skb through the kernel) and the receiver takes it in one
-    # GRO receive; 1 sprays every packet (docs/PROTOCOL.md section 2)
-    burst: int = 1
+    # GRO receive; 1 sprays every packet (docs/PROTOCOL.md section 2). With NSCC this is a
+    # maximum: the burst actually sent is what one plane drains in burst_delay_fraction of
+    # the target delay at the rate measured so far (1 before any rate is known), so that a
+    # burst never queues long enough to read as congestion (docs/PERFORMANCE.md, "Bursts").
+    # None (the default): AUTO_BURST with NSCC, 1 (spraying) with the fixed window
+    burst: int | None = None
+    burst_delay_fraction: float = 0.5
+    # with NSCC, bursts are also cut so that one window holds at least this many per plane
+    burst_spread: int = 4
     # congestion control (mrc/core/cc.py, docs/CONGESTION.md): "fixed" = a window of
     # max_outstanding packets, as always; "nscc" = an NSCC-style window, max_outstanding its cap
     cc: str = "nscc"
@@ -78,6 +88,13 @@ class QPConfig:
     # nscc: weight of the proportional increase (0: additive only, one packet per RTT)
     cc_gain: float = 0.5
 
+    @property
+    def burst_max(self) -> int:
+        """``burst``, or what leaving it unset means for this congestion control."""
+        if self.burst is not None:
+            return self.burst
+        return AUTO_BURST if self.cc == "nscc" else 1
+
     def validate(self) -> None:
         """Raise ValueError with a user-facing message for impossible settings."""
         if not 1 <= self.payload_size <= 65_000:
@@ -88,8 +105,12 @@ class QPConfig:
             raise ValueError(f"psn_window must be between {PSN_WINDOW_MIN} and {PSN_WINDOW_MAX}")
         if self.max_outstanding > self.psn_window:
             raise ValueError("max_outstanding cannot exceed psn_window")
-        if not 1 <= self.burst <= MAX_BURST:
+        if self.burst is not None and not 1 <= self.burst <= MAX_BURST:
             raise ValueError(f"burst must be 1..{MAX_BURST} packets, not {self.burst}")
+        if not 0 < self.burst_delay_fraction <= 4:
+            raise ValueError("burst_delay_fraction must be > 0 and <= 4")
+        if self.burst_spread < 1:
+            raise ValueError("burst_spread must be at least 1")
         if self.ack_every < 1:
             raise ValueError("ack_every must be at least 1")
         if self.tlp_max < 0:

@@ -111,12 +111,14 @@ class Requester:
         # packet so that its ACK (SACK evidence) repairs a lost tail without waiting for an RTO
         self._tlp_at: float | None = None
         self._tlps = 0  # tail loss probes sent since the last news (at most tlp_max)
+        self._probes = 0  # probes at the head of _retransmit, sent past the window
         self.health = config.ev_health
         # seq & _RING_MASK -> (seq << 16) | EV port of seq's latest transmission (-1: none)
         self._sent_ring = [-1] * _RING
         # the EV of the burst being sent and how many more new packets it takes
         self._burst_ev = 0
         self._burst_left = 0
+        self.burst_now = 1  # packets per burst of the latest send (config.burst_max at most)
         # congestion control: None = the fixed window of max_outstanding packets, as always.
         # With NSCC, packets known to be out of the network (queued in _retransmit after a
         # NACK, a loss or a timeout) do not count as in flight: _waiting counts them
@@ -178,8 +180,10 @@ class Requester:
         # NSCC: packets in the network (len(outstanding) - _waiting) stay below the window,
         # retransmissions and new data alike; the fixed window never holds retransmissions back
         rtx_limit = _INF if cc is None else cc.limit + self._waiting
-        while retransmit and len(outstanding) < rtx_limit:
+        while retransmit and (len(outstanding) < rtx_limit or self._probes):
             seq = retransmit.popleft()
+            if self._probes:
+                self._probes -= 1  # a tail loss probe, first in the queue: past the window
             pkt = outstanding.get(seq)
             if pkt is None:
                 continue  # acknowledged meanwhile
@@ -203,7 +207,10 @@ class Requester:
         evs = self.evs
         deadlines = self._deadlines
         push = heapq.heappush
-        burst = self.config.burst
+        burst = self.config.burst_max
+        if cc is not None and burst > 1:
+            burst = self._burst_size(cc, burst)
+        self.burst_now = burst
         while queue and len(outstanding) < limit and self._next_seq < span:
             wr = queue[0]
             total = len(wr.view)
@@ -227,6 +234,7 @@ class Requester:
             else:
                 pkt.ev = self._burst_ev = evs.next()
                 self._burst_left = burst - 1
+                self.stats.bursts += 1
             pkt.sent_at = now
             pkt.deadline = deadline = now + rto
             push(deadlines, (deadline, seq))
@@ -246,6 +254,24 @@ class Requester:
                     req[8] |= wire.BTH_ACKREQ
                     out[-1] = (last_ev, bytes(req), body)
             self._arm_tlp(now)
+
+    def _burst_size(self, cc: NsccWindow, most: int) -> int:
+        """Packets per burst under NSCC: what one plane drains in ``burst_delay_fraction`` of
+        the target delay at the best rate measured (the QP's rate shared by its planes), at
+        least 1 and at most ``most``. The last packet of a burst waits behind the
+        others in the sender's own NIC queue; kept below the target, that wait is not read
+        as congestion (and a slow path, where one packet takes longer than the budget, is
+        sprayed packet by packet)."""
+        cfg = self.config
+        planes = self.evs.nplanes
+        budget = cfg.burst_delay_fraction * cc.target * cc.best_rate / planes
+        k = int(budget // cfg.payload_size)
+        # and a window still holds burst_spread bursts per plane: EV health learns of a dead
+        # path from the EVs it tried, so bursts must not cut how many it tries per round trip
+        spread = cc.limit // (planes * cfg.burst_spread)
+        if spread < k:
+            k = spread
+        return 1 if k < 1 else (k if k < most else most)
 
     def _ce_memory(self) -> float:
         """How long a CE mark counts: the penalty it gives an EV, and how far back before a
@@ -343,7 +369,11 @@ class Requester:
                 pkt = outstanding[seq]
                 if pkt.deadline != _INF:  # not already queued for a resend
                     pkt.deadline = _INF
-                    self._retransmit.append(seq)
+                    # a probe goes out whatever the window: NSCC may have shrunk it below
+                    # what is in flight, and a probe held back by the silence it is meant
+                    # to break would leave that silence to the RTO
+                    self._retransmit.appendleft(seq)
+                    self._probes += 1
                     self._waiting += 1
                     self.stats.retransmits_tlp += 1
                     self._tlps += 1

@@ -197,6 +197,14 @@ class Responder:
             return
         seq, port = self._subject
         blocks = sorted(self._dirty)[-_MAX_SACKS_PER_FLUSH:]
+        if self._blocks:
+            # a hole: the block of the oldest one is reported too, though nothing new arrived
+            # in it. The sender blames a lost packet on its EV only once a SACK of its block
+            # comes with a subject sent well after it (docs/EV_HEALTH.md, "Evidence of
+            # loss"); at high rates the arrivals have long moved blocks ahead by then
+            hole = (self._cum + 1) >> 6
+            if hole not in self._dirty:
+                blocks.append(hole)
         sack_ev = self._sack_ev
         for block in blocks:
             pkt = self._ack_bytes(wire.AETH_ACK, seq, port, block, self._subject_ce)

@@ -12,6 +12,9 @@ class QPStats:
 
     packets_sent: int = 0
     data_packets_sent: int = 0
+    #: runs of new packets sent back to back on one EV (data_packets_sent / bursts: the mean
+    #: burst, QPConfig.burst at most; 1 while spraying packet by packet)
+    bursts: int = 0
     bytes_sent: int = 0
     retransmits: int = 0
     retransmits_nack: int = 0

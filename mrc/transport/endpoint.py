@@ -75,7 +75,7 @@ class QPChannel:
         # sends the socket would not take yet, in order
         self.backlog: deque[gso.Send] = deque()
         # False once a GSO send was refused (e.g. a device without checksum offload)
-        self.gso = qp.config.burst > 1
+        self.gso = qp.config.burst_max > 1
         # called with every EV state transition (Connection.on_ev_change sets it)
         self.on_ev_event: Callable[[EVStateChanged], None] | None = None
         # called once, when this QP first takes a datagram (not one it dropped): how a

@@ -80,8 +80,13 @@ def _one_way(
     net = RecordingNetwork(seed, faults)
     net.add_host("a")
     net.add_host("b")
+    # per-packet spraying is what these tests check (bursts: tests/core/test_bursts.py)
     cfg = QPConfig(
-        payload_size=payload, max_outstanding=max_outstanding, spray_seed=seed, ev_health=ev_health
+        payload_size=payload,
+        max_outstanding=max_outstanding,
+        spray_seed=seed,
+        ev_health=ev_health,
+        burst=1,
     )
     qa, qb = net.connect("a", "b", evs=evs, config=cfg, planes=planes, psn_a=seed * 977)
     t = make_transfer(net, "a", "b", qa, qb, [nbytes], seed)

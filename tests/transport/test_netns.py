@@ -13,12 +13,13 @@ PORT = 4791
 MiB = 1 << 20
 
 
-def rx_packets(ns: str) -> dict[str, int]:
-    """The kernel's rx_packets of every interface in ``ns``."""
+def rx_bytes(ns: str) -> dict[str, int]:
+    """The kernel's rx_bytes of every interface in ``ns`` (bytes, not packets: a GSO burst
+    crosses a veth as one packet)."""
     res = subprocess.run(
         ["ip", "-n", ns, "-s", "-j", "link", "show"], capture_output=True, text=True, check=True
     )
-    return {i["ifname"]: i["stats64"]["rx"]["packets"] for i in json.loads(res.stdout)}
+    return {i["ifname"]: i["stats64"]["rx"]["bytes"] for i in json.loads(res.stdout)}
 
 
 def test_64mib_over_two_planes(two_hosts, mrc_tools) -> None:
@@ -35,7 +36,7 @@ def test_64mib_over_two_planes(two_hosts, mrc_tools) -> None:
         ns=h.b,
     )
     recv.wait_listening(PORT)
-    before = rx_packets(h.b)
+    before = rx_bytes(h.b)
     send = mrc_tools.run(
         "mrc-send",
         "--size",
@@ -53,7 +54,7 @@ def test_64mib_over_two_planes(two_hosts, mrc_tools) -> None:
         timeout=60,
     )
     r = recv.wait(30)
-    after = rx_packets(h.b)
+    after = rx_bytes(h.b)
     assert send.returncode == 0, send.describe()
     assert r.returncode == 0, r.describe()
     s, rv = send.json, r.json
@@ -73,14 +74,15 @@ def test_64mib_over_two_planes(two_hosts, mrc_tools) -> None:
     counts = [e["packets"] for e in evs]
     assert sum(1 for c in counts if c) >= 64
     fair = sum(counts) / len(counts)
-    assert max(counts) <= 3 * fair, (max(counts), fair, s["retransmits"])
+    burst = s["data_packets"] / s["bursts"]  # an EV takes a whole burst at a time
+    assert max(counts) <= 3 * fair + 2 * burst, (max(counts), fair, burst, s["retransmits"])
     per_plane = [sum(e["packets"] for e in evs if e["plane"] == p) for p in (0, 1)]
     # (the neighbours are pinned and veth does not drop: any retransmission here is spurious)
     why = f"per plane {per_plane}, retransmits {s['retransmits']}"
     assert min(per_plane) >= 0.3 * sum(per_plane), why
 
-    # the kernel agrees: each plane's interface in B received its share of the packets
+    # the kernel agrees: each plane's interface in B received its share of the bytes
     got = {ifname: after[ifname] - before[ifname] for ifname in planes}
-    assert sum(got.values()) >= s["data_packets"], (got, s["data_packets"])
+    assert sum(got.values()) >= 64 * MiB, (got, s["data_packets"])
     for ifname in planes:
         assert got[ifname] >= 0.3 * sum(got.values()), (got, s["retransmits"])

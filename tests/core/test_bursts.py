@@ -1,0 +1,136 @@
+"""Bursts sized by NSCC (QPConfig.burst, docs/PERFORMANCE.md "Bursts"): a fast path gets GSO-sized
+bursts, a slow one is sprayed packet by packet, a small window keeps several bursts per plane,
+and the fixed window sends exactly what it is told. Every run is hash-checked by its transfer."""
+
+from __future__ import annotations
+
+import pytest
+
+from mrc.core import QPConfig
+from mrc.core.config import AUTO_BURST
+from mrc.sim import Faults
+from mrc.sim_links import Fabric, LinkSpec
+
+from .mrcsim_harness import RecordingNetwork, Transfer, make_transfer, run_until
+
+PAYLOAD = 8192
+
+
+def _pattern(n: int, salt: int) -> bytes:
+    return bytes((i * 13 + salt + (i >> 9)) % 251 for i in range(n))
+
+
+def _run(
+    rate: float, cfg: QPConfig, planes: int = 4, size: int = 8_000_000, delay: float = 20e-6
+) -> tuple[RecordingNetwork, Transfer]:
+    """One QP a -> b over ``planes`` planes of 2 spines, every link at ``rate`` bytes/s."""
+    link = LinkSpec(rate=rate, queue=2_000_000, delay=delay)
+    fab = Fabric(nic=link, up=link, down=link, lasthop=link, spines=2)
+    net = RecordingNetwork(5, Faults(delay=0.0, jitter=0.0))
+    net.set_fabric(fab)
+    net.add_host("a")
+    net.add_host("b")
+    qa, qb = net.connect("a", "b", evs=32, config=cfg, planes=planes)
+    t = make_transfer(net, "a", "b", qa, qb, [size], 5)
+    t.post(0, 0, _pattern(size, 5))
+    assert run_until(net, [t])
+    t.check_final()
+    return net, t
+
+
+def _runs(net: RecordingNetwork, t: Transfer) -> list[int]:
+    """Lengths of the runs of consecutive first transmissions on one EV, in send order."""
+    firsts: dict[int, int] = {}
+    for d in net.data_tx[("a", t.qp.qpn)]:
+        firsts.setdefault(d.seq, d.ev)
+    runs: list[int] = []
+    prev = None
+    for seq in sorted(firsts):
+        ev = firsts[seq]
+        if runs and ev == prev:
+            runs[-1] += 1
+        else:
+            runs.append(1)
+        prev = ev
+    return runs
+
+
+def test_a_fast_path_gets_bursts_and_never_more_than_the_maximum() -> None:
+    # 10 Gbit/s links: one plane drains 16 x 8 KiB in about 0.1 ms, well inside half the
+    # target delay, so NSCC lets bursts grow to the maximum once it has measured the rate and
+    # the window (about 1.6 ms of round trip at 40 Gbit/s) holds 4 of them per plane
+    net, t = _run(1.25e9, QPConfig(payload_size=PAYLOAD), size=24_000_000, delay=200e-6)
+    stats = t.qp.stats
+    runs = _runs(net, t)
+    assert max(runs) <= AUTO_BURST
+    assert stats.bursts == len(runs)  # the counter counts what was sent
+    assert stats.data_packets_sent / stats.bursts > 4, runs[:40]
+    assert AUTO_BURST in runs
+    assert t.qp.requester.burst_now > 1
+
+
+def test_a_slow_path_is_sprayed_packet_by_packet() -> None:
+    # 100 Mbit/s: one 8 KiB packet alone takes 0.66 ms on a link, more than the budget
+    net, t = _run(12.5e6, QPConfig(payload_size=PAYLOAD), size=2_000_000)
+    stats = t.qp.stats
+    assert stats.bursts == stats.data_packets_sent
+    assert set(_runs(net, t)) == {1}
+
+
+def test_a_small_window_keeps_several_bursts_per_plane() -> None:
+    # window cap 32 over 4 planes: at most 32 / (4 x burst_spread 4) = 2 packets per burst
+    net, t = _run(1.25e9, QPConfig(payload_size=PAYLOAD, max_outstanding=32))
+    runs = _runs(net, t)
+    assert max(runs) == 2, runs[:40]
+
+
+@pytest.mark.parametrize("burst", [1, 8])
+def test_the_fixed_window_sends_exactly_the_burst_it_is_given(burst: int) -> None:
+    cfg = QPConfig(payload_size=PAYLOAD, cc="fixed", max_outstanding=64, burst=burst)
+    net, t = _run(1.25e9, cfg, size=2_000_000)
+    runs = _runs(net, t)
+    assert set(runs[:-1]) == {burst}  # the last run is what was left
+
+
+def test_the_fixed_window_sprays_by_default() -> None:
+    cfg = QPConfig(payload_size=PAYLOAD, cc="fixed", max_outstanding=64)
+    assert cfg.burst_max == 1
+    net, t = _run(1.25e9, cfg, size=1_000_000)
+    assert set(_runs(net, t)) == {1}
+
+
+def test_burst_settings_are_checked() -> None:
+    for bad in (
+        {"burst": 0},
+        {"burst": 65},
+        {"burst_delay_fraction": 0.0},
+        {"burst_spread": 0},
+    ):
+        with pytest.raises(ValueError):
+            QPConfig(**bad).validate()  # type: ignore[arg-type]
+    assert QPConfig().burst_max == AUTO_BURST
+    assert QPConfig(burst=3).burst_max == 3
+
+
+def test_bursts_fail_over_a_dead_plane_without_a_timeout() -> None:
+    """A plane dies mid-transfer while bursts are in full swing: its EVs are retired from
+    SACK evidence (no retransmission timeout), and the transfer ends hash-verified."""
+    link = LinkSpec(rate=1.25e9, queue=2_000_000, delay=200e-6)
+    fab = Fabric(nic=link, up=link, down=link, lasthop=link, spines=2)
+    net = RecordingNetwork(7, Faults(delay=0.0, jitter=0.0))
+    net.set_fabric(fab)
+    net.add_host("a")
+    net.add_host("b")
+    qa, qb = net.connect("a", "b", evs=32, config=QPConfig(payload_size=PAYLOAD), planes=4)
+    size = 32_000_000
+    t = make_transfer(net, "a", "b", qa, qb, [size], 7)
+    t.post(0, 0, _pattern(size, 7))
+    assert net.run(lambda: qa.requester.burst_now == AUTO_BURST)
+    for spine in (0, 1):
+        fab.link(f"up:a/p1/s{spine}").down = True
+    assert run_until(net, [t])
+    t.check_final()
+    assert fab.total("lost_down") > 0
+    assert qa.stats.retransmits_timeout == 0
+    plane1 = [i for i in range(len(qa.evs)) if qa.evs.planes[i] == 1]
+    assert qa.evs.plane_down[1] or all(not qa.evs.usable[i] for i in plane1)
