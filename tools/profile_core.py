@@ -14,7 +14,8 @@ Two parts, printed as JSON and a table (docs/PERFORMANCE.md quotes them):
 * **the receive path**: the datagrams one sender run produced, recorded, then fed to fresh
   receivers three ways and timed as a whole: one ``receive_datagram`` per datagram (the path
   before trains), and trains through the Python and the native train kernel
-  (``mrc.core.fastpath``). The train figures equal the per-datagram one without ``--burst``.
+  (``mrc.core.fastpath``). Lone datagrams take ``receive_datagram`` in every mode, as in the
+  transport, so without ``--burst`` the three figures measure the same path.
 * **the kernel**: the same datagrams through loopback UDP sockets: one ``sendmsg`` per datagram,
   one ``recv_into`` per datagram, and GSO sends / GRO receives of 7 at a time.
 
@@ -138,7 +139,10 @@ def core_model(size: int, security: str, burst: int) -> dict[str, Any]:
     while not a.idle:
         now += 1e-5
         for train, seg, ev, count in _trains(a.datagrams_to_send(now), burst):
-            rx.receive_train(memoryview(train), seg, ports_a[ev], now)
+            if seg:
+                rx.receive_train(memoryview(train), seg, ports_a[ev], now)
+            else:
+                rx.receive_datagram(memoryview(train), ports_a[ev], now)
             packets += count
         a.get_timer()
         for ev, hdr, payload in b.datagrams_to_send(now + 0.001):
@@ -204,7 +208,7 @@ def receive_model(size: int, burst: int) -> dict[str, float | None]:
         trains = _trains(a.datagrams_to_send(now), burst)
         recorded.append((now, trains))
         for train, seg, ev, _n in trains:
-            core.receive_train(memoryview(train), seg, ports_a[ev], now)
+            core.receive_train(memoryview(train), seg, ports_a[ev], now)  # one or a train
         for ev, hdr, payload in b.datagrams_to_send(now + 0.001):
             a.receive_datagram(memoryview(hdr + bytes(payload)), ports_b[ev], now)
     kernels = {"python": fastpath.py_place_train, "native": fastpath.native_place_train}
@@ -248,7 +252,9 @@ def _time_receive(
         packets += sum(n for *_x, n in trains)
         t0 = clock()
         for view, seg, port in views:
-            if per_datagram and seg:
+            if not seg:  # a lone datagram: receive_datagram, as the transport does
+                rx_one(view, port, now)
+            elif per_datagram:
                 for off in range(0, len(view), seg):
                     rx_one(view[off : off + seg], port, now)
             else:
