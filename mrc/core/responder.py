@@ -132,10 +132,16 @@ class Responder:
         hs = hdr.size
         region.view[offset : offset + length] = data[hs : hs + length]
         stats.bytes_placed += length
+        block = seq >> 6
+        self._blocks[block] = self._blocks.get(block, 0) | (1 << (seq & 63))
+        if seq > self._hi:
+            self._hi = seq
         if imm_op:
             heapq.heappush(self._imms, (seq, imm))
-        mark = (_MARK_FECN if qpw & _FECN else 0) | (_MARK_ACKREQ if psnw & _ACKREQ else 0)
-        self._arrived((seq,), (mark,), 1, src_port, now)
+        if seq == cum + 1:
+            self._advance()
+        self._subject_ce = bool(qpw & _FECN)
+        self._note_arrival(seq, src_port, now, bool(psnw & _ACKREQ))
 
     def on_data_train(self, view: memoryview, off: int, seg: int, src_port: int, now: float) -> int:
         """Place the common-case segments of a GRO train (``seg`` bytes each) from byte
@@ -180,12 +186,14 @@ class Responder:
         self, seqs: Sequence[int], marks: Sequence[int], count: int, src_port: int, now: float
     ) -> None:
         """Record the first ``count`` of ``seqs``, newly placed, in arrival order: SACK bits,
-        the cumulative point and ACKs come out exactly as if each had been recorded alone.
+        the cumulative point and ACKs come out exactly as if :meth:`on_data` had recorded
+        each alone.
 
         The arrivals are taken in runs that end where one of them makes an ACK due (the
         ``ack_every``-th since the last ACK, or one that asked for an ACK): per run, the
-        bitmaps are updated, then the cumulative point, then the ACK bookkeeping once, about
-        the run's last arrival (its CE mark is the one echoed, as for a single arrival)."""
+        bitmaps are updated, then the cumulative point, then the ACK bookkeeping once
+        (:meth:`_note_arrival`), about the run's last arrival (its CE mark is the one echoed,
+        as for a single arrival)."""
         blocks = self._blocks
         dirty = self._dirty
         ack_every = self.config.ack_every
@@ -210,13 +218,8 @@ class Responder:
             nxt = self._cum + 1
             if (blocks.get(nxt >> 6, 0) >> (nxt & 63)) & 1:
                 self._advance()
-            self._pending += j - i
-            self._subject = (seqs[j - 1], src_port)
             self._subject_ce = bool(marks[j - 1] & _MARK_FECN)
-            if force or self._pending >= ack_every:
-                self.flush()
-            elif self._ack_deadline is None:
-                self._ack_deadline = now + self.config.ack_delay
+            self._note_arrival(seqs[j - 1], src_port, now, force, j - i)
             i = j
 
     def _has(self, seq: int) -> bool:
@@ -242,8 +245,12 @@ class Responder:
             seq, imm = heapq.heappop(imms)
             self._emit(ImmediateReceived(self.qpn, imm))
 
-    def _note_arrival(self, seq: int, src_port: int, now: float, force: bool) -> None:
-        self._pending += 1
+    def _note_arrival(
+        self, seq: int, src_port: int, now: float, force: bool, count: int = 1
+    ) -> None:
+        """ACK bookkeeping for ``count`` arrivals, the latest ``seq`` (the blocks of the
+        others are already in ``_dirty``): an ACK now if one is due, else by the delay."""
+        self._pending += count
         self._dirty.add(seq >> 6)
         self._subject = (seq, src_port)
         if force or self._pending >= self.config.ack_every:
