@@ -372,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args)
-    log.info("receive kernel: %s", fastpath.describe())  # -v: native, or python and why
+    # -vv: native, or python and why (a sender receives only ACKs: mrc-recv says it at -v)
+    log.debug("receive kernel: %s", fastpath.describe())
     _check_usage(parser, args)
     return run_command(PROG, _main(args))
 
