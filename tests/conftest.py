@@ -249,3 +249,18 @@ def mrc_tools() -> Iterator[MrcTools]:
 def mrc_port() -> int:
     """A free TCP+UDP port on ::1."""
     return free_port()
+
+
+@pytest.fixture(params=["native", "python"])
+def rx_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test once with each train kernel (mrc.core.fastpath): the C one, which is skipped
+    only where mrc._native was not built, and its pure-Python twin."""
+    from mrc.core import fastpath
+
+    if request.param == "native":
+        if fastpath.native_place_train is None:
+            pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
+        monkeypatch.setattr(fastpath, "place_train", fastpath.native_place_train)
+    else:
+        monkeypatch.setattr(fastpath, "place_train", fastpath.py_place_train)
+    return str(request.param)

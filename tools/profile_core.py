@@ -9,6 +9,13 @@ Two parts, printed as JSON and a table (docs/PERFORMANCE.md quotes them):
   "sender: datagrams_to_send" contains "EV choice" and "packet build"; "receiver: on_data"
   contains "SACK bookkeeping"; protection is timed on its own. Every figure is per data packet
   (an ACK's cost is spread over the packets it acknowledges).
+  With ``--burst K`` the sender's bursts reach the receiver as GRO trains of K datagrams
+  (``EndpointCore.receive_train``), as the transport delivers them.
+* **the receive path**: the datagrams one sender run produced, recorded, then fed to fresh
+  receivers three ways and timed as a whole: one ``receive_datagram`` per datagram (the path
+  before trains), and trains through the Python and the native train kernel
+  (``mrc.core.fastpath``). Lone datagrams take ``receive_datagram`` in every mode, as in the
+  transport, so without ``--burst`` the three figures measure the same path.
 * **the kernel**: the same datagrams through loopback UDP sockets: one ``sendmsg`` per datagram,
   one ``recv_into`` per datagram, and GSO sends / GRO receives of 7 at a time.
 
@@ -28,11 +35,12 @@ from collections.abc import Callable
 from typing import Any
 
 from mrc.cli.common import emit_json
-from mrc.core import QPConfig, QueuePair
+from mrc.core import EndpointCore, QPConfig, QueuePair, fastpath
 from mrc.core.evset import EVSet
 from mrc.core.memory import Access, ProtectionDomain
 from mrc.core.requester import Requester
 from mrc.core.responder import Responder
+from mrc.transport.gso import coalesce, one_by_one
 from mrc.units import parse_size
 
 PAYLOAD = 8192
@@ -99,6 +107,8 @@ def core_model(size: int, security: str, burst: int) -> dict[str, Any]:
     b = QueuePair(2, pd, ports_b, [0] * EVS, cfg, 200)
     a.connect(2, 200)
     b.connect(1, 100)
+    rx = EndpointCore(pd)
+    rx.add(b)
     sw = Stopwatch()
     sw.calibrate()
     if security != "none":
@@ -116,7 +126,10 @@ def core_model(size: int, security: str, burst: int) -> dict[str, Any]:
     sw.wrap(Requester, "_build", "sender: packet build (_build)")
     sw.wrap(Requester, "on_ack", "sender: ACK processing (on_ack)")
     sw.wrap(Requester, "get_timer", "sender: timers (get_timer)")
+    sw.wrap(EndpointCore, "receive_train", "receiver: receive_train (GRO trains, all of it)")
+    sw.wrap(Responder, "on_data_train", "receiver: on_data_train (train kernel, SACK)")
     sw.wrap(Responder, "on_data", "receiver: on_data (parse, checks, placement, SACK)")
+    sw.wrap(Responder, "_arrived", "receiver: SACK update of trains (_arrived)")
     sw.wrap(Responder, "_note_arrival", "receiver: SACK bookkeeping (_note_arrival)")
     sw.wrap(Responder, "datagrams_to_send", "receiver: ACK build (datagrams_to_send)")
     data = memoryview(os.urandom(size))
@@ -126,10 +139,12 @@ def core_model(size: int, security: str, burst: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     while not a.idle:
         now += 1e-5
-        for ev, hdr, payload in a.datagrams_to_send(now):
-            datagram = memoryview(bytearray(hdr + bytes(payload))) if payload else memoryview(hdr)
-            b.receive_datagram(datagram, ports_a[ev], now)
-            packets += 1
+        for train, seg, ev, count in _trains(a.datagrams_to_send(now), burst):
+            if seg:
+                rx.receive_train(memoryview(train), seg, ports_a[ev], now)
+            else:
+                rx.receive_datagram(memoryview(train), ports_a[ev], now)
+            packets += count
         a.get_timer()
         for ev, hdr, payload in b.datagrams_to_send(now + 0.001):
             a.receive_datagram(memoryview(hdr + bytes(payload)), ports_b[ev], now)
@@ -153,6 +168,103 @@ def core_model(size: int, security: str, burst: int) -> dict[str, Any]:
         "stages_us_per_packet": stages,
         "wrapper_overhead_ns": round(sw.overhead),
     }
+
+
+def _trains(
+    datagrams: list[tuple[int, bytes, bytes | memoryview]], burst: int
+) -> list[tuple[bytes, int, int, int]]:
+    """What the receiver gets: (bytes, GRO segment size or 0, EV, datagrams), one per GSO send
+    when bursting, else one per datagram (bytes copied, as a socket would)."""
+    sends = coalesce(datagrams) if burst > 1 else one_by_one(datagrams)
+    out = []
+    for ev, bufs, _cmsg, count in sends:
+        seg = len(bufs[0]) + len(bufs[1]) if count > 1 else 0
+        out.append((b"".join(bytes(b) for b in bufs), seg, ev, count))
+    return out
+
+
+def receive_model(size: int, burst: int) -> dict[str, float | None]:
+    """Microseconds per data packet of the whole receive path (routing, checks, placement,
+    SACK bookkeeping, ACK build), for the same recorded datagrams taken three ways."""
+    cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=512, burst=burst)
+    pd = ProtectionDomain()
+    mr = pd.register(bytearray(size), Access.REMOTE_WRITE, "r")
+    ports_a, ports_b = list(range(40000, 40000 + EVS)), list(range(50000, 50000 + EVS))
+    a = QueuePair(1, ProtectionDomain(), ports_a, [0] * EVS, cfg, 100)
+    a.connect(2, 200)
+
+    def receiver() -> tuple[EndpointCore, QueuePair]:
+        b = QueuePair(2, pd, ports_b, [0] * EVS, cfg, 200)
+        b.connect(1, 100)
+        core = EndpointCore(pd)
+        core.add(b)
+        return core, b
+
+    core, b = receiver()
+    a.post_write(memoryview(os.urandom(size)), mr.addr, mr.rkey)
+    recorded: list[tuple[float, list[tuple[bytes, int, int, int]]]] = []
+    now = 1.0
+    while not a.idle:
+        now += 1e-5
+        trains = _trains(a.datagrams_to_send(now), burst)
+        recorded.append((now, trains))
+        for train, seg, ev, _n in trains:
+            core.receive_train(memoryview(train), seg, ports_a[ev], now)  # one or a train
+        for ev, hdr, payload in b.datagrams_to_send(now + 0.001):
+            a.receive_datagram(memoryview(hdr + bytes(payload)), ports_b[ev], now)
+    kernels = {"python": fastpath.py_place_train, "native": fastpath.native_place_train}
+    out: dict[str, float | None] = {}
+    chosen = fastpath.place_train
+    try:
+        for _round in range(3):  # the best of three: the machine may be shared
+            for mode in (
+                "per datagram (receive_datagram)",
+                "trains, python kernel",
+                "trains, native",
+            ):
+                kernel = kernels["native" if mode.endswith("native") else "python"]
+                if kernel is None:
+                    out[mode] = None  # mrc._native not built, or MRC_NATIVE=0
+                    continue
+                fastpath.place_train = kernel
+                us = _time_receive(receiver, recorded, ports_a, mode.startswith("per datagram"))
+                if us is None:
+                    raise SystemExit("profile_core: the receive model lost data")
+                best = out.get(mode)
+                out[mode] = us if best is None else min(best, us)
+    finally:
+        fastpath.place_train = chosen
+    return out
+
+
+def _time_receive(
+    receiver: Callable[[], tuple[EndpointCore, QueuePair]],
+    recorded: list[tuple[float, list[tuple[bytes, int, int, int]]]],
+    ports: list[int],
+    per_datagram: bool,
+) -> float | None:
+    """Microseconds per packet for a fresh receiver to take ``recorded`` (None: data lost)."""
+    core, b = receiver()
+    rx_one, rx_train = core.receive_datagram, core.receive_train
+    clock = time.perf_counter_ns
+    ns = packets = 0
+    for now, trains in recorded:
+        views = [(memoryview(t), seg, ports[ev]) for t, seg, ev, _n in trains]
+        packets += sum(n for *_x, n in trains)
+        t0 = clock()
+        for view, seg, port in views:
+            if not seg:  # a lone datagram: receive_datagram, as the transport does
+                rx_one(view, port, now)
+            elif per_datagram:
+                for off in range(0, len(view), seg):
+                    rx_one(view[off : off + seg], port, now)
+            else:
+                rx_train(view, seg, port, now)
+        ns += clock() - t0
+        b.datagrams_to_send(now + 0.001)
+    if b.stats.bytes_placed != len(b.pd.regions()[0].view):
+        return None
+    return round(ns / packets / 1000, 3)
 
 
 def kernel_model(datagram: int, seconds: float = 1.0) -> dict[str, float]:
@@ -205,19 +317,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst", type=int, default=1, help="QPConfig.burst (default 1)")
     p.add_argument("--json", action="store_true", help="JSON only")
     a = p.parse_args(argv)
+    if not 1 <= a.burst <= 64:
+        p.error("--burst must be 1..64")
     out = {
-        "config": {"size": a.size, "payload": PAYLOAD, "evs": EVS, "security": a.security},
+        "config": {
+            "size": a.size,
+            "payload": PAYLOAD,
+            "evs": EVS,
+            "security": a.security,
+            "burst": a.burst,
+            "rx_kernel": fastpath.describe(),
+        },
         "core": core_model(a.size, a.security, a.burst),
+        "receive_us_per_packet": receive_model(a.size, a.burst),
         "kernel_loopback_us_per_datagram": kernel_model(PAYLOAD + 28),
     }
     emit_json(out, indent=2)
     if not a.json:
         rows = list(out["core"]["stages_us_per_packet"].items())
+        rows += [(f"receive path: {k}", v) for k, v in out["receive_us_per_packet"].items()]
         rows += [(f"kernel: {k}", v) for k, v in out["kernel_loopback_us_per_datagram"].items()]
         width = max(len(k) for k, _ in rows)
         print(f"\n{'stage':<{width}}  us/packet", file=sys.stderr)
         for k, v in rows:
-            print(f"{k:<{width}}  {v:9.3f}", file=sys.stderr)
+            shown = "n/a" if v is None else f"{v:.3f}"
+            print(f"{k:<{width}}  {shown:>9}", file=sys.stderr)
         print(
             f"{'core loop, both sides (wall)':<{width}}  {out['core']['wall_us_per_packet']:9.3f}",
             file=sys.stderr,

@@ -21,6 +21,9 @@ command -v clang >/dev/null 2>&1 || need+=(clang)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 # mrc-bench's lossy condition drops packets with ip6tables' statistic match
 command -v ip6tables >/dev/null 2>&1 || need+=(iptables)
+# pip install compiles the native receive kernel (mrc/_native.c); without a C compiler and
+# Python's headers mrc still installs, with the pure-Python kernel (README, "Performance")
+command -v gcc >/dev/null 2>&1 || command -v cc >/dev/null 2>&1 || need+=(gcc)
 pick_python() {
   for py in python3.13 python3.12 python3.11 python3; do
     if command -v "$py" >/dev/null 2>&1 &&
@@ -32,6 +35,11 @@ pick_python() {
 }
 PY=$(pick_python || true)
 [ -n "$PY" ] || need+=(python3 python3-venv python3-dev)
+if [ -n "$PY" ] && [[ "$(command -v "$PY")" == /usr/bin/* ]] &&
+   ! "$PY" -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
+  need+=("$(basename "$PY")-dev")  # e.g. python3.11-dev: the headers of that very Python
+fi
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   say "installing system packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -52,7 +60,7 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys; sys.exit(sys.
   "$PY" -m venv .venv || fail "python -m venv failed"
 fi
 stamp=.venv/.mrc-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ mrc/_native.c -nt "$stamp" ]; then
   say "installing mrc and its dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   log=.venv/pip-install.log
@@ -64,3 +72,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 say "ready: $(.venv/bin/python --version), mrc $(.venv/bin/python -c 'import mrc; print(mrc.__version__)')"
+say "receive kernel: $(.venv/bin/python -c 'from mrc.core import fastpath; print(fastpath.describe())')"

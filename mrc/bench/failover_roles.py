@@ -126,6 +126,18 @@ async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
             per_port[src_port] = per_port.get(src_port, 0) + d
 
     resp.on_data = on_data  # type: ignore[method-assign]
+    # the segments of GRO trains that the train kernel placed (the rest went to on_data)
+    orig_train = resp.on_data_train
+
+    def on_data_train(view: memoryview, off: int, seg: int, src_port: int, now: float) -> int:
+        before = stats.bytes_placed
+        placed = orig_train(view, off, seg, src_port, now)
+        d = stats.bytes_placed - before
+        if d:
+            per_port[src_port] = per_port.get(src_port, 0) + d
+        return placed
+
+    resp.on_data_train = on_data_train  # type: ignore[method-assign]
     payload = qp.config.payload_size
     nplanes = len(addrs)
     nic = _NicCounters(nplanes, "rx")

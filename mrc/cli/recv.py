@@ -36,6 +36,7 @@ from mrc.cli.common import (
 from mrc.cli.metricsopts import add_metrics_args, check_metrics_usage, start_metrics
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
 from mrc.connection import START_TIMEOUT, Connection, Listener, listen
+from mrc.core import fastpath
 from mrc.errors import MRCError
 from mrc.transfer import IDLE_TIMEOUT, receive_buffer
 from mrc.transport.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_GRANTED, DEFAULT_MAX_SETUPS
@@ -461,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args)
+    log.info("receive kernel: %s", fastpath.describe())  # -v: native, or python and why
     _check_usage(parser, args)
     check_metrics_usage(parser, args)
     return run_command(PROG, _main(args))

@@ -43,6 +43,7 @@ from mrc.cli.pathopts import (
 )
 from mrc.cli.sendreport import Outcome, summary_table, totals
 from mrc.connection import Connection, connect
+from mrc.core import fastpath
 from mrc.core.config import QPConfig
 from mrc.errors import MRCError
 from mrc.security.packet import DATA_OVERHEAD
@@ -374,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args)
+    # -vv: native, or python and why (a sender receives only ACKs: mrc-recv says it at -v)
+    log.debug("receive kernel: %s", fastpath.describe())
     _check_usage(parser, args)
     return run_command(PROG, _main(args))
 

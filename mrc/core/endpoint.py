@@ -32,6 +32,41 @@ class EndpointCore:
 
     def receive_datagram(self, data: memoryview, src_port: int, now: float) -> QueuePair | None:
         """Route one datagram to its QP; returns that QP, or None if it was dropped here."""
+        qp = self._route(data)
+        if qp is not None:
+            qp.receive_datagram(data, src_port, now)
+        return qp
+
+    def receive_train(
+        self, view: memoryview, seg: int, src_port: int, now: float
+    ) -> dict[int, int]:
+        """Receive a GRO train: consecutive datagrams of ``seg`` bytes (the last may be
+        shorter) from one source port; ``seg`` 0 or at least ``len(view)``: one datagram.
+        Returns the QPs that were given datagrams, by number, with how many each.
+
+        Every segment meets the same rules as if it had come alone through
+        :meth:`receive_datagram` (its checks, counters, drops, NACKs and events); runs of
+        plain WRITEs to one QP are placed by the train kernel (``QueuePair.receive_train``).
+        """
+        n = len(view)
+        if seg <= 0 or seg >= n:
+            seg = n
+        touched: dict[int, int] = {}
+        off = 0
+        while True:
+            qp = self._route(view[off : off + seg])
+            if qp is None:
+                off += seg
+            else:
+                taken = qp.receive_train(view, off, seg, src_port, now)
+                self.datagrams_received += taken - 1  # _route counted the first
+                touched[qp.qpn] = touched.get(qp.qpn, 0) + taken
+                off += taken * seg
+            if off >= n:
+                return touched
+
+    def _route(self, data: memoryview) -> QueuePair | None:
+        """The QP a datagram is for (counted as received), or None: dropped and counted."""
         self.datagrams_received += 1
         if len(data) < wire.BTH_LEN:
             self.dropped_by_reason["short"] += 1
@@ -42,8 +77,6 @@ class EndpointCore:
         qp = self.qps.get((data[5] << 16) | (data[6] << 8) | data[7])
         if qp is None:
             self.dropped_by_reason["unknown_qp"] += 1
-            return None
-        qp.receive_datagram(data, src_port, now)
         return qp
 
     def unaccounted(self) -> int:

@@ -203,6 +203,22 @@ class QueuePair:
         else:
             self.stats.dropped_by_reason["bad_opcode"] += 1
 
+    def receive_train(self, view: memoryview, off: int, seg: int, src_port: int, now: float) -> int:
+        """Handle the segment of a GRO train at byte ``off`` (``seg`` bytes, the last may be
+        shorter), whose BTH names this QP, and as many following ones as the train kernel
+        places; returns how many segments that was (at least one).
+
+        Plain WRITEs of an unprotected, connected QP go to the kernel
+        (``Responder.on_data_train``); the first segment it does not take goes through
+        :meth:`receive_datagram` like any lone datagram, so its fate is the same either way.
+        """
+        if self.protection is None and self.remote_qpn is not None:
+            placed = self.responder.on_data_train(view, off, seg, src_port, now)
+            if placed:
+                return placed
+        self.receive_datagram(view[off : off + seg], src_port, now)
+        return 1
+
     def _unseal(self, data: memoryview) -> memoryview | None:
         """The unprotected form of a protected datagram, or None (dropped and counted)."""
         assert self.protection is not None

@@ -8,9 +8,11 @@ in it above ``_cum``. The same bitmaps are what SACKs carry, so building an ACK 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 
 from mrc import wire
+from mrc.core import fastpath
 from mrc.core.config import QPConfig
 from mrc.core.events import Datagram, Event, EVReason, ImmediateReceived
 from mrc.core.evset import EVSet
@@ -21,6 +23,13 @@ from mrc.core.stats import QPStats
 _FULL = (1 << 64) - 1
 _MAX_SACKS_PER_FLUSH = 8
 _BECN = wire.BTH_BECN << 24
+_FECN = wire.BTH_FECN << 24
+_ACKREQ = wire.BTH_ACKREQ << 24
+_MARK_FECN = fastpath.MARK_FECN
+_MARK_ACKREQ = fastpath.MARK_ACKREQ
+_OP_WRITE = int(wire.Opcode.RDMA_WRITE_ONLY)
+#: segments one call of the train kernel may place (a GRO train holds at most 64)
+TRAIN_CAP = 64
 
 
 class Responder:
@@ -42,6 +51,7 @@ class Responder:
         self.remote_qpn: int | None = None
         self.peer_initial_psn = 0
         self._cum = -1
+        self._hi = -1  # no sequence number above this has arrived (the kernel's shortcut)
         self._blocks: dict[int, int] = {}
         self._imms: list[tuple[int, int]] = []  # heap of (seq, imm) awaiting in-order completion
         self._pending = 0  # packets arrived since the last ACK
@@ -52,6 +62,10 @@ class Responder:
         self._ack_deadline: float | None = None
         self._out: list[Datagram] = []
         self._sack_ev: dict[int, int] = {}  # block -> reverse EV of the last SACK reporting it
+        # what the train kernel reports (fastpath.place_train), reused call after call
+        self._seqs = array("q", bytes(8 * TRAIN_CAP))
+        self._marks = bytearray(TRAIN_CAP)
+        self.fast_placed = 0  # segments placed by the train kernel (the rest: on_data)
 
     # ---- input -------------------------------------------------------------------------
 
@@ -120,12 +134,93 @@ class Responder:
         stats.bytes_placed += length
         block = seq >> 6
         self._blocks[block] = self._blocks.get(block, 0) | (1 << (seq & 63))
+        if seq > self._hi:
+            self._hi = seq
         if imm_op:
             heapq.heappush(self._imms, (seq, imm))
         if seq == cum + 1:
             self._advance()
-        self._subject_ce = bool(marks & wire.BTH_FECN)
-        self._note_arrival(seq, src_port, now, force=bool(psnw & (wire.BTH_ACKREQ << 24)))
+        self._subject_ce = bool(qpw & _FECN)
+        self._note_arrival(seq, src_port, now, bool(psnw & _ACKREQ))
+
+    def on_data_train(self, view: memoryview, off: int, seg: int, src_port: int, now: float) -> int:
+        """Place the common-case segments of a GRO train (``seg`` bytes each) from byte
+        ``off`` with the train kernel; returns how many, from the first on, it placed.
+
+        It stops at the first segment that is not a plain new WRITE under the rkey of the
+        first one (fastpath.py says exactly which): the caller gives that one to
+        :meth:`on_data`, which counts, drops or NACKs it, then calls this again after it. A
+        placed segment is recorded exactly as :meth:`on_data` records one.
+        """
+        if len(view) - off < wire.DATA_HDR_LEN or view[off] != _OP_WRITE:
+            return 0
+        rkey = int.from_bytes(view[off + 20 : off + 24], "big")
+        region = self.pd.lookup(rkey)
+        if region is None or not region.writable:
+            return 0
+        _stop, placed, nbytes = fastpath.place_train(
+            view,
+            off,
+            seg,
+            self.qpn,
+            rkey,
+            region.view,
+            region.addr,
+            self.peer_initial_psn,
+            self._cum,
+            self._hi,
+            self.config.psn_window,
+            self._blocks,
+            self._seqs,
+            self._marks,
+        )
+        if placed:
+            stats = self.stats
+            stats.packets_received += placed
+            stats.bytes_placed += nbytes
+            self.fast_placed += placed
+            self._arrived(self._seqs, self._marks, placed, src_port, now)
+        return placed
+
+    def _arrived(
+        self, seqs: Sequence[int], marks: Sequence[int], count: int, src_port: int, now: float
+    ) -> None:
+        """Record the first ``count`` of ``seqs``, newly placed, in arrival order: SACK bits,
+        the cumulative point and ACKs come out exactly as if :meth:`on_data` had recorded
+        each alone.
+
+        The arrivals are taken in runs that end where one of them makes an ACK due (the
+        ``ack_every``-th since the last ACK, or one that asked for an ACK): per run, the
+        bitmaps are updated, then the cumulative point, then the ACK bookkeeping once
+        (:meth:`_note_arrival`), about the run's last arrival (its CE mark is the one echoed,
+        as for a single arrival)."""
+        blocks = self._blocks
+        dirty = self._dirty
+        ack_every = self.config.ack_every
+        hi = self._hi
+        i = 0
+        while i < count:
+            stop = min(count, i + max(ack_every - self._pending, 1))
+            force = False
+            j = i
+            while j < stop:
+                seq = seqs[j]
+                j += 1
+                b = seq >> 6
+                blocks[b] = blocks.get(b, 0) | (1 << (seq & 63))
+                dirty.add(b)
+                if seq > hi:
+                    hi = seq
+                if marks[j - 1] & _MARK_ACKREQ:
+                    force = True
+                    break
+            self._hi = hi
+            nxt = self._cum + 1
+            if (blocks.get(nxt >> 6, 0) >> (nxt & 63)) & 1:
+                self._advance()
+            self._subject_ce = bool(marks[j - 1] & _MARK_FECN)
+            self._note_arrival(seqs[j - 1], src_port, now, force, j - i)
+            i = j
 
     def _has(self, seq: int) -> bool:
         return bool((self._blocks.get(seq >> 6, 0) >> (seq & 63)) & 1)
@@ -150,8 +245,12 @@ class Responder:
             seq, imm = heapq.heappop(imms)
             self._emit(ImmediateReceived(self.qpn, imm))
 
-    def _note_arrival(self, seq: int, src_port: int, now: float, force: bool) -> None:
-        self._pending += 1
+    def _note_arrival(
+        self, seq: int, src_port: int, now: float, force: bool, count: int = 1
+    ) -> None:
+        """ACK bookkeeping for ``count`` arrivals, the latest ``seq`` (the blocks of the
+        others are already in ``_dirty``): an ACK now if one is due, else by the delay."""
+        self._pending += count
         self._dirty.add(seq >> 6)
         self._subject = (seq, src_port)
         if force or self._pending >= self.config.ack_every:

@@ -173,7 +173,7 @@ class Endpoint:
         view = self._rxview
         rx = self.core.receive_datagram
         now = _clock()
-        touched: dict[int, QueuePair] = {}
+        touched: dict[int, int] = {}
         for _ in range(RX_BATCH):
             try:
                 n, addr = recv(buf)
@@ -183,19 +183,21 @@ class Endpoint:
                 continue
             qp = rx(view[:n], addr[1], now)
             if qp is not None:
-                touched[qp.qpn] = qp
+                touched[qp.qpn] = 1
         self._pump_touched(touched)
 
     def _on_readable_meta(self, sock: socket.socket) -> None:
         """As _on_readable, with control messages: a receive may hold a GRO train of datagrams
-        (walk it), and carries the IP ECN field (CE: FECN set in each datagram's BTH)."""
+        (the core takes it whole, EndpointCore.receive_train), and carries the IP ECN field
+        (CE: FECN set in each datagram's BTH)."""
         recv = sock.recvmsg_into
         bufs = [self._rxbuf]
         view = self._rxview
         rx = self.core.receive_datagram
+        rx_train = self.core.receive_train
         space = self._meta_space
         now = _clock()
-        touched: dict[int, QueuePair] = {}
+        touched: dict[int, int] = {}
         for _ in range(RX_BATCH):
             try:
                 n, anc, _flags, addr = recv(bufs, space)
@@ -213,40 +215,38 @@ class Endpoint:
             if not seg:
                 qp = rx(view[:n], port, now)
                 if qp is not None:
-                    touched[qp.qpn] = qp
+                    touched[qp.qpn] = 1
                 continue
             self.gro_trains += 1
-            for off in range(0, n, seg):
-                qp = rx(view[off : min(off + seg, n)], port, now)
-                if qp is not None:
-                    touched[qp.qpn] = qp
+            for qpn in rx_train(view[:n], seg, port, now):
+                touched[qpn] = 1
         self._pump_touched(touched)
 
-    def _receive_ce(
-        self, n: int, seg: int, port: int, now: float, touched: dict[int, QueuePair]
-    ) -> None:
+    def _receive_ce(self, n: int, seg: int, port: int, now: float, touched: dict[int, int]) -> None:
         """The datagram(s) of one receive that arrived with CE: FECN set in each one's BTH
         (the core echoes it as BECN, docs/PROTOCOL.md 3.1), counted, then received as usual."""
         buf = self._rxbuf
         view = self._rxview
-        rx = self.core.receive_datagram
         channels = self.channels
         if seg:
             self.gro_trains += 1
         step = seg or max(n, 1)  # an empty datagram too: the core counts it as short
         for off in range(0, max(n, 1), step):
-            end = min(off + step, n)
-            if end - off > _BTH_MARKS:
+            if min(off + step, n) - off > _BTH_MARKS:
                 buf[off + _BTH_MARKS] |= wire.BTH_FECN
             self.ce_received += 1
-            qp = rx(view[off:end], port, now)
-            if qp is not None:
-                touched[qp.qpn] = qp
-                ch = channels.get(qp.qpn)
-                if ch is not None:
-                    ch.ce_received += 1
+        if seg:
+            taken = self.core.receive_train(view[:n], seg, port, now)
+        else:
+            qp = self.core.receive_datagram(view[:n], port, now)
+            taken = {qp.qpn: 1} if qp is not None else {}
+        for qpn, count in taken.items():
+            touched[qpn] = 1
+            ch = channels.get(qpn)
+            if ch is not None:
+                ch.ce_received += count
 
-    def _pump_touched(self, touched: dict[int, QueuePair]) -> None:
+    def _pump_touched(self, touched: dict[int, int]) -> None:
         channels = self.channels
         for qpn in touched:
             ch = channels.get(qpn)

@@ -130,6 +130,7 @@ def test_verbose_notes_go_to_stderr_as_log_lines(mrc_tools, mrc_port: int) -> No
     assert send.returncode == 0 and got.returncode == 0, send.describe() + got.describe()
     assert f"mrc-recv: info: listening on [::1]:{mrc_port}" in got.stderr.splitlines()
     assert "mrc-recv: info: transfer from ::1:" in got.stderr
+    assert re.search(r"^mrc-recv: info: receive kernel: (native|python)", got.stderr, re.M)
     assert got.json["ok"] is True  # stdout unchanged: just the JSON object
     lines = send.stderr.splitlines()
     assert any(ln.startswith("mrc-send: info: connecting to [::1]") for ln in lines), lines

@@ -80,8 +80,9 @@ async def test_no_ce_no_echo() -> None:
     assert snd["sacks"] > 0 and snd["ecn_echoes"] == 0
 
 
-async def test_ce_in_gro_trains() -> None:
-    """GSO bursts arrive as GRO trains: one cmsg for the train, FECN on each datagram in it."""
+async def test_ce_in_gro_trains(rx_impl: str) -> None:
+    """GSO bursts arrive as GRO trains: one cmsg for the train, FECN on each datagram in it
+    (and the train kernel, native or Python, reports it for the echo)."""
     snd, rcv, trains = await _transfer(ce=True, config=QPConfig(payload_size=8192, burst=8))
     assert trains > 0
     # every datagram the QP took carried CE: data, and EV health probes if an EV was retired

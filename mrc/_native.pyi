@@ -1,0 +1,21 @@
+"""Type stub of the C receive kernel (mrc/_native.c); semantics in mrc/core/fastpath.py."""
+
+from array import array
+
+def place_train(
+    view: memoryview,
+    off: int,
+    seg: int,
+    qpn: int,
+    rkey: int,
+    region: memoryview,
+    region_addr: int,
+    initial_psn: int,
+    cum: int,
+    hi: int,
+    window: int,
+    blocks: dict[int, int],
+    seqs: array[int],
+    marks: bytearray,
+    /,
+) -> tuple[int, int, int]: ...

@@ -1,0 +1,172 @@
+"""The common case of a GRO train, placed in one call: native (``mrc._native``) or Python.
+
+A receiver spends most of its time on plain data packets that are exactly what it expects:
+an untrimmed, unprotected RDMA WRITE ONLY to this QP, under the rkey of the region being
+written, in bounds, new and inside the PSN window. :func:`place_train` walks a train of such
+segments, copies each payload into the region and reports its sequence number and marks; it
+stops at the first segment that is anything else, so the caller hands that one to the general
+path (``Responder.on_data``, which counts, drops and NACKs it) and resumes after it. Nothing
+here counts or answers: a segment is either placed and reported, or left alone.
+
+Two implementations with one signature and identical results, byte for byte: the C kernel in
+``mrc/_native.c`` (built by ``pip install``, optional) and :func:`py_place_train` below, the
+reference and the fallback. ``MRC_NATIVE=0`` in the environment forces the Python one;
+:data:`NATIVE` says which one :data:`place_train` is.
+
+Arguments of ``place_train(view, off, seg, qpn, rkey, region, region_addr, initial_psn, cum,
+hi, window, blocks, seqs, marks)``:
+
+* ``view``: the received bytes; the train's segments are ``seg`` bytes each from byte ``off``
+  (``seg`` > 0; the last segment may be shorter).
+* ``qpn``, ``rkey``: the destination QP and the rkey a segment must carry; ``region`` and
+  ``region_addr``: the writable buffer of that rkey and its virtual address.
+* ``initial_psn``, ``cum``, ``window``: the peer's initial PSN, the responder's cumulative
+  sequence number and its PSN window: a segment's sequence number must be in
+  ``(cum, cum + window]``.
+* ``hi``: no sequence number above it has arrived; ``blocks``: the responder's SACK bitmaps
+  (block number -> 64-bit map) of what has arrived above ``cum``. A segment at or below ``hi``
+  is placed only if neither ``blocks`` nor this call already has it.
+* ``seqs`` (``array('q')``) and ``marks`` (``bytearray``): outputs, one entry per placed
+  segment: its sequence number, and ``MARK_FECN | MARK_ACKREQ`` as the BTH carried them. Their
+  length bounds how many segments one call places.
+
+Returns ``(stop, placed, nbytes)``: the offset of the first segment not placed (``len(view)``
+once the train is done), how many were placed, and their payload bytes.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mrc import wire
+
+MARK_FECN = 1
+MARK_ACKREQ = 2
+
+_HDR = wire.DATA_HDR
+_HDR_LEN = wire.DATA_HDR_LEN
+_OP_WRITE = int(wire.Opcode.RDMA_WRITE_ONLY)
+_PSN_MASK = wire.PSN_MASK
+_HALF = 1 << 23
+# BTH byte 4 marks that take a segment off the common path: trimmed (and last hop)
+_TRIM = wire.BTH_TRIMMED
+_SECURE = wire.BTH_SECURE
+
+if TYPE_CHECKING:  # array is generic only for type checkers before Python 3.12
+    PlaceTrain = Callable[
+        [
+            memoryview,
+            int,
+            int,
+            int,
+            int,
+            memoryview,
+            int,
+            int,
+            int,
+            int,
+            int,
+            dict[int, int],
+            array[int],
+            bytearray,
+        ],
+        tuple[int, int, int],
+    ]
+
+
+def py_place_train(
+    view: memoryview,
+    off: int,
+    seg: int,
+    qpn: int,
+    rkey: int,
+    region: memoryview,
+    region_addr: int,
+    initial_psn: int,
+    cum: int,
+    hi: int,
+    window: int,
+    blocks: dict[int, int],
+    seqs: array[int],
+    marks: bytearray,
+) -> tuple[int, int, int]:
+    """The reference implementation (see the module docstring); ``mrc._native`` mirrors it."""
+    if seg <= 0 or off < 0:
+        raise ValueError("segment size must be positive and the offset not negative")
+    n = len(view)
+    cap = min(len(seqs), len(marks))
+    region_len = len(region)
+    unpack = _HDR.unpack_from
+    near_psn = (initial_psn + cum + 1) & _PSN_MASK
+    placed = 0
+    nbytes = 0
+    o = off
+    while o < n and placed < cap:
+        end = min(o + seg, n)
+        size = end - o
+        if size < _HDR_LEN:
+            break
+        (op, flags, _pkey, qpw, psnw, va, key, length) = unpack(view, o)
+        if (
+            op != _OP_WRITE
+            or flags & 0x0F != wire.MRC_TVER
+            or qpw & wire.QPN_MASK != qpn
+            or (qpw >> 24) & _TRIM
+            or (psnw >> 24) & _SECURE
+            or key != rkey
+            or length != size - _HDR_LEN
+        ):
+            break
+        offset = va - region_addr
+        if offset < 0 or offset + length > region_len:
+            break
+        seq = cum + 1 + (((psnw & _PSN_MASK) - near_psn + _HALF) & _PSN_MASK) - _HALF
+        if seq <= cum or seq > cum + window:
+            break
+        if seq <= hi:
+            # not beyond everything seen: new only if neither the bitmaps nor this call has it
+            if (blocks.get(seq >> 6, 0) >> (seq & 63)) & 1:
+                break
+            if seq in seqs[:placed]:
+                break
+        else:
+            hi = seq
+        region[offset : offset + length] = view[o + _HDR_LEN : end]
+        seqs[placed] = seq
+        marks[placed] = (MARK_FECN if qpw & (wire.BTH_FECN << 24) else 0) | (
+            MARK_ACKREQ if psnw & (wire.BTH_ACKREQ << 24) else 0
+        )
+        placed += 1
+        nbytes += length
+        o = end
+    return min(o, n), placed, nbytes
+
+
+def _native() -> PlaceTrain | None:
+    if os.environ.get("MRC_NATIVE", "1").strip() == "0":
+        return None
+    try:
+        from mrc import _native as native
+    except ImportError:
+        return None
+    fn: PlaceTrain = native.place_train
+    return fn
+
+
+#: the C kernel, or None where it was not built (or MRC_NATIVE=0)
+native_place_train: PlaceTrain | None = _native()
+#: True when :data:`place_train` is the C kernel
+NATIVE = native_place_train is not None
+#: what the responder calls for every train (tests may swap it)
+place_train: PlaceTrain = native_place_train or py_place_train
+
+
+def describe() -> str:
+    """Which receive path is in use, for logs and ``-v`` output."""
+    if NATIVE:
+        return "native (mrc._native)"
+    reason = "MRC_NATIVE=0" if os.environ.get("MRC_NATIVE", "1").strip() == "0" else "not built"
+    return f"python ({reason})"
