@@ -41,7 +41,9 @@ for ((m = 17; m <= minor; m++)); do platforms+=(--platform "manylinux_2_${m}_$ar
 wheels=docker/.wheels
 rm -rf "$wheels"
 _say "wheels for Python $pyver, glibc $glibc"
-.venv/bin/python -m pip wheel -q --no-deps -w "$wheels" . >&2
+# a pure wheel (MRC_PURE_PYTHON=1: no native receive kernel): the image has no compiler to
+# build one for its own Python, and the pure-Python kernel does the same work, slower
+MRC_PURE_PYTHON=1 .venv/bin/python -m pip wheel -q --no-deps -w "$wheels" . >&2
 .venv/bin/python -m pip download -q --only-binary=:all: --python-version "$pyver" \
   --implementation cp "${platforms[@]}" -d "$wheels" "$wheels"/mrc-*.whl uvloop 2>&1 \
   | grep -v "is ignored" >&2 || true

@@ -41,14 +41,16 @@ def wait_listening(argv_prefix: list[str], host: str, port: int, deadline: float
     raise MRCError("mrc-recv did not start listening in time")
 
 
-def rx_packets(prefix: list[str], ifname: str) -> int:
+def rx_bytes(prefix: list[str], ifname: str) -> int:
+    """Bytes the kernel received on ``ifname`` (bytes, not packets: a GSO burst crosses a veth
+    as one packet)."""
     out = subprocess.run(
         [*prefix, "ip", "-s", "-j", "link", "show", ifname],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    return int(json.loads(out)[0]["stats64"]["rx"]["packets"])
+    return int(json.loads(out)[0]["stats64"]["rx"]["bytes"])
 
 
 def run_pair(
@@ -125,10 +127,18 @@ def report(sent: dict, got: dict, kernel: dict[str, int] | None) -> None:
         f"min {min(e['packets'] for e in evs)} / fair {fair:.0f} / "
         f"max {max(e['packets'] for e in evs)} ({backups} more EVs wait as backups)"
     )
+    bursts = sent.get("bursts") or sent["data_packets"]
+    print(
+        f"  bursts        {sent['data_packets'] / bursts:.1f} packets per EV on average, each "
+        "burst one GSO send (NSCC sizes them to the path's rate)"
+    )
     for plane, n in sorted(per_plane.items()):
         line = f"  plane {plane}       {n} packets from our counters"
         if kernel is not None:
-            line += f", {kernel.get(f'p{plane}b', 0)} received by the kernel's interface p{plane}b"
+            line += (
+                f", {kernel.get(f'p{plane}b', 0)} bytes received by the kernel's interface "
+                f"p{plane}b"
+            )
         print(line)
     print()
 
@@ -167,7 +177,7 @@ def _main(args: argparse.Namespace) -> int:
     with TwoHosts(prefix, links=2, mtu=9000) as tb:
         a = ["ip", "netns", "exec", tb.a]
         b = ["ip", "netns", "exec", tb.b]
-        before = {f"p{p}b": rx_packets(b, f"p{p}b") for p in range(2)}
+        before = {f"p{p}b": rx_bytes(b, f"p{p}b") for p in range(2)}
         listen = [f"[{addr}]:{DEFAULT_PORT}" for addr in tb.b_addrs]
         sargs = send_args + sum((["--from", x] for x in tb.a_addrs), [])
         print(
@@ -175,7 +185,7 @@ def _main(args: argparse.Namespace) -> int:
             f"mrc-send from {tb.a} ({', '.join(tb.a_addrs)})"
         )
         sent, got = run_pair(a, b, listen, sargs, listen[0])
-        kernel = {k: rx_packets(b, k) - v for k, v in before.items()}
+        kernel = {k: rx_bytes(b, k) - v for k, v in before.items()}
         report(sent, got, kernel)
     return 0 if sent["ok"] and got["ok"] else 1
 
