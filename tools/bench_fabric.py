@@ -341,8 +341,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"  run {i + 1}: mrc {c:5} window {w:4d} burst {b or 'auto':>4}: "
                     f"{fmt_rate(r['goodput_bps'])} "
                     f"({r['goodput_bps'] / capacity:6.1%}), {r['retransmits']} retransmits, "
-                    f"{r['evs_assumed_bad']} EVs assumed bad, mean burst "
-                f"{r['data_packets'] / max(1, r['bursts'] or 0):.1f}, cpu {r['cpu_seconds']:.2f} s"
+                    f"{r['evs_assumed_bad']} EVs assumed bad, "
+                    f"mean burst {r['data_packets'] / max(1, r['bursts'] or 0):.1f}, "
+                    f"cpu {r['cpu_seconds']:.2f} s"
                 )
             if not args.no_tcp:
                 r = bench.tcp_run(args.size)
