@@ -9,6 +9,9 @@ from dataclasses import dataclass
 PSN_WINDOW_MIN = 64
 PSN_WINDOW_MAX = 1 << 22
 MAX_BURST = 64  # the kernel's limit on segments in one UDP GSO send (UDP_MAX_SEGMENTS)
+# the most bytes of datagrams (MRC headers + payloads) one UDP GSO send carries: an IPv6
+# payload (65535) less the UDP header and room for an SRH (mrc/transport/gso.py)
+GSO_MAX_BYTES = 65000
 # QPConfig.burst left unset: the most packets per burst NSCC may choose (docs/PERFORMANCE.md,
 # "Bursts": past about 16 x 8 KiB the kernel's GSO gains little and a burst's queueing grows)
 AUTO_BURST = 16

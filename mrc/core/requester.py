@@ -18,7 +18,7 @@ from itertools import chain
 
 from mrc import wire
 from mrc.core.cc import NsccWindow
-from mrc.core.config import QPConfig
+from mrc.core.config import GSO_MAX_BYTES, QPConfig
 from mrc.core.events import Datagram, Event, EVReason, QPFailed, WriteCompleted
 from mrc.core.evset import EVSet
 from mrc.core.psn import to_psn, to_seq
@@ -119,6 +119,8 @@ class Requester:
         self._burst_ev = 0
         self._burst_left = 0
         self.burst_now = 1  # packets per burst of the latest send (config.burst_max at most)
+        # packets one GSO send carries (the transport cuts longer bursts into such sends)
+        self._per_send = max(1, GSO_MAX_BYTES // (config.payload_size + wire.DATA_IMM_HDR_LEN))
         # congestion control: None = the fixed window of max_outstanding packets, as always.
         # With NSCC, packets known to be out of the network (queued in _retransmit after a
         # NACK, a loss or a timeout) do not count as in flight: _waiting counts them
@@ -271,7 +273,14 @@ class Requester:
         spread = cc.limit // (planes * cfg.burst_spread)
         if spread < k:
             k = spread
-        return 1 if k < 1 else (k if k < most else most)
+        if k > most:
+            k = most
+        # in whole GSO sends: 16 x 8 KiB would go out as 7 + 7 + 2, and the 2 cost a send
+        # and a receive of their own
+        per_send = self._per_send
+        if k > per_send:
+            k -= k % per_send
+        return k if k > 1 else 1
 
     def _ce_memory(self) -> float:
         """How long a CE mark counts: the penalty it gives an EV, and how far back before a

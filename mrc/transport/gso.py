@@ -18,11 +18,13 @@ import socket
 import struct
 from collections.abc import Sequence
 
+from mrc.core.config import GSO_MAX_BYTES
+
 SOL_UDP = getattr(socket, "SOL_UDP", 17)
 UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)
 UDP_GRO = getattr(socket, "UDP_GRO", 104)
 MAX_SEGMENTS = 64  # UDP_MAX_SEGMENTS in the kernel
-MAX_BYTES = 65000  # one IPv6 payload (65535) less UDP header and room for an SRH
+MAX_BYTES = GSO_MAX_BYTES  # one IPv6 payload (65535) less UDP header and room for an SRH
 GRO_CMSG_SPACE = socket.CMSG_SPACE(4)
 
 Buffer = bytes | memoryview
