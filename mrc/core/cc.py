@@ -51,7 +51,10 @@ class NsccWindow:
         "cap",
         "target_min",
         "target_rtt_fraction",
+        "target_packets",
+        "target_max",
         "target",
+        "rate",
         "gain",
         "md_gain",
         "max_md",
@@ -82,6 +85,8 @@ class NsccWindow:
         target_delay: float,
         gain: float = 0.5,
         target_rtt_fraction: float = 0.0,
+        target_packets: float = 0.0,
+        target_max: float = 0.004,
         md_gain: float = 0.8,
         max_md: float = 0.5,
         ce_md: float = 0.125,
@@ -91,6 +96,9 @@ class NsccWindow:
         self.cap = float(mss * cap_packets)
         self.target_min = target_delay
         self.target_rtt_fraction = target_rtt_fraction
+        self.target_packets = target_packets
+        self.target_max = target_max
+        self.rate = 0.0  # bytes/s delivered over the latest interval
         self.target = target_delay
         self.gain = gain
         self.md_gain = md_gain
@@ -158,7 +166,7 @@ class NsccWindow:
                 # holds the window below the BDP (docs/CONGESTION.md). The base RTT only
                 # shrinks, so congestion can never raise the target; and unlike the flow's
                 # own rate it does not grow the target when many flows share a bottleneck.
-                self.target = max(self.target_min, self.target_rtt_fraction * rtt)
+                self._retarget()
                 self._horizon = 2 * self.interval
             self.qdelay = rtt - self.base_rtt
             self.ce = ce
@@ -244,8 +252,21 @@ class NsccWindow:
                     break
                 t0, d0 = t, d
             rate = (self._delivered - d0) / (now - t0)
+            self.rate = rate
             if rate > self.best_rate:
                 self.best_rate = rate
+            if self.target_packets and rate > 0.0:
+                self._retarget()
+
+    def _retarget(self) -> None:
+        target = self.target_rtt_fraction * self.base_rtt
+        if self.target_packets and self.rate > 0.0:
+            own = self.target_packets * self.mss / self.rate
+            if own > self.target_max:
+                own = self.target_max
+            if own > target:
+                target = own
+        self.target = target if target > self.target_min else self.target_min
 
     def _set(self, now: float, cwnd: float) -> None:
         cwnd = min(max(cwnd, float(self.mss)), self.ceiling)

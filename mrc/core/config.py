@@ -86,6 +86,12 @@ class QPConfig:
     # nscc: the target delay is at least this fraction of the path's base RTT (a long path
     # needs room for the queue spraying builds); cc_target_delay stays the floor. 0: fixed
     cc_target_rtt_fraction: float = 0.25
+    # nscc: the target delay is at least this many of the QP's own packets at the rate it is
+    # delivering now, up to cc_target_max (0: off). Where a packet takes longer to cross the
+    # bottleneck than the target (slow links, several flows sharing one), a target below it
+    # holds every window at a packet or two and leaves the link idle (docs/CONGESTION.md)
+    cc_target_packets: float = 2.0
+    cc_target_max: float = 0.004
     # nscc: the window before any signal, packets (capped by max_outstanding)
     cc_initial_window: int = 16
     # nscc: weight of the proportional increase (0: additive only, one packet per RTT)
@@ -124,6 +130,10 @@ class QPConfig:
             raise ValueError("cc_target_delay must be > 0 seconds")
         if not 0 <= self.cc_target_rtt_fraction <= 4:
             raise ValueError("cc_target_rtt_fraction must be between 0 and 4")
+        if not 0 <= self.cc_target_packets <= 64:
+            raise ValueError("cc_target_packets must be between 0 and 64")
+        if not self.cc_target_delay <= self.cc_target_max <= 1:
+            raise ValueError("cc_target_max must be between cc_target_delay and 1 second")
         if self.cc_initial_window < 1:
             raise ValueError("cc_initial_window must be at least 1 packet")
         if self.cc_gain < 0:

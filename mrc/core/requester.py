@@ -133,6 +133,8 @@ class Requester:
                 config.cc_target_delay,
                 gain=config.cc_gain,
                 target_rtt_fraction=config.cc_target_rtt_fraction,
+                target_packets=config.cc_target_packets,
+                target_max=config.cc_target_max,
             )
         self._waiting = 0
 

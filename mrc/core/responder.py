@@ -305,10 +305,12 @@ class Responder:
             if hole not in self._dirty:
                 blocks.append(hole)
         sack_ev = self._sack_ev
+        dirty = self._dirty
         for block in blocks:
             pkt = self._ack_bytes(wire.AETH_ACK, seq, port, block, self._subject_ce)
             ev = self.evs.next()
-            sack_ev[block] = ev
+            if block in dirty:  # a report of the oldest hole's block alone blames no EV later
+                sack_ev[block] = ev
             self._out.append((ev, pkt, b""))
             self.stats.acks_sent += 1
         if len(sack_ev) > 4096:  # forget blocks far behind the cumulative point

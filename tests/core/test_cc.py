@@ -275,3 +275,34 @@ def test_a_loss_without_congestion_is_a_path_failure_not_a_window_cut() -> None:
     w.on_ack(0.011, 1000, 0.004, False)  # 3 ms of queue now: congestion
     w.on_loss(0.0111)
     assert w.quick_adapts == 1 and w.cwnd < before
+
+
+@pytest.mark.parametrize(
+    ("rate", "target"),
+    [(8e6, 2 * 8192 / 8e6), (2e6, 0.004), (1e9, 0.0005)],
+    ids=["two-packets", "capped", "floor"],
+)
+def test_the_target_holds_two_of_the_flows_own_packets_at_its_rate(
+    rate: float, target: float
+) -> None:
+    """Where one packet takes longer at the flow's own rate than the delay target (slow links,
+    several flows sharing a bottleneck), a target below it would hold the window at a packet
+    or two and leave the link idle: the target is at least 2 packets at the rate delivered
+    now, at most target_max, never below the floor."""
+    w = NsccWindow(
+        mss=8192,
+        cap_packets=100,
+        initial_packets=4,
+        target_delay=0.0005,
+        target_packets=2.0,
+        target_max=0.004,
+    )
+    gap = 8192 / rate  # one packet acknowledged every gap seconds
+    for i in range(400):
+        w.on_ack(i * gap, 8192, 0.001, False)
+    assert w.rate == pytest.approx(rate, rel=0.05)
+    assert w.target == pytest.approx(target, rel=0.05)
+    off = NsccWindow(mss=8192, cap_packets=100, initial_packets=4, target_delay=0.0005)
+    for i in range(400):
+        off.on_ack(i * gap, 8192, 0.001, False)
+    assert off.target == 0.0005  # target_packets 0: the floor (and the RTT fraction) only
