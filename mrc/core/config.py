@@ -87,10 +87,12 @@ class QPConfig:
     # needs room for the queue spraying builds); cc_target_delay stays the floor. 0: fixed
     cc_target_rtt_fraction: float = 0.25
     # nscc: the target delay is at least this many of the QP's own packets at the rate it is
-    # delivering now, up to cc_target_max (0: off). Where a packet takes longer to cross the
-    # bottleneck than the target (slow links, several flows sharing one), a target below it
-    # holds every window at a packet or two and leaves the link idle (docs/CONGESTION.md)
-    cc_target_packets: float = 2.0
+    # delivering now, up to cc_target_max (0: off, the default). Where a packet takes longer to
+    # cross the bottleneck than the target (slow links, several flows sharing one), a target
+    # below it holds every window at a packet or two. 2 halves the simulator's all-to-all step
+    # at 100 Mbit/s but did not help on the netns fabric, where ring steps got 15% slower
+    # (docs/CONGESTION.md, "Target of the flow's own packets")
+    cc_target_packets: float = 0.0
     cc_target_max: float = 0.004
     # nscc: the window before any signal, packets (capped by max_outstanding)
     cc_initial_window: int = 16

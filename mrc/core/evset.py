@@ -468,10 +468,7 @@ class EVSet:
         self._retire(ev, now, reason, detail, sent_at)
         if backup is not None:
             self._transition(backup, EVReason.REPLACES, now, str(ev), active=True)
-        if reason is not EVReason.ACK_LOST:
-            # a lost ACK is only inferred (data arrived twice, which a spurious resend or a
-            # tail probe also causes): enough to retire its own EV, not to take its route down
-            self._route_fate(plane, self.routes[ev], now)
+        self._route_fate(plane, self.routes[ev], now)
 
     def _route_fate(self, plane: int, route: int, now: float) -> None:
         """EVs on one route share its fate: once ``route_dead_evs`` of them are assumed bad,

@@ -58,10 +58,9 @@ def test_a_dead_route_takes_its_evs_out_together() -> None:
     shared = _run_tool("--fail-at", "0.1")
     alone = _run_tool("--fail-at", "0.1", "--qp", "route_dead_evs=0")
     assert shared["route_down_transitions"] > 0 and alone["route_down_transitions"] == 0
-    # measured: worst step 115 vs 258 ms, timeouts 2 vs 5, tail probes 17 vs 39 (with NSCC's
-    # target of two packets at its own rate; before it: 258 vs 543 ms, 2 vs 39, 45 vs 244)
+    # measured: worst step 258 vs 543 ms, timeouts 2 vs 39, tail probes 45 vs 244
     assert max(shared["steps_ms"]) < 0.7 * max(alone["steps_ms"])  # type: ignore[call-overload]
-    assert shared["timeouts"] < alone["timeouts"]  # type: ignore[operator]
+    assert shared["timeouts"] * 4 < alone["timeouts"]  # type: ignore[operator]
     assert shared["tlp"] * 2 < alone["tlp"]  # type: ignore[operator]
 
 
@@ -73,9 +72,10 @@ def test_no_failure_takes_no_route_down() -> None:
 
 def test_the_target_of_two_own_packets_keeps_the_slow_links_busy() -> None:
     """At 100 Mbit/s an 8 KiB packet takes 0.66 ms on a link and three flows share each
-    receiver's last hop: a 0.5 ms target alone held every window at about a packet
-    (measured: steps of 96-161 ms against 76-80 with cc_target_packets=2, the default)."""
-    new = _run_tool("--fail-at", "99")
-    old = _run_tool("--fail-at", "99", "--qp", "cc_target_packets=0")
+    receiver's last hop: a 0.5 ms target alone holds every window at about a packet
+    (measured: steps of 96-161 ms against 76-80 with cc_target_packets=2; off by default, as
+    it did not help on the netns fabric)."""
+    new = _run_tool("--fail-at", "99", "--qp", "cc_target_packets=2")
+    old = _run_tool("--fail-at", "99")
     assert max(new["steps_ms"]) < 0.7 * max(old["steps_ms"])  # type: ignore[call-overload]
     assert new["timeouts"] == 0 and new["evs_assumed_bad"] <= 2  # type: ignore[operator]
