@@ -20,7 +20,12 @@ Two parts, printed as JSON and a table (docs/PERFORMANCE.md quotes them):
   one ``recv_into`` per datagram, and GSO sends / GRO receives of 7 at a time.
 
 Run with the venv's python: ``.venv/bin/python tools/profile_core.py [--size 128M]
-[--security integrity] [--burst 8] [--json]``. No root needed.
+[--security integrity] [--burst 8] [--cc fixed] [--json]``. No root needed.
+
+With the default ``--cc nscc``, ``--burst`` is a maximum that NSCC sizes from the delivery rate
+it measures; in memory every ACK arrives at once, no rate is ever measured, and every burst is
+one packet. ``--cc fixed`` sends bursts of exactly ``--burst`` packets (the figure
+``core.mean_burst`` says which case a run measured).
 """
 
 from __future__ import annotations
@@ -97,8 +102,8 @@ class Stopwatch:
         }
 
 
-def core_model(size: int, security: str, burst: int) -> dict[str, Any]:
-    cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=512, burst=burst)
+def core_model(size: int, security: str, burst: int, cc: str) -> dict[str, Any]:
+    cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=512, burst=burst, cc=cc)
     pd = ProtectionDomain()
     region = bytearray(size)
     mr = pd.register(region, Access.REMOTE_WRITE, "r")
@@ -164,6 +169,7 @@ def core_model(size: int, security: str, burst: int) -> dict[str, Any]:
     return {
         "packets": packets,
         "wall_us_per_packet": round(wall / packets * 1e6, 3),
+        "mean_burst": round(a.stats.data_packets_sent / max(a.stats.bursts, 1), 2),
         "note": "wall includes one copy of every datagram by this harness (header + payload)",
         "stages_us_per_packet": stages,
         "wrapper_overhead_ns": round(sw.overhead),
@@ -183,10 +189,10 @@ def _trains(
     return out
 
 
-def receive_model(size: int, burst: int) -> dict[str, float | None]:
+def receive_model(size: int, burst: int, cc: str) -> dict[str, float | None]:
     """Microseconds per data packet of the whole receive path (routing, checks, placement,
     SACK bookkeeping, ACK build), for the same recorded datagrams taken three ways."""
-    cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=512, burst=burst)
+    cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=512, burst=burst, cc=cc)
     pd = ProtectionDomain()
     mr = pd.register(bytearray(size), Access.REMOTE_WRITE, "r")
     ports_a, ports_b = list(range(40000, 40000 + EVS)), list(range(50000, 50000 + EVS))
@@ -315,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=parse_size, default=128 << 20, help="bytes (default 128M)")
     p.add_argument("--security", choices=["none", "integrity", "encrypt"], default="none")
     p.add_argument("--burst", type=int, default=1, help="QPConfig.burst (default 1)")
+    p.add_argument(
+        "--cc",
+        choices=["nscc", "fixed"],
+        default="nscc",
+        help="QPConfig.cc (default nscc; fixed: bursts of exactly --burst packets)",
+    )
     p.add_argument("--json", action="store_true", help="JSON only")
     a = p.parse_args(argv)
     if not 1 <= a.burst <= 64:
@@ -326,10 +338,11 @@ def main(argv: list[str] | None = None) -> int:
             "evs": EVS,
             "security": a.security,
             "burst": a.burst,
+            "cc": a.cc,
             "rx_kernel": fastpath.describe(),
         },
-        "core": core_model(a.size, a.security, a.burst),
-        "receive_us_per_packet": receive_model(a.size, a.burst),
+        "core": core_model(a.size, a.security, a.burst, a.cc),
+        "receive_us_per_packet": receive_model(a.size, a.burst, a.cc),
         "kernel_loopback_us_per_datagram": kernel_model(PAYLOAD + 28),
     }
     emit_json(out, indent=2)
@@ -346,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{'core loop, both sides (wall)':<{width}}  {out['core']['wall_us_per_packet']:9.3f}",
             file=sys.stderr,
         )
+        mean = out["core"]["mean_burst"]
+        print(f"{'mean burst (packets)':<{width}}  {mean:9.2f}", file=sys.stderr)
     return 0
 
 
