@@ -131,6 +131,7 @@ def core_model(size: int, security: str, burst: int, cc: str) -> dict[str, Any]:
     sw.wrap(Requester, "_build", "sender: packet build (_build)")
     sw.wrap(Requester, "on_ack", "sender: ACK processing (on_ack)")
     sw.wrap(Requester, "get_timer", "sender: timers (get_timer)")
+    sw.wrap(sys.modules[__name__], "coalesce", "sender: GSO grouping (transport)")
     sw.wrap(EndpointCore, "receive_train", "receiver: receive_train (GRO trains, all of it)")
     sw.wrap(Responder, "on_data_train", "receiver: on_data_train (train kernel, SACK)")
     sw.wrap(Responder, "on_data", "receiver: on_data (parse, checks, placement, SACK)")
