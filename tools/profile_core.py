@@ -6,9 +6,9 @@ Two parts, printed as JSON and a table (docs/PERFORMANCE.md quotes them):
 * **the core**: a sender QP and a receiver QP driven against each other in memory (no sockets,
   no event loop) for ``--size`` bytes. The stages of interest are timed by wrapping their
   methods with a clock, the wrapper's own cost measured and taken off. Stages are inclusive:
-  "sender: datagrams_to_send" contains "EV choice" and "packet build"; "receiver: on_data"
-  contains "SACK bookkeeping"; protection is timed on its own. Every figure is per data packet
-  (an ACK's cost is spread over the packets it acknowledges).
+  "sender: bursts_to_send" contains "EV choice", "records and buffers" and "headers";
+  "receiver: on_data" contains "SACK bookkeeping"; protection is timed on its own. Every
+  figure is per data packet (an ACK's cost is spread over the packets it acknowledges).
   With ``--burst K`` the sender's bursts reach the receiver as GRO trains of K datagrams
   (``EndpointCore.receive_train``), as the transport delivers them.
 * **the receive path**: the datagrams one sender run produced, recorded, then fed to fresh
@@ -41,11 +41,12 @@ from typing import Any
 
 from mrc.cli.common import emit_json
 from mrc.core import EndpointCore, QPConfig, QueuePair, fastpath
+from mrc.core.events import Burst
 from mrc.core.evset import EVSet
 from mrc.core.memory import Access, ProtectionDomain
 from mrc.core.requester import Requester
 from mrc.core.responder import Responder
-from mrc.transport.gso import coalesce, one_by_one
+from mrc.transport.gso import sends, singles
 from mrc.units import parse_size
 
 PAYLOAD = 8192
@@ -126,12 +127,13 @@ def core_model(size: int, security: str, burst: int, cc: str) -> dict[str, Any]:
         b.protect(Protection(k2, k1, mode))
         sw.wrap(Protection, "seal", "protection: seal (both sides)")
         sw.wrap(Protection, "unseal", "protection: unseal (both sides)")
-    sw.wrap(Requester, "datagrams_to_send", "sender: datagrams_to_send")
+    sw.wrap(Requester, "bursts_to_send", "sender: bursts_to_send (all of it)")
     sw.wrap(EVSet, "next", "sender: EV choice (EVSet.next)")
-    sw.wrap(Requester, "_build", "sender: packet build (_build)")
+    sw.wrap(Requester, "_send_run", "sender: a burst's records and buffers (_send_run)")
+    sw.wrap(fastpath, "pack_burst", "sender: headers (fastpath.pack_burst)")
     sw.wrap(Requester, "on_ack", "sender: ACK processing (on_ack)")
     sw.wrap(Requester, "get_timer", "sender: timers (get_timer)")
-    sw.wrap(sys.modules[__name__], "coalesce", "sender: GSO grouping (transport)")
+    sw.wrap(sys.modules[__name__], "sends", "sender: GSO sends of bursts (transport)")
     sw.wrap(EndpointCore, "receive_train", "receiver: receive_train (GRO trains, all of it)")
     sw.wrap(Responder, "on_data_train", "receiver: on_data_train (train kernel, SACK)")
     sw.wrap(Responder, "on_data", "receiver: on_data (parse, checks, placement, SACK)")
@@ -145,7 +147,7 @@ def core_model(size: int, security: str, burst: int, cc: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     while not a.idle:
         now += 1e-5
-        for train, seg, ev, count in _trains(a.datagrams_to_send(now), burst):
+        for train, seg, ev, count in _trains(a.bursts_to_send(now), burst):
             if seg:
                 rx.receive_train(memoryview(train), seg, ports_a[ev], now)
             else:
@@ -177,14 +179,11 @@ def core_model(size: int, security: str, burst: int, cc: str) -> dict[str, Any]:
     }
 
 
-def _trains(
-    datagrams: list[tuple[int, bytes, bytes | memoryview]], burst: int
-) -> list[tuple[bytes, int, int, int]]:
+def _trains(bursts: list[Burst], burst: int) -> list[tuple[bytes, int, int, int]]:
     """What the receiver gets: (bytes, GRO segment size or 0, EV, datagrams), one per GSO send
     when bursting, else one per datagram (bytes copied, as a socket would)."""
-    sends = coalesce(datagrams) if burst > 1 else one_by_one(datagrams)
     out = []
-    for ev, bufs, _cmsg, count in sends:
+    for ev, bufs, _cmsg, count in sends(bursts) if burst > 1 else singles(bursts):
         seg = len(bufs[0]) + len(bufs[1]) if count > 1 else 0
         out.append((b"".join(bytes(b) for b in bufs), seg, ev, count))
     return out
@@ -213,7 +212,7 @@ def receive_model(size: int, burst: int, cc: str) -> dict[str, float | None]:
     now = 1.0
     while not a.idle:
         now += 1e-5
-        trains = _trains(a.datagrams_to_send(now), burst)
+        trains = _trains(a.bursts_to_send(now), burst)
         recorded.append((now, trains))
         for train, seg, ev, _n in trains:
             core.receive_train(memoryview(train), seg, ports_a[ev], now)  # one or a train
