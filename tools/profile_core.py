@@ -6,7 +6,7 @@ Two parts, printed as JSON and a table (docs/PERFORMANCE.md quotes them):
 * **the core**: a sender QP and a receiver QP driven against each other in memory (no sockets,
   no event loop) for ``--size`` bytes. The stages of interest are timed by wrapping their
   methods with a clock, the wrapper's own cost measured and taken off. Stages are inclusive:
-  "sender: bursts_to_send" contains "EV choice", "records and buffers" and "headers";
+  "sender: bursts_to_send" contains "EV choice" and "headers";
   "receiver: on_data" contains "SACK bookkeeping"; protection is timed on its own. Every
   figure is per data packet (an ACK's cost is spread over the packets it acknowledges).
   With ``--burst K`` the sender's bursts reach the receiver as GRO trains of K datagrams
@@ -129,7 +129,6 @@ def core_model(size: int, security: str, burst: int, cc: str) -> dict[str, Any]:
         sw.wrap(Protection, "unseal", "protection: unseal (both sides)")
     sw.wrap(Requester, "bursts_to_send", "sender: bursts_to_send (all of it)")
     sw.wrap(EVSet, "next", "sender: EV choice (EVSet.next)")
-    sw.wrap(Requester, "_send_run", "sender: a burst's records and buffers (_send_run)")
     sw.wrap(fastpath, "pack_burst", "sender: headers (fastpath.pack_burst)")
     sw.wrap(Requester, "on_ack", "sender: ACK processing (on_ack)")
     sw.wrap(Requester, "get_timer", "sender: timers (get_timer)")

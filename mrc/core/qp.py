@@ -4,6 +4,8 @@ This is the object an I/O layer drives, in the manner of aioquic's QuicConnectio
 
     qp.receive_datagram(data, src_port, now)   # for each datagram addressed to this QP
     for ev, header, payload in qp.datagrams_to_send(now): send header + payload on EV ev
+    # or, a burst at a time (what the asyncio transport does, with UDP GSO):
+    for ev, buffers, count, seg in qp.bursts_to_send(now): send buffers on EV ev
     deadline = qp.get_timer(); ... qp.handle_timer(now) when it passes
     while (event := qp.next_event()) is not None: ...
 """

@@ -46,6 +46,7 @@ _RING_MASK = _RING - 1
 _BECN = wire.BTH_BECN << 24
 _HDR_LEN = wire.DATA_HDR_LEN
 _IMM_HDR_LEN = wire.DATA_IMM_HDR_LEN
+_PSN_MASK = wire.PSN_MASK
 #: bytes of one header arena (Requester._header_room): about 2300 headers
 _ARENA = 1 << 16
 _TRIM_CODES = (wire.NackCode.TRIMMED, wire.NackCode.TRIMMED_LASTHOP)
@@ -254,6 +255,19 @@ class Requester:
         if cc is not None and burst > 1:
             burst = self._burst_size(cc, burst)
         self.burst_now = burst
+        deadline = now + rto
+        seg = _HDR_LEN + payload  # the segment size of a burst of more than one
+        pack = fastpath.pack_burst
+        # not None: bursts_to_send builds nothing before connect(); no check per burst
+        qpn: int = self.remote_qpn
+        ipsn = self.initial_psn
+        ports = evs.ports
+        packets = evs.packets
+        ring = self._sent_ring
+        make = _Packet
+        deadlines = self._deadlines
+        push = heapq.heappush
+        sent_n = sent_bytes = 0
         while queue and len(outstanding) < limit and self._next_seq < span:
             if self._burst_left and usable[self._burst_ev]:
                 ev = self._burst_ev
@@ -284,7 +298,67 @@ class Requester:
             else:
                 self._offset = off + n * payload
             self._next_seq = seq + n
-            self._send_run(out, now, now + rto, wr, seq, off, n, last, ev)
+            # first transmission of packets seq..seq+n-1 of wr (from byte off) on ev: their
+            # records, one deadline entry, the headers in one call, the counters; one burst
+            # in out (two if a longer WRITE_IMM header ends it: only the last datagram of a
+            # GSO send may differ in size, and only to be shorter)
+            full = n - 1  # packets of payload bytes before the last one
+            o = off + full * payload
+            last_len = payload if o + payload <= total else total - o
+            imm = wr.imm if last and wr.imm is not None else -1
+            final = _IMM_HDR_LEN if imm >= 0 else _HDR_LEN
+            h = self._hpos
+            if h + full * _HDR_LEN + final > len(self._hbuf):
+                h = self._header_room(full * _HDR_LEN + final)[1]
+            h0 = h
+            h_end = pack(
+                self._hbuf,
+                h,
+                qpn,
+                (ipsn + seq) & _PSN_MASK,
+                wr.remote_addr + off,
+                wr.rkey,
+                payload,
+                n,
+                last_len,
+                last,
+                imm,
+            )
+            self._hpos = h_end
+            hv = self._hview
+            view = wr.view
+            port = ports[ev]
+            bufs: list[bytes | memoryview] = []
+            if full:
+                add = bufs.append
+                o = off
+                for s in range(seq, seq + full):
+                    outstanding[s] = make(wr, o, payload, False, ev, now, deadline)
+                    ring[s & _RING_MASK] = (s << 16) | port
+                    add(hv[h : h + _HDR_LEN])
+                    add(view[o : o + payload])
+                    h += _HDR_LEN
+                    o += payload
+            s = seq + full
+            outstanding[s] = make(wr, o, last_len, last, ev, now, deadline)
+            ring[s & _RING_MASK] = (s << 16) | port
+            bufs.append(hv[h:h_end])
+            bufs.append(view[o : o + last_len])
+            push(deadlines, (deadline, seq, n))
+            packets[ev] += n  # EVSet.count_sent, once per burst
+            sent_n += n
+            sent_bytes += full * payload + last_len
+            if not full:
+                out.append((ev, bufs, 1, h_end - h0 + last_len))
+            elif final + last_len > seg:
+                out.append((ev, bufs[:-2], full, seg))
+                out.append((ev, bufs[-2:], 1, final + last_len))
+            else:
+                out.append((ev, bufs, n, seg))
+        if sent_n:
+            stats.packets_sent += sent_n
+            stats.data_packets_sent += sent_n
+            stats.bytes_sent += sent_bytes
         if len(out) > sent_before:
             if cc is not None:
                 # the window is full (or the queue empty): ask for an ACK of this burst's last
@@ -295,81 +369,6 @@ class Requester:
                 hdr = out[-1][1][-2]
                 hdr[8] |= wire.BTH_ACKREQ  # type: ignore[index]
             self._arm_tlp(now)
-
-    def _send_run(
-        self,
-        out: list[Burst],
-        now: float,
-        deadline: float,
-        wr: _WorkRequest,
-        seq: int,
-        off: int,
-        n: int,
-        last: bool,
-        ev: int,
-    ) -> None:
-        """First transmission of packets ``seq``..``seq + n - 1`` of ``wr`` (from byte
-        ``off``) on ``ev``: their records, one deadline entry, headers, counters; appended
-        to ``out`` as one burst (two if a longer WRITE_IMM header ends it: only the last
-        datagram of a GSO send may differ in size, and only to be shorter)."""
-        payload = self.config.payload_size
-        total = len(wr.view)
-        end_off = off + n * payload
-        last_len = payload if end_off <= total else total - (end_off - payload)
-        imm = wr.imm if last and wr.imm is not None else -1
-        final = _IMM_HDR_LEN if imm >= 0 else _HDR_LEN
-        hbuf, h0 = self._header_room((n - 1) * _HDR_LEN + final)
-        h_end = fastpath.pack_burst(
-            hbuf,
-            h0,
-            # not None: bursts_to_send builds nothing before connect(); no check per burst
-            self.remote_qpn,  # type: ignore[arg-type]
-            (self.initial_psn + seq) & wire.PSN_MASK,
-            wr.remote_addr + off,
-            wr.rkey,
-            payload,
-            n,
-            last_len,
-            last,
-            imm,
-        )
-        self._hpos = h_end
-        hv = self._hview
-        view = wr.view
-        outstanding = self._outstanding
-        ring = self._sent_ring
-        port = self.evs.ports[ev]
-        make = _Packet
-        bufs: list[bytes | memoryview] = []
-        add = bufs.append
-        h = h0
-        o = off
-        for s in range(seq, seq + n - 1):
-            outstanding[s] = make(wr, o, payload, False, ev, now, deadline)
-            ring[s & _RING_MASK] = (s << 16) | port
-            add(hv[h : h + _HDR_LEN])
-            add(view[o : o + payload])
-            h += _HDR_LEN
-            o += payload
-        s = seq + n - 1
-        outstanding[s] = make(wr, o, last_len, last, ev, now, deadline)
-        ring[s & _RING_MASK] = (s << 16) | port
-        add(hv[h:h_end])
-        add(view[o : o + last_len])
-        heapq.heappush(self._deadlines, (deadline, seq, n))
-        self.evs.packets[ev] += n  # EVSet.count_sent, once per burst
-        stats = self.stats
-        stats.packets_sent += n
-        stats.data_packets_sent += n
-        stats.bytes_sent += (n - 1) * payload + last_len
-        seg = _HDR_LEN + payload
-        if n == 1:
-            out.append((ev, bufs, 1, final + last_len))
-        elif final + last_len > seg:
-            out.append((ev, bufs[:-2], n - 1, seg))
-            out.append((ev, bufs[-2:], 1, final + last_len))
-        else:
-            out.append((ev, bufs, n, seg))
 
     def _header_room(self, nbytes: int) -> tuple[bytearray, int]:
         """Where the next ``nbytes`` of headers go: the header arena at its fill mark, or a
