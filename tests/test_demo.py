@@ -27,9 +27,7 @@ def test_demo_transfers_over_two_planes_and_verifies() -> None:
     assert "-> MATCH" in out
     m = re.search(r"spraying\s+(\d+) of (\d+) EVs carried traffic", out)
     assert m and m.group(1) == m.group(2) == "128", out
-    planes = re.findall(
-        r"plane (\d)\s+(\d+) packets from our counters, (\d+) bytes received", out
-    )
+    planes = re.findall(r"plane (\d)\s+(\d+) packets from our counters, (\d+) bytes received", out)
     assert [p for p, _, _ in planes] == ["0", "1"], out
     for _, ours, kernel in planes:
         # the kernel saw at least the payload of what we sent on each plane (8 KiB packets;
