@@ -1,4 +1,7 @@
-/* mrc._native: the receive kernel of mrc/core/fastpath.py, in C.
+/* mrc._native: the batch kernels of mrc/core/fastpath.py, in C.
+ *
+ * pack_burst() writes the headers of a burst of data packets (fastpath.py_pack_burst is the
+ * reference; tests/core/test_pack_burst.py checks both against wire.pack_data).
  *
  * place_train() walks a GRO train, and for every segment that is a plain WRITE ONLY the
  * responder expects (this QP, this rkey, untrimmed, unprotected, full length, in bounds, new,
@@ -17,6 +20,10 @@
 
 #define HDR_LEN 28 /* BTH (12) + RETH (16) */
 #define OP_WRITE 0x0A
+#define OP_WRITE_IMM 0x0B
+#define IMM_HDR_LEN 32
+#define PKEY 0xFFFF
+#define QPN_MASK 0xFFFFFFu
 #define TVER 0
 #define PSN_MASK 0xFFFFFFu
 #define HALF (1u << 23)
@@ -193,14 +200,123 @@ done:
     return result;
 }
 
+static void put32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+static void put_hdr(unsigned char *h, unsigned char op, uint32_t qpn, uint32_t psnw, uint64_t va,
+                    uint32_t rkey, uint32_t length)
+{
+    h[0] = op;
+    h[1] = TVER;
+    h[2] = (unsigned char)(PKEY >> 8);
+    h[3] = (unsigned char)PKEY;
+    put32(h + 4, qpn);
+    put32(h + 8, psnw);
+    put32(h + 12, (uint32_t)(va >> 32));
+    put32(h + 16, (uint32_t)va);
+    put32(h + 20, rkey);
+    put32(h + 24, length);
+}
+
+/* A Python int in [lo, hi] as a long long, or -1 with ValueError set (any int, however big,
+ * is answered with ValueError, as py_pack_burst does). */
+static int in_range(PyObject *o, long long lo, long long hi, long long *out)
+{
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || v < lo || v > hi) {
+        PyErr_SetString(PyExc_ValueError, "a header field is out of range");
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static PyObject *pack_burst(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "pack_burst takes 11 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    long long off, qpn, psn, rkey, size, count, last_size, imm;
+    const long long u32 = 0xFFFFFFFFll;
+    if (in_range(args[7], LLONG_MIN, LLONG_MAX, &count) < 0)
+        return NULL;
+    if (count < 1) {
+        PyErr_SetString(PyExc_ValueError, "a burst has at least one packet");
+        return NULL;
+    }
+    if (in_range(args[2], 0, QPN_MASK, &qpn) < 0 || in_range(args[3], 0, PSN_MASK, &psn) < 0 ||
+        in_range(args[5], 0, u32, &rkey) < 0 || in_range(args[6], 0, u32, &size) < 0 ||
+        in_range(args[8], 0, u32, &last_size) < 0 || in_range(args[10], -1, u32, &imm) < 0)
+        return NULL;
+    unsigned long long va = PyLong_AsUnsignedLongLong(args[4]);
+    if (va == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "a header field is out of range");
+        return NULL;
+    }
+    /* the last packet's va, va + (count - 1) * size, must fit 64 bits (as struct's Q) */
+    if (size > 0 && (unsigned long long)(count - 1) > (UINT64_MAX - va) / (unsigned long long)size) {
+        PyErr_SetString(PyExc_ValueError, "a header field is out of range");
+        return NULL;
+    }
+    if (in_range(args[1], LLONG_MIN, LLONG_MAX, &off) < 0)
+        return NULL;
+    int last = PyObject_IsTrue(args[9]);
+    if (last < 0)
+        return NULL;
+    Py_buffer bb;
+    if (PyObject_GetBuffer(args[0], &bb, PyBUF_WRITABLE) < 0)
+        return NULL;
+    long long final_len = imm < 0 ? HDR_LEN : IMM_HDR_LEN;
+    /* off + (count - 1) * HDR_LEN + final_len <= len, without overflowing */
+    if (off < 0 || off > (long long)bb.len || (long long)bb.len - off < final_len ||
+        count - 1 > ((long long)bb.len - off - final_len) / HDR_LEN) {
+        PyBuffer_Release(&bb);
+        PyErr_SetString(PyExc_ValueError, "the headers do not fit the buffer");
+        return NULL;
+    }
+    unsigned char *h = (unsigned char *)bb.buf + off;
+    uint32_t p = (uint32_t)psn;
+    for (long long i = 0; i < count - 1; i++) {
+        put_hdr(h, OP_WRITE, (uint32_t)qpn, p, va, (uint32_t)rkey, (uint32_t)size);
+        p = (p + 1) & PSN_MASK;
+        va += (unsigned long long)size;
+        h += HDR_LEN;
+    }
+    uint32_t psnw = p | (last ? ((uint32_t)BTH_ACKREQ << 24) : 0);
+    if (imm < 0) {
+        put_hdr(h, OP_WRITE, (uint32_t)qpn, psnw, va, (uint32_t)rkey, (uint32_t)last_size);
+    } else {
+        put_hdr(h, OP_WRITE_IMM, (uint32_t)qpn, psnw, va, (uint32_t)rkey, (uint32_t)last_size);
+        put32(h + HDR_LEN, (uint32_t)imm);
+    }
+    long long end = off + (count - 1) * HDR_LEN + final_len;
+    PyBuffer_Release(&bb);
+    return PyLong_FromLongLong(end);
+}
+
 static PyMethodDef methods[] = {
     {"place_train", (PyCFunction)(void (*)(void))place_train, METH_FASTCALL,
      "Place the common-case segments of a GRO train (see mrc/core/fastpath.py)."},
+    {"pack_burst", (PyCFunction)(void (*)(void))pack_burst, METH_FASTCALL,
+     "Write the headers of a burst of data packets (see mrc/core/fastpath.py)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "mrc._native", "The native receive kernel of mrc.core.fastpath.",
+    PyModuleDef_HEAD_INIT, "mrc._native", "The native batch kernels of mrc.core.fastpath.",
     0, methods, NULL, NULL, NULL, NULL,
 };
 

@@ -1,4 +1,4 @@
-"""Type stub of the C receive kernel (mrc/_native.c); semantics in mrc/core/fastpath.py."""
+"""Type stub of the C batch kernels (mrc/_native.c); semantics in mrc/core/fastpath.py."""
 
 from array import array
 
@@ -19,3 +19,17 @@ def place_train(
     marks: bytearray,
     /,
 ) -> tuple[int, int, int]: ...
+def pack_burst(
+    buf: bytearray | memoryview,
+    off: int,
+    qpn: int,
+    psn: int,
+    va: int,
+    rkey: int,
+    size: int,
+    count: int,
+    last_size: int,
+    last: bool,
+    imm: int,
+    /,
+) -> int: ...

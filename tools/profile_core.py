@@ -6,9 +6,9 @@ Two parts, printed as JSON and a table (docs/PERFORMANCE.md quotes them):
 * **the core**: a sender QP and a receiver QP driven against each other in memory (no sockets,
   no event loop) for ``--size`` bytes. The stages of interest are timed by wrapping their
   methods with a clock, the wrapper's own cost measured and taken off. Stages are inclusive:
-  "sender: datagrams_to_send" contains "EV choice" and "packet build"; "receiver: on_data"
-  contains "SACK bookkeeping"; protection is timed on its own. Every figure is per data packet
-  (an ACK's cost is spread over the packets it acknowledges).
+  "sender: bursts_to_send" contains "EV choice" and "headers";
+  "receiver: on_data" contains "SACK bookkeeping"; protection is timed on its own. Every
+  figure is per data packet (an ACK's cost is spread over the packets it acknowledges).
   With ``--burst K`` the sender's bursts reach the receiver as GRO trains of K datagrams
   (``EndpointCore.receive_train``), as the transport delivers them.
 * **the receive path**: the datagrams one sender run produced, recorded, then fed to fresh
@@ -20,7 +20,12 @@ Two parts, printed as JSON and a table (docs/PERFORMANCE.md quotes them):
   one ``recv_into`` per datagram, and GSO sends / GRO receives of 7 at a time.
 
 Run with the venv's python: ``.venv/bin/python tools/profile_core.py [--size 128M]
-[--security integrity] [--burst 8] [--json]``. No root needed.
+[--security integrity] [--burst 8] [--cc fixed] [--json]``. No root needed.
+
+With the default ``--cc nscc``, ``--burst`` is a maximum that NSCC sizes from the delivery rate
+it measures; in memory every ACK arrives at once, no rate is ever measured, and every burst is
+one packet. ``--cc fixed`` sends bursts of exactly ``--burst`` packets (the figure
+``core.mean_burst`` says which case a run measured).
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ from typing import Any
 
 from mrc.cli.common import emit_json
 from mrc.core import EndpointCore, QPConfig, QueuePair, fastpath
+from mrc.core.events import Burst
 from mrc.core.evset import EVSet
 from mrc.core.memory import Access, ProtectionDomain
 from mrc.core.requester import Requester
 from mrc.core.responder import Responder
-from mrc.transport.gso import coalesce, one_by_one
+from mrc.transport.gso import sends, singles
 from mrc.units import parse_size
 
 PAYLOAD = 8192
@@ -97,8 +103,8 @@ class Stopwatch:
         }
 
 
-def core_model(size: int, security: str, burst: int) -> dict[str, Any]:
-    cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=512, burst=burst)
+def core_model(size: int, security: str, burst: int, cc: str) -> dict[str, Any]:
+    cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=512, burst=burst, cc=cc)
     pd = ProtectionDomain()
     region = bytearray(size)
     mr = pd.register(region, Access.REMOTE_WRITE, "r")
@@ -121,11 +127,12 @@ def core_model(size: int, security: str, burst: int) -> dict[str, Any]:
         b.protect(Protection(k2, k1, mode))
         sw.wrap(Protection, "seal", "protection: seal (both sides)")
         sw.wrap(Protection, "unseal", "protection: unseal (both sides)")
-    sw.wrap(Requester, "datagrams_to_send", "sender: datagrams_to_send")
+    sw.wrap(Requester, "bursts_to_send", "sender: bursts_to_send (all of it)")
     sw.wrap(EVSet, "next", "sender: EV choice (EVSet.next)")
-    sw.wrap(Requester, "_build", "sender: packet build (_build)")
+    sw.wrap(fastpath, "pack_burst", "sender: headers (fastpath.pack_burst)")
     sw.wrap(Requester, "on_ack", "sender: ACK processing (on_ack)")
     sw.wrap(Requester, "get_timer", "sender: timers (get_timer)")
+    sw.wrap(sys.modules[__name__], "sends", "sender: GSO sends of bursts (transport)")
     sw.wrap(EndpointCore, "receive_train", "receiver: receive_train (GRO trains, all of it)")
     sw.wrap(Responder, "on_data_train", "receiver: on_data_train (train kernel, SACK)")
     sw.wrap(Responder, "on_data", "receiver: on_data (parse, checks, placement, SACK)")
@@ -139,7 +146,7 @@ def core_model(size: int, security: str, burst: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     while not a.idle:
         now += 1e-5
-        for train, seg, ev, count in _trains(a.datagrams_to_send(now), burst):
+        for train, seg, ev, count in _trains(a.bursts_to_send(now), burst):
             if seg:
                 rx.receive_train(memoryview(train), seg, ports_a[ev], now)
             else:
@@ -164,29 +171,27 @@ def core_model(size: int, security: str, burst: int) -> dict[str, Any]:
     return {
         "packets": packets,
         "wall_us_per_packet": round(wall / packets * 1e6, 3),
+        "mean_burst": round(a.stats.data_packets_sent / max(a.stats.bursts, 1), 2),
         "note": "wall includes one copy of every datagram by this harness (header + payload)",
         "stages_us_per_packet": stages,
         "wrapper_overhead_ns": round(sw.overhead),
     }
 
 
-def _trains(
-    datagrams: list[tuple[int, bytes, bytes | memoryview]], burst: int
-) -> list[tuple[bytes, int, int, int]]:
+def _trains(bursts: list[Burst], burst: int) -> list[tuple[bytes, int, int, int]]:
     """What the receiver gets: (bytes, GRO segment size or 0, EV, datagrams), one per GSO send
     when bursting, else one per datagram (bytes copied, as a socket would)."""
-    sends = coalesce(datagrams) if burst > 1 else one_by_one(datagrams)
     out = []
-    for ev, bufs, _cmsg, count in sends:
+    for ev, bufs, _cmsg, count in sends(bursts) if burst > 1 else singles(bursts):
         seg = len(bufs[0]) + len(bufs[1]) if count > 1 else 0
         out.append((b"".join(bytes(b) for b in bufs), seg, ev, count))
     return out
 
 
-def receive_model(size: int, burst: int) -> dict[str, float | None]:
+def receive_model(size: int, burst: int, cc: str) -> dict[str, float | None]:
     """Microseconds per data packet of the whole receive path (routing, checks, placement,
     SACK bookkeeping, ACK build), for the same recorded datagrams taken three ways."""
-    cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=512, burst=burst)
+    cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=512, burst=burst, cc=cc)
     pd = ProtectionDomain()
     mr = pd.register(bytearray(size), Access.REMOTE_WRITE, "r")
     ports_a, ports_b = list(range(40000, 40000 + EVS)), list(range(50000, 50000 + EVS))
@@ -206,7 +211,7 @@ def receive_model(size: int, burst: int) -> dict[str, float | None]:
     now = 1.0
     while not a.idle:
         now += 1e-5
-        trains = _trains(a.datagrams_to_send(now), burst)
+        trains = _trains(a.bursts_to_send(now), burst)
         recorded.append((now, trains))
         for train, seg, ev, _n in trains:
             core.receive_train(memoryview(train), seg, ports_a[ev], now)  # one or a train
@@ -315,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", type=parse_size, default=128 << 20, help="bytes (default 128M)")
     p.add_argument("--security", choices=["none", "integrity", "encrypt"], default="none")
     p.add_argument("--burst", type=int, default=1, help="QPConfig.burst (default 1)")
+    p.add_argument(
+        "--cc",
+        choices=["nscc", "fixed"],
+        default="nscc",
+        help="QPConfig.cc (default nscc; fixed: bursts of exactly --burst packets)",
+    )
     p.add_argument("--json", action="store_true", help="JSON only")
     a = p.parse_args(argv)
     if not 1 <= a.burst <= 64:
@@ -326,10 +337,11 @@ def main(argv: list[str] | None = None) -> int:
             "evs": EVS,
             "security": a.security,
             "burst": a.burst,
+            "cc": a.cc,
             "rx_kernel": fastpath.describe(),
         },
-        "core": core_model(a.size, a.security, a.burst),
-        "receive_us_per_packet": receive_model(a.size, a.burst),
+        "core": core_model(a.size, a.security, a.burst, a.cc),
+        "receive_us_per_packet": receive_model(a.size, a.burst, a.cc),
         "kernel_loopback_us_per_datagram": kernel_model(PAYLOAD + 28),
     }
     emit_json(out, indent=2)
@@ -346,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{'core loop, both sides (wall)':<{width}}  {out['core']['wall_us_per_packet']:9.3f}",
             file=sys.stderr,
         )
+        mean = out["core"]["mean_burst"]
+        print(f"{'mean burst (packets)':<{width}}  {mean:9.2f}", file=sys.stderr)
     return 0
 
 

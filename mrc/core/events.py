@@ -9,6 +9,21 @@ from enum import Enum, IntEnum
 # A datagram to send: (EV index, header bytes, payload). The payload is a slice of the posted
 # buffer for data packets (sent without copying), empty for ACKs and probes.
 Datagram = tuple[int, bytes, memoryview | bytes]
+# A burst to send: (EV index, buffers, datagrams, segment size). The buffers are header,
+# payload, header, payload... of ``datagrams`` datagrams on that EV, each ``segment size``
+# bytes long except the last, which may be shorter: what one UDP GSO send carries (the
+# transport cuts it to the kernel's limits, mrc/transport/gso.py). Headers may be views of a
+# buffer the core never writes again once it has handed them out.
+Burst = tuple[int, list[bytes | memoryview], int, int]
+
+
+def datagrams_of(bursts: list[Burst]) -> list[Datagram]:
+    """The datagrams of ``bursts``, one by one, in order (headers as bytes)."""
+    return [
+        (ev, bytes(bufs[i]), bufs[i + 1])
+        for ev, bufs, count, _seg in bursts
+        for i in range(0, 2 * count, 2)
+    ]
 
 
 @dataclass(frozen=True, slots=True)

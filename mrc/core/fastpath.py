@@ -1,4 +1,8 @@
-"""The common case of a GRO train, placed in one call: native (``mrc._native``) or Python.
+"""The two batch kernels of the data path, each native (``mrc._native``) or Python.
+
+* :func:`place_train` (receiver): the common case of a GRO train, placed in one call.
+* :func:`pack_burst` (sender): the headers of a burst of data packets, written in one call
+  (see its docstring below).
 
 A receiver spends most of its time on plain data packets that are exactly what it expects:
 an untrimmed, unprotected RDMA WRITE ONLY to this QP, under the rkey of the region being
@@ -39,6 +43,7 @@ from __future__ import annotations
 import os
 from array import array
 from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from mrc import wire
@@ -48,7 +53,14 @@ MARK_ACKREQ = 2
 
 _HDR = wire.DATA_HDR
 _HDR_LEN = wire.DATA_HDR_LEN
+_IMM_HDR = wire.DATA_IMM_HDR
 _OP_WRITE = int(wire.Opcode.RDMA_WRITE_ONLY)
+_OP_WRITE_IMM = int(wire.Opcode.RDMA_WRITE_ONLY_IMM)
+_PKEY = wire.DEFAULT_PKEY
+_FLAGS1 = wire.MRC_TVER & 0x0F
+_ACKREQ = wire.BTH_ACKREQ << 24
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
 _PSN_MASK = wire.PSN_MASK
 _HALF = 1 << 23
 # BTH byte 4 marks that take a segment off the common path: trimmed (and last hop)
@@ -74,6 +86,9 @@ if TYPE_CHECKING:  # array is generic only for type checkers before Python 3.12
             bytearray,
         ],
         tuple[int, int, int],
+    ]
+    PackBurst = Callable[
+        [bytearray | memoryview, int, int, int, int, int, int, int, int, bool, int], int
     ]
 
 
@@ -145,28 +160,92 @@ def py_place_train(
     return min(o, n), placed, nbytes
 
 
-def _native() -> PlaceTrain | None:
+def py_pack_burst(
+    buf: bytearray | memoryview,
+    off: int,
+    qpn: int,
+    psn: int,
+    va: int,
+    rkey: int,
+    size: int,
+    count: int,
+    last_size: int,
+    last: bool,
+    imm: int,
+) -> int:
+    """Write the headers of ``count`` consecutive data packets back to back into ``buf`` from
+    byte ``off``; return the offset just past them. ``mrc._native.pack_burst`` mirrors it.
+
+    Packet ``i`` is an RDMA WRITE ONLY of PSN ``(psn + i) mod 2^24`` at ``va + i * size`` under
+    ``rkey``, ``size`` bytes long, except the last: ``last_size`` bytes, AckReq set when
+    ``last`` (the end of a work request) and, when ``imm`` is not -1, a WRITE ONLY with
+    immediate ``imm`` (32 header bytes instead of 28). Byte for byte what ``wire.pack_data``
+    gives for each packet, in one call per burst instead of one per packet: a burst's headers
+    differ only in those fields. A value out of range raises ValueError and writes nothing.
+    """
+    if count < 1:
+        raise ValueError("a burst has at least one packet")
+    if not (
+        0 <= qpn <= wire.QPN_MASK
+        and 0 <= psn <= _PSN_MASK
+        and 0 <= rkey <= _U32
+        and 0 <= size <= _U32
+        and 0 <= last_size <= _U32
+        and -1 <= imm <= _U32
+        and va >= 0
+        and va + (count - 1) * size <= _U64
+    ):
+        raise ValueError("a header field is out of range")
+    end = off + (count - 1) * _HDR_LEN + (_HDR_LEN if imm < 0 else wire.DATA_IMM_HDR_LEN)
+    if off < 0 or end > len(buf):
+        raise ValueError("the headers do not fit the buffer")
+    pack = _HDR.pack_into
+    o = off
+    for i in range(count - 1):
+        pack(buf, o, _OP_WRITE, _FLAGS1, _PKEY, qpn, (psn + i) & _PSN_MASK, va, rkey, size)
+        va += size
+        o += _HDR_LEN
+    psnw = ((psn + count - 1) & _PSN_MASK) | (_ACKREQ if last else 0)
+    if imm < 0:
+        pack(buf, o, _OP_WRITE, _FLAGS1, _PKEY, qpn, psnw, va, rkey, last_size)
+    else:
+        _IMM_HDR.pack_into(
+            buf, o, _OP_WRITE_IMM, _FLAGS1, _PKEY, qpn, psnw, va, rkey, last_size, imm
+        )
+    return end
+
+
+def _native() -> ModuleType | None:
     if os.environ.get("MRC_NATIVE", "1").strip() == "0":
         return None
     try:
         from mrc import _native as native
     except ImportError:
         return None
-    fn: PlaceTrain = native.place_train
-    return fn
+    return native
 
 
-#: the C kernel, or None where it was not built (or MRC_NATIVE=0)
-native_place_train: PlaceTrain | None = _native()
-#: True when :data:`place_train` is the C kernel
-NATIVE = native_place_train is not None
+_module = _native()
+#: the C kernels, or None where they were not built (or MRC_NATIVE=0); getattr: an extension
+#: built from an older mrc/_native.c (before pack_burst) still serves place_train
+native_place_train: PlaceTrain | None = getattr(_module, "place_train", None)
+native_pack_burst: PackBurst | None = getattr(_module, "pack_burst", None)
+#: True when :data:`place_train` and :data:`pack_burst` are the C kernels
+NATIVE = native_place_train is not None and native_pack_burst is not None
 #: what the responder calls for every train (tests may swap it)
 place_train: PlaceTrain = native_place_train or py_place_train
+#: what the requester calls for every burst (tests may swap it)
+pack_burst: PackBurst = native_pack_burst or py_pack_burst
 
 
 def describe() -> str:
-    """Which receive path is in use, for logs and ``-v`` output."""
+    """Which batch kernels are in use, for logs and ``-v`` output."""
     if NATIVE:
         return "native (mrc._native)"
-    reason = "MRC_NATIVE=0" if os.environ.get("MRC_NATIVE", "1").strip() == "0" else "not built"
+    if os.environ.get("MRC_NATIVE", "1").strip() == "0":
+        reason = "MRC_NATIVE=0"
+    elif _module is None:
+        reason = "not built"
+    else:
+        reason = "mrc._native is stale: rebuild it with tools/setup.sh"
     return f"python ({reason})"

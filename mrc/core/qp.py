@@ -4,6 +4,8 @@ This is the object an I/O layer drives, in the manner of aioquic's QuicConnectio
 
     qp.receive_datagram(data, src_port, now)   # for each datagram addressed to this QP
     for ev, header, payload in qp.datagrams_to_send(now): send header + payload on EV ev
+    # or, a burst at a time (what the asyncio transport does, with UDP GSO):
+    for ev, buffers, count, seg in qp.bursts_to_send(now): send buffers on EV ev
     deadline = qp.get_timer(); ... qp.handle_timer(now) when it passes
     while (event := qp.next_event()) is not None: ...
 """
@@ -18,7 +20,7 @@ from typing import Protocol
 
 from mrc import wire
 from mrc.core.config import QPConfig
-from mrc.core.events import Datagram, Event, EVReason, ProbeReplied
+from mrc.core.events import Burst, Datagram, Event, EVReason, ProbeReplied, datagrams_of
 from mrc.core.evset import EVSet
 from mrc.core.memory import ProtectionDomain
 from mrc.core.requester import Requester
@@ -269,7 +271,13 @@ class QueuePair:
         self._control.append((self.evs.next(), pkt, b""))
 
     def datagrams_to_send(self, now: float) -> list[Datagram]:
-        out: list[Datagram] = []
+        """What :meth:`bursts_to_send` sends, datagram by datagram (the simulator, tests)."""
+        return datagrams_of(self.bursts_to_send(now))
+
+    def bursts_to_send(self, now: float) -> list[Burst]:
+        """Everything to send now: probes, ACKs and probe replies (a burst of one each), then
+        data in bursts (``Requester.bursts_to_send``); sealed when protected."""
+        control: list[Datagram] = []
         if self.config.ev_health and self.remote_qpn is not None and not self.failed:
             for ev in self.evs.probes_due(now):
                 self.send_probe(ev, now)
@@ -280,17 +288,32 @@ class QueuePair:
                 self._announced_ports = state
                 self.responder.announce()
         if self._control:
-            out.extend(self._control)
+            control.extend(self._control)
             self._control.clear()
-        self.responder.datagrams_to_send(now, out)
-        self.requester.datagrams_to_send(now, out)
+        self.responder.datagrams_to_send(now, control)
+        out: list[Burst] = [
+            (ev, [hdr, payload], 1, len(hdr) + len(payload)) for ev, hdr, payload in control
+        ]
+        self.requester.bursts_to_send(now, out)
         if self.protection is not None and out:
-            seal = self.protection.seal
-            out = [
-                (ev, *seal(hdr, payload, hdr[0] in (_OP_WRITE, _OP_WRITE_IMM)))
-                for ev, hdr, payload in out
-            ]
+            out = [sealed for burst in out for sealed in self._seal(burst)]
         return out
+
+    def _seal(self, burst: Burst) -> list[Burst]:
+        """The protected form of a burst: one burst if its sealed datagrams still make one
+        (sealing adds the same bytes to each), else one per datagram."""
+        assert self.protection is not None
+        seal = self.protection.seal
+        ev, bufs, count, _seg = burst
+        bufs = [
+            part
+            for i in range(0, 2 * count, 2)
+            for part in seal(bytes(bufs[i]), bufs[i + 1], bufs[i][0] in (_OP_WRITE, _OP_WRITE_IMM))
+        ]
+        sizes = [len(bufs[i]) + len(bufs[i + 1]) for i in range(0, 2 * count, 2)]
+        if count == 1 or max(sizes[:-1]) == min(sizes[:-1]) >= sizes[-1]:
+            return [(ev, bufs, count, sizes[0])]
+        return [(ev, bufs[i : i + 2], 1, sizes[i // 2]) for i in range(0, 2 * count, 2)]
 
     def get_timer(self) -> float | None:
         probe = None

@@ -17,9 +17,18 @@ from dataclasses import dataclass
 from itertools import chain
 
 from mrc import wire
+from mrc.core import fastpath
 from mrc.core.cc import NsccWindow
 from mrc.core.config import GSO_MAX_BYTES, QPConfig
-from mrc.core.events import Datagram, Event, EVReason, QPFailed, WriteCompleted
+from mrc.core.events import (
+    Burst,
+    Datagram,
+    Event,
+    EVReason,
+    QPFailed,
+    WriteCompleted,
+    datagrams_of,
+)
 from mrc.core.evset import EVSet
 from mrc.core.psn import to_psn, to_seq
 from mrc.core.recovery import LossDetector
@@ -35,6 +44,11 @@ _NEG_INF = float("-inf")
 _RING = 1 << 12
 _RING_MASK = _RING - 1
 _BECN = wire.BTH_BECN << 24
+_HDR_LEN = wire.DATA_HDR_LEN
+_IMM_HDR_LEN = wire.DATA_IMM_HDR_LEN
+_PSN_MASK = wire.PSN_MASK
+#: bytes of one header arena (Requester._header_room): about 2300 headers
+_ARENA = 1 << 16
 _TRIM_CODES = (wire.NackCode.TRIMMED, wire.NackCode.TRIMMED_LASTHOP)
 
 
@@ -63,14 +77,23 @@ class _Packet:
         "retransmitted",
     )
 
-    def __init__(self, wr: _WorkRequest, offset: int, length: int, last: bool) -> None:
+    def __init__(
+        self,
+        wr: _WorkRequest,
+        offset: int,
+        length: int,
+        last: bool,
+        ev: int,
+        sent_at: float,
+        deadline: float,
+    ) -> None:
         self.wr = wr
         self.offset = offset
         self.length = length
         self.last = last
-        self.ev = -1
-        self.sent_at = 0.0
-        self.deadline = _INF
+        self.ev = ev
+        self.sent_at = sent_at
+        self.deadline = deadline
         self.timeouts = 0
         self.nacks = 0
         self.nacked = False  # a NACK of its latest transmission was acted on
@@ -103,7 +126,9 @@ class Requester:
         self._next_seq = 0
         self._snd_una = 0
         self._outstanding: dict[int, _Packet] = {}
-        self._deadlines: list[tuple[float, int]] = []  # heap of (deadline, seq), lazy deletion
+        # heap of (deadline, seq, n): packets seq..seq+n-1 (a burst, or one resent packet) were
+        # given that deadline; lazy deletion (an entry is live while any of them still has it)
+        self._deadlines: list[tuple[float, int, int]] = []
         self._retransmit: deque[int] = deque()
         self.recovery = LossDetector(config.reorder_min, config.reorder_srtt_fraction)
         self.losses_unblamed = 0  # SACK-detected losses not held against their EV
@@ -121,6 +146,11 @@ class Requester:
         self.burst_now = 1  # packets per burst of the latest send (config.burst_max at most)
         # packets one GSO send carries (the transport cuts longer bursts into such sends)
         self._per_send = max(1, GSO_MAX_BYTES // (config.payload_size + wire.DATA_IMM_HDR_LEN))
+        # the header arena: headers are written here, a burst at a time, and handed out as
+        # views; a full arena is replaced, never rewritten (_header_room)
+        self._hbuf = bytearray(_ARENA)
+        self._hview = memoryview(self._hbuf)
+        self._hpos = 0
         # congestion control: None = the fixed window of max_outstanding packets, as always.
         # With NSCC, packets known to be out of the network (queued in _retransmit after a
         # NACK, a loss or a timeout) do not count as in flight: _waiting counts them
@@ -172,6 +202,20 @@ class Requester:
     # ---- output ------------------------------------------------------------------------
 
     def datagrams_to_send(self, now: float, out: list[Datagram]) -> None:
+        """What :meth:`bursts_to_send` sends, datagram by datagram (simulator, tests)."""
+        bursts: list[Burst] = []
+        self.bursts_to_send(now, bursts)
+        out.extend(datagrams_of(bursts))
+
+    def bursts_to_send(self, now: float, out: list[Burst]) -> None:
+        """Append what may go out now: retransmissions first, one burst each, then new data
+        in bursts (consecutive packets of one work request on one EV), as the window allows.
+
+        Each packet keeps its own record (loss detection, SACK, NACK, retransmission and EV
+        health are per packet); what a burst's packets share is done once per burst: the
+        headers (one ``fastpath.pack_burst`` call into the header arena), the deadline heap
+        entry, the counters.
+        """
         if self.failed or self.remote_qpn is None:
             return
         if now >= self.evs.pen_next:
@@ -179,6 +223,7 @@ class Requester:
         rto = self.rtt.rto
         outstanding = self._outstanding
         retransmit = self._retransmit
+        stats = self.stats
         sent_before = len(out)
         cc = self.cc
         # NSCC: packets in the network (len(outstanding) - _waiting) stay below the window,
@@ -199,9 +244,9 @@ class Requester:
             pkt.nacked = False  # a new transmission: it may be NACKed once more
             pkt.sent_at = now
             pkt.deadline = deadline = now + self.rtt.backed_off(pkt.timeouts)
-            heapq.heappush(self._deadlines, (deadline, seq))
+            heapq.heappush(self._deadlines, (deadline, seq, 1))
             out.append(self._build(seq, pkt))
-            self.stats.retransmits += 1
+            stats.retransmits += 1
         limit = self.config.max_outstanding  # a hard cap on records, whatever the window
         if cc is not None and cc.limit + self._waiting < limit:
             limit = cc.limit + self._waiting
@@ -209,55 +254,136 @@ class Requester:
         queue = self._queue
         payload = self.config.payload_size
         evs = self.evs
-        deadlines = self._deadlines
-        push = heapq.heappush
+        usable = evs.usable
         burst = self.config.burst_max
         if cc is not None and burst > 1:
             burst = self._burst_size(cc, burst)
         self.burst_now = burst
+        deadline = now + rto
+        seg = _HDR_LEN + payload  # the segment size of a burst of more than one
+        pack = fastpath.pack_burst
+        # not None: bursts_to_send builds nothing before connect(); no check per burst
+        qpn: int = self.remote_qpn
+        ipsn = self.initial_psn
+        ports = evs.ports
+        packets = evs.packets
+        ring = self._sent_ring
+        make = _Packet
+        deadlines = self._deadlines
+        push = heapq.heappush
+        sent_n = sent_bytes = 0
         while queue and len(outstanding) < limit and self._next_seq < span:
+            if self._burst_left and usable[self._burst_ev]:
+                ev = self._burst_ev
+                take = self._burst_left
+            else:
+                ev = self._burst_ev = evs.next()
+                take = burst
+                stats.bursts += 1
+            seq = self._next_seq
+            room = min(take, limit - len(outstanding), span - seq)
             wr = queue[0]
             total = len(wr.view)
             off = self._offset
-            length = min(payload, total - off)
-            last = off + length >= total
-            pkt = _Packet(wr, off, length, last)
-            seq = self._next_seq
+            left = -(-(total - off) // payload) or 1  # packets left in wr (1 if empty)
+            if left <= room:
+                n = left
+                last = True
+            else:
+                n = room
+                last = False
+            self._burst_left = take - n
             if off == 0:
                 self._inflight_wrs.append(wr)
             if last:
-                wr.last_seq = seq
+                wr.last_seq = seq + n - 1
                 queue.popleft()
                 self._offset = 0
             else:
-                self._offset = off + length
-            self._next_seq = seq + 1
-            if self._burst_left and self.evs.usable[self._burst_ev]:
-                self._burst_left -= 1
-                pkt.ev = self._burst_ev
+                self._offset = off + n * payload
+            self._next_seq = seq + n
+            # first transmission of packets seq..seq+n-1 of wr (from byte off) on ev: their
+            # records, one deadline entry, the headers in one call, the counters; one burst
+            # in out (two if a longer WRITE_IMM header ends it: only the last datagram of a
+            # GSO send may differ in size, and only to be shorter)
+            full = n - 1  # packets of payload bytes before the last one
+            o = off + full * payload
+            last_len = payload if o + payload <= total else total - o
+            imm = wr.imm if last and wr.imm is not None else -1
+            final = _IMM_HDR_LEN if imm >= 0 else _HDR_LEN
+            h = self._hpos
+            if h + full * _HDR_LEN + final > len(self._hbuf):
+                h = self._header_room(full * _HDR_LEN + final)[1]
+            h0 = h
+            h_end = pack(
+                self._hbuf,
+                h,
+                qpn,
+                (ipsn + seq) & _PSN_MASK,
+                wr.remote_addr + off,
+                wr.rkey,
+                payload,
+                n,
+                last_len,
+                last,
+                imm,
+            )
+            self._hpos = h_end
+            hv = self._hview
+            view = wr.view
+            port = ports[ev]
+            bufs: list[bytes | memoryview] = []
+            if full:
+                add = bufs.append
+                o = off
+                for s in range(seq, seq + full):
+                    outstanding[s] = make(wr, o, payload, False, ev, now, deadline)
+                    ring[s & _RING_MASK] = (s << 16) | port
+                    add(hv[h : h + _HDR_LEN])
+                    add(view[o : o + payload])
+                    h += _HDR_LEN
+                    o += payload
+            s = seq + full
+            outstanding[s] = make(wr, o, last_len, last, ev, now, deadline)
+            ring[s & _RING_MASK] = (s << 16) | port
+            bufs.append(hv[h:h_end])
+            bufs.append(view[o : o + last_len])
+            push(deadlines, (deadline, seq, n))
+            packets[ev] += n  # EVSet.count_sent, once per burst
+            sent_n += n
+            sent_bytes += full * payload + last_len
+            if not full:
+                out.append((ev, bufs, 1, h_end - h0 + last_len))
+            elif final + last_len > seg:
+                out.append((ev, bufs[:-2], full, seg))
+                out.append((ev, bufs[-2:], 1, final + last_len))
             else:
-                pkt.ev = self._burst_ev = evs.next()
-                self._burst_left = burst - 1
-                self.stats.bursts += 1
-            pkt.sent_at = now
-            pkt.deadline = deadline = now + rto
-            push(deadlines, (deadline, seq))
-            outstanding[seq] = pkt
-            out.append(self._build(seq, pkt))
-            self.stats.data_packets_sent += 1
-            self.stats.bytes_sent += length
+                out.append((ev, bufs, n, seg))
+        if sent_n:
+            stats.packets_sent += sent_n
+            stats.data_packets_sent += sent_n
+            stats.bytes_sent += sent_bytes
         if len(out) > sent_before:
             if cc is not None:
                 # the window is full (or the queue empty): ask for an ACK of this burst's last
                 # packet at once (AckReq), instead of after the receiver's ack_delay. A window
                 # below ack_every would otherwise see every RTT sample inflated by that delay
-                # and read it as queueing (docs/CONGESTION.md)
-                last_ev, hdr, body = out[-1]
-                if not hdr[8] & wire.BTH_ACKREQ:
-                    req = bytearray(hdr)
-                    req[8] |= wire.BTH_ACKREQ
-                    out[-1] = (last_ev, bytes(req), body)
+                # and read it as queueing (docs/CONGESTION.md). The header is in the arena,
+                # not yet handed out: set in place
+                hdr = out[-1][1][-2]
+                hdr[8] |= wire.BTH_ACKREQ  # type: ignore[index]
             self._arm_tlp(now)
+
+    def _header_room(self, nbytes: int) -> tuple[bytearray, int]:
+        """Where the next ``nbytes`` of headers go: the header arena at its fill mark, or a
+        fresh arena. Headers handed out are never written again (a send waiting in the
+        transport's backlog still points at them): a full arena is dropped, not reused, and
+        lives on only as long as the views into it."""
+        if self._hpos + nbytes > len(self._hbuf):
+            self._hbuf = bytearray(max(_ARENA, nbytes))
+            self._hview = memoryview(self._hbuf)
+            self._hpos = 0
+        return self._hbuf, self._hpos
 
     def _burst_size(self, cc: NsccWindow, most: int) -> int:
         """Packets per burst under NSCC: what one plane drains in ``burst_delay_fraction`` of
@@ -301,36 +427,52 @@ class Requester:
         # each probe in a row waits twice as long as the one before
         self._tlp_at = now + max(self.config.tlp_min, pto) * (1 << self._tlps)
 
-    def _build(self, seq: int, pkt: _Packet) -> Datagram:
+    def _build(self, seq: int, pkt: _Packet) -> Burst:
+        """A retransmission of ``pkt`` on its (new) EV, as a burst of one."""
         wr = pkt.wr
-        hdr = wire.pack_data(
-            # not None: datagrams_to_send builds nothing before connect(); no check per packet
+        imm = wr.imm if pkt.last and wr.imm is not None else -1
+        hbuf, h0 = self._header_room(_IMM_HDR_LEN if imm >= 0 else _HDR_LEN)
+        h_end = fastpath.pack_burst(
+            hbuf,
+            h0,
             self.remote_qpn,  # type: ignore[arg-type]
-            to_psn(self.initial_psn, seq),
+            (self.initial_psn + seq) & wire.PSN_MASK,
             wr.remote_addr + pkt.offset,
             wr.rkey,
             pkt.length,
+            1,
+            pkt.length,
             pkt.last,
-            wr.imm if pkt.last else None,
+            imm,
         )
+        self._hpos = h_end
         evs = self.evs
         evs.count_sent(pkt.ev)
         self._sent_ring[seq & _RING_MASK] = (seq << 16) | evs.ports[pkt.ev]
         self.stats.packets_sent += 1
-        return (pkt.ev, hdr, wr.view[pkt.offset : pkt.offset + pkt.length])
+        payload = wr.view[pkt.offset : pkt.offset + pkt.length]
+        return (pkt.ev, [self._hview[h0:h_end], payload], 1, h_end - h0 + pkt.length)
 
     # ---- timers ------------------------------------------------------------------------
 
-    def _live_top(self) -> tuple[float, int] | None:
-        """The earliest live deadline entry, dropping stale ones on the way."""
+    def _live_top(self) -> float | None:
+        """The earliest live deadline, dropping stale entries on the way. The entry left on
+        top starts at a packet that has its deadline: a burst whose first packets were
+        acknowledged is trimmed once (``heapreplace`` with a larger key keeps the heap a
+        heap), not rescanned on every call."""
         heap = self._deadlines
         outstanding = self._outstanding
         while heap:
-            deadline, seq = heap[0]
-            pkt = outstanding.get(seq)
-            if pkt is not None and pkt.deadline == deadline:
-                return deadline, seq
-            heapq.heappop(heap)
+            deadline, seq, n = heap[0]
+            for s in range(seq, seq + n):
+                pkt = outstanding.get(s)
+                if pkt is not None and pkt.deadline == deadline:
+                    if s != seq:
+                        heapq.heapreplace(heap, (deadline, s, seq + n - s))
+                        break  # the trimmed entry may no longer be the top
+                    return deadline
+            else:
+                heapq.heappop(heap)
         return None
 
     def get_timer(self) -> float | None:
@@ -340,39 +482,42 @@ class Requester:
         tlp = self._tlp_at
         if top is None:
             return tlp
-        return top[0] if tlp is None or top[0] < tlp else tlp
+        return top if tlp is None or top < tlp else tlp
 
     def handle_timer(self, now: float) -> None:
         outstanding = self._outstanding
         limit = self.config.max_timeout_retries
         while not self.failed:
             top = self._live_top()
-            if top is None or top[0] > now:
+            if top is None or top > now:
                 break
-            heapq.heappop(self._deadlines)
-            seq = top[1]
-            pkt = outstanding[seq]
-            pkt.timeouts += 1
-            if pkt.timeouts > limit:
-                self.fail(
-                    f"retry budget exhausted: PSN {to_psn(self.initial_psn, seq)} unacknowledged "
-                    f"after {limit} timeouts (peer unreachable or gone)"
-                )
-                return
-            pkt.deadline = _INF
-            self._retransmit.append(seq)
-            self._waiting += 1
-            self.stats.retransmits_timeout += 1
-            if self.cc is not None:
-                self.cc.on_loss(now)
-            if self.health:
-                self.evs.lost(
-                    pkt.ev,
-                    now,
-                    EVReason.TIMEOUT,
-                    sent_at=pkt.sent_at,
-                    congestion_since=pkt.sent_at - self._ce_memory(),
-                )
+            deadline, first, n = heapq.heappop(self._deadlines)
+            # every packet of the entry that still has its deadline times out, in order
+            for seq in range(first, first + n):
+                pkt = outstanding.get(seq)
+                if pkt is None or pkt.deadline != deadline:
+                    continue
+                pkt.timeouts += 1
+                if pkt.timeouts > limit:
+                    self.fail(
+                        f"retry budget exhausted: PSN {to_psn(self.initial_psn, seq)} "
+                        f"unacknowledged after {limit} timeouts (peer unreachable or gone)"
+                    )
+                    return
+                pkt.deadline = _INF
+                self._retransmit.append(seq)
+                self._waiting += 1
+                self.stats.retransmits_timeout += 1
+                if self.cc is not None:
+                    self.cc.on_loss(now)
+                if self.health:
+                    self.evs.lost(
+                        pkt.ev,
+                        now,
+                        EVReason.TIMEOUT,
+                        sent_at=pkt.sent_at,
+                        congestion_since=pkt.sent_at - self._ce_memory(),
+                    )
         if self._tlp_at is not None and self._tlp_at <= now and not self.failed:
             self._tlp_at = None
             if outstanding:

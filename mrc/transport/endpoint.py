@@ -3,8 +3,8 @@
 One ``Endpoint`` owns the listen sockets (where data and ACKs for its QPs arrive, demultiplexed
 by QP number), the EV sockets of each QP, and a single timer. Per-packet work here is kept to a
 ``recvmsg_into`` into one reused buffer (its control messages: a GRO train's segment size and
-the IP ECN field, mrc/transport/ecn.py) and a ``sendmsg`` of header + payload view (no copy):
-everything else is the core's.
+the IP ECN field, mrc/transport/ecn.py) and a ``sendmsg`` per burst the core hands over (header
+views and payload views, no copy; GSO cuts it into datagrams): everything else is the core's.
 """
 
 from __future__ import annotations
@@ -263,14 +263,14 @@ class Endpoint:
     def _pump(self, ch: QPChannel) -> None:
         qp = ch.qp
         now = _clock()
-        datagrams = qp.datagrams_to_send(now)
-        if datagrams:
-            sends = gso.coalesce(datagrams) if ch.gso else gso.one_by_one(datagrams)
+        bursts = qp.bursts_to_send(now)
+        if bursts:
+            sends = gso.sends(bursts) if ch.gso else gso.singles(bursts)
             if ch.backlog:
                 ch.backlog.extend(sends)
             elif self._send(ch, sends, now):
                 # datagrams lost to send errors: the core decided repairs just now
-                self._send(ch, gso.one_by_one(qp.datagrams_to_send(now)), now, repair=True)
+                self._send(ch, gso.singles(qp.bursts_to_send(now)), now, repair=True)
         self._dispatch_events(ch)
         deadline = qp.get_timer()
         if deadline is not None and (self._timer_at is None or deadline < self._timer_at):

@@ -8,15 +8,18 @@ stack carries them as one skb as far as it can and cuts them into datagrams at t
 receiving socket is the mirror image: back-to-back datagrams of one flow arrive in one
 ``recvmsg`` with the segment size in a ``UDP_GRO`` control message.
 
-A burst is the core's (``QPConfig.burst``): consecutive packets it put on the same EV. This
-module only finds them in what the core returns and says how to send them.
+A burst is the core's (``QPConfig.burst``): consecutive packets it put on the same EV, handed
+over whole (``QueuePair.bursts_to_send``, the ``Burst`` shape in mrc/core/events.py) with its
+segment size. This module only cuts bursts to the kernel's limits, a slice per send: it never
+walks them datagram by datagram.
 """
 
 from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Sequence
+
+from mrc.core.events import Burst
 
 from mrc.core.config import GSO_MAX_BYTES
 
@@ -43,37 +46,37 @@ def _segment(size: int) -> Ancillary:
     return cmsg
 
 
-def one_by_one(datagrams: Sequence[tuple[int, bytes, Buffer]]) -> list[Send]:
-    """Every datagram its own send (no GSO)."""
-    return [(ev, [hdr, payload], _NONE, 1) for ev, hdr, payload in datagrams]
-
-
-def coalesce(datagrams: Sequence[tuple[int, bytes, Buffer]]) -> list[Send]:
-    """Runs of consecutive datagrams on one EV, of one size (the last of a run may be
-    shorter), as GSO sends; anything else as a plain send."""
+def sends(bursts: list[Burst]) -> list[Send]:
+    """Each burst as GSO sends of at most ``MAX_SEGMENTS`` datagrams and ``MAX_BYTES`` bytes
+    (consecutive slices of it; the last datagram of a burst, the only one that may be shorter,
+    ends the last slice), a burst of one as a plain send."""
     out: list[Send] = []
-    n = len(datagrams)
-    i = 0
-    while i < n:
-        ev, hdr, payload = datagrams[i]
-        size = len(hdr) + len(payload)
-        bufs: list[Buffer] = [hdr, payload]
-        total = size
-        j = i + 1
-        while j < n and j - i < MAX_SEGMENTS:
-            ev2, hdr2, payload2 = datagrams[j]
-            size2 = len(hdr2) + len(payload2)
-            if ev2 != ev or size2 > size or total + size2 > MAX_BYTES or size2 == 0:
-                break
-            bufs.append(hdr2)
-            bufs.append(payload2)
-            total += size2
-            j += 1
-            if size2 < size:
-                break  # only the last segment may be shorter
-        out.append((ev, bufs, _segment(size) if j - i > 1 else _NONE, j - i))
-        i = j
+    for ev, bufs, count, seg in bursts:
+        if count == 1:
+            out.append((ev, bufs, _NONE, 1))
+            continue
+        per = MAX_BYTES // seg if seg > 0 else 0
+        if per > MAX_SEGMENTS:
+            per = MAX_SEGMENTS
+        if per >= count:
+            out.append((ev, bufs, _segment(seg), count))
+        elif per < 2:
+            out.extend((ev, bufs[i : i + 2], _NONE, 1) for i in range(0, 2 * count, 2))
+        else:
+            cmsg = _segment(seg)
+            for i in range(0, count, per):
+                n = count - i if count - i < per else per
+                out.append((ev, bufs[2 * i : 2 * (i + n)], cmsg if n > 1 else _NONE, n))
     return out
+
+
+def singles(bursts: list[Burst]) -> list[Send]:
+    """Every datagram its own send (no GSO)."""
+    return [
+        (ev, bufs[i : i + 2], _NONE, 1)
+        for ev, bufs, count, _seg in bursts
+        for i in range(0, 2 * count, 2)
+    ]
 
 
 def enable_gro(sock: socket.socket) -> bool:

@@ -7,37 +7,52 @@ import os
 
 import mrc
 from mrc.core.config import QPConfig
+from mrc.core.events import Burst
 from mrc.transport import gso
 
 HOST = "::1"
 
 
-def _dgrams(spec: list[tuple[int, int]]) -> list[tuple[int, bytes, bytes]]:
-    """(ev, payload size) -> datagrams with a 28-byte header."""
-    return [(ev, b"h" * 28, b"p" * size) for ev, size in spec]
+def _burst(ev: int, sizes: list[int], hdr: int = 28) -> Burst:
+    """A burst of datagrams with ``hdr``-byte headers and payloads of ``sizes``."""
+    bufs: list[bytes | memoryview] = []
+    for size in sizes:
+        bufs += [b"h" * hdr, b"p" * size]
+    return (ev, bufs, len(sizes), hdr + sizes[0])
 
 
-def test_coalesce_groups_runs_of_one_ev_and_one_size() -> None:
-    sends = gso.coalesce(_dgrams([(1, 100)] * 3 + [(2, 100), (2, 100), (2, 40), (2, 100), (3, 0)]))
-    assert [(ev, n) for ev, _b, _c, n in sends] == [(1, 3), (2, 3), (2, 1), (3, 1)]
+def test_sends_takes_bursts_whole_and_single_datagrams_plain() -> None:
+    sends = gso.sends([_burst(1, [100] * 3), _burst(2, [100, 100, 40]), _burst(3, [0])])
+    assert [(ev, n) for ev, _b, _c, n in sends] == [(1, 3), (2, 3), (3, 1)]
     ev, bufs, cmsg, n = sends[0]
     assert len(bufs) == 6 and cmsg == [(gso.SOL_UDP, gso.UDP_SEGMENT, (128).to_bytes(2, "little"))]
-    assert sends[2][2] == [] and sends[3][2] == []  # single datagrams go without a cmsg
+    assert sends[1][1][-1] == b"p" * 40  # the shorter last datagram ends its send
+    assert sends[2][2] == []  # a single datagram goes without a cmsg
 
 
-def test_coalesce_respects_the_kernels_limits() -> None:
-    many = gso.coalesce(_dgrams([(0, 100)] * 200))
+def test_sends_respects_the_kernels_limits() -> None:
+    many = gso.sends([_burst(0, [100] * 200)])
     assert [n for *_x, n in many] == [64, 64, 64, 8]
-    big = gso.coalesce(_dgrams([(0, 8192)] * 20))
+    big = gso.sends([_burst(0, [8192] * 20)])
     assert [n for *_x, n in big] == [7, 7, 6]  # 7 x 8220 bytes fit in 65000, 8 do not
     assert all(sum(len(b) for b in bufs) <= gso.MAX_BYTES for _e, bufs, _c, _n in big)
-    larger = gso.coalesce(_dgrams([(0, 10), (0, 20)]))  # a longer one never follows
-    assert [n for *_x, n in larger] == [1, 1]
+    tail = gso.sends([_burst(0, [8192] * 8)])  # 7 + a lone last one: that one goes plain
+    assert [(n, c) for _e, _b, c, n in tail] == [(7, gso._segment(8220)), (1, [])]
+    huge = gso.sends([_burst(0, [40000, 40000])])  # not 2 to a send: one by one
+    assert [(n, c) for _e, _b, c, n in huge] == [(1, []), (1, [])]
+    # every datagram exactly once, in order
+    for out, spec in ((many, [100] * 200), (big, [8192] * 20), (huge, [40000] * 2)):
+        flat = [b for _e, bufs, _c, _n in out for b in bufs]
+        assert flat == _burst(0, spec)[1]
 
 
-def test_one_by_one_is_todays_per_datagram_send() -> None:
-    d = _dgrams([(0, 10), (0, 10)])
-    assert gso.one_by_one(d) == [(0, [b"h" * 28, b"p" * 10], [], 1)] * 2
+def test_singles_is_one_send_per_datagram() -> None:
+    out = gso.singles([_burst(0, [10, 10]), _burst(1, [5])])
+    assert out == [
+        (0, [b"h" * 28, b"p" * 10], [], 1),
+        (0, [b"h" * 28, b"p" * 10], [], 1),
+        (1, [b"h" * 28, b"p" * 5], [], 1),
+    ]
 
 
 async def test_bursts_arrive_whole_through_gso_and_gro() -> None:
