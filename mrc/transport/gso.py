@@ -19,9 +19,8 @@ from __future__ import annotations
 import socket
 import struct
 
-from mrc.core.events import Burst
-
 from mrc.core.config import GSO_MAX_BYTES
+from mrc.core.events import Burst
 
 SOL_UDP = getattr(socket, "SOL_UDP", 17)
 UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)
