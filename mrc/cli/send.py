@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from mrc import wire
 from mrc.cli.common import (
     Parser,
     Progress,
@@ -47,6 +48,7 @@ from mrc.core import fastpath
 from mrc.core.config import QPConfig
 from mrc.errors import MRCError
 from mrc.security.packet import DATA_OVERHEAD
+from mrc.srv6.evroutes import largest_srh
 from mrc.timed import SLOT, Posted, RoundData, send_timed
 from mrc.transfer import IDLE_TIMEOUT, TransferResult, send_buffer
 from mrc.units import SIZE_HELP
@@ -199,13 +201,16 @@ DEFAULT_WINDOW = 512
 DEFAULT_PAYLOAD = 1400
 
 
-def _config(args: argparse.Namespace) -> QPConfig:
-    """The QP settings the flags ask for; raises ValueError (bad usage) if impossible."""
+def _config(args: argparse.Namespace, payload: int | None = None) -> QPConfig:
+    """The QP settings the flags ask for; raises ValueError (bad usage) if impossible.
+    ``payload``: the default payload when ``--payload`` was not given (else the usual)."""
     window = args.window or DEFAULT_WINDOW
-    if args.payload is None:
-        args.payload = DEFAULT_PAYLOAD - (DATA_OVERHEAD if args.key_file else 0)
+    if args.payload is not None:
+        payload = args.payload
+    elif payload is None:
+        payload = DEFAULT_PAYLOAD - (DATA_OVERHEAD if args.key_file else 0)
     config = QPConfig(
-        payload_size=args.payload,
+        payload_size=payload,
         max_outstanding=window,
         psn_window=max(16384, window * 4),
         burst=args.burst,
@@ -218,8 +223,17 @@ def _config(args: argparse.Namespace) -> QPConfig:
 async def _main(args: argparse.Namespace) -> int:
     host, port = parse_endpoint(args.to)
     key = load_key(args)
-    config = _config(args)
     fabric = load_fabric(args.fabric, args.fabric_host)
+    fits: int | None = None
+    if args.payload is None and fabric is not None and fabric.mtu > 0:
+        # the default payload, if it would not fit the fabric's MTU with its longest routing
+        # header: fragmented datagrams cost half the goodput (docs/PROTOCOL.md, "Sizes")
+        room = fabric.mtu - 48 - largest_srh(fabric) - wire.DATA_IMM_HDR_LEN
+        room -= DATA_OVERHEAD if args.key_file else 0
+        if room < DEFAULT_PAYLOAD - (DATA_OVERHEAD if args.key_file else 0):
+            fits = max(room, 64)
+    config = _config(args, fits)
+    args.payload = config.payload_size
     host = host_address(fabric, host)
     local = args.local or local_plane_addrs(fabric, args.fabric_host)
     data, label = _load(args)

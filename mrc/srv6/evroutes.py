@@ -85,3 +85,13 @@ def _norm(address: str) -> str:
         return socket.inet_ntop(socket.AF_INET6, socket.inet_pton(socket.AF_INET6, address))
     except OSError:
         return address
+
+
+def largest_srh(topo: Topology) -> int:
+    """Bytes of the longest routing header any path of the fabric puts on a packet (0: none):
+    what the path MTU must leave room for on top of a datagram."""
+    names = [h.name for h in topo.hosts]
+    return max(
+        (len(p.srh or b"") for a in names for b in names if a != b for p in list_paths(topo, a, b)),
+        default=0,
+    )

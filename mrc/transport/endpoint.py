@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import time
 from collections import deque
@@ -20,13 +21,17 @@ from mrc import wire
 from mrc.core.endpoint import EndpointCore
 from mrc.core.events import EVStateChanged, ImmediateReceived, QPFailed, WriteCompleted
 from mrc.core.qp import QueuePair
+from mrc.security.packet import DATA_OVERHEAD as _SEAL_OVERHEAD
 from mrc.transport import ecn as _ecn
 from mrc.transport import gso
+from mrc.transport.sockets import datagram_room
 
 # The core's clock: CLOCK_MONOTONIC with microsecond resolution. (uvloop's loop.time() has
 # millisecond resolution, which would round every send time, RTT sample and reordering window.)
 # Timers still go through loop.call_at: both clocks count from boot.
 _clock = time.monotonic
+
+_log = logging.getLogger(__name__)
 
 RX_BATCH = 512
 RX_BUFFER = 65536
@@ -76,6 +81,25 @@ class QPChannel:
         self.backlog: deque[gso.Send] = deque()
         # False once a GSO send was refused (e.g. a device without checksum offload)
         self.gso = qp.config.burst_max > 1
+        # the largest UDP payload every EV sends unfragmented (None: unknown). GSO segments
+        # cannot be fragmented: a QP whose datagrams do not fit sends them one by one, and
+        # the kernel fragments them (slower, but nothing is lost)
+        rooms = [r for r in (datagram_room(s) for s in ev_sockets) if r is not None]
+        self.datagram_room = min(rooms) if rooms else None
+        seal = _SEAL_OVERHEAD if qp.protection is not None else 0
+        biggest = qp.config.payload_size + wire.DATA_IMM_HDR_LEN + seal
+        if self.gso and self.datagram_room is not None and biggest > self.datagram_room:
+            self.gso = False
+            fits = self.datagram_room - wire.DATA_IMM_HDR_LEN - seal
+            _log.warning(
+                "datagrams of up to %d bytes exceed what the path MTU leaves for them (%d bytes "
+                "with the routing header): sent one by one and fragmented by the kernel, which "
+                "costs throughput; a payload of at most %d bytes fits",
+                biggest,
+                self.datagram_room,
+                fits,
+            )
+            self.gso_error = f"payload too large for the path MTU (at most {fits} bytes fits)"
         # called with every EV state transition (Connection.on_ev_change sets it)
         self.on_ev_event: Callable[[EVStateChanged], None] | None = None
         # called once, when this QP first takes a datagram (not one it dropped): how a

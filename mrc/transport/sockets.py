@@ -16,6 +16,8 @@ from mrc.transport.ecn import mark_ect0
 
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+IPV6_MTU = getattr(socket, "IPV6_MTU", 24)  # the path MTU of a connected IPv6 socket (Linux)
+_IPV6_UDP_HEADERS = 40 + 8
 
 RCVBUF = 16 << 20
 SNDBUF = 4 << 20
@@ -76,3 +78,23 @@ def ev_socket(local: str, peer: tuple[str, int], srh: bytes | None = None) -> so
         sock.close()
         raise
     return sock
+
+
+def datagram_room(sock: socket.socket) -> int | None:
+    """The largest UDP payload a connected EV socket sends without IP fragmentation: its path
+    MTU less the IPv6 and UDP headers and its sticky routing header (SRH), if any; None where
+    the kernel does not say (not IPv6, not connected).
+
+    It matters for GSO: the kernel fragments an oversized datagram sent alone, but cannot
+    fragment the segments of a GSO send, and an SRH that makes them exceed the MTU got them
+    dropped without any counter moving (MTU 1500, 1400-byte payloads, an SRH of two segments:
+    1516 bytes).
+    """
+    if sock.family != socket.AF_INET6:
+        return None
+    try:
+        mtu = sock.getsockopt(socket.IPPROTO_IPV6, IPV6_MTU)
+        rthdr = len(sock.getsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, 1024))
+    except OSError:
+        return None
+    return int(mtu) - _IPV6_UDP_HEADERS - rthdr

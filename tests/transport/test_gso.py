@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 
 import mrc
 from mrc.core.config import QPConfig
@@ -75,3 +76,26 @@ async def test_bursts_arrive_whole_through_gso_and_gro() -> None:
     finally:
         await conn.close()
         await listener.close()
+
+
+def test_datagram_room_is_the_path_mtu_less_headers_and_the_srh() -> None:
+    """What an EV may send unfragmented (GSO segments cannot be fragmented): loopback's MTU
+    less 40 + 8 bytes of IPv6 and UDP headers, less the sticky routing header; None for a
+    socket without an IPv6 path MTU."""
+    from pathlib import Path
+
+    from mrc.srv6 import encode_srh
+    from mrc.transport.sockets import datagram_room, ev_socket
+
+    mtu = int(Path("/sys/class/net/lo/mtu").read_text())
+    plain = ev_socket("::1", ("::1", 9))
+    srh = encode_srh(["::1"])
+    routed = ev_socket("::1", ("::1", 9), srh)
+    try:
+        assert datagram_room(plain) == mtu - 48
+        assert datagram_room(routed) == mtu - 48 - len(srh) and len(srh) == 24
+    finally:
+        plain.close()
+        routed.close()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s4:
+        assert datagram_room(s4) is None
