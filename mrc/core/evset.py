@@ -10,7 +10,9 @@ unrelated paths. With several planes the round is interleaved: one EV of every l
 row, planes in a fresh random order per row, so consecutive packets go to different planes and
 every plane gets the same share even when it has fewer usable EVs than the others (its EVs
 then carry more each). Per-plane queues stay level, which keeps the reordering that SACK-based
-loss detection must tolerate small.
+loss detection must tolerate small. The one exception: where routes are known and a plane has
+lost some of them (no usable EV left on a route), each plane's share follows the fraction of
+its routes still alive, so a plane's remaining spines are not loaded beyond the others.
 
 Health, after the OCP MRC states (every transition is reported through ``on_change`` as an
 ``EVStateChanged`` event, and every transition is a row of ``_TRANSITIONS``):
@@ -237,6 +239,9 @@ class EVSet:
         by_plane: dict[int, list[int]] = {}
         for ev in usable:
             by_plane.setdefault(planes[ev], []).append(ev)
+        share = self._plane_shares(by_plane)
+        if share is not None:
+            return self._interleave_weighted(by_plane, share)
         lists = list(by_plane.values())
         width = max(len(evs) for evs in lists)
         for evs in lists:
@@ -247,6 +252,51 @@ class EVSet:
         for row in range(width):
             rng.shuffle(lists)
             order.extend(evs[row] for evs in lists)
+        return order
+
+    def _plane_shares(self, by_plane: dict[int, list[int]]) -> dict[int, float] | None:
+        """Per plane, the fraction of its routes that still have a usable EV, where routes
+        are known and some plane lost one (None: every plane whole, equal shares).
+
+        A plane that lost one of its two spines has half its paths between the leaves: an
+        equal share would send it as much as the others over half the links, and its one
+        remaining spine would set the pace of the whole QP (the link_down all-to-all)."""
+        share: dict[int, float] = {}
+        whole = True
+        for plane, evs in by_plane.items():
+            if not self._route_known[plane]:
+                share[plane] = 1.0
+                continue
+            live = {self.routes[ev] for ev in evs}
+            total = len(self._plane_routes[plane])
+            share[plane] = len(live) / total
+            whole = whole and len(live) == total
+        return None if whole else share
+
+    def _interleave_weighted(
+        self, by_plane: dict[int, list[int]], share: dict[int, float]
+    ) -> list[int]:
+        """As _interleave, but plane p takes a slot in only ``share[p]`` of the rows (relative
+        to the best plane, which takes every row), spread evenly from a random phase."""
+        rng = self._rng
+        top = max(share.values())
+        weight = {p: w / top for p, w in share.items()}
+        rows = max(-(-len(evs) // weight[p]) for p, evs in by_plane.items())
+        slots: dict[int, list[bool]] = {}
+        for p, evs in by_plane.items():
+            w, phase = weight[p], rng.random()
+            slots[p] = [int((r + 1) * w + phase) > int(r * w + phase) for r in range(int(rows))]
+            rng.shuffle(evs)
+        order: list[int] = []
+        taken = dict.fromkeys(by_plane, 0)
+        plist = list(by_plane)
+        for r in range(int(rows)):
+            rng.shuffle(plist)
+            for p in plist:
+                if slots[p][r]:
+                    evs = by_plane[p]
+                    order.append(evs[taken[p] % len(evs)])
+                    taken[p] += 1
         return order
 
     def next(self) -> int:
