@@ -56,6 +56,12 @@ class QPConfig:
     # EVs of one route (an SRv6 path) share its fate: once this many of them are assumed bad,
     # the route's other EVs leave the rotation too (0: off; needs route labels)
     route_dead_evs: int = 2
+    # a plane that lost some of its routes gets a share of the spray in proportion to the
+    # routes it has left (off: every plane an equal share). Helps where hosts share the spine
+    # links (mrc-bench's link_down all-to-all: outage steps 1.25x a clean one, not 1.65x),
+    # hurts where each host's NIC is the bottleneck (the failover demo: 78-85% of the capacity
+    # left during the failure, not 97%). docs/EV_HEALTH.md
+    route_weighted_planes: bool = False
     # SACK-based loss detection: a packet is lost once one sent this much later was acked
     reorder_min: float = 0.002
     # tail loss probe: resend the newest packet after max(tlp_min, 2 srtt) without an ACK

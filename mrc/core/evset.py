@@ -10,9 +10,10 @@ unrelated paths. With several planes the round is interleaved: one EV of every l
 row, planes in a fresh random order per row, so consecutive packets go to different planes and
 every plane gets the same share even when it has fewer usable EVs than the others (its EVs
 then carry more each). Per-plane queues stay level, which keeps the reordering that SACK-based
-loss detection must tolerate small. The one exception: where routes are known and a plane has
-lost some of them (no usable EV left on a route), each plane's share follows the fraction of
-its routes still alive, so a plane's remaining spines are not loaded beyond the others.
+loss detection must tolerate small. With ``route_weighted_planes``, where routes are known and
+a plane has lost some of them (no usable EV left on a route), each plane's share follows the
+fraction of its routes still alive instead, so its remaining spines are not loaded beyond the
+others'.
 
 Health, after the OCP MRC states (every transition is reported through ``on_change`` as an
 ``EVStateChanged`` event, and every transition is a row of ``_TRANSITIONS``):
@@ -115,6 +116,7 @@ class EVSet:
         resurrect_after: int = 3,
         plane_dead_losses: int = 8,
         route_dead_evs: int = 0,
+        route_weighted_planes: bool = False,
         on_change: ChangeCallback | None = None,
         routes: list[int] | None = None,
         qpn: int = 0,
@@ -162,6 +164,8 @@ class EVSet:
         self.resurrect_after = resurrect_after
         self.plane_dead_losses = plane_dead_losses
         self.route_dead_evs = route_dead_evs  # 0: EVs of a route do not share fate
+        # planes' shares of the spray follow their live routes (_plane_shares)
+        self.route_weighted_planes = route_weighted_planes
         self.on_change: ChangeCallback = on_change or _nothing
         self._next_probe: dict[int, float] = {}  # ASSUMED_BAD ev -> next probe time
         self._probe_sent: dict[int, float] = {}  # ev -> when its unanswered probe left
@@ -239,7 +243,7 @@ class EVSet:
         by_plane: dict[int, list[int]] = {}
         for ev in usable:
             by_plane.setdefault(planes[ev], []).append(ev)
-        share = self._plane_shares(by_plane)
+        share = self._plane_shares(by_plane) if self.route_weighted_planes else None
         if share is not None:
             return self._interleave_weighted(by_plane, share)
         lists = list(by_plane.values())

@@ -102,6 +102,7 @@ class QueuePair:
             resurrect_after=cfg.resurrect_after,
             plane_dead_losses=cfg.plane_dead_losses,
             route_dead_evs=cfg.route_dead_evs,
+            route_weighted_planes=cfg.route_weighted_planes,
             on_change=emit,
             routes=ev_routes,
             qpn=qpn,

@@ -172,13 +172,16 @@ def test_a_plane_that_lost_a_route_gets_a_share_in_proportion_to_the_routes_it_h
     """Two planes of two routes (spines) each. With every route alive the planes share equally;
     once route 0 of plane 0 has no usable EV, plane 0 has half its paths and gets a third of
     the packets: an equal share would load its one remaining spine twice as much as any other
-    path (the link_down all-to-all of mrc-bench: steps 1.6x the clean ones, 1.25x with this)."""
+    path (the link_down all-to-all of mrc-bench: steps 1.6x the clean ones, 1.25x with this).
+    Off by default (QPConfig.route_weighted_planes): without it, equal shares."""
     from mrc.core.evset import EVSet
 
     n = 32
     planes = [i % 2 for i in range(n)]
     routes = [(i % 2) * 2 + (i // 2) % 2 for i in range(n)]  # plane 0: routes 0, 1; plane 1: 2, 3
-    evs = EVSet(list(range(3000, 3000 + n)), planes, seed=5, routes=routes)
+    evs = EVSet(
+        list(range(3000, 3000 + n)), planes, seed=5, routes=routes, route_weighted_planes=True
+    )
 
     def shares(draws: int) -> list[float]:
         got = [0, 0]
@@ -195,3 +198,11 @@ def test_a_plane_that_lost_a_route_gets_a_share_in_proportion_to_the_routes_it_h
     # and the EVs of the live route of plane 0 carry it, none of the dead route's
     for _ in range(500):
         assert routes[evs.next()] != 0
+    plain = EVSet(list(range(3000, 3000 + n)), planes, seed=5, routes=routes)
+    for ev in range(n):
+        if routes[ev] == 0:
+            plain.deny(ev)
+    got = [0, 0]
+    for _ in range(6000):
+        got[planes[plain.next()]] += 1
+    assert got[0] == pytest.approx(3000, abs=60), got
