@@ -47,10 +47,12 @@ from mrc.connection import Connection, connect
 from mrc.core import fastpath
 from mrc.core.config import QPConfig
 from mrc.errors import MRCError
+from mrc.fabric.topology import Topology
 from mrc.security.packet import DATA_OVERHEAD
 from mrc.srv6.evroutes import largest_srh
 from mrc.timed import SLOT, Posted, RoundData, send_timed
 from mrc.transfer import IDLE_TIMEOUT, TransferResult, send_buffer
+from mrc.transport.sockets import IPV6_UDP_HEADERS
 from mrc.units import SIZE_HELP
 from mrc.wire import DEFAULT_PORT
 
@@ -201,14 +203,22 @@ DEFAULT_WINDOW = 512
 DEFAULT_PAYLOAD = 1400
 
 
-def _config(args: argparse.Namespace, payload: int | None = None) -> QPConfig:
-    """The QP settings the flags ask for; raises ValueError (bad usage) if impossible.
-    ``payload``: the default payload when ``--payload`` was not given (else the usual)."""
+def _default_payload(args: argparse.Namespace, fabric: Topology | None) -> int:
+    """The payload when ``--payload`` is not given: DEFAULT_PAYLOAD (less the seal's overhead
+    with a key), cut to what fits a fabric's MTU with its longest routing header (fragmented
+    datagrams cost half the goodput; docs/PROTOCOL.md, "Sizes")."""
+    seal = DATA_OVERHEAD if args.key_file else 0
+    payload = DEFAULT_PAYLOAD - seal
+    if fabric is not None and fabric.mtu > 0:
+        room = fabric.mtu - IPV6_UDP_HEADERS - largest_srh(fabric) - wire.DATA_IMM_HDR_LEN - seal
+        payload = min(payload, max(room, 64))
+    return payload
+
+
+def _config(args: argparse.Namespace, fabric: Topology | None = None) -> QPConfig:
+    """The QP settings the flags ask for; raises ValueError (bad usage) if impossible."""
     window = args.window or DEFAULT_WINDOW
-    if args.payload is not None:
-        payload = args.payload
-    elif payload is None:
-        payload = DEFAULT_PAYLOAD - (DATA_OVERHEAD if args.key_file else 0)
+    payload = args.payload if args.payload is not None else _default_payload(args, fabric)
     config = QPConfig(
         payload_size=payload,
         max_outstanding=window,
@@ -224,15 +234,7 @@ async def _main(args: argparse.Namespace) -> int:
     host, port = parse_endpoint(args.to)
     key = load_key(args)
     fabric = load_fabric(args.fabric, args.fabric_host)
-    fits: int | None = None
-    if args.payload is None and fabric is not None and fabric.mtu > 0:
-        # the default payload, if it would not fit the fabric's MTU with its longest routing
-        # header: fragmented datagrams cost half the goodput (docs/PROTOCOL.md, "Sizes")
-        room = fabric.mtu - 48 - largest_srh(fabric) - wire.DATA_IMM_HDR_LEN
-        room -= DATA_OVERHEAD if args.key_file else 0
-        if room < DEFAULT_PAYLOAD - (DATA_OVERHEAD if args.key_file else 0):
-            fits = max(room, 64)
-    config = _config(args, fits)
+    config = _config(args, fabric)
     args.payload = config.payload_size
     host = host_address(fabric, host)
     local = args.local or local_plane_addrs(fabric, args.fabric_host)

@@ -17,7 +17,7 @@ from mrc.transport.ecn import mark_ect0
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 IPV6_MTU = getattr(socket, "IPV6_MTU", 24)  # the path MTU of a connected IPv6 socket (Linux)
-_IPV6_UDP_HEADERS = 40 + 8
+IPV6_UDP_HEADERS = 40 + 8  # an IPv6 header without extensions, and UDP's
 
 RCVBUF = 16 << 20
 SNDBUF = 4 << 20
@@ -97,4 +97,4 @@ def datagram_room(sock: socket.socket) -> int | None:
         rthdr = len(sock.getsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, 1024))
     except OSError:
         return None
-    return int(mtu) - _IPV6_UDP_HEADERS - rthdr
+    return int(mtu) - IPV6_UDP_HEADERS - rthdr

@@ -109,3 +109,21 @@ def drain(sock: socket.socket, expect: int, timeout: float = 3.0) -> list[bytes]
         except TimeoutError:
             break
     return got
+
+
+def start_fabric_recv(mrc_tools, topo: Topology, host: str, port: int):  # type: ignore[no-untyped-def]
+    """mrc-recv --fabric in ``host``'s namespace (discarding, JSON, no progress), once it
+    listens on ``port``; ``mrc_tools`` is the fixture of tests/conftest.py."""
+    recv = mrc_tools.start(
+        "mrc-recv",
+        "--fabric",
+        topo.name,
+        "--listen",
+        f"[::]:{port}",
+        "--discard",
+        "--json",
+        "--no-progress",
+        ns=topo.netns_of(host),
+    )
+    recv.wait_listening(port)
+    return recv

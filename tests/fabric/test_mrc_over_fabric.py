@@ -13,7 +13,13 @@ from __future__ import annotations
 import collections
 
 import pytest
-from fabric_helpers import SKIP_REASON, needs_netns, running_fabric, unique_name
+from fabric_helpers import (
+    SKIP_REASON,
+    needs_netns,
+    running_fabric,
+    start_fabric_recv,
+    unique_name,
+)
 
 from mrc.fabric import Fabric, FabricSpec, Topology
 
@@ -54,18 +60,7 @@ def spines(topo: Topology) -> list[str]:
 def transfer(topo, mrc_tools, src: str, dst: str, port: int, size: str):
     """mrc-recv on ``dst`` and mrc-send from ``src``, both with --fabric; returns (send, recv)
     JSON and the interface counter deltas over the transfer."""
-    recv = mrc_tools.start(
-        "mrc-recv",
-        "--fabric",
-        topo.name,
-        "--listen",
-        f"[::]:{port}",
-        "--discard",
-        "--json",
-        "--no-progress",
-        ns=topo.netns_of(dst),
-    )
-    recv.wait_listening(port)
+    recv = start_fabric_recv(mrc_tools, topo, dst, port)
     before = counters(topo)
     send = mrc_tools.run(
         "mrc-send",

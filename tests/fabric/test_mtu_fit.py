@@ -9,7 +9,13 @@ that fits a fabric's MTU, and the transport sends datagrams that do not fit one 
 from __future__ import annotations
 
 import pytest
-from fabric_helpers import SKIP_REASON, needs_netns, running_fabric, unique_name
+from fabric_helpers import (
+    SKIP_REASON,
+    needs_netns,
+    running_fabric,
+    start_fabric_recv,
+    unique_name,
+)
 
 from mrc import wire
 from mrc.fabric import FabricSpec, Topology
@@ -27,18 +33,7 @@ def fab1500() -> Topology:
 
 
 def _transfer(topo: Topology, mrc_tools, port: int, *extra: str):  # type: ignore[no-untyped-def]
-    recv = mrc_tools.start(
-        "mrc-recv",
-        "--fabric",
-        topo.name,
-        "--listen",
-        f"[::]:{port}",
-        "--discard",
-        "--json",
-        "--no-progress",
-        ns=topo.netns_of("h3"),
-    )
-    recv.wait_listening(port)
+    recv = start_fabric_recv(mrc_tools, topo, "h3", port)
     send = mrc_tools.run(
         "mrc-send",
         "--fabric",
