@@ -183,6 +183,8 @@ class EVSet:
         self._ce_at = [_NEG_INF] * n
         self._route_ce: dict[tuple[int, int], float] = {}
         self.plane_ce_until = [_NEG_INF] * self.nplanes
+        # latest TRIMMED_LASTHOP NACK per plane: its last hop into the peer is congested
+        self._lasthop_trim_at = [_NEG_INF] * self.nplanes
         self.pen_limit = [int(t * ecn_penalty_max_fraction) for t in self.target]
         # retirements still being judged (``evs_assumed_bad_false``): ev -> (plane, route,
         # send time of the lost packet or None, time of the retirement)
@@ -415,12 +417,17 @@ class EVSet:
         return ev in self._pen_until
 
     def congested(self, ev: int, since: float) -> bool:
-        """Whether ``ev``'s path showed congestion at or after ``since``: a CE mark on the
-        EV, its plane in common congestion (``marked``), or, when the plane's routes are
-        known, a mark on another EV of its route or marks on two routes of its plane or more
-        (a queue they share: the last hop or the NIC)."""
+        """Whether ``ev``'s path showed congestion at or after ``since``: a CE mark or a
+        trim on the EV, its plane in common congestion (``marked``), a last-hop trim on its
+        plane (``lasthop_trimmed``), or, when the plane's routes are known, a mark or trim on
+        another EV of its route or on two routes of its plane or more (a queue they share:
+        the last hop or the NIC)."""
         plane = self.planes[ev]
-        if self._ce_at[ev] >= since or self.plane_ce_until[plane] >= since:
+        if (
+            self._ce_at[ev] >= since
+            or self.plane_ce_until[plane] >= since
+            or self._lasthop_trim_at[plane] >= since
+        ):
             return True
         if not self._route_known[plane]:
             return False
@@ -562,12 +569,26 @@ class EVSet:
                         self._transition(backup, EVReason.REPLACES, now, str(e), active=True)
 
     def trimmed(self, ev: int, now: float) -> None:
-        """A TRIMMED NACK: congestion on this EV's path; skip it for a round."""
+        """A TRIMMED NACK: congestion on this EV's path; skip it for a round. A queue deep
+        enough to trim also delays what it does not trim, so for ``congested`` the trim counts
+        like a CE mark on the path."""
         self._now = now
+        self._ce_at[ev] = now
+        self._route_ce[(self.planes[ev], self.routes[ev])] = now
         if self.state[ev] == EVState.GOOD and self.active[ev]:
             self.skips += 1
             self._transition(ev, EVReason.TRIMMED, now)
             self._skipped.append(ev)
+
+    def lasthop_trimmed(self, ev: int, now: float) -> None:
+        """A TRIMMED_LASTHOP NACK for a packet sent on ``ev``: the last hop of its plane into
+        the peer is congested (incast). No EV is to blame, so none is skipped; but every path
+        of the plane shares that queue, and a packet waiting in it for longer than the
+        reordering window looks lost to SACK evidence from the plane's shallower moments or
+        from other planes. Such a loss is congestion (``congested``), not a failure."""
+        plane = self.planes[ev]
+        if now > self._lasthop_trim_at[plane]:
+            self._lasthop_trim_at[plane] = now
 
     def deny(self, ev: int, now: float = 0.0) -> None:
         """Operator denylist: never use this EV again."""

@@ -738,8 +738,11 @@ class Requester:
                 self.stats.retransmits_nack += 1
             if self.cc is not None:
                 self.cc.on_congestion_loss(now, now - pkt.sent_at)
-            if self.health and code == wire.NackCode.TRIMMED:
-                self.evs.trimmed(pkt.ev, now)  # congestion on the path; LASTHOP is incast
+            if self.health:
+                if code == wire.NackCode.TRIMMED:
+                    self.evs.trimmed(pkt.ev, now)  # congestion on the path: skip it a round
+                else:
+                    self.evs.lasthop_trimmed(pkt.ev, now)  # incast: no path is to blame
             return
         if code == wire.NackCode.REMOTE_ACCESS_ERROR:
             wr = pkt.wr

@@ -189,6 +189,25 @@ def test_a_loss_on_a_marked_path_is_congestion_not_failure() -> None:
     assert evs.state[6] == EVState.ASSUMED_BAD
 
 
+def test_a_trim_makes_losses_on_its_path_or_last_hop_congestion_not_failure() -> None:
+    evs = _evs([0, 1] * 4)
+    evs.trimmed(2, 1.0)  # route 0, TRIMMED: skipped a round, and its route is congested
+    assert evs.state[2] == EVState.SKIP
+    evs.lost(0, 1.02, EVReason.SACK_LOSS, sent_at=1.005, congestion_since=1.005 - 0.01)
+    assert evs.state[0] == EVState.GOOD and evs.losses_congested == 1
+    evs.lost(1, 1.02, EVReason.SACK_LOSS, sent_at=1.005, congestion_since=1.005 - 0.01)
+    assert evs.state[1] == EVState.ASSUMED_BAD  # route 1 showed nothing
+    two = EVSet(list(range(3000, 3008)), [0, 1] * 4, routes=[0] * 8)  # two planes
+    two.lasthop_trimmed(0, 2.0)  # plane 0's last hop into the peer: incast
+    assert all(s == EVState.GOOD for s in two.state) and two.usable == [True] * 8  # no skip
+    two.lost(4, 2.01, EVReason.SACK_LOSS, sent_at=2.0, congestion_since=2.0 - 0.01)
+    assert two.state[4] == EVState.GOOD and two.losses_congested == 1  # same plane
+    two.lost(5, 2.01, EVReason.SACK_LOSS, sent_at=2.0, congestion_since=2.0 - 0.01)
+    assert two.state[5] == EVState.ASSUMED_BAD  # plane 1's last hop showed nothing
+    two.lost(6, 2.5, EVReason.TIMEOUT, sent_at=2.3, congestion_since=2.3 - 0.01)
+    assert two.state[6] == EVState.ASSUMED_BAD  # the trim is too old
+
+
 def test_false_retirements_by_route_delivery_and_by_first_probe() -> None:
     evs = _evs([0, 1] * 4, probe_interval=0.02, probe_timeout=0.1)
     evs.lost(0, 1.0, EVReason.SACK_LOSS, sent_at=0.99)  # route 0
