@@ -49,6 +49,7 @@ import random
 from collections.abc import Callable
 
 from mrc.core.events import EVReason, EVState, EVStateChanged
+from mrc.core.planesteer import PlaneSteering
 from mrc.errors import MRCError
 
 __all__ = ["EVReason", "EVSet", "EVState", "EVTransitionError"]
@@ -117,6 +118,7 @@ class EVSet:
         plane_dead_losses: int = 8,
         route_dead_evs: int = 0,
         route_weighted_planes: bool = False,
+        plane_steering: PlaneSteering | None = None,
         on_change: ChangeCallback | None = None,
         routes: list[int] | None = None,
         qpn: int = 0,
@@ -166,6 +168,8 @@ class EVSet:
         self.route_dead_evs = route_dead_evs  # 0: EVs of a route do not share fate
         # planes' shares of the spray follow their live routes (_plane_shares)
         self.route_weighted_planes = route_weighted_planes
+        # planes' shares follow their measured delays (mrc.core.planesteer); None: off
+        self.steering = plane_steering
         self.on_change: ChangeCallback = on_change or _nothing
         self._next_probe: dict[int, float] = {}  # ASSUMED_BAD ev -> next probe time
         self._probe_sent: dict[int, float] = {}  # ev -> when its unanswered probe left
@@ -246,6 +250,10 @@ class EVSet:
         for ev in usable:
             by_plane.setdefault(planes[ev], []).append(ev)
         share = self._plane_shares(by_plane) if self.route_weighted_planes else None
+        steer = self.steering.shares() if self.steering is not None else None
+        if steer is not None:
+            base = share or {}
+            share = {p: base.get(p, 1.0) * steer[p] for p in by_plane}
         if share is not None:
             return self._interleave_weighted(by_plane, share)
         lists = list(by_plane.values())
@@ -304,6 +312,13 @@ class EVSet:
                     order.append(evs[taken[p] % len(evs)])
                     taken[p] += 1
         return order
+
+    def plane_rtt(self, plane: int, rtt: float, now: float) -> None:
+        """An RTT sample of a packet sent on ``plane``: with plane steering on, it may move
+        the planes' shares, and a move large enough starts a new round laid out with them."""
+        steering = self.steering
+        if steering is not None and steering.sample(plane, rtt, now):
+            self._pos = len(self._order)  # next() lays out a new round
 
     def next(self) -> int:
         """The EV for the next packet."""
@@ -607,6 +622,8 @@ class EVSet:
             return
         self.plane_down[plane] = True
         self.planes_lost += 1
+        if self.steering is not None:
+            self.steering.forget(plane)
         for ev in range(len(self.ports)):
             if self.planes[ev] == plane and self.state[ev] in (EVState.GOOD, EVState.SKIP):
                 self._retire(ev, now, EVReason.PLANE_DOWN, str(losses))
@@ -662,6 +679,8 @@ class EVSet:
         self._plane_delivered(plane, sent)
         if self.plane_down[plane]:
             self.plane_down[plane] = False
+            if self.steering is not None:
+                self.steering.forget(plane)
             self._refresh_plane(plane)
         ok = self._probe_ok.get(ev, 0) + 1
         self._probe_ok[ev] = ok

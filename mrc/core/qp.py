@@ -23,6 +23,7 @@ from mrc.core.config import QPConfig
 from mrc.core.events import Burst, Datagram, Event, EVReason, ProbeReplied, datagrams_of
 from mrc.core.evset import EVSet
 from mrc.core.memory import ProtectionDomain
+from mrc.core.planesteer import PlaneSteering
 from mrc.core.requester import Requester
 from mrc.core.responder import Responder
 from mrc.core.stats import QPStats
@@ -91,6 +92,13 @@ class QueuePair:
         cfg = self.config
         self._events: deque[Event] = deque()
         emit = self._events.append
+        nplanes = max(ev_planes) + 1 if ev_planes else 1
+        steering = None
+        steer = cfg.plane_steering if cfg.plane_steering is not None else cfg.cc == "nscc"
+        if steer and nplanes > 1:
+            steering = PlaneSteering(
+                nplanes, margin=cfg.plane_steer_margin, floor=cfg.plane_steer_floor
+            )
         self.evs = EVSet(
             ev_ports,
             ev_planes,
@@ -103,6 +111,7 @@ class QueuePair:
             plane_dead_losses=cfg.plane_dead_losses,
             route_dead_evs=cfg.route_dead_evs,
             route_weighted_planes=cfg.route_weighted_planes,
+            plane_steering=steering,
             on_change=emit,
             routes=ev_routes,
             qpn=qpn,

@@ -633,6 +633,8 @@ class Requester:
             if subject is not None and not subject.retransmitted:
                 rtt_sample = now - subject.sent_at
                 self.rtt.sample(rtt_sample)
+                if evs.steering is not None:
+                    evs.plane_rtt(evs.planes[subject.ev], rtt_sample, now)
         cum = to_seq(ip, psnw & wire.PSN_MASK, una)
         beyond = cum >= nxt
         if beyond:

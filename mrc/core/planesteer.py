@@ -1,0 +1,92 @@
+"""Delay-steered plane shares: send less on a plane whose paths queue more than the others'.
+
+Spraying gives every plane the same share of a QP's packets, which is right while the planes
+are alike. When one plane loses capacity somewhere between the leaves (a spine link down, so
+its remaining spine carries what two did), an equal share makes that plane's queue set the
+pace of the whole QP while the other planes idle. Nothing marks or drops at first: the only
+signal is delay. Each plane's round-trip time is smoothed from the ACKs of packets sent on it;
+once per round trip, a plane whose smoothed delay exceeds the best plane's by more than a
+margin gives up part of its share (multiplicative decrease), and any other plane wins share
+back (additive increase), up to an equal share. The planes' queues are thereby kept level.
+
+When every plane shares the bottleneck (the receiver's last hops, the sender's NICs) their
+delays stay alike and nothing changes: the failover demo's single flow, whose NICs are the
+bottleneck, keeps every plane in full use with one spine of a plane down.
+
+Sans-IO: times come in as arguments. The EV set reads ``weights`` when it lays out a round.
+"""
+
+from __future__ import annotations
+
+#: smoothing gain of each plane's delay (as for SRTT)
+_GAIN = 0.125
+
+
+class PlaneSteering:
+    """Per-plane weights in [``floor``, 1] from per-plane smoothed RTTs.
+
+    ``margin``: a plane is "slower" when its smoothed RTT exceeds the best plane's by more
+    than ``margin`` x the best one's plus ``min_excess`` seconds. ``decrease``: the factor
+    a slower plane's weight is multiplied by per round trip; ``increase``: what any other
+    plane's weight gains per round trip. ``threshold``: how far the weights must move from
+    those the current round was laid out with before ``sample`` asks for a new round.
+    """
+
+    def __init__(
+        self,
+        nplanes: int,
+        margin: float = 0.5,
+        min_excess: float = 0.0005,
+        floor: float = 0.25,
+        decrease: float = 0.8,
+        increase: float = 0.05,
+        threshold: float = 0.1,
+    ) -> None:
+        self.nplanes = nplanes
+        self.margin = margin
+        self.min_excess = min_excess
+        self.floor = floor
+        self.decrease = decrease
+        self.increase = increase
+        self.threshold = threshold
+        self.delay: list[float | None] = [None] * nplanes
+        self.weights = [1.0] * nplanes
+        self.applied = [1.0] * nplanes  # the weights the current round was laid out with
+        self._next_update = 0.0
+        self.decreases = 0  # times a plane gave up share (a counter for --json)
+
+    def sample(self, plane: int, rtt: float, now: float) -> bool:
+        """An RTT sample of a packet sent on ``plane``; True if the weights have moved far
+        enough from ``applied`` that the rotation should be laid out again."""
+        d = self.delay[plane]
+        self.delay[plane] = rtt if d is None else d + _GAIN * (rtt - d)
+        if now < self._next_update:
+            return False
+        known = [x for x in self.delay if x is not None]
+        if len(known) < 2:
+            return False
+        best = min(known)
+        self._next_update = now + best
+        limit = best * (1.0 + self.margin) + self.min_excess
+        weights = self.weights
+        for p, dp in enumerate(self.delay):
+            if dp is not None and dp > limit:
+                w = weights[p] * self.decrease
+                weights[p] = w if w > self.floor else self.floor
+                self.decreases += 1
+            elif weights[p] < 1.0:
+                w = weights[p] + self.increase
+                weights[p] = w if w < 1.0 else 1.0
+        return any(abs(w - a) >= self.threshold for w, a in zip(weights, self.applied, strict=True))
+
+    def forget(self, plane: int) -> None:
+        """``plane`` went down or came back: its old delay says nothing about it now."""
+        self.delay[plane] = None
+        self.weights[plane] = 1.0
+
+    def shares(self) -> list[float] | None:
+        """The weights for a new round (remembered as ``applied``), or None if all are equal."""
+        self.applied = list(self.weights)
+        if all(w == 1.0 for w in self.weights):
+            return None
+        return self.applied
