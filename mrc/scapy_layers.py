@@ -132,7 +132,9 @@ class MRCAck(Packet):
     fields_desc = [
         XByteField("syndrome", 0x1F),
         X3BytesField("msn", 0),
-        IntField("subject_psn", 0),
+        BitField("subject_dup", 0, 1),  # wire.ACK_SUBJECT_DUP: the subject arrived before
+        BitField("subject_zero", 0, 7),
+        BitField("subject_psn", 0, 24),
         IntField("sack_base", 0),
         XLongField("bitmap", 0),
         ShortField("ev", 0),

@@ -69,6 +69,10 @@ BTH_LASTHOP = 0x10  # set with BTH_TRIMMED when the cut happened on the port int
 BTH_ACKREQ = 0x80
 BTH_SECURE = 0x40  # a security block follows the headers (mrc/security/packet.py)
 
+#: ACK Subject PSN field, top bit: the subject had arrived before (this copy is a duplicate).
+#: Tells a requester whose tail loss probe was acknowledged whether the probed transmission had
+#: been lost (flag clear: the probe was the first copy to arrive) or only its ACK (flag set)
+ACK_SUBJECT_DUP = 0x80000000
 AETH_ACK = 0x1F  # ACK syndrome with the "invalid credit" value: MRC has no credits
 AETH_NAK_BASE = 0x60
 
@@ -152,6 +156,7 @@ class Ack:
     bitmap: int
     ev: int
     port_state: int
+    subject_dup: bool = False  # ACK_SUBJECT_DUP: the subject had arrived before
 
     @property
     def is_nack(self) -> bool:
@@ -165,4 +170,14 @@ class Ack:
 def parse_ack(data: bytes | memoryview) -> Ack:
     """Decode an ACK-family packet; raises struct.error if it is too short."""
     (_op, _f, _pk, qpw, psnw, aeth, subj, base, bm, ev, ports) = ACK_PKT.unpack_from(data)
-    return Ack(qpw & QPN_MASK, psnw & PSN_MASK, aeth >> 24, subj, base, bm, ev, ports)
+    return Ack(
+        qpw & QPN_MASK,
+        psnw & PSN_MASK,
+        aeth >> 24,
+        subj & PSN_MASK,
+        base,
+        bm,
+        ev,
+        ports,
+        bool(subj & ACK_SUBJECT_DUP),
+    )

@@ -96,6 +96,7 @@ class EVReason(Enum):
     SKIP_OVER = "skip over"  # the skipped round is over
     TIMEOUT = "timeout"  # a packet's retransmission timer expired
     SACK_LOSS = "lost: later packets arrived"  # RACK-style evidence from SACKs
+    PROBE_LOSS = "lost: its tail loss probe arrived first"  # the probe's ACK: not a duplicate
     SEND_ERROR = "send error: {detail}"  # detail: the OS error text
     ACK_LOST = "ACK lost: data arrived twice"  # receiver side: a SACK on this EV was lost
     PLANE_DOWN = "plane {plane} down: {detail} losses in a row"  # detail: the streak

@@ -74,6 +74,8 @@ _TRANSITIONS: dict[tuple[EVState, EVReason], EVState] = {
     (_SKIP, _R.TIMEOUT): _BAD,
     (_GOOD, _R.SACK_LOSS): _BAD,
     (_SKIP, _R.SACK_LOSS): _BAD,
+    (_GOOD, _R.PROBE_LOSS): _BAD,
+    (_SKIP, _R.PROBE_LOSS): _BAD,
     (_GOOD, _R.SEND_ERROR): _BAD,
     (_SKIP, _R.SEND_ERROR): _BAD,
     (_GOOD, _R.ACK_LOST): _BAD,
@@ -193,6 +195,11 @@ class EVSet:
         # retirements still being judged (``evs_assumed_bad_false``): ev -> (plane, route,
         # send time of the lost packet or None, time of the retirement)
         self.judging: dict[int, tuple[int, int, float | None, float]] = {}
+        # route fate's evidence: per retired EV the send time of the packet whose loss retired
+        # it (inf: none known), and per (plane, route) the send time of the latest packet it
+        # is known to have delivered since (kept while retirements are judged)
+        self._lost_sent: dict[int, float] = {}
+        self._route_alive: dict[tuple[int, int], float] = {}
         # counters
         self.assumed_bad = 0
         self.resurrected = 0
@@ -471,6 +478,9 @@ class EVSet:
         if not self._route_known[plane]:
             return
         route = self.routes[ev]
+        key = (plane, route)
+        if sent_at > self._route_alive.get(key, _NEG_INF):
+            self._route_alive[key] = sent_at
         for bad, (p, r, lost_sent, at) in list(self.judging.items()):
             if (
                 p == plane
@@ -556,7 +566,12 @@ class EVSet:
             return
         n = len(self.ports)
         same = [e for e in range(n) if self.planes[e] == plane and self.routes[e] == route]
-        bad = sum(1 for e in same if self.state[e] == _BAD)
+        # a loss counts against the route only if the route has delivered nothing sent after
+        # it: two packets delayed past the reordering window on a route that works (a deep
+        # queue) must not take the whole route out
+        alive = self._route_alive.get((plane, route), _NEG_INF)
+        lost = self._lost_sent
+        bad = sum(1 for e in same if self.state[e] == _BAD and lost.get(e, _INF) > alive)
         if bad < self.route_dead_evs:
             return
         # a dead link shows on its route alone; losses spread over every route of the plane
@@ -673,6 +688,9 @@ class EVSet:
         if self.judging.pop(ev, None) is not None:
             self.assumed_bad_false += 1  # its first probe came back: the path worked
         plane = self.planes[ev]
+        key = (plane, self.routes[ev])
+        if sent > self._route_alive.get(key, _NEG_INF):
+            self._route_alive[key] = sent  # the route carried the probe
         # the plane carried a packet sent at ``sent``: losses of packets sent before that
         # (e.g. timeouts of retransmissions that went out during the outage) are no evidence
         # that it is dead now
@@ -744,12 +762,14 @@ class EVSet:
         self.assumed_bad += 1
         # judged until its first probe is answered (false) or times out (not false)
         self.judging[ev] = (self.planes[ev], self.routes[ev], lost_sent, now)
+        self._lost_sent[ev] = lost_sent if lost_sent is not None else _INF
         self._transition(ev, reason, now, detail, active=False)
         self._next_probe[ev] = now + self.probe_interval
         self._probe_ok[ev] = 0
 
     def _probe_cleanup(self, ev: int) -> None:
         self.judging.pop(ev, None)
+        self._lost_sent.pop(ev, None)
         self._next_probe.pop(ev, None)
         self._probe_sent.pop(ev, None)
         self._probe_ok.pop(ev, None)

@@ -49,6 +49,7 @@ _IMM_HDR_LEN = wire.DATA_IMM_HDR_LEN
 _PSN_MASK = wire.PSN_MASK
 #: bytes of one header arena (Requester._header_room): about 2300 headers
 _ARENA = 1 << 16
+_SUBJECT_DUP = wire.ACK_SUBJECT_DUP
 _TRIM_CODES = (wire.NackCode.TRIMMED, wire.NackCode.TRIMMED_LASTHOP)
 
 
@@ -75,6 +76,7 @@ class _Packet:
         "nacks",
         "nacked",
         "retransmitted",
+        "probed",
     )
 
     def __init__(
@@ -98,6 +100,9 @@ class _Packet:
         self.nacks = 0
         self.nacked = False  # a NACK of its latest transmission was acted on
         self.retransmitted = False
+        # a tail loss probe's transmissions before it, as (ev, sent_at), until an ACK of the
+        # probe tells whether they were lost (docs/EV_HEALTH.md, "Evidence of loss"); None
+        self.probed: list[tuple[int, float]] | None = None
 
 
 class Requester:
@@ -525,6 +530,12 @@ class Requester:
                 pkt = outstanding[seq]
                 if pkt.deadline != _INF:  # not already queued for a resend
                     pkt.deadline = _INF
+                    # the transmission probed: if the probe turns out to be the first copy
+                    # to arrive, it was lost, and its EV is blamed then (on_ack)
+                    if pkt.probed is None:
+                        pkt.probed = [(pkt.ev, pkt.sent_at)]
+                    else:
+                        pkt.probed.append((pkt.ev, pkt.sent_at))
                     # a probe goes out whatever the window: NSCC may have shrunk it below
                     # what is in flight, and a probe held back by the silence it is meant
                     # to break would leave that silence to the RTO
@@ -630,6 +641,8 @@ class Requester:
                     # moments ago: then the echoed port, checked against the ring above)
                     marked = subject.ev if subject is not None else evs.index_of_port[ev_port]
                     evs.marked(marked, now, self._ce_memory(), self.config.ecn_steering)
+            if subject is not None and subject.probed is not None:
+                self._probe_answered(subject, bool(subj & _SUBJECT_DUP), now)
             if subject is not None and not subject.retransmitted:
                 rtt_sample = now - subject.sent_at
                 self.rtt.sample(rtt_sample)
@@ -723,6 +736,25 @@ class Requester:
                 )
             else:
                 self.losses_unblamed += 1
+
+    def _probe_answered(self, pkt: _Packet, dup: bool, now: float) -> None:
+        """An ACK of a tail loss probe's transmission of ``pkt`` (its echoed EV is the
+        probe's): unless the receiver says it had the packet already (``dup``: then only the
+        ACK of an earlier copy was lost, and the receiver blames the EV that carried it), the
+        probe was the first copy to arrive, so every transmission it probed was lost.
+
+        Nothing else could tell: the probe repeats the packet's PSN, so no SACK shows a
+        hole, and with a window of a packet or two there are no later packets to show one
+        either. A dead path would then cost a probe timeout on every packet sent over it,
+        and never be retired."""
+        probed, pkt.probed = pkt.probed, None
+        if dup or not self.health or probed is None:
+            return
+        self.stats.losses_tlp += len(probed)
+        memory = self._ce_memory()
+        for ev, sent in probed:
+            since = sent - memory
+            self.evs.lost(ev, now, EVReason.PROBE_LOSS, sent_at=sent, congestion_since=since)
 
     def _on_nack(self, code: int, seq: int, pkt: _Packet, now: float) -> None:
         """A NACK on_ack believed: about ``pkt`` (seq ``seq``), in flight, echoing the EV of

@@ -59,6 +59,7 @@ class Responder:
         self._subject = (0, 0)  # (seq, source port) of the latest arrival
         # the latest arrival carried CE (FECN): echoed as BECN in the ACKs about it (NSCC)
         self._subject_ce = False
+        self._subject_dup = False  # the latest arrival was a duplicate (wire.ACK_SUBJECT_DUP)
         self._ack_deadline: float | None = None
         self._out: list[Datagram] = []
         self._sack_ev: dict[int, int] = {}  # block -> reverse EV of the last SACK reporting it
@@ -127,7 +128,7 @@ class Responder:
             if lost_on is not None and self.config.ev_health:
                 self.evs.lost(lost_on, now, EVReason.ACK_LOST, plane_evidence=False)
             self._subject_ce = bool(marks & wire.BTH_FECN)
-            self._note_arrival(seq, src_port, now, force=True)
+            self._note_arrival(seq, src_port, now, force=True, dup=True)
             return
         hs = hdr.size
         region.view[offset : offset + length] = data[hs : hs + length]
@@ -246,13 +247,21 @@ class Responder:
             self._emit(ImmediateReceived(self.qpn, imm))
 
     def _note_arrival(
-        self, seq: int, src_port: int, now: float, force: bool, count: int = 1
+        self,
+        seq: int,
+        src_port: int,
+        now: float,
+        force: bool,
+        count: int = 1,
+        dup: bool = False,
     ) -> None:
         """ACK bookkeeping for ``count`` arrivals, the latest ``seq`` (the blocks of the
-        others are already in ``_dirty``): an ACK now if one is due, else by the delay."""
+        others are already in ``_dirty``): an ACK now if one is due, else by the delay.
+        ``dup``: ``seq`` had arrived before (the ACK says so: wire.ACK_SUBJECT_DUP)."""
         self._pending += count
         self._dirty.add(seq >> 6)
         self._subject = (seq, src_port)
+        self._subject_dup = dup
         if force or self._pending >= self.config.ack_every:
             self.flush()
         elif self._ack_deadline is None:
@@ -269,7 +278,13 @@ class Responder:
         return self._blocks.get(block, 0) | below
 
     def _ack_bytes(
-        self, syndrome: int, seq: int, src_port: int, block: int, becn: bool = False
+        self,
+        syndrome: int,
+        seq: int,
+        src_port: int,
+        block: int,
+        becn: bool = False,
+        dup: bool = False,
     ) -> bytes:
         ip = self.peer_initial_psn
         return wire.pack_ack(
@@ -277,7 +292,7 @@ class Responder:
             (self.remote_qpn or 0) | (_BECN if becn else 0),
             to_psn(ip, self._cum),
             syndrome,
-            to_psn(ip, seq),
+            to_psn(ip, seq) | (wire.ACK_SUBJECT_DUP if dup else 0),
             to_psn(ip, block << 6),
             self._bitmap(block),
             src_port,
@@ -307,7 +322,9 @@ class Responder:
         sack_ev = self._sack_ev
         dirty = self._dirty
         for block in blocks:
-            pkt = self._ack_bytes(wire.AETH_ACK, seq, port, block, self._subject_ce)
+            pkt = self._ack_bytes(
+                wire.AETH_ACK, seq, port, block, self._subject_ce, self._subject_dup
+            )
             ev = self.evs.next()
             if block in dirty:  # a report of the oldest hole's block alone blames no EV later
                 sack_ev[block] = ev

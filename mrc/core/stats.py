@@ -21,6 +21,9 @@ class QPStats:
     retransmits_timeout: int = 0
     retransmits_sack: int = 0
     retransmits_tlp: int = 0
+    #: transmissions found lost because their tail loss probe was the first copy to arrive
+    #: (the ACK of the probe did not carry wire.ACK_SUBJECT_DUP): each blamed on its EV
+    losses_tlp: int = 0
     #: packets queued for a resend (one of the four causes above) that an ACK covered before
     #: they went out again: retransmits + retransmits_cancelled == the four causes' sum
     retransmits_cancelled: int = 0

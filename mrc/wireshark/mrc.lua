@@ -71,6 +71,7 @@ local f = {
     nak_code = ProtoField.uint8("mrc.ack.nak_code", "NAK code", base.DEC, nak_names),
     nak_name = ProtoField.string("mrc.ack.nak_name", "NAK code name"),
     subject_psn = ProtoField.uint32("mrc.ack.subject_psn", "Subject PSN", base.DEC, nil, 0x00FFFFFF),
+    subject_dup = ProtoField.bool("mrc.ack.subject_dup", "Subject arrived before (D)", 32, nil, 0x80000000),
     sack_base = ProtoField.uint32("mrc.ack.sack_base", "SACK base PSN", base.DEC, nil, 0x00FFFFFF),
     bitmap = ProtoField.uint64("mrc.ack.bitmap", "SACK bitmap", base.HEX),
     sack_count = ProtoField.uint8("mrc.ack.sack_count", "SACKed PSNs", base.DEC),
@@ -96,8 +97,8 @@ local f = {
 mrc.fields = {
     f.opcode, f.kind, f.fecn, f.becn, f.trimmed, f.lasthop, f.ackreq, f.secure, f.qpn, f.psn,
     f.dma_len, f.payload_len, f.is_trimmed,
-    f.ack_psn, f.syndrome, f.is_nak, f.nak_code, f.nak_name, f.subject_psn, f.sack_base,
-    f.bitmap, f.sack_count, f.sacked_psn, f.ack_ev, f.port_state,
+    f.ack_psn, f.syndrome, f.is_nak, f.nak_code, f.nak_name, f.subject_psn, f.subject_dup,
+    f.sack_base, f.bitmap, f.sack_count, f.sacked_psn, f.ack_ev, f.port_state,
     f.probe_seq, f.probe_ev, f.probe_flags, f.token, f.token_tag, f.token_time,
     f.key_id, f.counter, f.header_icv, f.icv_integrity, f.icv_encrypt,
 }
@@ -203,6 +204,7 @@ local function dissect_ack(t, buf, pinfo, secure)
         label = "MRC NAK " .. name
     end
     t:add(f.subject_psn, buf(16, 4))
+    t:add(f.subject_dup, buf(16, 4))
     local base_psn = buf(21, 3):uint()
     t:add(f.sack_base, buf(20, 4))
     t:add(f.bitmap, buf(24, 8))

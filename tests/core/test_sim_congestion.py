@@ -341,11 +341,12 @@ def _trace_digest(seed: int, fabric: Fabric | None = None) -> str:
 #: computed on the simulator before the congestion model existed (commit 106b72c), and
 #: recomputed when the responder began to report the block of its oldest hole in every flush
 #: (more ACKs: a different trace), and again when trims became congestion evidence against
-#: blaming a loss on its path (fewer EVs retired). What they guard: the default network and an
+#: blaming a loss on its path (fewer EVs retired), and when a tail loss probe that arrives
+#: first began to prove the probed transmission lost. What they guard: the default network and an
 #: ideal fabric give one and the same trace, and it changes only with the protocol
 _DEFAULT_DIGESTS = {
     1: "155bd4dac95818f678d2645a411e4512c0521ab45bbb0abae0dc2d2299ac3613",
-    2: "45e59ade460d08b0305b27c5fa4a36df40b371581d2dcf6974796b9fa0ef4cac",
+    2: "5556d630389b67f09e63c33b26eee7710cdf9afd70a6ad1e1ad7d71de1daba9d",
 }
 
 

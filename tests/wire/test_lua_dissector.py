@@ -76,6 +76,7 @@ FIELDS = [
     "mrc.ack.nak_code",
     "mrc.ack.nak_name",
     "mrc.ack.subject_psn",
+    "mrc.ack.subject_dup",
     "mrc.ack.sack_base",
     "mrc.ack.bitmap",
     "mrc.ack.sack_count",
@@ -149,7 +150,13 @@ def _data(psn: int, dma: int, present: int, trimmed: bool) -> dict[str, object]:
 
 
 def _ack(
-    ack_psn: int, syndrome: int, subject: int, ev: int, ports: int, nak: tuple[int, str] | None
+    ack_psn: int,
+    syndrome: int,
+    subject: int,
+    ev: int,
+    ports: int,
+    nak: tuple[int, str] | None,
+    dup: bool = False,
 ) -> dict[str, object]:
     sacked = [(SACK_BASE + i) % (1 << 24) for i in range(64) if BITMAP >> i & 1]
     return {
@@ -159,6 +166,7 @@ def _ack(
         "mrc.ack.nak_code": None if nak is None else nak[0],
         "mrc.ack.nak_name": None if nak is None else nak[1],
         "mrc.ack.subject_psn": subject,
+        "mrc.ack.subject_dup": dup,
         "mrc.ack.sack_base": SACK_BASE,
         "mrc.ack.bitmap": BITMAP,
         "mrc.ack.sack_count": len(sacked),
@@ -239,6 +247,15 @@ def _packets() -> list[Sent]:
             bytes(ack),
             _bth("ACKNOWLEDGE", a, ACK_QPN, becn=True)
             | _ack(0x123, wire.AETH_ACK, 0x125, 50001, 0xFFFD, None),
+        )
+    )
+    dup = wire.ACK_SUBJECT_DUP | 0x126  # the subject had arrived before
+    out.append(
+        Sent(
+            "ack_subject_dup",
+            wire.pack_ack(ACK_QPN, 0x124, wire.AETH_ACK, dup, SACK_BASE, BITMAP, 50002, 0xFFFF),
+            _bth("ACKNOWLEDGE", a, ACK_QPN)
+            | _ack(0x124, wire.AETH_ACK, 0x126, 50002, 0xFFFF, None, dup=True),
         )
     )
     for i, code in enumerate(wire.NackCode):

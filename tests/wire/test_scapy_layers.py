@@ -203,7 +203,9 @@ def test_acks_built_by_scapy_equal_mrc_wire(
 ) -> None:
     pkt = L.MRCBTH(dqpn=qpn, psn=ack_psn) / L.MRCAck(
         syndrome=syndrome,
-        subject_psn=subject,
+        subject_dup=subject >> 31,  # the D flag (wire.ACK_SUBJECT_DUP)
+        subject_zero=(subject >> 24) & 0x7F,
+        subject_psn=subject & 0xFFFFFF,
         sack_base=base,
         bitmap=bitmap,
         ev=ev,

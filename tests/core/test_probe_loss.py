@@ -1,0 +1,106 @@
+"""A tail loss probe that arrives first proves the transmission it probed lost (docs/PROTOCOL.md
+3.4, the D flag of the Subject PSN; docs/EV_HEALTH.md, "Evidence of loss").
+
+With a window of a packet or two (NSCC on a slow or congested fabric) a dead path leaves no
+SACK evidence: nothing sent after the lost packet arrives until the tail loss probe, which
+repeats its PSN. Before the D flag, such a path was never retired and cost a probe timeout on
+every packet sprayed over it (mrc-bench's link_down all-to-all: failure steps of 290-370 ms
+against 230 for the outage steps after it)."""
+
+from __future__ import annotations
+
+from mrc import wire
+from mrc.core import QPConfig
+from mrc.core.events import EVReason, EVStateChanged
+from mrc.core.evset import EVState
+from mrc.sim import Faults, SimNetwork
+
+SIZE = 200_000
+
+
+def _pair(faults: Faults, dead: str = "", window: int = 1) -> tuple[SimNetwork, object, object]:
+    net = SimNetwork(seed=7, faults=faults)
+    net.add_host("a")
+    net.add_host("b")
+    cfg = QPConfig(payload_size=1000, max_outstanding=window, cc="fixed", ack_every=1)
+    qa, qb = net.connect("a", "b", evs=16, config=cfg)
+    if dead == "data":  # a quarter of a's EVs: the packets sprayed on them vanish
+        faults.dead_evs.update(qa.evs.ports[:4])
+    elif dead == "acks":  # a quarter of b's: the ACKs sent on them vanish
+        faults.dead_evs.update(qb.evs.ports[:4])
+    return net, qa, qb
+
+
+def _transfer(net: SimNetwork, qa, qb) -> bytes:  # type: ignore[no-untyped-def]
+    buf = bytearray(SIZE)
+    mr = qb.pd.register(buf)
+    data = bytes((i * 13 + 5) % 251 for i in range(SIZE))
+    qa.post_write(data, mr.addr, mr.rkey)
+    assert net.run(lambda: qa.idle, max_time=60)
+    assert bytes(buf) == data
+    return data
+
+
+def _retired(events: list, reason: EVReason) -> set[int]:  # type: ignore[type-arg]
+    return {
+        e.ev
+        for e in events
+        if isinstance(e, EVStateChanged) and e.new is EVState.ASSUMED_BAD and e.reason is reason
+    }
+
+
+def test_acks_flag_a_subject_that_had_arrived_before() -> None:
+    faults = Faults(duplicate=0.2, delay=0.0001, jitter=0.0)
+    net, qa, qb = _pair(faults, window=8)
+    arrivals: dict[int, int] = {}
+    flagged = clean = 0
+    rx_b, rx_a = net.hosts["b"].core.receive_datagram, net.hosts["a"].core.receive_datagram
+
+    def at_b(d, port, now):  # type: ignore[no-untyped-def]
+        b = bytes(d)
+        if b[0] == wire.Opcode.RDMA_WRITE_ONLY:
+            psn = int.from_bytes(b[9:12], "big")
+            arrivals[psn] = arrivals.get(psn, 0) + 1
+        return rx_b(d, port, now)
+
+    def at_a(d, port, now):  # type: ignore[no-untyped-def]
+        nonlocal flagged, clean
+        b = bytes(d)
+        if b[0] == wire.Opcode.ACKNOWLEDGE:
+            ack = wire.parse_ack(b)
+            if ack.subject_dup:
+                flagged += 1
+                assert arrivals[ack.subject_psn] >= 2  # it had arrived before
+            elif arrivals.get(ack.subject_psn) == 1:
+                clean += 1
+        return rx_a(d, port, now)
+
+    net.hosts["b"].core.receive_datagram = at_b  # type: ignore[method-assign]
+    net.hosts["a"].core.receive_datagram = at_a  # type: ignore[method-assign]
+    _transfer(net, qa, qb)
+    assert flagged > 5 and clean > 50  # (the network duplicates ACKs too: no upper bound)
+
+
+def test_a_probe_that_arrives_first_retires_the_dead_evs_it_probed() -> None:
+    net, qa, qb = _pair(Faults(delay=0.0001, jitter=0.0), dead="data")
+    _transfer(net, qa, qb)
+    dead = set(range(4))
+    events = net.hosts["a"].events
+    by_probe = _retired(events, EVReason.PROBE_LOSS)
+    assert by_probe and by_probe <= dead  # only dead EVs, proved by their probes
+    assert all(qa.evs.state[ev] != EVState.GOOD or not qa.evs.usable[ev] for ev in dead)
+    assert qa.stats.losses_tlp >= len(by_probe)
+    # once retired, the dead EVs cost no more probes: a handful each, not one per packet
+    assert qa.stats.retransmits_tlp <= 3 * len(dead), qa.stats.retransmits_tlp
+    assert qa.stats.retransmits_timeout == 0
+
+
+def test_a_probe_whose_original_arrived_blames_no_data_ev() -> None:
+    """The ACK of the original was lost, not the original: the probe is a duplicate, the
+    receiver says so, and the receiver's ACK EV takes the blame, not the data EV."""
+    net, qa, qb = _pair(Faults(delay=0.0001, jitter=0.0), dead="acks")
+    _transfer(net, qa, qb)
+    assert qa.stats.retransmits_tlp > 0  # lost ACKs left silences the probes broke
+    assert _retired(net.hosts["a"].events, EVReason.PROBE_LOSS) == set()
+    assert qa.stats.losses_tlp == 0
+    assert _retired(net.hosts["b"].events, EVReason.ACK_LOST)  # the receiver blamed its own
