@@ -199,7 +199,7 @@ class EVSet:
         # it (inf: none known), and per (plane, route) the send time of the latest packet it
         # is known to have delivered since (kept while retirements are judged)
         self._lost_sent: dict[int, float] = {}
-        self._route_alive: dict[tuple[int, int], float] = {}
+        self.losses_route_alive = 0  # losses not held against an EV: its route delivered since
         # counters
         self.assumed_bad = 0
         self.resurrected = 0
@@ -375,6 +375,16 @@ class EVSet:
             ids[self.planes[ev]].add(route)
         self._route_known = [len(r) > 1 for r in ids]
         self._plane_routes = [sorted(r) for r in ids]
+        # per EV the index of its (plane, route), and per index the send time of the latest
+        # packet that route is known to have delivered (the requester keeps it up to date
+        # from acknowledgements, where ``track_routes``; answered probes count too)
+        index: dict[tuple[int, int], int] = {}
+        self.route_ix = [
+            index.setdefault((self.planes[ev], route), len(index))
+            for ev, route in enumerate(self.routes)
+        ]
+        self.route_alive_sent = [_NEG_INF] * len(index)
+        self.track_routes = any(self._route_known)
 
     # ---- CE penalties ------------------------------------------------------------------
 
@@ -478,9 +488,6 @@ class EVSet:
         if not self._route_known[plane]:
             return
         route = self.routes[ev]
-        key = (plane, route)
-        if sent_at > self._route_alive.get(key, _NEG_INF):
-            self._route_alive[key] = sent_at
         for bad, (p, r, lost_sent, at) in list(self.judging.items()):
             if (
                 p == plane
@@ -538,6 +545,16 @@ class EVSet:
             self.losses_congested += 1
             return
         plane = self.planes[ev]
+        if (
+            sent_at is not None
+            and self._route_known[plane]
+            and self.route_alive_sent[self.route_ix[ev]] > sent_at
+        ):
+            # its route delivered a packet sent after this one: the route works, and an EV
+            # is nothing but its route (SRv6 pins the path), so this packet was delayed past
+            # the reordering window (a deep queue) or dropped by congestion, not by a failure
+            self.losses_route_alive += 1
+            return
         if plane_evidence and sent_at is not None and sent_at <= self.plane_alive_sent[plane]:
             plane_evidence = False
         if plane_evidence:
@@ -569,7 +586,7 @@ class EVSet:
         # a loss counts against the route only if the route has delivered nothing sent after
         # it: two packets delayed past the reordering window on a route that works (a deep
         # queue) must not take the whole route out
-        alive = self._route_alive.get((plane, route), _NEG_INF)
+        alive = self.route_alive_sent[self.route_ix[same[0]]] if same else _NEG_INF
         lost = self._lost_sent
         bad = sum(1 for e in same if self.state[e] == _BAD and lost.get(e, _INF) > alive)
         if bad < self.route_dead_evs:
@@ -688,9 +705,9 @@ class EVSet:
         if self.judging.pop(ev, None) is not None:
             self.assumed_bad_false += 1  # its first probe came back: the path worked
         plane = self.planes[ev]
-        key = (plane, self.routes[ev])
-        if sent > self._route_alive.get(key, _NEG_INF):
-            self._route_alive[key] = sent  # the route carried the probe
+        ix = self.route_ix[ev]
+        if sent > self.route_alive_sent[ix]:
+            self.route_alive_sent[ix] = sent  # the route carried the probe
         # the plane carried a packet sent at ``sent``: losses of packets sent before that
         # (e.g. timeouts of retransmissions that went out during the outage) are no evidence
         # that it is dead now

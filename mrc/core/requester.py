@@ -681,10 +681,17 @@ class Requester:
         planes = evs.planes
         newly = 0  # packets this ACK acknowledged
         judging = evs.judging  # retirements still open to being proved false
+        track = evs.track_routes  # per route, the latest send time it delivered
+        route_ix = evs.route_ix
+        route_alive = evs.route_alive_sent
         for seq in chain(acked, sacked):
             pkt = outstanding.pop(seq, None)
             if pkt is not None:
                 newly += 1
+                if track:
+                    r = route_ix[pkt.ev]
+                    if pkt.sent_at > route_alive[r]:
+                        route_alive[r] = pkt.sent_at
                 if judging:
                     evs.route_delivered(pkt.ev, pkt.sent_at)
                 if pkt.deadline == _INF:

@@ -208,6 +208,19 @@ def test_a_trim_makes_losses_on_its_path_or_last_hop_congestion_not_failure() ->
     assert two.state[6] == EVState.ASSUMED_BAD  # the trim is too old
 
 
+def test_a_loss_on_a_route_that_delivered_a_later_packet_retires_nothing() -> None:
+    evs = _evs([0, 1] * 4)
+    # what the requester does per acknowledged packet: route 0 delivered a packet sent at 1.01
+    evs.route_alive_sent[evs.route_ix[2]] = 1.01
+    evs.lost(0, 1.02, EVReason.SACK_LOSS, sent_at=1.005)  # route 0, sent before that
+    assert evs.state[0] == EVState.GOOD and evs.losses_route_alive == 1
+    evs.lost(4, 1.03, EVReason.PROBE_LOSS, sent_at=1.015)  # route 0, sent after: evidence
+    assert evs.state[4] == EVState.ASSUMED_BAD
+    evs.lost(1, 1.02, EVReason.SACK_LOSS, sent_at=1.005)  # route 1 delivered nothing
+    assert evs.state[1] == EVState.ASSUMED_BAD
+    assert evs.losses_route_alive == 1
+
+
 def test_false_retirements_by_route_delivery_and_by_first_probe() -> None:
     evs = _evs([0, 1] * 4, probe_interval=0.02, probe_timeout=0.1)
     evs.lost(0, 1.0, EVReason.SACK_LOSS, sent_at=0.99)  # route 0
