@@ -55,6 +55,8 @@ from mrc.errors import MRCError
 __all__ = ["EVReason", "EVSet", "EVState", "EVTransitionError"]
 
 _INF = float("inf")
+#: losses of packets sent closer together than this may be one queue overflow (_route_fate)
+_BURST_SPAN = 0.001
 _NEG_INF = float("-inf")
 
 _GOOD = EVState.GOOD
@@ -588,8 +590,14 @@ class EVSet:
         # queue) must not take the whole route out
         alive = self.route_alive_sent[self.route_ix[same[0]]] if same else _NEG_INF
         lost = self._lost_sent
-        bad = sum(1 for e in same if self.state[e] == _BAD and lost.get(e, _INF) > alive)
+        times = [lost.get(e, _INF) for e in same if self.state[e] == _BAD]
+        times = [t for t in times if t > alive]
+        bad = len(times)
         if bad < self.route_dead_evs:
+            return
+        # a dead link keeps losing packets; a queue that overflowed lost a burst: losses sent
+        # within a millisecond of each other take a route down only in twice the number
+        if bad < 2 * self.route_dead_evs and max(times) - min(times) < _BURST_SPAN:
             return
         # a dead link shows on its route alone; losses spread over every route of the plane
         # (a full queue at the sender's own NIC, say) say nothing against this one

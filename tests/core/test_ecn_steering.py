@@ -221,6 +221,21 @@ def test_a_loss_on_a_route_that_delivered_a_later_packet_retires_nothing() -> No
     assert evs.losses_route_alive == 1
 
 
+def test_route_fate_wants_losses_spread_in_time_and_after_the_routes_last_delivery() -> None:
+    def route0_down(second_sent: float, delivered: float | None = None) -> bool:
+        evs = _evs([0, 1] * 4, route_dead_evs=2)
+        evs.lost(0, 1.01, EVReason.SACK_LOSS, sent_at=1.0)  # route 0
+        if delivered is not None:  # route 0 delivered a packet sent then
+            evs.route_alive_sent[evs.route_ix[2]] = delivered
+        evs.lost(2, 1.02, EVReason.SACK_LOSS, sent_at=second_sent)  # route 0 again
+        assert evs.state[0] == EVState.ASSUMED_BAD
+        return evs.state[4] == evs.state[6] == EVState.ASSUMED_BAD  # the rest of route 0
+
+    assert route0_down(1.003)  # two losses 3 ms apart: a dead link keeps losing
+    assert not route0_down(1.0005)  # half a millisecond apart: maybe one queue overflow
+    assert not route0_down(1.003, delivered=1.002)  # the route worked after the first loss
+
+
 def test_false_retirements_by_route_delivery_and_by_first_probe() -> None:
     evs = _evs([0, 1] * 4, probe_interval=0.02, probe_timeout=0.1)
     evs.lost(0, 1.0, EVReason.SACK_LOSS, sent_at=0.99)  # route 0
