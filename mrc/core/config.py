@@ -62,9 +62,10 @@ class QPConfig:
     # hurts where each host's NIC is the bottleneck (the failover demo: 78-85% of the capacity
     # left during the failure, not 97%). docs/EV_HEALTH.md
     route_weighted_planes: bool = False
-    # planes' shares follow their delays: a plane whose smoothed RTT exceeds the best plane's
-    # by more than plane_steer_margin x that + 0.5 ms gives up share each round trip (down to
-    # plane_steer_floor of an equal share) and wins it back once level (mrc.core.planesteer,
+    # planes' shares follow their delays: a plane whose smallest RTT over 4 round trips
+    # exceeds the best plane's by more than plane_steer_margin x that + 1 ms, twice in a row,
+    # gives up share (down to plane_steer_floor of an equal share) and wins it back once level
+    # (mrc.core.planesteer,
     # docs/EV_HEALTH.md "Plane shares"). None: on with NSCC, off with a fixed window, whose
     # standing queues say how the window was set, not what the planes can carry
     plane_steering: bool | None = None

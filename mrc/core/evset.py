@@ -55,8 +55,6 @@ from mrc.errors import MRCError
 __all__ = ["EVReason", "EVSet", "EVState", "EVTransitionError"]
 
 _INF = float("inf")
-#: losses of packets sent closer together than this may be one queue overflow (_route_fate)
-_BURST_SPAN = 0.001
 _NEG_INF = float("-inf")
 
 _GOOD = EVState.GOOD
@@ -346,6 +344,26 @@ class EVSet:
             if usable[ev]:
                 return ev
 
+    def next_beside(self, ev: int) -> int:
+        """The next EV of ``ev``'s plane that is not ``ev`` and, where routes are known, not
+        on its route (either rule dropped if no such EV is in the rotation): for a tail loss
+        probe, which must share the NIC queue of the transmission it probes and should not
+        follow it onto a route that may have died."""
+        plane = self.planes[ev]
+        route = self.routes[ev]
+        known = self._route_known[plane]
+        planes, routes = self.planes, self.routes
+        fallback = -1
+        for _ in range(len(self.ports) + 1):
+            cand = self.next()
+            if cand == ev or planes[cand] != plane:
+                continue
+            if not known or routes[cand] != route:
+                return cand
+            if fallback < 0:
+                fallback = cand
+        return fallback if fallback >= 0 else self.next_other(ev)
+
     def next_other(self, avoid: int) -> int:
         """The next EV that is not ``avoid`` (used for retransmissions)."""
         ev = self.next()
@@ -590,14 +608,8 @@ class EVSet:
         # queue) must not take the whole route out
         alive = self.route_alive_sent[self.route_ix[same[0]]] if same else _NEG_INF
         lost = self._lost_sent
-        times = [lost.get(e, _INF) for e in same if self.state[e] == _BAD]
-        times = [t for t in times if t > alive]
-        bad = len(times)
+        bad = sum(1 for e in same if self.state[e] == _BAD and lost.get(e, _INF) > alive)
         if bad < self.route_dead_evs:
-            return
-        # a dead link keeps losing packets; a queue that overflowed lost a burst: losses sent
-        # within a millisecond of each other take a route down only in twice the number
-        if bad < 2 * self.route_dead_evs and max(times) - min(times) < _BURST_SPAN:
             return
         # a dead link shows on its route alone; losses spread over every route of the plane
         # (a full queue at the sender's own NIC, say) say nothing against this one

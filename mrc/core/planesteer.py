@@ -4,16 +4,19 @@ Spraying gives every plane the same share of a QP's packets, which is right whil
 are alike. When one plane loses capacity somewhere between the leaves (a spine link down, so
 its remaining spine carries what two did), an equal share makes that plane's queue set the
 pace of the whole QP while the other planes idle. Nothing marks or drops at first: the only
-signal is delay. Each plane's round-trip time is smoothed (slowly: gain 1/32) from the ACKs
-of packets sent on it; once per round trip of the slowest plane, a plane whose smoothed delay
-has exceeded the best plane's by more than a margin for ``persist`` round trips in a row
-gives up part of its share (multiplicative decrease), and any other plane wins share back
-(additive increase), up to an equal share. The planes' queues are thereby kept level.
+signal is delay, and only a queue that stands: each window of 4 round trips (of the slowest
+plane, from smoothed RTTs), the smallest RTT sample of each plane is compared with the best
+plane's. A plane whose smallest sample exceeded the best one's by more than a margin in
+``persist`` windows in a row gives up part of its share (multiplicative decrease); a plane
+that did not wins share back (additive increase), up to an equal share.
 
-The slow smoothing and the persistence are what keep symmetric planes alone: their queues
-take turns being the deeper one for a few milliseconds, and a steering that chased those turns
-cost a pair transfer at 100 Mbit/s 10% of its goodput (177 instead of 197 Mbit/s: the share
-taken from one plane leaves the other as the bottleneck).
+The smallest sample is what tells a standing queue (the one spine left carrying two spines'
+traffic never drains) from queues that come and go: planes that share the bottleneck take
+turns being the deeper one for a few milliseconds, each draining to near empty in between, and
+steering that chased those turns (smoothed RTTs, compared every round trip) cost a pair
+transfer at 100 Mbit/s 10% of its goodput: the share taken from one plane leaves the other as
+the bottleneck. Senders that share a receiver still move together a little (they see the same
+last hops), which costs a clean 3 -> 1 incast at 100 Mbit/s about 6% (docs/EV_HEALTH.md).
 
 When every plane shares the bottleneck (the receiver's last hops, the sender's NICs) their
 delays stay alike and nothing changes: the failover demo's single flow, whose NICs are the
@@ -24,18 +27,21 @@ Sans-IO: times come in as arguments. The EV set reads ``weights`` when it lays o
 
 from __future__ import annotations
 
-#: smoothing gain of each plane's delay per sample (SRTT's 1/8 followed queues' turns)
+#: smoothing gain of each plane's delay per sample: only the window's length comes from it
 _GAIN = 1 / 32
+_INF = float("inf")
+#: round trips (of the slowest plane) per comparison window
+_WINDOW_RTTS = 4
 
 
 class PlaneSteering:
-    """Per-plane weights in [``floor``, 1] from per-plane smoothed RTTs.
+    """Per-plane weights in [``floor``, 1] from per-plane RTT samples.
 
-    ``margin``: a plane is "slower" when its smoothed RTT exceeds the best plane's by more
-    than ``margin`` x the best one's plus ``min_excess`` seconds. ``decrease``: the factor
-    a slower plane's weight is multiplied by per round trip, once it has been slower for
-    ``persist`` round trips in a row; ``increase``: what any other plane's weight gains per
-    round trip. ``threshold``: how far the weights must move from those the current round was
+    ``margin``: a plane is "slower" in a window when its smallest sample exceeds the best
+    plane's by more than ``margin`` x that plus ``min_excess`` seconds. ``decrease``: the
+    factor a slower plane's weight is multiplied by per window, once it has been slower for
+    ``persist`` windows in a row; ``increase``: what any other plane's weight gains per
+    window. ``threshold``: how far the weights must move from those the current round was
     laid out with before ``sample`` asks for a new round.
     """
 
@@ -43,12 +49,12 @@ class PlaneSteering:
         self,
         nplanes: int,
         margin: float = 0.5,
-        min_excess: float = 0.0005,
+        min_excess: float = 0.001,
         floor: float = 0.25,
         decrease: float = 0.8,
         increase: float = 0.05,
         threshold: float = 0.1,
-        persist: int = 4,
+        persist: int = 2,
     ) -> None:
         self.nplanes = nplanes
         self.margin = margin
@@ -58,8 +64,9 @@ class PlaneSteering:
         self.increase = increase
         self.threshold = threshold
         self.persist = persist
-        self._over = [0] * nplanes  # round trips in a row each plane has been slower
+        self._over = [0] * nplanes  # windows in a row each plane has been slower
         self.delay: list[float | None] = [None] * nplanes
+        self._win_min = [_INF] * nplanes  # smallest sample per plane in the current window
         self.weights = [1.0] * nplanes
         self.applied = [1.0] * nplanes  # the weights the current round was laid out with
         self._next_update = 0.0
@@ -70,18 +77,31 @@ class PlaneSteering:
         enough from ``applied`` that the rotation should be laid out again."""
         d = self.delay[plane]
         self.delay[plane] = rtt if d is None else d + _GAIN * (rtt - d)
+        if rtt < self._win_min[plane]:
+            self._win_min[plane] = rtt
         if now < self._next_update:
             return False
         known = [x for x in self.delay if x is not None]
         if len(known) < 2:
             return False
-        best = min(known)
-        self._next_update = now + max(known)
+        mins = self._win_min
+        seen = [m for m in mins if m != _INF]
+        self._next_update = now + _WINDOW_RTTS * max(known)
+        if len(seen) < 2:
+            return False
+        # the smallest sample of each plane over a few round trips: a queue that comes and
+        # goes (planes sharing the bottleneck take turns) drains to it, a standing one (the
+        # one spine left) does not
+        best = min(seen)
         limit = best * (1.0 + self.margin) + self.min_excess
         weights = self.weights
         over = self._over
-        for p, dp in enumerate(self.delay):
-            if dp is not None and dp > limit:
+        window = list(mins)
+        self._win_min = [_INF] * self.nplanes
+        for p, dp in enumerate(window):
+            if dp == _INF:
+                continue  # no sample this window: no news
+            if dp > limit:
                 over[p] += 1
                 if over[p] >= self.persist:  # a lasting difference, not a queue's noise
                     w = weights[p] * self.decrease

@@ -236,7 +236,8 @@ class Requester:
         rtx_limit = _INF if cc is None else cc.limit + self._waiting
         while retransmit and (len(outstanding) < rtx_limit or self._probes):
             seq = retransmit.popleft()
-            if self._probes:
+            probe = self._probes > 0
+            if probe:
                 self._probes -= 1  # a tail loss probe, first in the queue: past the window
             pkt = outstanding.get(seq)
             if pkt is None:
@@ -244,7 +245,13 @@ class Requester:
             if pkt.deadline == _INF:
                 self._waiting -= 1
                 rtx_limit -= 1
-            pkt.ev = self.evs.next_other(pkt.ev)
+            if probe and pkt.probed is not None:
+                # the probe goes through the same NIC queue as what it probes (else it may
+                # overtake it there, and its arriving first would prove nothing), on
+                # another route if there is one
+                pkt.ev = self.evs.next_beside(pkt.ev)
+            else:
+                pkt.ev = self.evs.next_other(pkt.ev)
             pkt.retransmitted = True
             pkt.nacked = False  # a new transmission: it may be NACKed once more
             pkt.sent_at = now
@@ -757,6 +764,10 @@ class Requester:
         probed, pkt.probed = pkt.probed, None
         if dup or not self.health or probed is None:
             return
+        plane = self.evs.planes[pkt.ev]
+        # only a probe that shared the NIC queue of what it probed proves it lost: on another
+        # plane it may just have overtaken it
+        probed = [(ev, sent) for ev, sent in probed if self.evs.planes[ev] == plane]
         self.stats.losses_tlp += len(probed)
         memory = self._ce_memory()
         for ev, sent in probed:

@@ -25,10 +25,11 @@ def _feed(st: PlaneSteering, delays: list[float], t0: float, rounds: int) -> tup
 
 
 def test_a_slower_plane_gives_up_share_down_to_the_floor_and_wins_it_back() -> None:
-    st = PlaneSteering(2)  # margin 0.5, 0.5 ms, floor 0.25, x0.8 / +0.05, persist 4
-    now, moved = _feed(st, [0.004, 0.0015], 0.0, 3)  # 4 ms > 1.5 x 1.5 ms + 0.5 ms ...
-    assert st.weights == [1.0, 1.0] and not moved  # ... but not yet for long enough
-    now, moved = _feed(st, [0.004, 0.0015], now, 1)
+    # windows of 4 round trips, margin 0.5 + 1 ms, 2 windows in a row, floor 0.25, x0.8 / +0.05
+    st = PlaneSteering(2)
+    now, moved = _feed(st, [0.004, 0.0015], 0.0, 4)  # 4 ms > 1.5 x 1.5 ms + 1 ms ...
+    assert st.weights == [1.0, 1.0] and not moved  # ... but for one window only
+    now, moved = _feed(st, [0.004, 0.0015], now, 1)  # the second window ends
     assert st.weights[1] == 1.0 and st.weights[0] == 0.8
     now, moved = _feed(st, [0.004, 0.0015], now, 40)
     assert moved and st.weights == [0.25, 1.0]  # the floor
@@ -40,8 +41,8 @@ def test_a_slower_plane_gives_up_share_down_to_the_floor_and_wins_it_back() -> N
 
 def test_alike_planes_keep_equal_shares_within_the_margin() -> None:
     st = PlaneSteering(3)
-    # 2.6 ms against 1.4 ms: under 1.5 x 1.4 + 0.5 = 2.6 ms, noise of this size is no signal
-    _, moved = _feed(st, [0.0026, 0.0014, 0.002], 0.0, 50)
+    # 3 ms against 1.4 ms: under 1.5 x 1.4 + 1 = 3.1 ms, queues of this size are no signal
+    _, moved = _feed(st, [0.003, 0.0014, 0.002], 0.0, 50)
     assert not moved and st.weights == [1.0, 1.0, 1.0] and st.decreases == 0
 
 
@@ -49,7 +50,7 @@ def test_a_plane_that_goes_down_and_back_starts_afresh() -> None:
     evs = EVSet(list(range(100, 108)), [0, 1] * 4, plane_steering=PlaneSteering(2))
     st = evs.steering
     assert st is not None
-    for i in range(30):
+    for i in range(80):
         evs.plane_rtt(0, 0.004, i * 0.004)
         evs.plane_rtt(1, 0.0015, i * 0.004)
     assert st.weights[0] == 0.25
@@ -89,8 +90,7 @@ def test_on_with_nscc_off_with_a_fixed_window_unless_asked() -> None:
 def _asymmetric(steer: bool) -> tuple[float, float, int]:
     """One QP a -> b, 2 planes x 2 spines; plane 0's uplinks from a's leaf run at a quarter
     of the rate: plane 0 carries R/4 between the leaves, plane 1 R. (seconds, plane 0's share,
-    timeouts). At R/2 for plane 0 its smoothed RTT stays within the margin (6.2 against 4.3 ms)
-    and nothing moves."""
+    timeouts)."""
     rate = 12.5e6
     nic = LinkSpec(rate=rate, queue=200_000)
     mid = LinkSpec(rate=rate / 2, queue=120_000)
@@ -124,7 +124,7 @@ def _asymmetric(steer: bool) -> tuple[float, float, int]:
 def test_steering_moves_share_off_a_plane_with_less_capacity_and_finishes_sooner() -> None:
     on_s, on_share, on_to = _asymmetric(True)
     off_s, off_share, off_to = _asymmetric(False)
-    # measured: 390 ms and 22% on plane 0, against 762 ms and 47%
+    # measured: 544 ms, 27% on plane 0 and 1 timeout, against 846 ms, 47% and 4
     assert on_share < off_share - 0.02
     assert on_s < 0.92 * off_s
-    assert on_to == 0
+    assert on_to <= off_to

@@ -346,7 +346,7 @@ def _trace_digest(seed: int, fabric: Fabric | None = None) -> str:
 #: ideal fabric give one and the same trace, and it changes only with the protocol
 _DEFAULT_DIGESTS = {
     1: "155bd4dac95818f678d2645a411e4512c0521ab45bbb0abae0dc2d2299ac3613",
-    2: "5556d630389b67f09e63c33b26eee7710cdf9afd70a6ad1e1ad7d71de1daba9d",
+    2: "4a1de533a64cc1542fee2383503b886787c6e7f90d5b28021d93c24972baf313",
 }
 
 
