@@ -523,13 +523,7 @@ class Requester:
                 if self.cc is not None:
                     self.cc.on_loss(now)
                 if self.health:
-                    self.evs.lost(
-                        pkt.ev,
-                        now,
-                        EVReason.TIMEOUT,
-                        sent_at=pkt.sent_at,
-                        congestion_since=pkt.sent_at - self._ce_memory(),
-                    )
+                    self._blame(pkt.ev, pkt.sent_at, EVReason.TIMEOUT, now)
         if self._tlp_at is not None and self._tlp_at <= now and not self.failed:
             self._tlp_at = None
             if outstanding:
@@ -741,13 +735,7 @@ class Requester:
             if not self.health:
                 continue
             if blame:
-                self.evs.lost(
-                    pkt.ev,
-                    now,
-                    EVReason.SACK_LOSS,
-                    sent_at=pkt.sent_at,
-                    congestion_since=pkt.sent_at - self._ce_memory(),
-                )
+                self._blame(pkt.ev, pkt.sent_at, EVReason.SACK_LOSS, now)
             else:
                 self.losses_unblamed += 1
 
@@ -769,10 +757,13 @@ class Requester:
         # plane it may just have overtaken it
         probed = [(ev, sent) for ev, sent in probed if self.evs.planes[ev] == plane]
         self.stats.losses_tlp += len(probed)
-        memory = self._ce_memory()
         for ev, sent in probed:
-            since = sent - memory
-            self.evs.lost(ev, now, EVReason.PROBE_LOSS, sent_at=sent, congestion_since=since)
+            self._blame(ev, sent, EVReason.PROBE_LOSS, now)
+
+    def _blame(self, ev: int, sent: float, reason: EVReason, now: float) -> None:
+        """A packet sent on ``ev`` at ``sent`` was lost (``reason``): evidence against the EV
+        unless its path showed congestion since ``_ce_memory`` before the send."""
+        self.evs.lost(ev, now, reason, sent_at=sent, congestion_since=sent - self._ce_memory())
 
     def _on_nack(self, code: int, seq: int, pkt: _Packet, now: float) -> None:
         """A NACK on_ack believed: about ``pkt`` (seq ``seq``), in flight, echoing the EV of
