@@ -65,12 +65,13 @@ class PlaneSteering:
         self.threshold = threshold
         self.persist = persist
         self._over = [0] * nplanes  # windows in a row each plane has been slower
+        # smoothed RTT per plane: only the comparison window's length is taken from it
         self.delay: list[float | None] = [None] * nplanes
         self._win_min = [_INF] * nplanes  # smallest sample per plane in the current window
         self.weights = [1.0] * nplanes
         self.applied = [1.0] * nplanes  # the weights the current round was laid out with
         self._next_update = 0.0
-        self.decreases = 0  # times a plane gave up share (a counter for --json)
+        self.decreases = 0  # times a plane gave up share (for tests and debugging)
 
     def sample(self, plane: int, rtt: float, now: float) -> bool:
         """An RTT sample of a packet sent on ``plane``; True if the weights have moved far
