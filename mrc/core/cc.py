@@ -25,9 +25,16 @@ sample, ``T`` = ``target_delay``, ``mss`` = payload size):
 * trim, SACK-detected loss or timeout, at most once per RTT: ``cwnd = min(cwnd, delivered in
   the last base RTT + T)`` (quick adapt), and no further decrease for that RTT: the delay
   samples still in flight describe the queue before the cut;
-* always ``mss <= cwnd <= ceiling``, ``ceiling = min(cap, 1.5 * best rate * (base RTT + T))``
-  once a rate was measured (``cap`` = ``max_outstanding`` packets): 1.5 times the window that
-  would sit exactly at the target, so that a burst of good news cannot inflate the window far
+* below one packet (down to ``min_packets`` of one) the requester sends one packet every
+  ``mss / cwnd`` round trips (``pace_gap``), an ACK at most doubles the window, and quick adapt
+  counts what was delivered over that many round trips, scaled to one. Delay alone never
+  takes the window below a packet; trims and CE do. Without this, N flows into one last hop
+  hold N packets in flight at least, and when that is more than the queue every packet is
+  trimmed about twice (15 -> 1 on 4 x 50 Mbit/s, docs/CONGESTION.md);
+* always ``min_packets * mss <= cwnd <= ceiling``,
+  ``ceiling = min(cap, 1.5 * best rate * (base RTT + T))`` once a rate was measured
+  (``cap`` = ``max_outstanding`` packets): 1.5 times the window that would sit exactly at the
+  target, so that a burst of good news cannot inflate the window far
   beyond what the path ever carried. "Best rate" is the most bytes delivered in any interval
   of one base RTT + T, divided by that interval.
 
@@ -49,6 +56,7 @@ class NsccWindow:
     __slots__ = (
         "mss",
         "cap",
+        "min_cwnd",
         "target_min",
         "target_rtt_fraction",
         "target_packets",
@@ -63,6 +71,7 @@ class NsccWindow:
         "floor_ceiling",
         "limit",
         "base_rtt",
+        "nack_rtt",
         "best_rate",
         "qdelay",
         "ce",
@@ -90,9 +99,12 @@ class NsccWindow:
         md_gain: float = 0.8,
         max_md: float = 0.5,
         ce_md: float = 0.125,
+        min_packets: float = 1.0,
         trace: bool = False,
     ) -> None:
         self.mss = mss
+        # the smallest window, bytes: below one packet the requester paces (pace_gap)
+        self.min_cwnd = mss * min(1.0, min_packets)
         self.cap = float(mss * cap_packets)
         self.target_min = target_delay
         self.target_rtt_fraction = target_rtt_fraction
@@ -108,6 +120,10 @@ class NsccWindow:
         self.floor_ceiling = self.cwnd
         self.limit = 0  # the window in whole packets, what the requester compares against
         self.base_rtt = _INF
+        # the smallest round trip of a trim's NACK: the trimmed header overtakes the queue,
+        # so it stays near the path's own round trip when every ACK sample of a flow that
+        # started into a full queue includes that queue (pace_gap)
+        self.nack_rtt = _INF
         self.best_rate = 0.0  # bytes/s
         self.qdelay = 0.0  # queueing delay of the latest sample
         self.ce = False  # the latest sample's subject carried CE
@@ -139,6 +155,17 @@ class NsccWindow:
         # never below the initial window: a sender that was idle or application-limited has
         # a low best rate, and that says nothing about the path
         return max(self.floor_ceiling, min(self.cap, 1.5 * self.best_rate * self.interval))
+
+    def pace_gap(self) -> float:
+        """Seconds between packets while the window is below one packet: one packet per
+        ``mss / cwnd`` round trips at the target (0: the window itself is the limit)."""
+        cwnd = self.cwnd
+        rtt = self.base_rtt if self.base_rtt < self.nack_rtt else self.nack_rtt
+        if cwnd >= self.mss or rtt == _INF:
+            return 0.0
+        # the NACK's round trip if smaller: a base RTT taken in a queue would space packets
+        # by that queue's delay, and a flow that sends nothing never measures a smaller one
+        return (rtt + self.target) * self.mss / cwnd
 
     def delivered_since(self, since: float) -> int:
         """Payload bytes acknowledged after time ``since`` (the history reaches back two
@@ -183,10 +210,21 @@ class NsccWindow:
             self.decreases += 1
             # once per RTT: packets sent after this cut report back one sample-RTT from now
             self._next_decrease = now + rtt
-            self._set(now, self.cwnd * (1.0 - cut))
+            cwnd = self.cwnd * (1.0 - cut)
+            if not self.ce and cwnd < self.mss:
+                # delay alone does not take the window below a packet: where one packet
+                # takes longer than the target to cross the bottleneck, any queue at all
+                # reads as over target. Trims (quick adapt) and CE do
+                cwnd = min(self.cwnd, float(self.mss))
+            self._set(now, cwnd)
         elif acked > 0:
             cwnd = self.cwnd
-            self._set(now, cwnd + acked * (self.mss / cwnd + self.gain * (target - q) / target))
+            grow = acked * (self.mss / cwnd + self.gain * (target - q) / target)
+            if cwnd < self.mss and grow > cwnd:
+                # below a packet, one ACK answers mss / cwnd round trips of pacing: the
+                # additive term alone would take a window of 1/16 packet to 17 at once
+                grow = cwnd
+            self._set(now, cwnd + grow)
 
     def on_loss(self, now: float) -> None:
         """A SACK-detected loss or a timeout. Over sprayed paths a loss is as likely a dead
@@ -211,6 +249,8 @@ class NsccWindow:
         quick adapt is exactly what must not wait for one. It never enters ``base_rtt``: a
         NACK is sent at once and its trimmed header overtook the queue, so its round trip is
         not comparable with an ACK's."""
+        if 0.0 < rtt_hint < self.nack_rtt:
+            self.nack_rtt = rtt_hint
         if now < self._next_adapt:
             return
         if self.base_rtt != _INF:
@@ -225,10 +265,17 @@ class NsccWindow:
             self._next_adapt = _INF
             return
         self.quick_adapts += 1
+        # below a packet, one round trip delivers a packet or none: measure over the round
+        # trips one packet is paced across, and scale back to one
+        span = self._span(interval)
         self._horizon = max(self._horizon, 2 * interval)
-        delivered = self.delivered_since(now - interval)
+        delivered = self.delivered_since(now - span) * interval / span
+        if delivered < self.mss and not (self._hist and now - self._hist[0][0] >= span):
+            # what was delivered says nothing before ACKs have come for that long (a trim
+            # of the first window): one packet, as with windows that never go below one
+            delivered = float(self.mss)
         if delivered < self.cwnd:  # else the window is not above what the path carries
-            self._set(now, float(delivered))
+            self._set(now, delivered)
         # the delay samples of the next round trip describe the queue before the cut
         self._next_adapt = now + interval
         self._next_decrease = max(self._next_decrease, self._next_adapt)
@@ -239,6 +286,9 @@ class NsccWindow:
         hist = self._hist
         hist.append((now, self._delivered))
         horizon = now - self._horizon
+        if self.cwnd < self.mss and self._horizon:
+            # quick adapt below a packet looks back over mss / cwnd round trips
+            horizon = now - 2 * self._span(self._horizon / 2)
         while len(hist) > 2 and hist[1][0] <= horizon:
             hist.popleft()
         interval = self.interval
@@ -258,6 +308,10 @@ class NsccWindow:
             if self.target_packets and rate > 0.0:
                 self._retarget()
 
+    def _span(self, interval: float) -> float:
+        """The time one packet takes at this window: a round trip, or more below a packet."""
+        return interval * self.mss / self.cwnd if self.cwnd < self.mss else interval
+
     def _retarget(self) -> None:
         target = self.target_rtt_fraction * self.base_rtt
         if self.target_packets and self.rate > 0.0:
@@ -269,7 +323,7 @@ class NsccWindow:
         self.target = target if target > self.target_min else self.target_min
 
     def _set(self, now: float, cwnd: float) -> None:
-        cwnd = min(max(cwnd, float(self.mss)), self.ceiling)
+        cwnd = min(max(cwnd, self.min_cwnd), self.ceiling)
         self.cwnd = cwnd
         self.limit = max(1, int(cwnd // self.mss))
         if self.trace is not None:

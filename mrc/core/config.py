@@ -113,6 +113,10 @@ class QPConfig:
     cc_initial_window: int = 16
     # nscc: weight of the proportional increase (0: additive only, one packet per RTT)
     cc_gain: float = 0.5
+    # nscc: the smallest window, packets. Below 1 the requester paces: one packet every
+    # 1 / window round trips, so that many flows into one host fit its last hop's queue
+    # (docs/CONGESTION.md, "Windows below a packet"). 1: the window never goes below a packet
+    cc_min_window: float = 0.125
 
     @property
     def burst_max(self) -> int:
@@ -153,6 +157,8 @@ class QPConfig:
             raise ValueError("cc_target_max must be between cc_target_delay and 1 second")
         if self.cc_initial_window < 1:
             raise ValueError("cc_initial_window must be at least 1 packet")
+        if not 0.001 <= self.cc_min_window <= 1:
+            raise ValueError("cc_min_window must be between 0.001 and 1 packet")
         if self.cc_gain < 0:
             raise ValueError("cc_gain must be >= 0")
         if not 0 <= self.ecn_penalty_rtts <= 1000:

@@ -76,6 +76,7 @@ class _Packet:
         "nacks",
         "nacked",
         "retransmitted",
+        "ambiguous",
         "probed",
     )
 
@@ -100,6 +101,10 @@ class _Packet:
         self.nacks = 0
         self.nacked = False  # a NACK of its latest transmission was acted on
         self.retransmitted = False
+        # an earlier transmission may still arrive, so an ACK does not say which one it
+        # answers (Karn's rule: no RTT sample). Not so after a trim: the trimmed copy's
+        # payload is gone, and only the NACK of its header came back
+        self.ambiguous = False
         # a tail loss probe's transmissions before it, as (ev, sent_at), until an ACK of the
         # probe tells whether they were lost (docs/EV_HEALTH.md, "Evidence of loss"); None
         self.probed: list[tuple[int, float]] | None = None
@@ -167,11 +172,17 @@ class Requester:
                 config.cc_initial_window,
                 config.cc_target_delay,
                 gain=config.cc_gain,
+                min_packets=config.cc_min_window,
                 target_rtt_fraction=config.cc_target_rtt_fraction,
                 target_packets=config.cc_target_packets,
                 target_max=config.cc_target_max,
             )
         self._waiting = 0
+        # pacing below a one-packet window (NsccWindow.pace_gap): nothing but tail loss
+        # probes leaves before _pace_at; _paced: something was held back for it, so the
+        # timer must wake the QP then
+        self._pace_at = _NEG_INF
+        self._paced = False
 
     # ---- application side -------------------------------------------------------------
 
@@ -234,7 +245,10 @@ class Requester:
         # NSCC: packets in the network (len(outstanding) - _waiting) stay below the window,
         # retransmissions and new data alike; the fixed window never holds retransmissions back
         rtx_limit = _INF if cc is None else cc.limit + self._waiting
-        while retransmit and (len(outstanding) < rtx_limit or self._probes):
+        gap = 0.0 if cc is None else cc.pace_gap()
+        held = gap > 0.0 and now < self._pace_at  # paced: only probes may go now
+        self._paced = False
+        while retransmit and (self._probes or (not held and len(outstanding) < rtx_limit)):
             seq = retransmit.popleft()
             probe = self._probes > 0
             if probe:
@@ -253,12 +267,17 @@ class Requester:
             else:
                 pkt.ev = self.evs.next_other(pkt.ev)
             pkt.retransmitted = True
+            if probe or not pkt.nacked:
+                pkt.ambiguous = True  # the copy before this one may still be on its way
             pkt.nacked = False  # a new transmission: it may be NACKed once more
             pkt.sent_at = now
             pkt.deadline = deadline = now + self.rtt.backed_off(pkt.timeouts)
             heapq.heappush(self._deadlines, (deadline, seq, 1))
             out.append(self._build(seq, pkt))
             stats.retransmits += 1
+            if gap and not probe:
+                self._pace_at = now + gap
+                held = True
         limit = self.config.max_outstanding  # a hard cap on records, whatever the window
         if cc is not None and cc.limit + self._waiting < limit:
             limit = cc.limit + self._waiting
@@ -284,7 +303,9 @@ class Requester:
         deadlines = self._deadlines
         push = heapq.heappush
         sent_n = sent_bytes = 0
-        while queue and len(outstanding) < limit and self._next_seq < span:
+        if held and (queue or retransmit):
+            self._paced = True
+        while queue and not held and len(outstanding) < limit and self._next_seq < span:
             if self._burst_left and usable[self._burst_ev]:
                 ev = self._burst_ev
                 take = self._burst_left
@@ -371,6 +392,12 @@ class Requester:
                 out.append((ev, bufs[-2:], 1, final + last_len))
             else:
                 out.append((ev, bufs, n, seg))
+            if gap:
+                # below a packet the window is one packet (limit): this was the one
+                self._pace_at = now + gap * n
+                if queue:
+                    self._paced = True
+                break
         if sent_n:
             stats.packets_sent += sent_n
             stats.data_packets_sent += sent_n
@@ -492,6 +519,8 @@ class Requester:
             return None
         top = self._live_top()
         tlp = self._tlp_at
+        if self._paced and (tlp is None or self._pace_at < tlp):
+            tlp = self._pace_at  # held back by pacing: wake up when it may go
         if top is None:
             return tlp
         return top if tlp is None or top < tlp else tlp
@@ -644,7 +673,7 @@ class Requester:
                     evs.marked(marked, now, self._ce_memory(), self.config.ecn_steering)
             if subject is not None and subject.probed is not None:
                 self._probe_answered(subject, bool(subj & _SUBJECT_DUP), now)
-            if subject is not None and not subject.retransmitted:
+            if subject is not None and not subject.ambiguous and not subj & _SUBJECT_DUP:
                 rtt_sample = now - subject.sent_at
                 self.rtt.sample(rtt_sample)
                 if evs.steering is not None:
