@@ -26,11 +26,13 @@ sample, ``T`` = ``target_delay``, ``mss`` = payload size):
   the last base RTT + T)`` (quick adapt), and no further decrease for that RTT: the delay
   samples still in flight describe the queue before the cut;
 * below one packet (down to ``min_packets`` of one) the requester sends one packet every
-  ``mss / cwnd`` round trips (``pace_gap``), an ACK at most doubles the window, and quick adapt
-  counts what was delivered over that many round trips, scaled to one. Delay alone never
-  takes the window below a packet; trims and CE do. Without this, N flows into one last hop
-  hold N packets in flight at least, and when that is more than the queue every packet is
-  trimmed about twice (15 -> 1 on 4 x 50 Mbit/s, docs/CONGESTION.md);
+  ``mss / cwnd`` round trips (``pace_gap``); only trims (quick adapt, counting what was
+  delivered over that many round trips, scaled to one) and CE take the window there, and
+  every other ACK doubles it back: one packet of anybody's queue is over the target, so delay
+  says nothing there. Without this, N flows into one last hop hold N packets in flight at
+  least, and when that is more than the queue every packet is trimmed about twice (15 -> 1 on
+  4 x 50 Mbit/s, docs/CONGESTION.md). New work after an idle spell starts at a packet at
+  least (``on_resume``);
 * always ``min_packets * mss <= cwnd <= ceiling``,
   ``ceiling = min(cap, 1.5 * best rate * (base RTT + T))`` once a rate was measured
   (``cap`` = ``max_outstanding`` packets): 1.5 times the window that would sit exactly at the
@@ -72,6 +74,7 @@ class NsccWindow:
         "limit",
         "base_rtt",
         "nack_rtt",
+        "active_since",
         "best_rate",
         "qdelay",
         "ce",
@@ -124,6 +127,9 @@ class NsccWindow:
         # so it stays near the path's own round trip when every ACK sample of a flow that
         # started into a full queue includes that queue (pace_gap)
         self.nack_rtt = _INF
+        # when the sender last started from nothing in flight (on_resume): what it delivered
+        # before that says what it had to send, not what the path carries
+        self.active_since = -_INF
         self.best_rate = 0.0  # bytes/s
         self.qdelay = 0.0  # queueing delay of the latest sample
         self.ce = False  # the latest sample's subject carried CE
@@ -155,6 +161,14 @@ class NsccWindow:
         # never below the initial window: a sender that was idle or application-limited has
         # a low best rate, and that says nothing about the path
         return max(self.floor_ceiling, min(self.cap, 1.5 * self.best_rate * self.interval))
+
+    def on_resume(self, now: float) -> None:
+        """The sender sends again with nothing in flight (a new step, a new message after
+        an idle spell): a window below a packet describes a queue that has since drained,
+        and would space the first packets of the new work by many round trips."""
+        self.active_since = now
+        if self.cwnd < self.mss:
+            self._set(now, float(self.mss))
 
     def pace_gap(self) -> float:
         """Seconds between packets while the window is below one packet: one packet per
@@ -202,6 +216,11 @@ class NsccWindow:
             self._note_delivery(now)
         q = self.qdelay
         target = self.target
+        if self.cwnd < self.mss and acked > 0 and not self.ce:
+            # below a packet delay says nothing (one packet of anyone's queue is over
+            # target): the window climbs back, doubling per ACK, until a trim or CE cuts it
+            self._set(now, self.cwnd * 2)
+            return
         if q > target or self.ce:
             if rtt is None or now < self._next_decrease:
                 return
@@ -270,9 +289,12 @@ class NsccWindow:
         span = self._span(interval)
         self._horizon = max(self._horizon, 2 * interval)
         delivered = self.delivered_since(now - span) * interval / span
-        if delivered < self.mss and not (self._hist and now - self._hist[0][0] >= span):
-            # what was delivered says nothing before ACKs have come for that long (a trim
-            # of the first window): one packet, as with windows that never go below one
+        if delivered < self.mss and (
+            now - self.active_since < span or not (self._hist and now - self._hist[0][0] >= span)
+        ):
+            # what was delivered says nothing before the sender has been busy and had ACKs
+            # for that long (a trim of the first window, or of the first after an idle
+            # spell): one packet, as with windows that never go below one
             delivered = float(self.mss)
         if delivered < self.cwnd:  # else the window is not above what the path carries
             self._set(now, delivered)

@@ -115,8 +115,8 @@ class QPConfig:
     cc_gain: float = 0.5
     # nscc: the smallest window, packets. Below 1 the requester paces: one packet every
     # 1 / window round trips, so that many flows into one host fit its last hop's queue
-    # (docs/CONGESTION.md, "Windows below a packet"). 1: the window never goes below a packet
-    cc_min_window: float = 0.125
+    # (docs/CONGESTION.md, "Windows below a packet, paced"). 1: never below a packet
+    cc_min_window: float = 0.25
 
     @property
     def burst_max(self) -> int:

@@ -164,33 +164,37 @@ def test_many_flows_into_one_last_hop_pace_below_a_packet_and_trim_far_less() ->
 
 
 def test_a_paced_requester_holds_data_until_its_pace_and_asks_the_timer_for_it() -> None:
-    net = RecordingNetwork(1, Faults(delay=0.0005, jitter=0.0))
+    # a round trip of 4 ms against a base RTT of 1 ms; the window is set to 1/8 packet. Each
+    # ACK doubles it, and each packet is paced by the window it leaves under: the second
+    # leaves at the first ACK (4 ms, window 1/4: next one 4 x 1.5 ms later), its ACK comes
+    # back at 8 ms, and the third waits for 10 ms
+    net = RecordingNetwork(1, Faults(delay=0.002, jitter=0.0))
     net.add_host("a")
     net.add_host("b")
-    cfg = QPConfig(payload_size=1000, max_outstanding=64, cc_min_window=0.125)
+    cfg = QPConfig(payload_size=1000, max_outstanding=64, cc_initial_window=1, cc_min_window=0.125)
     qa, qb = net.connect("a", "b", evs=8, config=cfg)
     t = make_transfer(net, "a", "b", qa, qb, [40_000], 9)
     t.post(0, 0, bytes(range(200)) * 100)
+    key = ("a", qa.qpn)
+    assert net.run(lambda: len(net.data_tx[key]) >= 1)
     req = qa.requester
     cc = req.cc
     assert cc is not None
     cc.base_rtt = 0.001
-    cc._set(0.0, 250.0)  # a quarter of a packet: one packet per 4 x 1.5 ms
-    gap = cc.pace_gap()
-    assert gap == pytest.approx(0.006)
-    key = ("a", qa.qpn)
-    assert net.run(lambda: len(net.data_tx[key]) >= 1)
-    first = net.data_tx[key][0].time
-    assert len(net.data_tx[key]) == 1  # one packet, then the pace holds the rest
-    assert req.get_timer() == pytest.approx(first + gap)  # the timer wakes the QP for it
+    cc._set(net.now, 125.0)
+    assert cc.pace_gap() == pytest.approx(0.012)
+    assert net.run(lambda: len(net.data_tx[key]) >= 2)  # at the first ACK: not paced yet
+    second = net.data_tx[key][1].time
+    assert second == pytest.approx(0.004) and cc.cwnd == 250.0
+    assert net.run(lambda: net.now >= second + 0.0039)  # its ACK is in
+    assert cc.cwnd == 500.0
+    assert len(net.data_tx[key]) == 2  # the pace holds the third packet
+    assert req.get_timer() == pytest.approx(second + 0.006)  # and the timer wakes the QP then
     assert run_until(net, [t])
     t.check_final()
     sends = [d.time for d in net.data_tx[key]]
-    # the next packet leaves a whole gap later, though its ACK came after one round trip
-    # (1 ms); each ACK then doubles the window, and at a whole packet the pace ends
-    assert sends[1] - first == pytest.approx(gap)
-    assert sends[2] - sends[1] < gap / 2
-    assert len(sends) == 20  # and nothing was sent twice
+    assert sends[2] == pytest.approx(second + 0.006)
+    assert len(sends) == 20  # nothing was sent twice
 
 
 def test_a_retransmission_after_a_trim_gives_an_rtt_sample() -> None:
@@ -241,3 +245,15 @@ def test_a_probe_leaves_its_packet_ambiguous() -> None:
     t.check_final()
     assert qa.stats.retransmits_tlp == 1
     assert qa.requester.rtt.srtt is None  # the probe's ACK might have answered the original
+
+
+def test_new_work_after_an_idle_spell_starts_at_a_packet_at_least() -> None:
+    # a window cut below a packet described a queue that has drained since; and what was
+    # delivered while there was nothing to send says nothing about the path
+    w = _window()
+    w.on_congestion_loss(0.11)
+    assert w.cwnd < MSS
+    w.on_resume(0.5)
+    assert w.cwnd == MSS and w.pace_gap() == 0.0
+    w.on_congestion_loss(0.501)  # a trim right away: not below a packet on idle history
+    assert w.cwnd == MSS
