@@ -1,0 +1,106 @@
+"""Two QPs from different hosts share one host's last hop, with default flags (NSCC).
+
+h0 and h1 each send generated data for a few seconds (``mrc-send --time``) into h3 on a
+trimming fabric of 4 planes x 100 Mbit/s: h3's four last-hop ports are the only bottleneck
+(four spines per plane keep the leaf uplinks out of it, as in test_incast.py). Nothing is told
+the rate. What the congestion control owes them: fair shares (Jain's index of the two
+goodputs), no timeout, every byte verified. The utilization of the bottleneck is reported
+(``pytest -s``, ``record_property``), not asserted: speed is measured, not asserted in tests.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fabric_helpers import SKIP_REASON, running_fabric, unique_name
+from test_incast import PAYLOAD, RATE, SPINES, TRIM_REASON, Proc, trim_counters
+
+from mrc.fabric import FabricSpec, Topology
+
+pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+
+SENDERS = ("h0", "h1")
+RECEIVER = "h3"
+SECONDS = 4.0
+PLANES = 4
+LINK_BPS = 100e6
+
+
+def _jain(xs: list[float]) -> float:
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+
+
+def _share(topo: Topology, port: int) -> tuple[dict[str, dict], list[dict], dict[str, dict]]:
+    procs: list[Proc] = []
+    try:
+        recv = Proc(
+            topo.netns_of(RECEIVER),
+            "mrc-recv",
+            "--fabric",
+            topo.name,
+            "--listen",
+            f"[::]:{port}",
+            "--count",
+            str(len(SENDERS)),
+            "--discard",
+            "--json",
+            "--no-progress",
+        )
+        procs.append(recv)
+        recv.wait_listening(port)
+        before = trim_counters(topo)
+        senders = {}
+        for h in SENDERS:
+            senders[h] = Proc(
+                topo.netns_of(h),
+                "mrc-send",
+                "--fabric",
+                topo.name,
+                "--to",
+                f"{RECEIVER}:{port}",
+                "--time",
+                str(SECONDS),
+                "--json",
+                "--no-progress",
+            )
+            procs.append(senders[h])
+        sends = {h: p.wait(60)[0] for h, p in senders.items()}
+        recvs = recv.wait(30)
+        after = trim_counters(topo)
+    finally:
+        for p in procs:
+            p.kill()
+    fabric = {k: {c: after[k][c] - before[k][c] for c in ("trimmed", "drops")} for k in after}
+    return sends, recvs, fabric
+
+
+def test_two_qps_into_one_host_share_its_last_hop_fairly(record_property) -> None:
+    if TRIM_REASON is not None:
+        pytest.skip(TRIM_REASON)
+    spec = FabricSpec(name=unique_name("f"), spines=SPINES, mtu=9000, rate=RATE, trim=True)
+    with running_fabric(spec) as topo:
+        sends, recvs, fabric = _share(topo, 4821)
+    assert len(recvs) == len(SENDERS)
+    for h, s in sends.items():
+        assert s["ok"] is True, (h, s.get("error"))
+        # every byte sent was placed and hashed alike at both ends
+        assert s["sha256"] == s["sha256_receiver"], h
+        assert s["retransmits_timeout"] == 0, (h, s)
+        assert s["seconds"] >= SECONDS * 0.9, (h, s["seconds"])
+    assert sorted(r["bytes"] for r in recvs) == sorted(s["bytes"] for s in sends.values())
+    goodputs = [sends[h]["goodput_bps"] for h in SENDERS]
+    fairness = _jain(goodputs)
+    payload_bps = PLANES * LINK_BPS * PAYLOAD / (PAYLOAD + 110)  # after IPv6/UDP/SRH/MRC headers
+    utilization = sum(goodputs) / payload_bps
+    summary = {
+        "goodputs_mbps": [round(g / 1e6, 1) for g in goodputs],
+        "jain": round(fairness, 4),
+        "utilization": round(utilization, 3),
+        "fabric_trims": sum(v["trimmed"] for v in fabric.values()),
+        "trims_seen": [sends[h].get("trims_seen") for h in SENDERS],
+    }
+    print("\ntwo QPs into one host:", json.dumps(summary))
+    for k, v in summary.items():
+        record_property(k, v)
+    assert fairness >= 0.9, summary
