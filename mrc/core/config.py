@@ -79,7 +79,9 @@ class QPConfig:
     # RTO is left to act: a single probe lost as well (the receiver starved for a moment, or
     # the probe's EV on a path that just died) would otherwise cost a whole min_rto
     tlp_max: int = 3
-    reorder_srtt_fraction: float = 0.5
+    # ... and at least this fraction of srtt: a whole one, so that the first windows of a run,
+    # queued 10-30 ms, are not taken for losses on healthy routes (docs/EV_HEALTH.md, "Limits")
+    reorder_srtt_fraction: float = 1.0
     # new packets sent back to back on one EV before the next EV is drawn: the transport sends
     # such a burst as one GSO send (one skb through the kernel) and the receiver takes it in one
     # GRO receive; 1 sprays every packet (docs/PROTOCOL.md section 2). With NSCC this is a
