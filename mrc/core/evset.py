@@ -364,6 +364,22 @@ class EVSet:
                 fallback = cand
         return fallback if fallback >= 0 else self.next_other(ev)
 
+    def next_apart(self, ev: int) -> int:
+        """The next EV that shares as little of ``ev``'s path as the rotation allows: on
+        another plane, else on another route of its plane, else any other EV. For a second
+        copy of something whose first copy may take a path that just died."""
+        planes, routes = self.planes, self.routes
+        same_plane = -1
+        for _ in range(len(self.ports) + 1):
+            cand = self.next()
+            if cand == ev:
+                continue
+            if planes[cand] != planes[ev]:
+                return cand
+            if same_plane < 0 and routes[cand] != routes[ev]:
+                same_plane = cand
+        return same_plane if same_plane >= 0 else self.next_other(ev)
+
     def next_other(self, avoid: int) -> int:
         """The next EV that is not ``avoid`` (used for retransmissions)."""
         ev = self.next()

@@ -330,6 +330,14 @@ class Responder:
                 sack_ev[block] = ev
             self._out.append((ev, pkt, b""))
             self.stats.acks_sent += 1
+            if self._subject_dup:
+                # the sender sent the subject again, so our ACKs of it are not getting through
+                # (or it gave up waiting for them): this one goes twice, the copy on another
+                # plane. A sender held at a packet or two by NSCC has nothing else in flight
+                # to be acknowledged, and every ACK lost on a dead reverse path costs it a
+                # tail loss probe, and after three of them an RTO (docs/EV_HEALTH.md)
+                self._out.append((self.evs.next_apart(ev), pkt, b""))
+                self.stats.acks_sent += 1
         if len(sack_ev) > 4096:  # forget blocks far behind the cumulative point
             floor = (self._cum >> 6) - 1024
             for block in [b for b in sack_ev if b < floor]:

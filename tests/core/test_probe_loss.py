@@ -104,3 +104,29 @@ def test_a_probe_whose_original_arrived_blames_no_data_ev() -> None:
     assert _retired(net.hosts["a"].events, EVReason.PROBE_LOSS) == set()
     assert qa.stats.losses_tlp == 0
     assert _retired(net.hosts["b"].events, EVReason.ACK_LOST)  # the receiver blamed its own
+
+
+def test_the_ack_of_a_duplicate_goes_twice_on_two_planes() -> None:
+    # a duplicate says our ACKs of its subject are not getting through; with a window of one
+    # packet nothing else is in flight to be acknowledged, so its ACK goes twice, the copy
+    # on the other plane: a dead reverse path then costs a probe, not the probe's ACK too
+    from .mrcsim_harness import RecordingNetwork
+
+    faults = Faults(delay=0.0001, jitter=0.0)
+    net = RecordingNetwork(seed=7, faults=faults)
+    net.add_host("a")
+    net.add_host("b")
+    cfg = QPConfig(payload_size=1000, max_outstanding=1, cc="fixed", ack_every=1)
+    qa, qb = net.connect("a", "b", evs=16, config=cfg, planes=2)
+    faults.dead_evs.update(qb.evs.ports[:4])  # a quarter of b's ACKs vanish
+    _transfer(net, qa, qb)
+    acks = [s for s in net.sent if s.host == "b" and s.data[0] == wire.Opcode.ACKNOWLEDGE]
+    dup = [s for s in acks if wire.parse_ack(s.data).subject_dup]
+    assert len(dup) >= 4 and len(dup) % 2 == 0
+    for first, copy in zip(dup[::2], dup[1::2], strict=True):
+        assert first.data == copy.data and first.time == copy.time
+        assert qb.evs.planes[first.ev] != qb.evs.planes[copy.ev]
+    # and ACKs of first arrivals go once
+    once = [s for s in acks if not wire.parse_ack(s.data).subject_dup]
+    assert len({(s.time, s.data) for s in once}) == len(once)
+    assert qa.stats.retransmits_timeout == 0
