@@ -14,7 +14,16 @@ import json
 
 import pytest
 from fabric_helpers import SKIP_REASON, running_fabric, unique_name
-from test_incast import PAYLOAD, RATE, SPINES, TRIM_REASON, Proc, trim_counters
+from test_incast import (
+    PAYLOAD,
+    RATE,
+    SPINES,
+    TRIM_REASON,
+    Proc,
+    mrc_recv,
+    mrc_send,
+    trim_counters,
+)
 
 from mrc.fabric import FabricSpec, Topology
 
@@ -34,37 +43,12 @@ def _jain(xs: list[float]) -> float:
 def _share(topo: Topology, port: int) -> tuple[dict[str, dict], list[dict], dict[str, dict]]:
     procs: list[Proc] = []
     try:
-        recv = Proc(
-            topo.netns_of(RECEIVER),
-            "mrc-recv",
-            "--fabric",
-            topo.name,
-            "--listen",
-            f"[::]:{port}",
-            "--count",
-            str(len(SENDERS)),
-            "--discard",
-            "--json",
-            "--no-progress",
-        )
+        recv = mrc_recv(topo, RECEIVER, port, len(SENDERS))
         procs.append(recv)
         recv.wait_listening(port)
         before = trim_counters(topo)
-        senders = {}
-        for h in SENDERS:
-            senders[h] = Proc(
-                topo.netns_of(h),
-                "mrc-send",
-                "--fabric",
-                topo.name,
-                "--to",
-                f"{RECEIVER}:{port}",
-                "--time",
-                str(SECONDS),
-                "--json",
-                "--no-progress",
-            )
-            procs.append(senders[h])
+        senders = {h: mrc_send(topo, h, RECEIVER, port, "--time", str(SECONDS)) for h in SENDERS}
+        procs.extend(senders.values())
         sends = {h: p.wait(60)[0] for h, p in senders.items()}
         recvs = recv.wait(30)
         after = trim_counters(topo)

@@ -293,6 +293,39 @@ class Incast:
         return out
 
 
+def mrc_recv(topo: Topology, host: str, port: int, count: int, *extra: str) -> Proc:
+    """``mrc-recv`` in ``host``'s namespace: ``count`` transfers into memory, JSON out."""
+    return Proc(
+        topo.netns_of(host),
+        "mrc-recv",
+        "--fabric",
+        topo.name,
+        "--listen",
+        f"[::]:{port}",
+        "--count",
+        str(count),
+        "--discard",
+        "--json",
+        "--no-progress",
+        *extra,
+    )
+
+
+def mrc_send(topo: Topology, host: str, to: str, port: int, *args: str) -> Proc:
+    """``mrc-send`` from ``host``'s namespace to ``to``, JSON out; ``args`` say what to send."""
+    return Proc(
+        topo.netns_of(host),
+        "mrc-send",
+        "--fabric",
+        topo.name,
+        "--to",
+        f"{to}:{port}",
+        "--json",
+        "--no-progress",
+        *args,
+    )
+
+
 def run_incast(
     topo: Topology,
     port: int,
@@ -307,20 +340,7 @@ def run_incast(
     thread = None
     logdir = tempfile.TemporaryDirectory(prefix="mrc-incast-")
     try:
-        recv = Proc(
-            topo.netns_of(RECEIVER),
-            "mrc-recv",
-            "--fabric",
-            topo.name,
-            "--listen",
-            f"[::]:{port}",
-            "--count",
-            str(len(SENDERS)),
-            "--discard",
-            "--json",
-            "--no-progress",
-            *extra,
-        )
+        recv = mrc_recv(topo, RECEIVER, port, len(SENDERS), *extra)
         procs.append(recv)
         recv.wait_listening(port)
         if cap is not None:
@@ -331,13 +351,11 @@ def run_incast(
         t0 = time.monotonic()
         senders = {}
         for h in SENDERS:
-            senders[h] = Proc(
-                topo.netns_of(h),
-                "mrc-send",
-                "--fabric",
-                topo.name,
-                "--to",
-                f"{RECEIVER}:{port}",
+            senders[h] = mrc_send(
+                topo,
+                h,
+                RECEIVER,
+                port,
                 "--size",
                 size,
                 "--payload",
@@ -348,8 +366,6 @@ def run_incast(
                 "fixed",
                 "--ev-log",
                 f"{logdir.name}/{h}.jsonl",
-                "--json",
-                "--no-progress",
                 *extra,
                 *send_extra,
             )
