@@ -183,9 +183,9 @@ class Requester:
         # timer must wake the QP then
         self._pace_at = _NEG_INF
         self._paced = False
-        # since when nothing was queued and nothing in flight (None: busy); not a window
-        # below a packet, which also empties the flight between its packets
-        self._idle_since: float | None = 0.0
+        # nothing was queued and nothing in flight (the application had nothing to send);
+        # not a window below a packet, which also empties the flight between its packets
+        self._idle = True
 
     # ---- application side -------------------------------------------------------------
 
@@ -248,10 +248,10 @@ class Requester:
         # NSCC: packets in the network (len(outstanding) - _waiting) stay below the window,
         # retransmissions and new data alike; the fixed window never holds retransmissions back
         rtx_limit = _INF if cc is None else cc.limit + self._waiting
-        if self._idle_since is not None and self._queue:
+        if self._idle and self._queue:
             if cc is not None:
                 cc.on_resume(now)  # new work after an idle spell
-            self._idle_since = None
+            self._idle = False
         gap = 0.0 if cc is None else cc.pace_gap()
         held = gap > 0.0 and now < self._pace_at  # paced: only probes may go now
         self._paced = False
@@ -748,8 +748,8 @@ class Requester:
             # BECN: the responder's echo of the subject's CE mark (docs/PROTOCOL.md 3.4)
             ce = bool(qpw & (wire.BTH_BECN << 24))
             cc.on_ack(now, newly * self.config.payload_size, rtt_sample, ce)
-        if not outstanding and not self._queue and self._idle_since is None:
-            self._idle_since = now
+        if not outstanding and not self._queue:
+            self._idle = True
         wrs = self._inflight_wrs
         while wrs and wrs[0].last_seq >= 0 and wrs[0].last_seq < una:
             wr = wrs.popleft()
