@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help=f"payload bytes per packet (default {DEFAULT_PAYLOAD}, or "
         f"{DEFAULT_PAYLOAD - DATA_OVERHEAD} with a key, so that protected packets are "
-        "no larger; 8192 or more for jumbo/loopback)",
+        f"no larger; with --fabric, up to {FABRIC_PAYLOAD} as the fabric's MTU allows: "
+        "1380 at MTU 1500; 8192 or more for jumbo/loopback)",
     )
     p.add_argument(
         "--window",
@@ -201,17 +202,21 @@ MAX_PARALLEL = 64
 
 DEFAULT_WINDOW = 512
 DEFAULT_PAYLOAD = 1400
+#: the payload with ``--fabric`` where the MTU leaves room: a jumbo fabric carries 8 KiB in one
+#: datagram, and 1400-byte packets there leave 8% of every link to headers
+FABRIC_PAYLOAD = 8192
 
 
 def _default_payload(args: argparse.Namespace, fabric: Topology | None) -> int:
     """The payload when ``--payload`` is not given: DEFAULT_PAYLOAD (less the seal's overhead
-    with a key), cut to what fits a fabric's MTU with its longest routing header (fragmented
-    datagrams cost half the goodput; docs/PROTOCOL.md, "Sizes")."""
+    with a key); on a fabric whose MTU is known, FABRIC_PAYLOAD cut to what fits that MTU with
+    its longest routing header (fragmented datagrams cost half the goodput, and small ones
+    their headers' share; docs/PROTOCOL.md, "Sizes")."""
     seal = DATA_OVERHEAD if args.key_file else 0
     payload = DEFAULT_PAYLOAD - seal
     if fabric is not None and fabric.mtu > 0:
         room = fabric.mtu - IPV6_UDP_HEADERS - largest_srh(fabric) - wire.DATA_IMM_HDR_LEN - seal
-        payload = min(payload, max(room, 64))
+        payload = min(FABRIC_PAYLOAD - seal, max(room, 64))
     return payload
 
 

@@ -71,5 +71,8 @@ def test_a_payload_too_large_for_the_mtu_is_fragmented_not_lost(fab1500, mrc_too
     s, rv, err = _transfer(fab1500, mrc_tools, 4802, "--payload", "1400")
     assert s["payload"] == 1400
     assert "exceed what the path MTU leaves" in err and "at most 1380 bytes fits" in err, err
-    assert s["retransmits"] == 0 and s["evs_assumed_bad"] == 0, s
+    # nothing lost (a lost fragment loses its datagram: a SACK loss or a timeout). A tail
+    # loss probe may still fire when a shared core stalls the receiver for 5 ms (seen once,
+    # in a full suite run)
+    assert s["retransmits"] == s["retransmits_tlp"] and s["evs_assumed_bad"] == 0, s
     assert rv["packets_received"] == s["data_packets"]
