@@ -14,7 +14,7 @@ import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, islice
 
 from mrc import wire
 from mrc.core import fastpath
@@ -582,6 +582,25 @@ class Requester:
                     self.stats.retransmits_tlp += 1
                     self._tlps += 1
                     self._arm_tlp(now)  # the next probe, if this one meets silence too
+                else:
+                    self._probe_queued(seq, now)
+
+    def _probe_queued(self, seq: int, now: float) -> None:
+        """The tail loss probe when the newest packet is already queued for a resend (a loss
+        found, a NACK), held back by a window NSCC has shrunk below what is in flight: that
+        resend is the probe, and goes now, past the window. Before, the probe did nothing
+        and was not armed again, and the silence lasted until the RTO (failover demo: a
+        50 ms stall with the window at one packet and its one packet lost)."""
+        rq = self._retransmit
+        if seq not in islice(rq, self._probes):  # not already going out as a probe
+            try:
+                rq.remove(seq)
+            except ValueError:  # (always there: a resend is queued with deadline inf)
+                return
+            rq.insert(self._probes, seq)  # behind the probes already queued, if any
+            self._probes += 1  # (a resend counted already, under its own cause)
+            self._tlps += 1
+        self._arm_tlp(now)
 
     def fail(self, reason: str) -> None:
         if not self.failed:

@@ -130,3 +130,50 @@ def test_the_ack_of_a_duplicate_goes_twice_on_two_planes() -> None:
     once = [s for s in acks if not wire.parse_ack(s.data).subject_dup]
     assert len({(s.time, s.data) for s in once}) == len(once)
     assert qa.stats.retransmits_timeout == 0
+
+
+def test_a_probe_sends_a_resend_that_the_window_holds_back() -> None:
+    # the newest packet is already queued for a resend but NSCC's window, shrunk to one
+    # packet, holds it behind two in flight that are lost: the tail loss probe must be that
+    # resend, sent past the window. It used to do nothing and not arm again, and the silence
+    # lasted until the RTO (the failover demo's 50 ms stalls)
+    from .mrcsim_harness import DATA_OPS, RecordingNetwork, Sent
+
+    faults = Faults(delay=0.0005, jitter=0.0)
+    net = RecordingNetwork(seed=3, faults=faults)
+    net.add_host("a")
+    net.add_host("b")
+    qa, qb = net.connect("a", "b", evs=8, config=QPConfig(payload_size=1000))
+    warm = bytearray(1000)
+    wmr = qb.pd.register(warm)
+    qa.post_write(bytes(1000), wmr.addr, wmr.rkey)  # one round trip first: srtt ~1 ms
+    assert net.run(lambda: qa.idle)
+    firsts: set[bytes] = set()
+
+    def drop_first_copies(sent: Sent) -> bytes | None:
+        if sent.data[0] in DATA_OPS and sent.data[9:12] not in firsts:
+            firsts.add(sent.data[9:12])  # the PSN: every packet's first transmission vanishes
+            return None
+        return sent.data
+
+    net.tamper = drop_first_copies
+    start = net.now
+    buf = bytearray(3000)
+    mr = qb.pd.register(buf)
+    data = bytes(range(250)) * 12
+    qa.post_write(data, mr.addr, mr.rkey)
+    key = ("a", qa.qpn)
+    assert net.run(lambda: len(net.data_tx[key]) >= 4)
+    req = qa.requester
+    cc = req.cc
+    assert cc is not None and sorted(req._outstanding) == [1, 2, 3]
+    # the newest (seq 3) queued for a resend, the window one packet: 1 and 2 fill it
+    cc._set(net.now, 1000.0)
+    pkt = req._outstanding[3]
+    pkt.deadline = float("inf")
+    req._retransmit.append(3)
+    req._waiting += 1
+    assert net.run(lambda: qa.idle, max_time=1.0)
+    assert bytes(buf) == data
+    assert qa.stats.retransmits_timeout == 0
+    assert net.now - start < qa.config.min_rto / 2  # done long before any RTO could fire
