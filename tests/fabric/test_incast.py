@@ -293,37 +293,20 @@ class Incast:
         return out
 
 
+def _mrc_tool(topo: Topology, host: str, tool: str, *args: str) -> Proc:
+    """``tool`` (mrc-send or mrc-recv) in ``host``'s namespace on the fabric, JSON out."""
+    return Proc(topo.netns_of(host), tool, "--fabric", topo.name, "--json", "--no-progress", *args)
+
+
 def mrc_recv(topo: Topology, host: str, port: int, count: int, *extra: str) -> Proc:
-    """``mrc-recv`` in ``host``'s namespace: ``count`` transfers into memory, JSON out."""
-    return Proc(
-        topo.netns_of(host),
-        "mrc-recv",
-        "--fabric",
-        topo.name,
-        "--listen",
-        f"[::]:{port}",
-        "--count",
-        str(count),
-        "--discard",
-        "--json",
-        "--no-progress",
-        *extra,
-    )
+    """``mrc-recv``: ``count`` transfers into memory."""
+    listen = ("--listen", f"[::]:{port}", "--count", str(count), "--discard")
+    return _mrc_tool(topo, host, "mrc-recv", *listen, *extra)
 
 
 def mrc_send(topo: Topology, host: str, to: str, port: int, *args: str) -> Proc:
-    """``mrc-send`` from ``host``'s namespace to ``to``, JSON out; ``args`` say what to send."""
-    return Proc(
-        topo.netns_of(host),
-        "mrc-send",
-        "--fabric",
-        topo.name,
-        "--to",
-        f"{to}:{port}",
-        "--json",
-        "--no-progress",
-        *args,
-    )
+    """``mrc-send`` to ``to``; ``args`` say what to send."""
+    return _mrc_tool(topo, host, "mrc-send", "--to", f"{to}:{port}", *args)
 
 
 def run_incast(
