@@ -1,7 +1,7 @@
 """Three senders into one receiver, in the seeded simulator: fixed window against NSCC.
 
-No sockets, no root: mrc.sim drives the same sans-IO core the transport does, here through a
-last hop of 100 Mbit/s per plane that trims packets over a 20-packet queue (mrc.sim_links).
+No sockets, no root: mrc.lab.sim drives the same sans-IO core the transport does, here through a
+last hop of 100 Mbit/s per plane that trims packets over a 20-packet queue (mrc.lab.sim_links).
 With a fixed window of 24 per sender (72 packets for a 20-packet queue) every trimmed packet
 is resent at once into the same full queue and trimmed again, until the QPs give up ("trimmed
 1001 times"); the NSCC window (QPConfig(cc="nscc"), docs/CONGESTION.md) follows the queue
@@ -9,8 +9,8 @@ instead and every byte arrives. Prints one line per mode.
 """
 
 from mrc.core import QPConfig
-from mrc.sim import Faults, SimNetwork
-from mrc.sim_links import Fabric, LinkSpec
+from mrc.lab.sim import Faults, SimNetwork
+from mrc.lab.sim_links import Fabric, LinkSpec
 
 SENDERS = ("a", "b", "c")
 SIZE = 1 << 19  # bytes per sender

@@ -60,7 +60,7 @@ from mrc.transport.sockets import ev_socket, family_of, udp_socket
 from mrc.wire import DEFAULT_PORT
 
 if TYPE_CHECKING:
-    from mrc.fabric.topology import Topology
+    from mrc.topology.model import Topology
 
 log = logging.getLogger(__name__)
 

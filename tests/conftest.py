@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mrc.testbed import TwoHosts, leftover_namespaces, netns_available
+from mrc.lab.testbed import TwoHosts, leftover_namespaces, netns_available
 
 # where mrc-send / mrc-recv live: the venv running the tests, unless MRC_BIN_DIR says otherwise
 BIN = Path(os.environ.get("MRC_BIN_DIR") or Path(sys.executable).parent)

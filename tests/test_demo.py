@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mrc.testbed import netns_available
+from mrc.lab.testbed import netns_available
 
 DEMO = Path(__file__).resolve().parent.parent / "tools" / "demo.py"
 

@@ -18,12 +18,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import json, sys
-import mrc.core, mrc.wire, mrc.sim
+import mrc.core, mrc.wire, mrc.lab.sim
 print(json.dumps(sorted(sys.modules)))
 """
 
 FORBIDDEN_ROOTS = ("asyncio", "pyroute2", "ctypes", "_ctypes", "socket", "uvloop")
-FORBIDDEN_PREFIXES = ("mrc.fabric", "mrc.transport", "mrc.connection", "mrc.srv6")
+FORBIDDEN_PREFIXES = ("mrc.lab.fabric", "mrc.transport", "mrc.connection", "mrc.srv6")
 
 
 def _bare_venv(where: Path) -> Path:
@@ -52,7 +52,7 @@ def test_core_imports_without_dependencies(tmp_path: Path) -> None:
         m for m in loaded if m.split(".")[0] in FORBIDDEN_ROOTS or m.startswith(FORBIDDEN_PREFIXES)
     ]
     assert bad == [], f"import mrc.core/wire/sim pulled in {bad}"
-    assert "mrc.core.qp" in loaded and "mrc.sim" in loaded
+    assert "mrc.core.qp" in loaded and "mrc.lab.sim" in loaded
 
 
 def test_top_level_names_resolve_lazily() -> None:

@@ -59,7 +59,7 @@ from mrc.cli.common import (
     size_arg,
 )
 from mrc.errors import MRCError
-from mrc.fabric import Fabric, FabricSpec, Topology, netns
+from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
 from mrc.units import SIZE_HELP, parse_rate
 from mrc.wire import DATA_HDR_LEN, DEFAULT_PORT
 

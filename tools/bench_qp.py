@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark one MRC queue pair against the machine's own limits on the same veth path.
 
-Two network namespaces (mrc.testbed.TwoHosts) are joined by ``--links`` veth links (one plane
+Two network namespaces (mrc.lab.testbed.TwoHosts) are joined by ``--links`` veth links (one plane
 each, MTU 9000 by default). For every payload size and every run it measures, side by side and
 interleaved (each kind leads in turn, so drift hits all alike):
 
@@ -387,7 +387,7 @@ class Bench:
         )
 
     def topology(self, links: int) -> list[dict[str, Any]]:
-        from mrc.testbed import TwoHosts, leftover_namespaces
+        from mrc.lab.testbed import TwoHosts, leftover_namespaces
 
         a = self.args
         prefix = f"bq{os.getpid()}l{links}"
@@ -839,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(a: argparse.Namespace) -> int:
-    from mrc.testbed import netns_available
+    from mrc.lab.testbed import netns_available
 
     why = netns_available()
     if why is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mrc.cli.common import Parser, human_bytes, human_rate, positive_int, run_main, size_arg
 from mrc.errors import MRCError
-from mrc.testbed import TwoHosts, netns_available
+from mrc.lab.testbed import TwoHosts, netns_available
 from mrc.units import SIZE_HELP
 from mrc.wire import DEFAULT_PORT
 

@@ -5,7 +5,7 @@ kernel TCP (pinned to the failed path) and Linux MPTCP (one subflow per plane).
 What it does, for each transport in turn, on one freshly built, shaped mrc-fabric:
 
 1. starts a receiver in host h3 and a sender in host h0 (the roles of
-   :mod:`mrc.bench.failover_roles`, run in the hosts with ``mrc-fabric exec``); the MRC ends
+   :mod:`mrc.lab.bench.failover_roles`, run in the hosts with ``mrc-fabric exec``); the MRC ends
    use the library API (``mrc.listen`` / ``mrc.connect`` with ``fabric=``), so the receiver
    can sample how many bytes are placed every millisecond, per plane (the sender tells it which
    EV source port is on which plane); TCP and MPTCP receivers timestamp every ``recv``;
@@ -53,7 +53,6 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
-from mrc.bench.common import mptcp_setup_commands  # noqa: E402 - after the sys.path fix above
 from mrc.cli.common import (  # noqa: E402
     Parser,
     emit_json,
@@ -64,6 +63,7 @@ from mrc.cli.common import (  # noqa: E402
     run_main,
 )
 from mrc.errors import MRCError  # noqa: E402
+from mrc.lab.bench.common import mptcp_setup_commands  # noqa: E402 - after the sys.path fix above
 
 PROG = "failover_demo.py"
 TRANSPORTS = ("mrc", "tcp", "mptcp")
@@ -375,7 +375,7 @@ def _exec_argv(topo, node: str, cmd: list[str]) -> list[str]:
         return [str(tool), "exec", "--name", topo.name, node, "--", *cmd]
     container = topo.host(node).container
     if container:
-        from mrc.fabric.containers import exec_argv
+        from mrc.lab.fabric.containers import exec_argv
 
         return exec_argv(topo.engine, container, cmd, interactive=False)
     return ["ip", "netns", "exec", topo.netns_of(node), *cmd]
@@ -408,7 +408,7 @@ class Demo:
     # ---- lifecycle ---------------------------------------------------------------------
 
     def up(self) -> None:
-        from mrc.fabric import Fabric, FabricSpec
+        from mrc.lab.fabric import Fabric, FabricSpec
 
         a = self.args
         hosts = f"4 hosts (containers of {a.host_image})" if a.host_image else "4 hosts"
@@ -436,7 +436,7 @@ class Demo:
                 self.workdir = Path(shutil.move(self.workdir, "/dev/shm"))
             log(f"files kept in {self.workdir}")
         if self.topo is not None:
-            from mrc.fabric import Fabric
+            from mrc.lab.fabric import Fabric
 
             with contextlib.suppress(Exception):
                 Fabric.down(self.name)
@@ -472,7 +472,7 @@ class Demo:
     # ---- one transport -----------------------------------------------------------------
 
     def link(self, up: bool) -> tuple[float, float]:
-        from mrc.fabric import Fabric
+        from mrc.lab.fabric import Fabric
 
         a, b = self.args.link
         t0 = time.monotonic()
@@ -485,7 +485,7 @@ class Demo:
         a = self.args
         # a container runs the image's Python (python3 on its PATH), whose mrc has the roles
         python = "python3" if self.topo.host("h0").container else sys.executable
-        me = [python, "-m", "mrc.bench.failover_roles"]
+        me = [python, "-m", "mrc.lab.bench.failover_roles"]
         common = ["--fabric", self.name, "--port", str(port), "--size", str(size)]
         rres = self.workdir / f"{name}-recv.json"
         sres = self.workdir / f"{name}-send.json"

@@ -24,8 +24,8 @@ import sys
 
 from mrc.core import QPConfig
 from mrc.core.events import EVReason, EVStateChanged
-from mrc.sim import Faults, SimNetwork
-from mrc.sim_links import Fabric, LinkSpec
+from mrc.lab.sim import Faults, SimNetwork
+from mrc.lab.sim_links import Fabric, LinkSpec
 
 HOSTS = ("a", "b", "c", "d")
 LEAVES = {"a": "L0", "b": "L0", "c": "L1", "d": "L1"}

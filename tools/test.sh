@@ -10,7 +10,7 @@ step "ruff check"
 .venv/bin/ruff check --quiet .
 step "ruff format --check"
 .venv/bin/ruff format --check --quiet .
-step "mypy (strict for mrc.core, mrc.wire, mrc.sim, mrc.transport)"
+step "mypy (strict for mrc.core, mrc.wire, mrc.lab.sim, mrc.transport)"
 .venv/bin/mypy
 step "pytest"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -12,7 +12,7 @@ from mrc.core.events import EVStateChanged
 from mrc.errors import MRCError, UsageError
 
 if TYPE_CHECKING:
-    from mrc.fabric.topology import Topology
+    from mrc.topology.model import Topology
 
 
 def add_path_args(p: argparse.ArgumentParser) -> None:
@@ -49,7 +49,7 @@ def load_fabric(name: str | None, host: str | None = None) -> Topology | None:
         if host is not None:
             raise UsageError("--fabric-host needs --fabric")
         return None
-    from mrc.fabric.realfile import load_fabric as load
+    from mrc.topology.realfile import load_fabric as load
 
     return load(name)
 

@@ -47,10 +47,10 @@ from mrc.connection import Connection, connect
 from mrc.core import fastpath
 from mrc.core.config import QPConfig
 from mrc.errors import MRCError
-from mrc.fabric.topology import Topology
 from mrc.security.packet import DATA_OVERHEAD
 from mrc.srv6.evroutes import largest_srh
 from mrc.timed import SLOT, Posted, RoundData, send_timed
+from mrc.topology.model import Topology
 from mrc.transfer import IDLE_TIMEOUT, TransferResult, send_buffer
 from mrc.transport.sockets import IPV6_UDP_HEADERS
 from mrc.units import SIZE_HELP

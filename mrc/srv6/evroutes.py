@@ -12,8 +12,8 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from mrc.fabric.topology import Host, Topology
 from mrc.srv6.paths import list_paths
+from mrc.topology.model import Host, Topology
 
 
 @dataclass(frozen=True, slots=True)

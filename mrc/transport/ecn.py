@@ -2,7 +2,7 @@
 
 Why in the transport and not the core: the ECN field is in the IP header, which only the
 socket layer sees. A fabric port whose queue is above its threshold rewrites ECT to CE
-(mrc/fabric/trim/mrc_trim.bpf.c); the receiving endpoint turns a CE datagram into a BTH FECN
+(mrc/lab/fabric/trim/mrc_trim.bpf.c); the receiving endpoint turns a CE datagram into a BTH FECN
 mark before the core sees it, and the core already echoes FECN as BECN in its ACKs
 (docs/PROTOCOL.md 3.1). FECN is one of the BTH bits switches may change in flight, so the
 header ICV of a protected packet does not cover it (mrc/security/packet.py MUTABLE_BYTE4).

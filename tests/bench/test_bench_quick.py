@@ -18,7 +18,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from mrc.bench.common import TRANSPORTS, WORKLOADS
+from mrc.lab.bench.common import TRANSPORTS, WORKLOADS
 
 pytestmark = pytest.mark.netns
 
@@ -51,7 +51,7 @@ def _leftovers(pid: int) -> tuple[list[str], list[str]]:
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "mrc.bench.agent" in cmd and f"mb{pid}_" in cmd:
+        if "mrc.lab.bench.agent" in cmd and f"mb{pid}_" in cmd:
             procs.append(f"{d.name}: {cmd}")
     return ns, procs
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mrc.bench.report import aims, table
-from mrc.bench.workloads import ideal_seconds, transfers
+from mrc.lab.bench.report import aims, table
+from mrc.lab.bench.workloads import ideal_seconds, transfers
 
 BIN = Path(os.environ.get("MRC_BIN_DIR") or Path(sys.executable).parent)
 
@@ -41,7 +41,7 @@ def test_usage_errors_are_one_line_exit_2(args: list[str], needle: str) -> None:
 
 
 def test_not_root_is_one_line_exit_1(monkeypatch, capsys) -> None:
-    from mrc.cli import bench
+    from mrc.lab.cli import bench
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert bench.main(["--quick"]) == 1

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 import mrc
-from mrc.cli import bench as bench_cli
-from mrc.cli import fabric as fabric_cli
 from mrc.cli.common import configure_logging, emit_json, package_version, versioned
+from mrc.lab.cli import bench as bench_cli
+from mrc.lab.cli import fabric as fabric_cli
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -287,7 +287,7 @@ def test_json_printed_only_through_emit_json() -> None:
     is its format's."""
     allowed = {
         "mrc/cli/common.py": 1,  # emit_json itself
-        "mrc/cli/fabric.py": 1,
+        "mrc/lab/cli/fabric.py": 1,
         "tools/bench_peers.py": 1,  # bench_qp's helper: its JSON lines are bench_qp's input
     }
     files = [*(REPO / "mrc").rglob("*.py"), *(REPO / "tools").glob("*.py")]

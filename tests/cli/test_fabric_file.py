@@ -1,4 +1,4 @@
-"""``--fabric FILE`` with a real-fabric file written by hand (mrc/fabric/realfile.py).
+"""``--fabric FILE`` with a real-fabric file written by hand (mrc/topology/realfile.py).
 
 Every mistake a user can make in the file is one exact line from the command, exit status 2,
 before anything touches the network; a good file becomes the paths spraying uses.
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from mrc.fabric.realfile import load_fabric
 from mrc.srv6.evroutes import fabric_routes
 from mrc.srv6.srh import decode_srh
+from mrc.topology.realfile import load_fabric
 
 GOOD: dict[str, Any] = {
     "name": "lab",
@@ -345,7 +345,7 @@ def test_a_good_file_gives_one_srv6_path_per_spine(tmp_path: Path) -> None:
 
 def test_a_file_of_the_other_format_is_read_too(tmp_path: Path) -> None:
     """An mrc-fabric topology file given as --fabric FILE (detected by its content)."""
-    from mrc.fabric import FabricSpec, plan
+    from mrc.lab.fabric import FabricSpec, plan
 
     planned = plan(FabricSpec(name="other", planes=2, hosts=2, leaves=1, spines=1))
     path = tmp_path / "other"

@@ -18,10 +18,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from mrc.fabric import Fabric
-from mrc.fabric.netns import remove as remove_netns
-from mrc.fabric.trim import unavailable_reason
-from mrc.testbed import leftover_namespaces, netns_available
+from mrc.lab.fabric import Fabric
+from mrc.lab.fabric.netns import remove as remove_netns
+from mrc.lab.fabric.trim import unavailable_reason
+from mrc.lab.testbed import leftover_namespaces, netns_available
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
@@ -234,7 +234,7 @@ def test_trim_bench_matches_its_schema(trim: bool) -> None:
     why = unavailable_reason() if trim else None
     if why is not None:
         pytest.skip(f"trimming unavailable: {why}")
-    tool = [sys.executable, "-m", "mrc.fabric.trim.bench", "--seconds", "0.2"]
+    tool = [sys.executable, "-m", "mrc.lab.fabric.trim.bench", "--seconds", "0.2"]
     tool += [] if trim else ["--no-trim"]
     out = _run_tool(tool, 90, lambda pid: Fabric.down(f"tb{pid}"))  # its fabric is tb<pid>
     jsonschema.validate(out, _schema("trim_bench"))

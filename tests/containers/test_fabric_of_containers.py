@@ -19,8 +19,8 @@ from pathlib import Path
 
 import jsonschema
 
-from mrc.fabric.containers import labelled, share_dir
-from mrc.fabric.topology import topology_path
+from mrc.lab.fabric.containers import labelled, share_dir
+from mrc.topology.model import topology_path
 from tests.fabric.fabric_helpers import unique_name
 
 BIN = Path(sys.executable).parent
@@ -43,8 +43,8 @@ def _tx_packets(ns: str, ifname: str) -> int:
 
 
 def test_transfer_and_link_failure_between_host_containers(mrc_image: str) -> None:
-    from mrc.fabric import Fabric, FabricSpec
-    from mrc.fabric.teardown import fabric_namespaces
+    from mrc.lab.fabric import Fabric, FabricSpec
+    from mrc.lab.fabric.teardown import fabric_namespaces
 
     name = unique_name("ct")
     spec = FabricSpec(

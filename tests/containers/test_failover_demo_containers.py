@@ -2,7 +2,7 @@
 
 A quick MRC and MPTCP run on a 2-plane fabric whose hosts are containers of the image built
 from this tree: the roles run inside them as the image's user (``python -m
-mrc.bench.failover_roles``), data and result files go through the fabric's shared directory and
+mrc.lab.bench.failover_roles``), data and result files go through the fabric's shared directory and
 MPTCP's path manager is set up from outside. What arrived must hash like what was sent, the
 stall figure must be there, and the demo must leave no container, namespace or shared
 directory behind.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import jsonschema
 
-from mrc.fabric.containers import labelled, share_dir
-from mrc.fabric.teardown import fabric_namespaces
+from mrc.lab.fabric.containers import labelled, share_dir
+from mrc.lab.fabric.teardown import fabric_namespaces
 from tests.fabric.fabric_helpers import unique_name
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from mrc import wire
 from mrc.core import QPConfig
-from mrc.sim import Faults, SimNetwork
+from mrc.lab.sim import Faults, SimNetwork
 
 OP_W = int(wire.Opcode.RDMA_WRITE_ONLY)
 OP_WI = int(wire.Opcode.RDMA_WRITE_ONLY_IMM)

@@ -29,7 +29,7 @@ from mrc.core import (
     WriteCompleted,
 )
 from mrc.core.psn import to_seq
-from mrc.sim import Faults, SimHost, SimNetwork
+from mrc.lab.sim import Faults, SimHost, SimNetwork
 
 # Hypothesis settings for this suite: deterministic by default (the same examples every run);
 # MRC_FUZZ_EXAMPLES=N switches to a longer, randomised search.

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from mrc import wire
 from mrc.core import Access, ProtectionDomain, QPConfig, QueuePair, fastpath
 from mrc.core.events import Burst, datagrams_of
-from mrc.sim import Faults
+from mrc.lab.sim import Faults
 
 from .mrcsim_harness import RecordingNetwork, fuzz_settings, make_transfer, run_until
 

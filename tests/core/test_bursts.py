@@ -9,8 +9,8 @@ import pytest
 from mrc import wire
 from mrc.core import QPConfig
 from mrc.core.config import AUTO_BURST, GSO_MAX_BYTES
-from mrc.sim import Faults
-from mrc.sim_links import Fabric, LinkSpec
+from mrc.lab.sim import Faults
+from mrc.lab.sim_links import Fabric, LinkSpec
 
 from .mrcsim_harness import RecordingNetwork, Transfer, make_transfer, run_until
 

@@ -1,5 +1,5 @@
 """NSCC-style congestion control (mrc/core/cc.py, ``QPConfig.cc = "nscc"``) in the simulator's
-congestion model (mrc/sim_links.py): the retransmit storm it ends, a single flow's utilization
+congestion model (mrc/lab/sim_links.py): the retransmit storm it ends, a single flow's utilization
 and queue, two flows' fairness, and the window's reaction to a trim burst.
 
 Every scenario checks the data (every byte in place, completions in order, via the harness's
@@ -16,8 +16,8 @@ import pytest
 from mrc import wire
 from mrc.core import QPConfig
 from mrc.core.cc import NsccWindow
-from mrc.sim import Faults
-from mrc.sim_links import Fabric, Link, LinkSpec
+from mrc.lab.sim import Faults
+from mrc.lab.sim_links import Fabric, Link, LinkSpec
 
 from .mrcsim_harness import RecordingNetwork, Transfer, make_transfer, run_until
 

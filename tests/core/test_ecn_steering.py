@@ -12,8 +12,8 @@ import pytest
 from mrc.core import QPConfig
 from mrc.core.events import EVReason
 from mrc.core.evset import EVSet, EVState
-from mrc.sim import Faults
-from mrc.sim_links import Fabric, LinkSpec
+from mrc.lab.sim import Faults
+from mrc.lab.sim_links import Fabric, LinkSpec
 
 from .mrcsim_harness import RecordingNetwork, Transfer, make_transfer, run_until
 

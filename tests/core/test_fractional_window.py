@@ -7,8 +7,8 @@ import pytest
 
 from mrc.core import QPConfig
 from mrc.core.cc import NsccWindow
-from mrc.sim import Faults
-from mrc.sim_links import Fabric, LinkSpec, trim_datagram
+from mrc.lab.sim import Faults
+from mrc.lab.sim_links import Fabric, LinkSpec, trim_datagram
 
 from .mrcsim_harness import DATA_OPS, RecordingNetwork, Sent, Transfer, make_transfer, run_until
 

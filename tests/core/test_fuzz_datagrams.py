@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mrc.core import EVStateChanged, QPConfig
-from mrc.sim import Faults
+from mrc.lab.sim import Faults
 
 from .datagram_fuzz import Fuzzer, Target, capture_session
 from .mrcsim_harness import (

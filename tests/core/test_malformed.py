@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from mrc import wire
 from mrc.core import Access, EndpointCore, QPConfig, QPFailed, QueuePair
 from mrc.core.psn import to_psn, to_seq
-from mrc.sim import Faults
+from mrc.lab.sim import Faults
 
 from .mrcsim_harness import (
     RecordingNetwork,

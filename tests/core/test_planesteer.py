@@ -8,8 +8,8 @@ from __future__ import annotations
 from mrc.core import QPConfig
 from mrc.core.evset import EVSet
 from mrc.core.planesteer import PlaneSteering
-from mrc.sim import Faults
-from mrc.sim_links import Fabric, LinkSpec
+from mrc.lab.sim import Faults
+from mrc.lab.sim_links import Fabric, LinkSpec
 
 from .mrcsim_harness import RecordingNetwork, make_transfer, run_until
 

@@ -13,7 +13,7 @@ from mrc import wire
 from mrc.core import QPConfig
 from mrc.core.events import EVReason, EVStateChanged
 from mrc.core.evset import EVState
-from mrc.sim import Faults, SimNetwork
+from mrc.lab.sim import Faults, SimNetwork
 
 SIZE = 200_000
 

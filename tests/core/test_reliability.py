@@ -10,7 +10,7 @@ import pytest
 from mrc import wire
 from mrc.core import ProbeReplied, QPConfig, QPFailed, QueuePair, WriteCompleted
 from mrc.core.memory import ProtectionDomain
-from mrc.sim import Faults, SimNetwork
+from mrc.lab.sim import Faults, SimNetwork
 
 from .mrcsim_harness import (
     DATA_OPS,
@@ -361,7 +361,7 @@ def _outage_run(tlp_max: int) -> tuple[float, QueuePair, bytes, bytearray]:
     """16 MiB over 4 planes at 200 Mbit/s each; every plane's last hop into the receiver
     swallows everything from 100 ms to 115 ms (the receiver starved, say): the whole window,
     and the first tail loss probe with it. Returns the largest gap between deliveries."""
-    from mrc.sim_links import Fabric, LinkSpec
+    from mrc.lab.sim_links import Fabric, LinkSpec
 
     size = 16 << 20
     fab = Fabric(lasthop=LinkSpec(rate=25e6, queue=250_000), spines=2)

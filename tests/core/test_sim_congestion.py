@@ -1,4 +1,4 @@
-"""The simulator's congestion model (mrc/sim_links.py): queue law, trimming with priority, ECN,
+"""The simulator's congestion model (mrc/lab/sim_links.py): queue law, trimming with priority, ECN,
 incast through a shared last hop, determinism, and the default model left exactly as it was."""
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from collections import defaultdict
 
 import pytest
 
-from mrc import sim_links, wire
+from mrc import wire
 from mrc.core import QPConfig
+from mrc.lab import sim_links
+from mrc.lab.sim import Faults, SimNetwork
+from mrc.lab.sim_links import Fabric, LinkEvent, LinkSpec, trim_datagram
 from mrc.security import packet
-from mrc.sim import Faults, SimNetwork
-from mrc.sim_links import Fabric, LinkEvent, LinkSpec, trim_datagram
 
 from .mrcsim_harness import DATA_OPS, RecordingNetwork, Transfer, make_transfer, run_until
 

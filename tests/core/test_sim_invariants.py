@@ -24,7 +24,7 @@ import pytest
 
 from mrc import wire
 from mrc.core import ImmediateReceived, QPConfig
-from mrc.sim import Faults
+from mrc.lab.sim import Faults
 
 from .mrcsim_harness import (
     RecordingNetwork,

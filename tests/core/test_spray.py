@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from mrc.core import QPConfig
 from mrc.core.evset import EVSet
-from mrc.sim import Faults
+from mrc.lab.sim import Faults
 
 from .mrcsim_harness import RecordingNetwork, failures, fuzz_settings, make_transfer, run_until
 

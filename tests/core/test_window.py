@@ -11,7 +11,7 @@ import random
 import pytest
 
 from mrc.core import QPConfig
-from mrc.sim import Faults
+from mrc.lab.sim import Faults
 
 from .mrcsim_harness import RecordingNetwork, Sent, all_drops, failures, make_transfer, run_until
 

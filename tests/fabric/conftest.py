@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from fabric_helpers import SKIP_REASON, running_fabric, unique_name
 
-from mrc.fabric import FabricSpec, Topology
+from mrc.lab.fabric import FabricSpec, Topology
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mrc.fabric import Fabric, FabricSpec, Topology, netns
+from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
 
 REPO = Path(__file__).resolve().parents[2]
 _counter = itertools.count()
@@ -79,7 +79,7 @@ def run_cli(*args: str, check: bool = False, **kw) -> subprocess.CompletedProces
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("MRC_DEBUG", None)
     return subprocess.run(
-        [sys.executable, "-m", "mrc.cli.fabric", *args],
+        [sys.executable, "-m", "mrc.lab.cli.fabric", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -8,8 +8,8 @@ import os
 import pytest
 from fabric_helpers import SKIP_REASON, needs_netns, run_cli, running_fabric, unique_name
 
-from mrc.cli.fabric import main
-from mrc.fabric import FabricSpec, Topology
+from mrc.lab.cli.fabric import main
+from mrc.lab.fabric import FabricSpec, Topology
 
 
 def _one_line_error(res, code: int | None = None, contains: str = "") -> None:

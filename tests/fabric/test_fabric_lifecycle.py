@@ -20,10 +20,12 @@ from fabric_helpers import (
 )
 from pyroute2 import IPRoute
 
-from mrc.fabric import Fabric, FabricError, FabricSpec, netns
-from mrc.fabric.kernel import NsHandle, tbf_params
-from mrc.fabric.topology import topology_path
-from mrc.srv6.paths import open_path_socket, path_via
+from mrc.lab.fabric import Fabric, FabricError, FabricSpec, netns
+from mrc.lab.fabric.kernel import NsHandle
+from mrc.lab.fabric.pathsock import open_path_socket
+from mrc.lab.fabric.shaping import tbf_params
+from mrc.srv6.paths import path_via
+from mrc.topology.model import topology_path
 
 pytestmark = [needs_netns, pytest.mark.netns]
 
@@ -55,7 +57,7 @@ def test_up_down_leaves_nothing_behind() -> None:
         assert _root_links() == links_before  # every veth lives inside our namespaces
         # a process left inside a namespace must not survive (or keep the namespace alive)
         sleeper = subprocess.Popen(
-            [sys.executable, "-m", "mrc.cli.fabric", "exec", "--name", name, "h1", "--"]
+            [sys.executable, "-m", "mrc.lab.cli.fabric", "exec", "--name", name, "h1", "--"]
             + ["sleep", "60"],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -131,7 +133,7 @@ def test_rate_and_jumbo_mtu_applied() -> None:
 
 def test_failed_build_is_rolled_back(monkeypatch) -> None:
     """A failure half way through ``up`` removes what was already built."""
-    import mrc.fabric.builder as builder
+    import mrc.lab.fabric.builder as builder
 
     def boom(*args, **kwargs):
         raise RuntimeError("injected failure")

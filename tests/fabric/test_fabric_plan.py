@@ -8,9 +8,9 @@ import json
 import pytest
 
 from mrc.errors import UsageError
-from mrc.fabric import FabricSpec, Topology, load_topology, parse_rate, plan
-from mrc.fabric.kernel import HOST_QUEUE_FRAMES, tbf_params
-from mrc.fabric.routes import node_neighbours, node_routes
+from mrc.lab.fabric import FabricSpec, Topology, load_topology, parse_rate, plan
+from mrc.lab.fabric.routes import node_neighbours, node_routes
+from mrc.lab.fabric.shaping import HOST_QUEUE_FRAMES, tbf_params
 from mrc.srv6.paths import default_path, list_paths, path_via
 from mrc.srv6.srh import decode_srh
 
@@ -163,7 +163,7 @@ def test_port_ecn_threshold_and_flags() -> None:
     """ECN threshold: a fraction of the trimming limit with a two-frame floor, none on last
     hops or at fraction 0; the packed map value carries the limits and flags as the program
     reads them."""
-    from mrc.fabric.trim.maps import (
+    from mrc.lab.fabric.trim.maps import (
         EGRESS,
         EGRESS_LASTHOP,
         EGRESS_PRIO,
@@ -188,8 +188,7 @@ def test_port_ecn_threshold_and_flags() -> None:
 
 
 def test_trim_topology_records_ecn_and_band() -> None:
-    from mrc.fabric import FabricSpec
-    from mrc.fabric.topology import Topology, plan
+    from mrc.lab.fabric import FabricSpec, Topology, plan
 
     t = plan(FabricSpec(name="x", rate="10mbit", trim=True))
     assert t.ecn_threshold == 0.5 and t.prio_band

@@ -34,8 +34,8 @@ from fabric_helpers import running_fabric, unique_name
 from test_incast import TRIM_REASON, _udp_payload, check_complete, run_incast
 
 from mrc import wire
-from mrc.fabric import Fabric, FabricSpec, Topology, netns
-from mrc.fabric.kernel import HTB_PRIO_CLASS, NsHandle
+from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
+from mrc.lab.fabric.kernel import HTB_PRIO_CLASS, NsHandle
 
 pytestmark = [pytest.mark.netns]
 

@@ -10,10 +10,11 @@ import time
 import pytest
 from fabric_helpers import drain, needs_netns, run_cli, udp_socket_in
 
-from mrc.fabric import Topology, netns
-from mrc.fabric.control import interface_counters
-from mrc.srv6.paths import default_path, list_paths, open_path_socket, path_via
-from mrc.srv6.ping import ping
+from mrc.lab.fabric import Topology, netns
+from mrc.lab.fabric.control import interface_counters
+from mrc.lab.fabric.pathsock import open_path_socket
+from mrc.lab.fabric.ping import ping
+from mrc.srv6.paths import default_path, list_paths, path_via
 from mrc.srv6.srh import IPV6_RECVRTHDR, IPV6_RTHDR, decode_srh
 
 pytestmark = [needs_netns, pytest.mark.netns]

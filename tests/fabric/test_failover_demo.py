@@ -1,7 +1,7 @@
 """``tools/failover_demo.py`` on bare namespaces: a quick MRC-only run, its JSON against its
 schema, the data verified by SHA-256 and the fabric removed afterwards.
 
-The roles run as ``python -m mrc.bench.failover_roles`` with this checkout's mrc; the container
+The roles run as ``python -m mrc.lab.bench.failover_roles`` with this checkout's mrc; the container
 variant is tests/containers/test_failover_demo_containers.py.
 """
 
@@ -13,8 +13,8 @@ import sys
 
 import jsonschema
 
-from mrc.fabric.teardown import fabric_namespaces
-from mrc.fabric.topology import topology_path
+from mrc.lab.fabric.teardown import fabric_namespaces
+from mrc.topology.model import topology_path
 from tests.fabric.fabric_helpers import REPO, needs_netns, unique_name
 
 

@@ -27,7 +27,7 @@ from test_incast import (
 )
 
 from mrc import wire
-from mrc.fabric import FabricSpec, Topology
+from mrc.lab.fabric import FabricSpec, Topology
 
 pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 

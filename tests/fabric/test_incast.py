@@ -46,7 +46,7 @@ import pytest
 from fabric_helpers import SKIP_REASON, run_cli, running_fabric, unique_name
 
 from mrc import wire
-from mrc.fabric import Fabric, FabricSpec, Topology, netns
+from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
 
 RATE = "100mbit"
 SPINES = 4
@@ -66,9 +66,9 @@ def _trim_unavailable() -> str | None:
     if "--trim" not in helptext:
         return "`mrc-fabric up --help` has no --trim (packet trimming not implemented yet)"
     try:
-        from mrc.fabric.trim import unavailable_reason
+        from mrc.lab.fabric.trim import unavailable_reason
     except ImportError as e:
-        return f"mrc.fabric.trim not importable: {e}"
+        return f"mrc.lab.fabric.trim not importable: {e}"
     why = unavailable_reason()
     return None if why is None else f"trimming unavailable here: {why}"
 
@@ -523,7 +523,7 @@ def test_incast_with_trim_and_gso_bursts(trimmed_run) -> None:
     host NICs run without UDP segmentation offload under --trim). A burst puts 8 frames on one
     plane, two or three bursts in a row can land on the same plane, and 16-24 frames of 8.3 kB
     overflowed the 125 kB (10 ms) tbf queue. Host NICs now queue at least 64 frames
-    (kernel.tbf_params). Still open (core, not the fabric): RACK's reordering window and the
+    (shaping.tbf_params). Still open (core, not the fabric): RACK's reordering window and the
     8-losses plane-down rule were made for level per-packet spraying, so bursts still cause
     spurious SACK losses and EV retirements although nothing is lost; printed, not asserted."""
     topo, k1 = trimmed_run

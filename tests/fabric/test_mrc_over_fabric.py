@@ -21,7 +21,7 @@ from fabric_helpers import (
     unique_name,
 )
 
-from mrc.fabric import Fabric, FabricSpec, Topology
+from mrc.lab.fabric import Fabric, FabricSpec, Topology
 
 pytestmark = [needs_netns, pytest.mark.netns]
 

@@ -18,7 +18,7 @@ from fabric_helpers import (
 )
 
 from mrc import wire
-from mrc.fabric import FabricSpec, Topology
+from mrc.lab.fabric import FabricSpec, Topology
 from mrc.srv6.evroutes import largest_srh
 
 pytestmark = [needs_netns, pytest.mark.netns]

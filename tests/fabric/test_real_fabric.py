@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from fabric_helpers import SKIP_REASON, needs_netns, running_fabric, unique_name
 
-from mrc.fabric import Fabric, FabricSpec, Topology
+from mrc.lab.fabric import Fabric, FabricSpec, Topology
 
 pytestmark = [needs_netns, pytest.mark.netns]
 

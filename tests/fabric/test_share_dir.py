@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mrc.fabric import containers, teardown
-from mrc.fabric.topology import topology_path
+from mrc.lab.fabric import containers, teardown
+from mrc.topology.model import topology_path
 
 
 @pytest.fixture

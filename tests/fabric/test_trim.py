@@ -26,12 +26,13 @@ import pytest
 from fabric_helpers import REPO, SKIP_REASON, needs_netns, run_cli, running_fabric, unique_name
 
 from mrc import wire
-from mrc.fabric import Fabric, FabricSpec, Topology, load_topology, netns
-from mrc.fabric.topology import topology_path
-from mrc.fabric.trim import read_router, router_pin_dir, unavailable_reason
+from mrc.lab.fabric import Fabric, FabricSpec, Topology, load_topology, netns
+from mrc.lab.fabric.pathsock import open_path_socket
+from mrc.lab.fabric.trim import read_router, router_pin_dir, unavailable_reason
 from mrc.security.handshake import new_nonce, session_keys, transcript
 from mrc.security.packet import DATA_OVERHEAD, SEC_BLOCK_LEN, Mode, Opener, Sealer
-from mrc.srv6.paths import default_path, open_path_socket, path_via
+from mrc.srv6.paths import default_path, path_via
+from mrc.topology.model import topology_path
 
 TRIM_REASON = unavailable_reason() if SKIP_REASON is None else SKIP_REASON
 needs_trim = pytest.mark.skipif(
@@ -493,7 +494,17 @@ def test_trim_needs_rate_and_tools(tmp_path) -> None:
     env.pop("MRC_DEBUG", None)
     name = unique_name("e")
     res = subprocess.run(
-        [sys.executable, "-m", "mrc.cli.fabric", "up", "--name", name, "--rate", "1mbit", "--trim"],
+        [
+            sys.executable,
+            "-m",
+            "mrc.lab.cli.fabric",
+            "up",
+            "--name",
+            name,
+            "--rate",
+            "1mbit",
+            "--trim",
+        ],
         capture_output=True,
         text=True,
         env=env,

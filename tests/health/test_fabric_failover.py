@@ -44,7 +44,7 @@ def fabric() -> Iterator[object]:
     reason = _skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    from mrc.fabric import Fabric, FabricSpec
+    from mrc.lab.fabric import Fabric, FabricSpec
 
     name = f"hf{os.getpid()}x{next(_counter)}"
     try:
@@ -186,7 +186,7 @@ def _wait_flowing(topo, node: str, ifname: str, packets: int, timeout: float = 1
 
 
 def test_spine_link_down_and_up_mid_transfer(fabric, payload_file: Path, tmp_path: Path) -> None:
-    from mrc.fabric import Fabric
+    from mrc.lab.fabric import Fabric
 
     topo = fabric
     a, b = "p1l1", "p1s0"  # plain routing's spine in plane 1; MRC sprays over p1s1 as well
@@ -240,7 +240,7 @@ def test_spine_link_down_and_up_mid_transfer(fabric, payload_file: Path, tmp_pat
 
 
 def test_host_nic_link_down_and_up_mid_transfer(fabric, payload_file: Path, tmp_path: Path) -> None:
-    from mrc.fabric import Fabric
+    from mrc.lab.fabric import Fabric
 
     topo = fabric
     a, b = "h0", "p1l0"  # the sender's NIC in plane 1: the whole plane, both directions

@@ -30,7 +30,7 @@ from mrc import wire
 from mrc.core import QPConfig, QueuePair
 from mrc.core.events import EVReason, EVStateChanged, ImmediateReceived, QPFailed
 from mrc.core.evset import EVState
-from mrc.sim import Faults, SimHost, SimNetwork
+from mrc.lab.sim import Faults, SimHost, SimNetwork
 
 DATA_OPS = (int(wire.Opcode.RDMA_WRITE_ONLY), int(wire.Opcode.RDMA_WRITE_ONLY_IMM))
 PROBE_OPS = (int(wire.Opcode.PROBE), int(wire.Opcode.PROBE_REPLY))

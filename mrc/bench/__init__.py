@@ -1,9 +1,0 @@
-"""``mrc-bench``: collective workloads as synchronized steps, MRC vs TCP vs MPTCP.
-
-* :mod:`mrc.bench.coordinator` builds fabrics, starts one agent per host, runs the steps;
-* :mod:`mrc.bench.agent` is the per-host process (``python -m mrc.bench.agent``);
-* :mod:`mrc.bench.workloads` says who writes what to whom in a step;
-* :mod:`mrc.bench.report` makes the JSON, the markdown table, the aims and the plots.
-
-See docs/BENCH.md.
-"""

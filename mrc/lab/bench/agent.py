@@ -1,0 +1,617 @@
+"""The ``mrc-bench`` agent: one long-lived process per fabric host, inside its namespace.
+
+Started by the coordinator as ``mrc-fabric exec --name F hX -- python -m mrc.lab.bench.agent ...``
+and driven over its stdin/stdout: one JSON request per line in, one JSON reply per line out,
+strictly in turn. Logs go to stderr. The agent exits when stdin closes (the coordinator died or
+is done), so it never outlives a run.
+
+Requests (``op``):
+
+* ``listen`` {transport, opts}: open the transport's server side (MRC listener with a
+  registered inbox, or a TCP / MPTCP listening socket);
+* ``connect`` {transport, peers, expect, opts}: connect to every host in ``peers`` and wait
+  until every host in ``expect`` has connected to us; connections stay up for the whole run;
+* ``step`` {transport, k, sends: [[dst, size]], recvs: [[src, size]], timeout}: start every
+  send of step k at once, wait for every completion (MRC: the WRITE_IMM acknowledged at the
+  sender; the receiver's in-order WRITE_IMM completion with immediate k; TCP/MPTCP: the last
+  byte written / read), reply with the CLOCK_MONOTONIC time of each completion;
+* ``verify`` {k}: SHA-256 of what step k sent to each peer and of what landed from each peer;
+* ``stats`` {transport}: transport counters (retransmissions, trims, EV health, subflows...);
+* ``close`` {transport}: drop the transport's connections; ``exit``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import resource
+import socket
+import struct
+import subprocess
+import sys
+import traceback
+from collections.abc import Awaitable
+from typing import Any
+
+from mrc.errors import MRCError
+from mrc.lab.bench.common import (
+    IMM_MASK,
+    IPPROTO_MPTCP,
+    MPTCP_PORT,
+    MRC_PORT,
+    TCP_PORT,
+    dumps,
+    make_pool,
+    mptcp_setup_commands,
+    mptcp_subflows,
+    now,
+    send_offset,
+    sha256,
+)
+
+HDR = struct.Struct("!II")  # stream framing: step number, byte count
+HELLO = struct.Struct("!I")  # stream hello: the connecting host's index
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[agent] {msg}\n")
+    sys.stderr.flush()
+
+
+# ---- transports --------------------------------------------------------------------------
+
+
+class Transport:
+    name = "?"
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    async def listen(self, opts: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def connect(
+        self, peers: list[int], expect: list[int], opts: dict[str, Any]
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def send(self, k: int, dst: int, view: memoryview) -> Awaitable[object]:
+        raise NotImplementedError
+
+    async def recv(self, k: int, src: int, size: int) -> None:
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    async def close(self) -> None:
+        return None
+
+
+class MrcTransport(Transport):
+    """MRC queue pairs over every plane, EVs spread over the fabric's SRv6 paths."""
+
+    name = "mrc"
+
+    def __init__(self, agent: Agent) -> None:
+        super().__init__(agent)
+        self.listener: Any = None
+        self.out: dict[int, Any] = {}  # dst -> Connection (we write into dst's inbox)
+        self.inbound: dict[int, Any] = {}  # src -> accepted Connection (src writes to us)
+        self.ev_events: dict[str, int] = {}
+        self.opts: dict[str, Any] = {}
+
+    def _config(self, opts: dict[str, Any]) -> Any:
+        import mrc
+
+        return mrc.QPConfig(
+            payload_size=int(opts["payload"]),
+            max_outstanding=int(opts["window"]),
+            cc=str(opts.get("cc", "nscc")),
+        )
+
+    async def listen(self, opts: dict[str, Any]) -> dict[str, Any]:
+        import mrc
+
+        self.opts = opts
+        a = self.agent
+        self.listener = await mrc.listen(
+            "::",
+            MRC_PORT,
+            plane_addrs=a.addrs,
+            evs=int(opts["listener_evs"]),
+            config=self._config(opts),
+            fabric=a.topo,
+        )
+        self.listener.register(a.inbox, name="inbox")
+        return {"port": self.listener.port}
+
+    def _ev_counter(self, role: str) -> Any:
+        """Count EV transitions by direction (data: our QPs' EVs towards peers; acks: the
+        reverse EVs of accepted QPs), new state and kind of reason (numbers stripped)."""
+
+        def count(ev: Any) -> None:
+            kind = "".join(c for c in ev.reason_text.split(":")[0] if not c.isdigit()).strip()
+            key = f"{role}: {ev.old_label} -> {ev.new_label} ({kind})"
+            self.ev_events[key] = self.ev_events.get(key, 0) + 1
+
+        return count
+
+    async def connect(
+        self, peers: list[int], expect: list[int], opts: dict[str, Any]
+    ) -> dict[str, Any]:
+        import mrc
+
+        a = self.agent
+        cfg = self._config(opts)
+        # the side channel (set-up only) goes over the last plane: the plane a link_down
+        # condition breaks is plane 0, and a re-connect must not depend on it
+        side = int(opts.get("side_plane", a.topo.planes - 1))
+
+        async def one(dst: int) -> None:
+            host = a.topo.hosts[dst].nics[side].address
+            conn = await mrc.connect(
+                host,
+                MRC_PORT,
+                evs=int(opts["evs"]),
+                local_addrs=a.addrs,
+                config=cfg,
+                fabric=a.topo,
+                timeout=float(opts.get("timeout", 10.0)),
+            )
+            if "inbox" not in conn.remote:
+                raise MRCError(f"h{dst} did not announce its inbox")
+            conn.on_ev_change(self._ev_counter("data"))
+            self.out[dst] = conn
+
+        await asyncio.gather(*(one(d) for d in peers if d not in self.out))
+        by_addr = {h.nics[0].address: h.index for h in a.topo.hosts}
+        deadline = now() + float(opts.get("timeout", 10.0))
+        while any(s not in self.inbound for s in expect):
+            left = deadline - now()
+            if left <= 0:
+                missing = [f"h{s}" for s in expect if s not in self.inbound]
+                raise MRCError(f"no MRC connection from {', '.join(missing)} in time")
+            conn = await self.listener.accept(timeout=left)
+            addrs = conn.peer_addrs
+            src = by_addr.get(str(addrs[0])) if addrs else None
+            if src is None:
+                raise MRCError(f"MRC connection from an unknown host {addrs}")
+            conn.on_ev_change(self._ev_counter("acks"))
+            self.inbound[src] = conn
+        evs = {d: len(c.ev_report()) for d, c in self.out.items()}
+        return {"evs": evs, "routes": sorted({r for c in self.out.values() for r in c.routes})}
+
+    def send(self, k: int, dst: int, view: memoryview) -> Awaitable[object]:
+        conn = self.out[dst]
+        region = conn.remote["inbox"]
+        done: Awaitable[object] = conn.post_write(
+            view, region, offset=self.agent.me * self.agent.slot, imm=k & IMM_MASK
+        )
+        return done
+
+    async def recv(self, k: int, src: int, size: int) -> None:
+        conn = self.inbound[src]
+        imm = await conn.next_immediate()
+        if imm != k & IMM_MASK:
+            raise MRCError(f"WRITE_IMM from h{src} carried {imm}, expected step {k}")
+
+    def stats(self) -> dict[str, Any]:
+        keys = (
+            "packets_sent",
+            "data_packets_sent",
+            "retransmits",
+            "retransmits_nack",
+            "retransmits_timeout",
+            "retransmits_sack",
+            "nacks",
+            "sacks",
+            "probes_sent",
+        )
+        out: dict[str, Any] = {k: 0 for k in keys}
+        for conn in self.out.values():
+            st = conn.stats()
+            for k in keys:
+                out[k] += int(st.get(k, 0))
+        rx_keys = ("packets_received", "duplicates", "trims_seen", "nacks_sent", "acks_sent")
+        for k in rx_keys:
+            out[k] = sum(int(c.stats().get(k, 0)) for c in self.inbound.values())
+        drops: dict[str, int] = {}
+        for conn in list(self.out.values()) + list(self.inbound.values()):
+            for reason, n in conn.stats().get("dropped_by_reason", {}).items():
+                drops[reason] = drops.get(reason, 0) + int(n)
+        out["dropped_by_reason"] = drops
+        evs = [c.ev_counters() for c in self.out.values()]
+        out["evs_assumed_bad"] = sum(e["evs_assumed_bad"] for e in evs)
+        out["evs_resurrected"] = sum(e["evs_resurrected"] for e in evs)
+        out["evs_assumed_bad_false"] = sum(e["evs_assumed_bad_false"] for e in evs)
+        out["planes_lost"] = sum(e["planes_lost"] for e in evs)
+        out["ev_transitions"] = dict(self.ev_events)
+        out["send_errors"] = sum(int(c.stats()["send_errors"]) for c in self.out.values())
+        return out
+
+    async def close(self) -> None:
+        for conn in self.out.values():
+            with contextlib.suppress(Exception):
+                await conn.close()
+        self.out.clear()
+        self.inbound.clear()
+        if self.listener is not None:
+            with contextlib.suppress(Exception):
+                await self.listener.close()
+            self.listener = None
+
+
+def _snmp_tcp() -> dict[str, int]:
+    """This namespace's Tcp counters (IPv4 and IPv6 share them)."""
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError), open("/proc/net/snmp") as f:
+        lines = [ln.split() for ln in f if ln.startswith("Tcp:")]
+    if len(lines) >= 2:
+        for key, val in zip(lines[0][1:], lines[1][1:], strict=False):
+            with contextlib.suppress(ValueError):
+                out[key] = int(val)
+    return out
+
+
+class StreamTransport(Transport):
+    """Kernel TCP (``proto=0``, plane 0 only) or MPTCP (``proto=262``, subflows per plane)."""
+
+    def __init__(self, agent: Agent, name: str, proto: int, port: int) -> None:
+        super().__init__(agent)
+        self.name = name
+        self.proto = proto
+        self.port = port
+        self.lsock: socket.socket | None = None
+        self.accept_task: asyncio.Task[None] | None = None
+        self.out: dict[int, socket.socket] = {}
+        self.inbound: dict[int, socket.socket] = {}
+        self.inbound_event = asyncio.Event()
+        self.hdr = bytearray(HDR.size)
+        self.base = _snmp_tcp()
+
+    def _socket(self) -> socket.socket:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, self.proto)
+        with contextlib.suppress(OSError):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setblocking(False)
+        return s
+
+    def _mptcp_setup(self) -> list[str]:
+        """Set the in-kernel path manager up (see :func:`mptcp_setup_commands`)."""
+        if self.agent.mptcp_ready:
+            return ["path manager set up by the coordinator"]
+        done = []
+        for cmd in mptcp_setup_commands(self.agent.host):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise MRCError(f"{' '.join(cmd)}: {r.stderr.strip() or r.returncode}")
+            done.append(" ".join(cmd))
+        return done
+
+    async def listen(self, opts: dict[str, Any]) -> dict[str, Any]:
+        info: dict[str, Any] = {}
+        if self.proto == IPPROTO_MPTCP:
+            info["mptcp"] = self._mptcp_setup()
+        s = self._socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # MPTCP: listen on every address, so joins to our announced plane addresses find us
+        bind = "::" if self.proto == IPPROTO_MPTCP else self.agent.addrs[0]
+        s.bind((bind, self.port))
+        s.listen(128)
+        self.lsock = s
+        self.accept_task = asyncio.get_running_loop().create_task(self._accept_loop())
+        return info
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self.lsock is not None
+        while True:
+            conn, _addr = await loop.sock_accept(self.lsock)
+            conn.setblocking(False)
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                hello = await asyncio.wait_for(self._read_exact(conn, HELLO.size), 5.0)
+            except (TimeoutError, OSError, MRCError):
+                conn.close()
+                continue
+            (src,) = HELLO.unpack(hello)
+            old = self.inbound.pop(src, None)
+            if old is not None:
+                old.close()
+            self.inbound[src] = conn
+            self.inbound_event.set()
+
+    async def _read_exact(self, sock: socket.socket, n: int) -> bytes:
+        loop = asyncio.get_running_loop()
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            r = await loop.sock_recv_into(sock, view[got:])
+            if r == 0:
+                raise MRCError("peer closed the connection")
+            got += r
+        return bytes(buf)
+
+    async def connect(
+        self, peers: list[int], expect: list[int], opts: dict[str, Any]
+    ) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        a = self.agent
+        timeout = float(opts.get("timeout", 10.0))
+
+        async def one(dst: int) -> None:
+            s = self._socket()
+            s.bind((a.addrs[0], 0))
+            try:
+                await asyncio.wait_for(
+                    loop.sock_connect(s, (a.topo.hosts[dst].nics[0].address, self.port)), timeout
+                )
+                await loop.sock_sendall(s, HELLO.pack(a.me))
+            except (OSError, TimeoutError) as exc:
+                s.close()
+                raise MRCError(f"{self.name} connect to h{dst}: {exc or 'timed out'}") from None
+            self.out[dst] = s
+
+        await asyncio.gather(*(one(d) for d in peers if d not in self.out))
+        deadline = now() + timeout
+        while any(s not in self.inbound for s in expect):
+            left = deadline - now()
+            if left <= 0:
+                missing = [f"h{s}" for s in expect if s not in self.inbound]
+                raise MRCError(f"no {self.name} connection from {', '.join(missing)} in time")
+            self.inbound_event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.inbound_event.wait(), left)
+        info: dict[str, Any] = {}
+        if self.proto == IPPROTO_MPTCP:
+            # wait (briefly) until each connection has its extra subflows: one per other plane
+            want = a.topo.planes - 1
+            until = now() + float(opts.get("subflow_wait", 3.0))
+            while now() < until and any((mptcp_subflows(s) or 0) < want for s in self.out.values()):
+                await asyncio.sleep(0.02)
+            info["subflows"] = {d: mptcp_subflows(s) for d, s in self.out.items()}
+        return info
+
+    async def _send(self, k: int, view: memoryview, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(sock, HDR.pack(k & IMM_MASK, len(view)))
+        await loop.sock_sendall(sock, view)
+
+    def send(self, k: int, dst: int, view: memoryview) -> Awaitable[object]:
+        return self._send(k, view, self.out[dst])
+
+    async def recv(self, k: int, src: int, size: int) -> None:
+        loop = asyncio.get_running_loop()
+        sock = self.inbound[src]
+        hdr = HDR.unpack(await self._read_exact(sock, HDR.size))
+        if hdr != (k & IMM_MASK, size):
+            raise MRCError(f"h{src} framed step {hdr[0]} ({hdr[1]} bytes), expected {k}")
+        a = self.agent
+        view = a.inbox_view[src * a.slot : src * a.slot + size]
+        got = 0
+        while got < size:
+            r = await loop.sock_recv_into(sock, view[got:])
+            if r == 0:
+                raise MRCError(f"h{src} closed the connection mid-transfer")
+            got += r
+
+    def stats(self) -> dict[str, Any]:
+        cur = _snmp_tcp()
+        out: dict[str, Any] = {
+            "retrans_segs": cur.get("RetransSegs", 0) - self.base.get("RetransSegs", 0),
+            "out_segs": cur.get("OutSegs", 0) - self.base.get("OutSegs", 0),
+        }
+        if self.proto == IPPROTO_MPTCP:
+            out["subflows"] = {d: mptcp_subflows(s) for d, s in self.out.items()}
+        return out
+
+    async def close(self) -> None:
+        if self.accept_task is not None:
+            self.accept_task.cancel()
+            self.accept_task = None
+        for s in list(self.out.values()) + list(self.inbound.values()):
+            s.close()
+        self.out.clear()
+        self.inbound.clear()
+        if self.lsock is not None:
+            self.lsock.close()
+            self.lsock = None
+
+
+# ---- the agent ---------------------------------------------------------------------------
+
+
+class Agent:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from mrc.lab.fabric import load_topology
+
+        self.topo = load_topology(args.fabric)
+        self.me = args.index
+        self.host = self.topo.hosts[self.me]
+        self.addrs = [n.address for n in sorted(self.host.nics, key=lambda n: n.plane)]
+        self.slot = args.max_size
+        self.mptcp_ready = bool(getattr(args, "mptcp_ready", False))
+        self.pool = make_pool(args.seed, self.me, args.max_size)
+        self.pool_view = memoryview(self.pool)
+        self.inbox = bytearray(self.slot * len(self.topo.hosts))
+        self.inbox_view = memoryview(self.inbox)
+        self.transports: dict[str, Transport] = {}
+        self.last: dict[str, Any] = {}  # the last step: k, sends, recvs (for verify)
+
+    def transport(self, name: str, create: bool = False) -> Transport:
+        t = self.transports.get(name)
+        if t is None:
+            if not create:
+                raise MRCError(f"transport {name} is not set up")
+            if name == "mrc":
+                t = MrcTransport(self)
+            elif name == "tcp":
+                t = StreamTransport(self, "tcp", 0, TCP_PORT)
+            elif name == "mptcp":
+                t = StreamTransport(self, "mptcp", IPPROTO_MPTCP, MPTCP_PORT)
+            else:
+                raise MRCError(f"unknown transport {name!r}")
+            self.transports[name] = t
+        return t
+
+    def send_view(self, k: int, dst: int, size: int) -> memoryview:
+        off = send_offset(k, dst)
+        return self.pool_view[off : off + size]
+
+    async def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        op = msg.get("op")
+        if op == "ping":
+            return {"host": self.host.name, "addrs": self.addrs, "pid": os.getpid()}
+        if op == "listen":
+            return await self.transport(msg["transport"], create=True).listen(msg.get("opts", {}))
+        if op == "connect":
+            t = self.transport(msg["transport"])
+            return await t.connect(list(msg["peers"]), list(msg["expect"]), msg.get("opts", {}))
+        if op == "step":
+            return await self.step(msg)
+        if op == "verify":
+            return self.verify(int(msg["k"]))
+        if op == "stats":
+            return self.transport(msg["transport"]).stats()
+        if op == "close":
+            if msg["transport"] in self.transports:
+                await self.transports.pop(msg["transport"]).close()
+            return {}
+        raise MRCError(f"unknown request {op!r}")
+
+    async def step(self, msg: dict[str, Any]) -> dict[str, Any]:
+        t_cmd = now()
+        t = self.transport(msg["transport"])
+        k = int(msg["k"])
+        sends = [(int(d), int(n)) for d, n in msg.get("sends", [])]
+        recvs = [(int(s), int(n)) for s, n in msg.get("recvs", [])]
+        self.last = {"k": k, "sends": sends, "recvs": recvs}
+        done: dict[str, float] = {}
+        errors: list[str] = []
+
+        async def track(label: str, aw: Awaitable[object]) -> None:
+            try:
+                await aw
+            except Exception as exc:  # noqa: BLE001 - reported, not raised
+                errors.append(f"{label}: {exc}")
+                return
+            done[label] = now()
+
+        tasks: dict[asyncio.Task[None], str] = {}
+        loop = asyncio.get_running_loop()
+        for src, size in recvs:
+            label = f"recv:h{src}"
+            tasks[loop.create_task(track(label, t.recv(k, src, size)))] = label
+        for dst, size in sends:
+            label = f"send:h{dst}"
+            try:
+                aw = t.send(k, dst, self.send_view(k, dst, size))
+            except Exception as exc:  # noqa: BLE001 - e.g. the QP already failed
+                errors.append(f"{label}: {exc}")
+                continue
+            tasks[loop.create_task(track(label, aw))] = label
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=float(msg.get("timeout", 30.0)))
+            for task in pending:
+                task.cancel()
+                errors.append(f"{tasks[task]}: not complete after {msg.get('timeout')} s")
+        return {"t_cmd": t_cmd, "done": done, "errors": errors}
+
+    def verify(self, k: int) -> dict[str, Any]:
+        if self.last.get("k") != k:
+            raise MRCError(f"verify {k}: the last step here was {self.last.get('k')}")
+        sent = {str(d): sha256(self.send_view(k, d, n)) for d, n in self.last["sends"]}
+        recv = {
+            str(s): sha256(self.inbox_view[s * self.slot : s * self.slot + n])
+            for s, n in self.last["recvs"]
+        }
+        return {"sent": sent, "recv": recv}
+
+    async def close(self) -> None:
+        for t in list(self.transports.values()):
+            with contextlib.suppress(Exception):
+                await t.close()
+        self.transports.clear()
+
+
+async def serve(args: argparse.Namespace) -> int:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    out = sys.stdout.buffer
+
+    def reply(obj: dict[str, Any]) -> None:
+        out.write(dumps(obj))
+        out.flush()
+
+    try:
+        agent = Agent(args)
+    except Exception as exc:  # noqa: BLE001 - one line to the coordinator
+        reply({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    reply({"ready": True, "host": agent.host.name, "pid": os.getpid()})
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                break
+            try:
+                import json
+
+                msg = json.loads(line)
+            except ValueError:
+                reply({"error": "bad request line"})
+                continue
+            if msg.get("op") == "exit":
+                reply({"id": msg.get("id")})
+                break
+            try:
+                result = await agent.handle(msg)
+                reply({"id": msg.get("id"), "ok": True, **result})
+            except (MRCError, OSError, TimeoutError, KeyError, ValueError) as exc:
+                reply({"id": msg.get("id"), "ok": False, "error": str(exc) or type(exc).__name__})
+            except Exception as exc:  # noqa: BLE001 - report, keep serving
+                log(traceback.format_exc())
+                reply(
+                    {
+                        "id": msg.get("id"),
+                        "ok": False,
+                        "error": f"internal error: {type(exc).__name__}: {exc}",
+                    }
+                )
+    finally:
+        await agent.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mrc.lab.bench.agent")
+    p.add_argument("--fabric", required=True)
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--max-size", type=int, required=True)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--mptcp-ready",
+        action="store_true",
+        help="the MPTCP path manager was set up from outside (a container host whose user "
+        "may not configure it)",
+    )
+    args = p.parse_args(argv)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 65536)), hard))
+    from mrc.transport.loop import run
+
+    try:
+        return run(serve(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

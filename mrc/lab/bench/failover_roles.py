@@ -1,0 +1,486 @@
+"""The per-host roles of the failover demo (``tools/failover_demo.py``), one process each.
+
+They live in the package, not in the tool, because the demo runs them inside the fabric's hosts,
+which may be containers of an image with mrc installed but not this checkout's tools/: the demo
+starts ``python -m mrc.lab.bench.failover_roles ROLE ...`` with ``mrc-fabric exec``, and that maps
+its own Python to the image's. Roles:
+
+* ``mrc-recv`` / ``mrc-send``: an MRC transfer through the library API (``mrc.listen`` /
+  ``mrc.connect`` with ``fabric=``); the receiver samples bytes placed (total, in order and per
+  plane, the sender telling it which EV source port is on which plane) every ``--sample`` s,
+  the sender logs every EV state change;
+* ``tcp-recv`` / ``tcp-send``: one TCP stream, or MPTCP with ``--mptcp`` (its path manager is
+  configured from outside, by the demo, as root); the receiver timestamps every ``recv``.
+
+Both sides also sample their NICs' byte counters per plane. A receiver prints ``ready`` once it
+listens, a sender ``start T`` (CLOCK_MONOTONIC) when its data starts to flow: the demo schedules
+the link failure from that. Each role writes one JSON object to ``--result`` (atomically: a
+temporary file, then a rename) and exits 0 if its side of the transfer went well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import mmap
+import os
+import socket
+import sys
+import time
+from array import array
+from typing import IO, Any
+
+from mrc.core.config import QPConfig
+from mrc.core.events import EVStateChanged
+from mrc.lab.bench.common import IPPROTO_MPTCP, mptcp_subflows
+from mrc.topology.model import Topology
+
+PROG = "python -m mrc.lab.bench.failover_roles"
+DONE_IMM = 0x444F4E45  # "DONE": the immediate of the sender's last, empty WRITE
+CHUNK = 16 << 20
+
+
+def _plane_addrs(topo: Topology, host: str) -> list[str]:
+    return [n.address for n in sorted(topo.host(host).nics, key=lambda n: n.plane)]
+
+
+class _NicCounters:
+    """Per-plane rx/tx byte counters of this host's NICs (p0, p1, ...) from /sys.
+
+    ``mrc-fabric exec`` gives the role a /sys that shows its namespace's interfaces (a
+    container's own /sys does too); a NIC it cannot see counts 0."""
+
+    def __init__(self, planes: int, what: str) -> None:
+        self.files: list[IO[bytes] | None] = []
+        for p in range(planes):
+            try:
+                self.files.append(open(f"/sys/class/net/p{p}/statistics/{what}_bytes", "rb"))  # noqa: SIM115
+            except OSError:
+                self.files.append(None)
+
+    def read(self) -> list[int]:
+        out: list[int] = []
+        for f in self.files:
+            if f is None:
+                out.append(0)
+                continue
+            f.seek(0)
+            out.append(int(f.read()))
+        return out
+
+
+def _mrc_config(args: argparse.Namespace) -> QPConfig:
+    """The demo's QPConfig: payload and window from the options, then every ``--qp F=V``."""
+    cfg = QPConfig(
+        payload_size=args.payload,
+        max_outstanding=args.window,
+        psn_window=max(16384, 4 * args.window),
+    )
+    for item in args.qp or []:
+        key, _, value = item.partition("=")
+        cur = getattr(cfg, key)
+        setattr(cfg, key, type(cur)(value) if not isinstance(cur, bool) else value == "1")
+    cfg.validate()
+    return cfg
+
+
+async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
+    import mrc
+    from mrc.lab.fabric import load_topology
+    from mrc.transfer import sha256_of
+
+    topo = load_topology(args.fabric)
+    addrs = _plane_addrs(topo, args.host)
+    size = args.size
+    buf = mmap.mmap(-1, max(size, 1))
+    view = memoryview(buf)[:size]
+    listener = await mrc.listen(
+        addrs[0],
+        args.port,
+        plane_addrs=addrs,
+        evs=args.ack_evs,
+        config=_mrc_config(args),
+        fabric=topo,
+    )
+    listener.register(buf, name="data")
+    print("ready", flush=True)
+    conn = await listener.accept(timeout=60)
+    # per-EV placement and in-order progress are not in the API (counting them per packet
+    # would slow every receiver): this demo alone instruments the core underneath
+    qp = conn.qp
+    stats = qp.stats
+    resp = qp.responder
+    per_port: dict[int, int] = {}
+    plane_of: dict[int, int] = {}
+    # count placed bytes per source port (= EV of the sender): one extra call per packet
+    orig = resp.on_data
+
+    def on_data(data: memoryview, src_port: int, now: float, imm_op: bool) -> None:
+        before = stats.bytes_placed
+        orig(data, src_port, now, imm_op)
+        d = stats.bytes_placed - before
+        if d:
+            per_port[src_port] = per_port.get(src_port, 0) + d
+
+    resp.on_data = on_data  # type: ignore[method-assign]
+    # the segments of GRO trains that the train kernel placed (the rest went to on_data)
+    orig_train = resp.on_data_train
+
+    def on_data_train(view: memoryview, off: int, seg: int, src_port: int, now: float) -> int:
+        before = stats.bytes_placed
+        placed = orig_train(view, off, seg, src_port, now)
+        d = stats.bytes_placed - before
+        if d:
+            per_port[src_port] = per_port.get(src_port, 0) + d
+        return placed
+
+    resp.on_data_train = on_data_train  # type: ignore[method-assign]
+    payload = qp.config.payload_size
+    nplanes = len(addrs)
+    nic = _NicCounters(nplanes, "rx")
+    t_s = array("d")
+    placed_s = array("q")
+    inorder_s = array("q")
+    plane_t = array("d")
+    plane_s: list[array[int]] = [array("q") for _ in range(nplanes)]
+    nic_s: list[array[int]] = [array("q") for _ in range(nplanes)]
+    done = asyncio.Event()
+
+    async def sampler() -> None:
+        last_plane = 0.0
+        while not done.is_set():
+            now = time.monotonic()
+            t_s.append(now)
+            placed_s.append(stats.bytes_placed)
+            inorder_s.append(min(size, (resp.received_through + 1) * payload))
+            if now - last_plane >= 0.005:
+                last_plane = now
+                plane_t.append(now)
+                sums = [0] * nplanes
+                for port, n in per_port.items():
+                    p = plane_of.get(port)
+                    if p is not None:
+                        sums[p] += n
+                for p in range(nplanes):
+                    plane_s[p].append(sums[p])
+                for p, v in enumerate(nic.read()):
+                    nic_s[p].append(v)
+            await asyncio.sleep(args.sample)
+
+    async def evmap() -> None:
+        msg = await conn.recv_message(timeout=30)
+        if msg and msg.get("type") == "evmap":
+            evs: Any = msg["evs"]
+            for port, plane, _route in evs:
+                plane_of[int(port)] = int(plane)
+
+    sampler_task = asyncio.ensure_future(sampler())
+    await evmap()
+    while await conn.next_immediate(timeout=600) != DONE_IMM:
+        pass
+    t_done = time.monotonic()
+    done.set()
+    await sampler_task
+    digest = await asyncio.to_thread(sha256_of, view)
+    msg = await conn.recv_message(timeout=30)  # the sender saw its completion
+    await conn.send_message({"type": "result", "sha256": digest})
+    evs_counters = conn.ev_counters()
+    st = conn.stats()
+    await asyncio.sleep(0.05)
+    await listener.close()
+    return {
+        "ok": msg is not None and msg.get("type") == "done",
+        "sha256": digest,
+        "bytes": size,
+        "t_done": t_done,
+        "samples": {"t": list(t_s), "placed": list(placed_s), "inorder": list(inorder_s)},
+        "planes": {
+            "t": list(plane_t),
+            "placed": [list(a) for a in plane_s],
+            "nic_rx": [list(a) for a in nic_s],
+        },
+        "stats": {
+            k: st[k]
+            for k in (
+                "packets_received",
+                "bytes_placed",
+                "duplicates",
+                "acks_sent",
+                "probes_sent",
+                "probes_answered",
+            )
+        },
+        "evs": evs_counters,
+    }
+
+
+async def mrc_send(args: argparse.Namespace) -> dict[str, Any]:
+    import mrc
+    from mrc.lab.fabric import load_topology
+
+    topo = load_topology(args.fabric)
+    src = _plane_addrs(topo, args.host)
+    dst = _plane_addrs(topo, args.peer)
+    fd = os.open(args.data, os.O_RDONLY)
+    try:
+        data = memoryview(mmap.mmap(fd, args.size, prot=mmap.PROT_READ))
+    finally:
+        os.close(fd)
+    conn = await mrc.connect(
+        dst[0], args.port, evs=args.evs, local_addrs=src, config=_mrc_config(args), fabric=topo
+    )
+    routes = conn.routes
+    events: list[list[Any]] = []
+
+    def on_ev(e: EVStateChanged) -> None:  # e.time is the loop's clock = CLOCK_MONOTONIC
+        events.append(
+            [
+                e.time,
+                e.ev,
+                e.sport,
+                e.plane,
+                routes[e.ev] if routes else "direct",
+                e.old_label,
+                e.new_label,
+                e.reason_text,
+            ]
+        )
+
+    conn.on_ev_change(on_ev)
+    rows: list[dict[str, Any]] = conn.ev_report()
+    await conn.send_message(
+        {"type": "evmap", "evs": [[r["sport"], r["plane"], r["route"]] for r in rows]}
+    )
+    region = conn.remote["data"]
+    planes = [int(r["plane"]) for r in rows]
+    nplanes = max(planes) + 1
+    nic = _NicCounters(nplanes, "tx")
+    pt = array("d")
+    pk: list[array[int]] = [array("q") for _ in range(nplanes)]
+    nic_s: list[array[int]] = [array("q") for _ in range(nplanes)]
+    finished = asyncio.Event()
+
+    async def sampler() -> None:
+        while not finished.is_set():
+            pt.append(time.monotonic())
+            sums = [0] * nplanes
+            report: list[dict[str, Any]] = conn.ev_report()
+            for i, row in enumerate(report):
+                sums[planes[i]] += int(row["packets"])
+            for p in range(nplanes):
+                pk[p].append(sums[p])
+            for p, v in enumerate(nic.read()):
+                nic_s[p].append(v)
+            await asyncio.sleep(0.01)
+
+    t_start = time.monotonic()
+    print(f"start {t_start:.6f}", flush=True)
+    sampler_task = asyncio.ensure_future(sampler())
+    n = args.size
+    for off in range(0, n, CHUNK):
+        conn.post_write(data[off : off + CHUNK], region, off)
+    await conn.post_write(b"", region, n, imm=DONE_IMM)
+    t_end = time.monotonic()
+    finished.set()
+    await sampler_task
+    await conn.send_message({"type": "done"})
+    reply = await conn.recv_message(timeout=60)
+    st = conn.stats()
+    report = conn.ev_report()
+    counters = conn.ev_counters()
+    await conn.close()
+    return {
+        "ok": bool(reply and reply.get("type") == "result"),
+        "t_start": t_start,
+        "t_end": t_end,
+        "stats": {
+            k: st[k]
+            for k in (
+                "packets_sent",
+                "data_packets_sent",
+                "retransmits",
+                "retransmits_timeout",
+                "retransmits_sack",
+                "retransmits_nack",
+                "send_errors",
+                "srtt",
+                "rto",
+                "probes_sent",
+                "probes_answered",
+            )
+        },
+        "evs": counters,
+        "ev_report": report,
+        "ev_events": events,
+        "planes": {
+            "t": list(pt),
+            "packets": [list(a) for a in pk],
+            "nic_tx": [list(a) for a in nic_s],
+        },
+    }
+
+
+def stream_recv(args: argparse.Namespace) -> dict[str, Any]:
+    proto = IPPROTO_MPTCP if args.mptcp else 0
+    topo_addrs = None
+    if args.fabric:
+        from mrc.lab.fabric import load_topology
+
+        topo_addrs = _plane_addrs(load_topology(args.fabric), args.host)
+    nplanes = len(topo_addrs) if topo_addrs else 1
+    ls = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
+    ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    ls.bind(("::", args.port))
+    ls.listen(1)
+    print("ready", flush=True)
+    ls.settimeout(60)
+    size = args.size
+    while True:
+        c, peer = ls.accept()
+        c.settimeout(None)
+        first = c.recv(1)  # G: data follows; R: the sender starts again (subflows missing)
+        if first != b"R":
+            break
+        c.close()
+    ls.close()
+    buf = mmap.mmap(-1, max(size, 1))
+    view = memoryview(buf)
+    got = 0
+    t_s = array("d")
+    n_s = array("q")
+    nic = _NicCounters(nplanes, "rx")
+    plane_t = array("d")
+    nic_s: list[array[int]] = [array("q") for _ in range(nplanes)]
+    recv_into = c.recv_into
+    mono = time.monotonic
+    last_plane = 0.0
+    while got < size:
+        n = recv_into(view[got:], min(1 << 20, size - got))
+        if n == 0:
+            break
+        got += n
+        now = mono()
+        t_s.append(now)
+        n_s.append(got)
+        if now - last_plane >= 0.005:
+            last_plane = now
+            plane_t.append(now)
+            for p, v in enumerate(nic.read()):
+                nic_s[p].append(v)
+    t_done = mono()
+    digest = hashlib.sha256(view[:got]).hexdigest()
+    with contextlib.suppress(OSError):
+        c.sendall(b"k")
+        c.close()
+    return {
+        "ok": got == size,
+        "sha256": digest,
+        "bytes": got,
+        "t_done": t_done,
+        "peer": str(peer[0]),
+        "samples": {"t": list(t_s), "placed": list(n_s), "inorder": list(n_s)},
+        "planes": {"t": list(plane_t), "nic_rx": [list(a) for a in nic_s]},
+    }
+
+
+def stream_send(args: argparse.Namespace) -> dict[str, Any]:
+    from mrc.lab.fabric import load_topology
+
+    topo = load_topology(args.fabric)
+    src = _plane_addrs(topo, args.host)
+    dst = _plane_addrs(topo, args.peer)
+    proto = IPPROTO_MPTCP if args.mptcp else 0
+    subflows = None
+    attempts = 0
+    while True:
+        attempts += 1
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
+        s.bind((src[args.plane], 0))
+        s.settimeout(10)
+        s.connect((dst[args.plane], args.port))
+        s.settimeout(None)
+        if not args.mptcp:
+            break
+        # let the path manager open the other planes' subflows (one per ADD_ADDR the
+        # receiver announces) before any data flows; an ADD_ADDR whose echo is lost is only
+        # repeated after net.mptcp.add_addr_timeout (120 s), so start again rather than wait
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            subflows = mptcp_subflows(s)
+            if subflows is not None and subflows >= args.want_subflows - 1:
+                break
+            time.sleep(0.01)
+        if (subflows is not None and subflows >= args.want_subflows - 1) or attempts >= 3:
+            break
+        s.sendall(b"R")  # tells the receiver to accept again
+        s.close()
+        print(f"retry: {subflows} extra subflows", file=sys.stderr, flush=True)
+    fd = os.open(args.data, os.O_RDONLY)
+    try:
+        data = memoryview(mmap.mmap(fd, args.size, prot=mmap.PROT_READ))
+    finally:
+        os.close(fd)
+    s.sendall(b"G")
+    t_start = time.monotonic()
+    print(f"start {t_start:.6f}", flush=True)
+    step = 1 << 20
+    for off in range(0, args.size, step):
+        s.sendall(data[off : off + step])
+    t_end = time.monotonic()
+    s.shutdown(socket.SHUT_WR)
+    s.settimeout(120)
+    ack = s.recv(1)
+    if args.mptcp:
+        subflows = mptcp_subflows(s) if subflows is None else subflows
+    s.close()
+    return {
+        "ok": ack == b"k",
+        "t_start": t_start,
+        "t_end": t_end,
+        "subflows": subflows,
+        "attempts": attempts,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one role; the exit status says whether its side of the transfer went well."""
+    p = argparse.ArgumentParser(prog=PROG)
+    p.add_argument("role", choices=["mrc-recv", "mrc-send", "tcp-recv", "tcp-send"])
+    p.add_argument("--fabric", required=True)
+    p.add_argument("--host", required=True)
+    p.add_argument("--peer")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--size", type=int, required=True)
+    p.add_argument("--data")
+    p.add_argument("--result", required=True)
+    p.add_argument("--payload", type=int, default=8192)
+    p.add_argument("--window", type=int, default=64)
+    p.add_argument("--evs", type=int, default=128)
+    p.add_argument("--ack-evs", type=int, default=16)
+    p.add_argument("--sample", type=float, default=0.001)
+    p.add_argument("--qp", action="append", help="QPConfig field=value")
+    p.add_argument("--mptcp", action="store_true")
+    p.add_argument("--plane", type=int, default=0)
+    p.add_argument("--want-subflows", type=int, default=1)
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.role.startswith("mrc"):
+        from mrc.transport.loop import run
+
+        fn = mrc_recv if args.role == "mrc-recv" else mrc_send
+        out = run(fn(args))
+    elif args.role == "tcp-recv":
+        out = stream_recv(args)
+    else:
+        out = stream_send(args)
+    tmp = args.result + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(out, fh)
+    os.replace(tmp, args.result)
+    return 0 if out.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

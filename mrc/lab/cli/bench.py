@@ -1,0 +1,411 @@
+"""``mrc-bench``: collective workloads as synchronized steps on an mrc-fabric, MRC vs TCP vs MPTCP.
+
+Training jobs wait for their slowest transfer, so the number reported first is the P100 (the
+worst) step time. See docs/BENCH.md. Every user-caused failure is one line on stderr,
+``mrc-bench: error: ...``: exit 2 for bad arguments, 1 for other failures, 130 when interrupted.
+Fabrics and agents are always removed, also on Ctrl-C.
+
+Progress notes go through stdlib logging at INFO, and INFO is this command's default level
+(a run takes minutes: silence would look like a hang); ``-q`` hides them, ``-v`` adds DEBUG
+and the agents' logs when something fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from mrc.cli.common import (
+    Parser,
+    add_logging_args,
+    configure_logging,
+    emit_json,
+    float_between,
+    int_at_least,
+    run_main,
+    size_arg,
+)
+from mrc.errors import MRCError, UsageError
+from mrc.lab.bench.common import CONDITIONS, TRANSPORTS, WORKLOADS
+from mrc.units import SIZE_HELP
+
+if TYPE_CHECKING:
+    from mrc.lab.bench.coordinator import Bench, BenchConfig
+
+PROG = "mrc-bench"
+log = logging.getLogger(__name__)
+MAX_SIZE = 256 << 20
+
+
+def _list_of(choices: Sequence[str], what: str) -> Callable[[str], list[str]]:
+    """argparse type for a comma list of ``choices`` (or ``all``)."""
+
+    def parse(text: str) -> list[str]:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if items == ["all"]:
+            return list(choices)
+        bad = [x for x in items if x not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(bad) or repr(text)}: choose from {', '.join(choices)}"
+            )
+        return list(dict.fromkeys(items))
+
+    return parse
+
+
+_seconds = float_between(0, 3600, " s", low_inclusive=True)
+
+
+def _probability(text: str) -> float:
+    try:
+        v = float(text.rstrip("%")) / (100 if text.endswith("%") else 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a probability: {text!r}") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (or 0%..100%), not {text}")
+    return v
+
+
+def _size(text: str) -> int:
+    v = size_arg(text)
+    if not 1 <= v <= MAX_SIZE:
+        raise argparse.ArgumentTypeError(f"size must be 1 byte .. 256M, not {text}")
+    return v
+
+
+def _link(text: str) -> tuple[str, str]:
+    parts = [p for p in text.replace(",", "-").split("-") if p]
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected two nodes like p0l0-p0s0, not {text!r}")
+    return parts[0], parts[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog=PROG,
+        description=(
+            "Run collective workloads (alltoall, ring, incast, pair) as synchronized steps"
+            " between the hosts of an mrc-fabric, over MRC, kernel TCP (plane 0 only) and"
+            " MPTCP (one subflow per plane), under conditions (clean, a spine link failing"
+            " mid-run, random loss on a link, incast with and without packet trimming)."
+            " Reports P50/P99/P100 step times, goodput and SHA-256-verified bytes. Needs root."
+            " See docs/BENCH.md."
+        ),
+        epilog=(
+            "examples:\n"
+            "  mrc-bench --quick                     # < 1 min smoke run, every condition\n"
+            "  mrc-bench --json > bench.json         # the default run (a few minutes)\n"
+            "  mrc-bench --conditions clean,link_down --workloads alltoall --plots plots/\n"
+            "  mrc-bench --table BENCH-table.md --plots docs/bench\n"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("what to run")
+    g.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run in under a minute: 2 planes, 4 hosts, 3 small steps of every"
+        " workload and transport, every condition with a 1 s outage (other options"
+        " still apply: --conditions clean for the fastest)",
+    )
+    g.add_argument(
+        "--workloads",
+        type=_list_of(WORKLOADS, "workload"),
+        help="comma list of alltoall,ring,incast,pair (default: per condition: clean"
+        " runs all four; link_down and lossy alltoall; trim and no_trim incast)",
+    )
+    g.add_argument(
+        "--transports",
+        type=_list_of(TRANSPORTS, "transport"),
+        help="comma list of mrc,tcp,mptcp (default all)",
+    )
+    g.add_argument(
+        "--conditions",
+        type=_list_of(CONDITIONS, "condition"),
+        help="comma list of clean,link_down,lossy,trim,no_trim (default all)",
+    )
+    g.add_argument(
+        "--steps",
+        type=int_at_least(1),
+        help="measured steps per workload and transport (default 12; --quick 3);"
+        " link_down runs on until the heal plus a few steps",
+    )
+    g.add_argument("--warmup", type=int_at_least(0), help="unmeasured steps first (default 1)")
+    g.add_argument(
+        "--size",
+        type=_size,
+        help="bytes per transfer for alltoall, ring, incast (default 1M; --quick 256K;"
+        f" {SIZE_HELP})",
+    )
+    g.add_argument(
+        "--pair-size",
+        type=_size,
+        help="bytes per step of the pair workload (default 8M; --quick 1M)",
+    )
+    g.add_argument("--seed", type=int, default=1, help="seed of the data every host sends")
+
+    f = p.add_argument_group("fabric (built fresh for every condition)")
+    f.add_argument("--hosts", type=int_at_least(2), help="hosts (default 4)")
+    f.add_argument("--planes", type=int_at_least(1), help="planes (default 2)")
+    f.add_argument("--spines", type=int_at_least(1), help="spines per plane (default 2)")
+    f.add_argument("--leaves", type=int_at_least(1), help="leaves per plane (default 2)")
+    f.add_argument("--rate", help="tbf rate of every link (default 100mbit; 'none': unshaped)")
+    f.add_argument("--mtu", type=int_at_least(1280), help="MTU of every link (default 9000)")
+    f.add_argument(
+        "--host-image",
+        metavar="IMAGE",
+        help="run every host as a container of IMAGE (mrc-fabric up --host-image;"
+        " docker/build.sh builds one)",
+    )
+
+    m = p.add_argument_group("MRC")
+    m.add_argument("--evs", type=int_at_least(1), help="EVs per QP (default 128)")
+    m.add_argument(
+        "--payload",
+        type=int_at_least(64),
+        help="payload bytes per packet (default 8192, or what the MTU allows)",
+    )
+    m.add_argument(
+        "--window",
+        type=int_at_least(1),
+        help="packets in flight per QP at most (default 64 with --cc nscc, where the"
+        " congestion window finds the rate; with --cc fixed the window itself, default 4:"
+        " what fits the fabric's queues)",
+    )
+    m.add_argument(
+        "--incast-window",
+        type=int_at_least(1),
+        help="the same under the trim/no_trim conditions (default 64 with nscc; 16 with"
+        " --cc fixed: enough for N-1 senders to overflow the last hop)",
+    )
+    m.add_argument(
+        "--cc",
+        choices=["nscc", "fixed"],
+        help="congestion control of every MRC QP (default nscc; docs/CONGESTION.md)",
+    )
+
+    c = p.add_argument_group("conditions")
+    c.add_argument(
+        "--outage", type=_seconds, help="link_down: seconds the link stays down (default 2)"
+    )
+    c.add_argument(
+        "--fail-step",
+        type=int_at_least(0),
+        help="link_down: the step during which the link goes down (default steps/3)",
+    )
+    c.add_argument(
+        "--fail-link",
+        type=_link,
+        help="link_down: the link to fail (default p0l0-p0s0, on the plane-0"
+        " spine-0 path TCP is pinned to)",
+    )
+    c.add_argument(
+        "--loss",
+        type=_probability,
+        help="lossy: drop probability each way on one link (default 0.03)",
+    )
+    c.add_argument(
+        "--loss-link",
+        type=_link,
+        help="lossy: ROUTER-PEER link whose router drops (default p0s0-p0l0)",
+    )
+    c.add_argument(
+        "--step-timeout",
+        type=_seconds,
+        help="a step not complete after this long fails (default outage + 20 s)",
+    )
+
+    o = p.add_argument_group("output")
+    o.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    o.add_argument("--table", metavar="FILE", help="also write the markdown table to FILE")
+    o.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    add_logging_args(
+        p,
+        default=logging.INFO,
+        verbose_help="also DEBUG notes, and the agents' logs when something fails",
+        quiet_help="no progress lines on stderr: errors only",
+    )
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    from mrc.lab.bench.coordinator import BenchConfig
+
+    cfg = BenchConfig()
+    if args.quick:
+        cfg.quick = True
+        cfg.planes = 2
+        cfg.hosts = 4
+        cfg.steps = 3
+        cfg.size = 256 << 10
+        cfg.pair_size = 1 << 20
+        cfg.outage = 1.0
+    for name in (
+        "steps",
+        "warmup",
+        "size",
+        "pair_size",
+        "hosts",
+        "planes",
+        "spines",
+        "leaves",
+        "mtu",
+        "host_image",
+        "evs",
+        "window",
+        "incast_window",
+        "cc",
+        "outage",
+        "fail_step",
+        "fail_link",
+        "loss",
+        "loss_link",
+        "step_timeout",
+        "transports",
+        "workloads",
+        "conditions",
+    ):
+        v = getattr(args, name)
+        if v is not None:
+            setattr(cfg, name, v)
+    cfg.seed = args.seed
+    cfg.verbose = args.verbose > 0
+    if args.rate is not None:
+        cfg.rate = None if args.rate.lower() in ("none", "0", "") else args.rate
+    if args.payload is not None:
+        cfg.payload = args.payload
+    else:
+        # IPv6 40 + SRH with two segments 40 + UDP 8 + MRC header 32 = 120 bytes of headers
+        cfg.payload = min(8192, (cfg.mtu - 128) // 8 * 8)
+    return cfg
+
+
+def validate(cfg: BenchConfig) -> None:
+    """Raise :class:`UsageError` with a one-line reason if the configuration cannot run."""
+    cfg.fabric_spec("check").validate()
+    if cfg.payload > cfg.mtu - 120:
+        raise UsageError(
+            f"--payload {cfg.payload} does not fit the MTU {cfg.mtu} (max {cfg.mtu - 120})"
+        )
+    names = {f"h{i}" for i in range(cfg.hosts)}
+    names |= {
+        f"p{p}{t}{i}"
+        for p in range(cfg.planes)
+        for t, n in (("l", cfg.leaves), ("s", cfg.spines))
+        for i in range(n)
+    }
+    if "link_down" in cfg.conditions:
+        a, b = cfg.fail_link
+        if a not in names or b not in names:
+            raise UsageError(f"--fail-link {a}-{b}: no such nodes in this fabric")
+    if "lossy" in cfg.conditions:
+        a, b = cfg.loss_link
+        if a not in names or b not in names or a.startswith("h"):
+            raise UsageError(f"--loss-link {a}-{b}: the first node must be a router of this fabric")
+    if ("trim" in cfg.conditions) and not cfg.rate:
+        raise UsageError("the trim condition needs a shaped fabric (--rate)")
+
+
+def progress_printer() -> Callable[[str], None]:
+    """The coordinator's progress notes, as INFO log lines stamped with the run's elapsed time."""
+    start = time.monotonic()
+
+    def progress(msg: str) -> None:
+        log.info("[%6.1fs] %s", time.monotonic() - start, msg)
+
+    return progress
+
+
+async def _run(bench: Bench) -> None:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        await bench.run()
+    finally:
+        await bench.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args)
+    return run_main(PROG, lambda: _main(args), "interrupted (fabrics and agents removed)")
+
+
+def _main(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    validate(cfg)
+    if os.geteuid() != 0:
+        raise MRCError("needs root (network namespaces, veth links, tc); run it as root")
+    if args.plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise MRCError("--plots needs matplotlib (pip install matplotlib)") from None
+    from mrc.lab.bench.coordinator import Bench, config_dict
+    from mrc.lab.bench.report import aims, machine_info, plots, table
+
+    progress = progress_printer()
+    try:
+        load_start = os.getloadavg()
+    except OSError:
+        load_start = (0.0, 0.0, 0.0)
+    t0 = time.monotonic()
+    bench = Bench(cfg, progress)
+    progress(
+        f"conditions {', '.join(cfg.conditions)}; transports {', '.join(cfg.transports)};"
+        f" load average {load_start[0]:.2f} on {os.cpu_count()} CPUs"
+    )
+    try:
+        asyncio.run(_run(bench))
+    except asyncio.CancelledError:  # SIGTERM cancelled the run (see _run)
+        raise KeyboardInterrupt from None
+    except MRCError:
+        if cfg.verbose:
+            for a in bench.agents:
+                log.debug("h%d log: %s", a.index, a.log_tail(20))
+        raise
+    finally:
+        bench.cleanup_sync()  # whatever the loop could not remove (idempotent)
+    doc: dict[str, object] = {
+        "tool": PROG,
+        "format": 1,
+        "config": config_dict(cfg),
+        "machine": machine_info(load_start),
+        "duration_s": round(time.monotonic() - t0, 1),
+        "results": bench.rows,
+        "aims": aims(bench.rows),
+        "skipped": bench.skipped,
+    }
+    md = table(doc)
+    if args.table:
+        try:
+            with open(args.table, "w") as f:
+                f.write(md)
+        except OSError as exc:
+            raise MRCError(f"cannot write {args.table}: {exc.strerror}") from None
+    if args.plots:
+        files = plots(doc, args.plots)
+        progress(f"{len(files)} plots in {args.plots}")
+    if args.json:
+        emit_json(doc, indent=1)
+    else:
+        print(md, end="")
+    sys.stdout.flush()
+    progress(f"done in {doc['duration_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
