@@ -75,4 +75,6 @@ def test_a_payload_too_large_for_the_mtu_is_fragmented_not_lost(fab1500, mrc_too
     # loss probe may still fire when a shared core stalls the receiver for 5 ms (seen once,
     # in a full suite run)
     assert s["retransmits"] == s["retransmits_tlp"] and s["evs_assumed_bad"] == 0, s
-    assert rv["packets_received"] == s["data_packets"]
+    # every packet arrived once; a probe's copy arrives as a duplicate
+    assert rv["packets_received"] - rv["duplicates"] == s["data_packets"], (s, rv)
+    assert rv["duplicates"] <= s["retransmits_tlp"], (s, rv)
