@@ -9,7 +9,8 @@ Rates (bits per second) follow tc(8), since they end up in tc: ``bit``, ``kbit``
 ``gbit``, ``tbit`` are decimal bits per second and ``bps``, ``kbps``... are *bytes* per second.
 
 Both raise :class:`~mrc.errors.UsageError` (exit status 2) with a one-line message;
-:mod:`mrc.cli.common` wraps them for argparse.
+:mod:`mrc.cli.common` wraps them for argparse. :func:`human_bytes` and :func:`human_rate` print
+sizes and rates back in the same units.
 """
 
 from __future__ import annotations
@@ -89,3 +90,20 @@ def parse_rate(text: str) -> int:
     if bps > MAX_RATE_BPS:
         raise UsageError(f"rate {text!r} is too high for tbf (maximum 34gbit)")
     return bps
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``1.5 KiB``: binary units, as sizes are read (see the module)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def human_rate(bps: float) -> str:
+    """``2.5e9`` (bits per second) -> ``2.50 Gbit/s``: decimal, as rates are read."""
+    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= scale:
+            return f"{bps / scale:.2f} {unit}"
+    return f"{bps:.0f} bit/s"

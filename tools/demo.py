@@ -19,10 +19,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from mrc.cli.common import Parser, human_bytes, human_rate, positive_int, run_main, size_arg
+from mrc.cli.common import Parser, positive_int, run_main, size_arg
 from mrc.errors import MRCError
 from mrc.lab.testbed import TwoHosts, netns_available
-from mrc.units import SIZE_HELP
+from mrc.units import SIZE_HELP, human_bytes, human_rate
 from mrc.wire import DEFAULT_PORT
 
 BIN = Path(sys.executable).parent

@@ -331,21 +331,6 @@ def emit_json(obj: dict[str, Any], indent: int | None = None) -> None:
     print(json.dumps(versioned(obj), indent=indent), flush=True)
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def human_rate(bps: float) -> str:
-    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:.2f} {unit}"
-    return f"{bps:.0f} bit/s"
-
-
 def run_main(prog: str, body: Callable[[], int], interrupted: str = "interrupted") -> int:
     """Run a command's body; whatever goes wrong becomes one line on stderr and an exit status.
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mrc.cli.common import human_bytes, human_rate
 from mrc.connection import Connection
 from mrc.timed import Posted
+from mrc.units import human_bytes, human_rate
 
 #: seconds between the samples the peak bandwidth is taken over
 PEAK_TICK = 0.1

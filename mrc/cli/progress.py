@@ -43,7 +43,7 @@ def _new_display(console: Console) -> RichProgress:
     from rich.progress import Progress as RichProgress
     from rich.text import Text
 
-    from mrc.cli.common import human_rate  # (common imports this module)
+    from mrc.units import human_rate
 
     class RateColumn(ProgressColumn):
         """Transfer rate in bits per second, as every mrc result line reports it."""

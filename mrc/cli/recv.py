@@ -25,8 +25,6 @@ from mrc.cli.common import (
     emit_json,
     endpoint_arg,
     float_between,
-    human_bytes,
-    human_rate,
     load_key,
     parse_endpoint,
     positive_int,
@@ -41,7 +39,7 @@ from mrc.errors import MRCError
 from mrc.transfer import IDLE_TIMEOUT, receive_buffer
 from mrc.transport.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_GRANTED, DEFAULT_MAX_SETUPS
 from mrc.transport.messages import Abort
-from mrc.units import SIZE_HELP
+from mrc.units import SIZE_HELP, human_bytes, human_rate
 from mrc.wire import DEFAULT_PORT
 
 PROG = "mrc-recv"

@@ -24,8 +24,6 @@ from mrc.cli.common import (
     emit_json,
     endpoint_arg,
     float_between,
-    human_bytes,
-    human_rate,
     load_key,
     parse_endpoint,
     positive_int,
@@ -53,7 +51,7 @@ from mrc.timed import SLOT, Posted, RoundData, send_timed
 from mrc.topology.model import Topology
 from mrc.transfer import IDLE_TIMEOUT, TransferResult, send_buffer
 from mrc.transport.sockets import IPV6_UDP_HEADERS
-from mrc.units import SIZE_HELP
+from mrc.units import SIZE_HELP, human_bytes, human_rate
 from mrc.wire import DEFAULT_PORT
 
 PROG = "mrc-send"

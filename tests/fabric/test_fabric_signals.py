@@ -36,6 +36,7 @@ from test_incast import TRIM_REASON, _udp_payload, check_complete, run_incast
 from mrc import wire
 from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
 from mrc.lab.fabric.kernel import HTB_PRIO_CLASS, NsHandle
+from mrc.transport.sockets import SO_RCVBUFFORCE
 
 pytestmark = [pytest.mark.netns]
 
@@ -44,7 +45,6 @@ SIZE = "8M"
 
 ETH_P_ALL = 0x0003
 SO_ATTACH_FILTER = 26
-SO_RCVBUFFORCE = 33
 SO_TIMESTAMPNS = 35
 SCM_TIMESTAMPNS = SO_TIMESTAMPNS
 PACKET_OUTGOING = 4

@@ -47,6 +47,7 @@ from fabric_helpers import SKIP_REASON, run_cli, running_fabric, unique_name
 
 from mrc import wire
 from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
+from mrc.transport.sockets import SO_RCVBUFFORCE
 
 RATE = "100mbit"
 SPINES = 4
@@ -131,7 +132,6 @@ class Proc:
 
 ETH_P_ALL = 0x0003  # not ETH_P_IPV6: a protocol-bound packet socket never sees outgoing frames
 SO_ATTACH_FILTER = 26
-SO_RCVBUFFORCE = 33
 PACKET_OUTGOING = 4
 SMALL = 300  # trimmed data (~130 B with an SRH), ACK/NACK (~140 B); full data frames are ~8.3 kB
 

@@ -33,6 +33,8 @@ from mrc.security.handshake import new_nonce, session_keys, transcript
 from mrc.security.packet import DATA_OVERHEAD, SEC_BLOCK_LEN, Mode, Opener, Sealer
 from mrc.srv6.paths import default_path, path_via
 from mrc.topology.model import topology_path
+from mrc.transport.gso import UDP_SEGMENT
+from mrc.transport.sockets import SO_RCVBUFFORCE
 
 TRIM_REASON = unavailable_reason() if SKIP_REASON is None else SKIP_REASON
 needs_trim = pytest.mark.skipif(
@@ -48,9 +50,7 @@ PAY = 1400  # UDP payload 1428: a 1476-byte IPv6 packet, fits MTU 1500
 PAY_SRH = 1360  # + a 40-byte SRH (2 segments) still fits
 PPS = 3600  # per sender: ~43 Mbit/s, just under the 50 Mbit/s of its own NIC
 PORT = 7300
-SO_RCVBUFFORCE = 33
 ETH_P_IPV6 = 0x86DD
-UDP_SEGMENT = 103
 T, L = wire.BTH_TRIMMED, wire.BTH_LASTHOP
 
 
