@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # Install everything mrc needs on a Debian/Ubuntu machine (run as root), idempotently:
-# system packages (iproute2, procps, tshark) and a virtualenv in .venv with mrc and its
+# system packages (iproute2, procps, tshark, ...) and a virtualenv in .venv with mrc and its
 # test/benchmark dependencies. Prints what it does; exits non-zero with one line on failure.
+#
+#   bash tools/setup.sh                  # everything (root)
+#   bash tools/setup.sh --python-only    # only .venv, no root, no apt: enough for tools/lint.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 say() { printf '[setup] %s\n' "$*" >&2; }
 fail() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
-[ "$(id -u)" -eq 0 ] || fail "run as root (namespaces, veth links and apt need it)"
+python_only=0
+case "${1:-}" in
+  --python-only) python_only=1 ;;
+  "") ;;
+  *) fail "unknown option ${1} (use --python-only or nothing)" ;;
+esac
+[ "$python_only" -eq 1 ] || [ "$(id -u)" -eq 0 ] || fail "run as root (namespaces, veth links and apt need it), or use --python-only"
 
 # ---- system packages (only what is missing; apt-get update once) ----
 need=()
@@ -40,6 +49,9 @@ if [ -n "$PY" ] && [[ "$(command -v "$PY")" == /usr/bin/* ]] &&
 sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
   need+=("$(basename "$PY")-dev")  # e.g. python3.11-dev: the headers of that very Python
 fi
+if [ "$python_only" -eq 1 ]; then
+  need=()  # no system packages: whatever is missing, the full setup brings
+fi
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   say "installing system packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -60,6 +72,13 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys; sys.exit(sys.
   "$PY" -m venv .venv || fail "python -m venv failed"
 fi
 stamp=.venv/.mrc-installed
+# an install made before a C compiler was here (--python-only on a fresh machine) is redone
+# once there is one, so that the native kernels get built
+if [ -f "$stamp" ] && [ "$python_only" -eq 0 ] && [ "${MRC_PURE_PYTHON:-0}" != 1 ] &&
+   { command -v gcc >/dev/null 2>&1 || command -v cc >/dev/null 2>&1; } &&
+   ! .venv/bin/python -c 'import mrc._native' 2>/dev/null; then
+  rm -f "$stamp"
+fi
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ mrc/_native.c -nt "$stamp" ]; then
   say "installing mrc and its dependencies into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
@@ -68,7 +87,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ mrc/_native.c -nt "
     tail -n 20 "$log" >&2
     fail "pip install of mrc failed (full log in $log)"
   fi
-  .venv/bin/python -c 'import mrc, pyroute2, pytest' || fail "mrc does not import after install"
+  .venv/bin/python -c 'import mrc, pyroute2, pytest, mypy, ruff' || fail "mrc does not import after install"
   touch "$stamp"
 fi
 say "ready: $(.venv/bin/python --version), mrc $(.venv/bin/python -c 'import mrc; print(mrc.__version__)')"
