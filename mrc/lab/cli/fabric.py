@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeAlias
 
 from mrc.cli.common import (
     Parser,
@@ -62,10 +63,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_logging_args(p)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in (
+        _add_up,
+        _add_down,
+        _add_status,
+        _add_link,
+        _add_exec,
+        _add_list,
+        _add_paths,
+        _add_ping,
+    ):
+        add(sub)
 
-    def name_opt(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--name", default="mrc", help="fabric name (default: mrc)")
+    for sp in sub.choices.values():  # -v/-q after the sub-command too
+        add_logging_args(sp)
+    return p
 
+
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _name_opt(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--name", default="mrc", help="fabric name (default: mrc)")
+
+
+def _add_up(sub: Subparsers) -> None:
+    """``up``: build a fabric."""
     up = sub.add_parser(
         "up",
         help="build a fabric and write /run/mrc/fabric-NAME.json",
@@ -74,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
             " evenly over the leaves; every host has one NIC per plane (named p0, p1, ...)."
         ),
     )
-    name_opt(up)
+    _name_opt(up)
     up.add_argument("--planes", type=positive_int, default=4, help="planes (default 4)")
     up.add_argument("--spines", type=positive_int, default=2, help="spines per plane (default 2)")
     up.add_argument("--leaves", type=positive_int, default=2, help="leaves per plane (default 2)")
@@ -116,18 +139,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--json", action="store_true", help="print the topology JSON on stdout")
 
+
+def _add_down(sub: Subparsers) -> None:
+    """``down``: remove a fabric."""
     down = sub.add_parser(
         "down",
         help="remove a fabric (idempotent; works without the topology file)",
         description=(
-            "Remove every container labelled mrc.lab.fabric=NAME and the directory they shared"
+            "Remove every container labelled mrc.fabric=NAME and the directory they shared"
             " (RUN_DIR/share-NAME), every namespace named mrc-NAME-<node> (and with them every"
             " veth), kill processes left inside them, delete the topology file. Touches"
             " nothing else."
         ),
     )
-    name_opt(down)
+    _name_opt(down)
 
+
+def _add_status(sub: Subparsers) -> None:
+    """``status``: per-link state and counters."""
     st = sub.add_parser(
         "status",
         help="per-link state and counters at both ends",
@@ -136,9 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
         " data packets a router trimmed on their way out of that end, and CE: packets it marked"
         " CE there.",
     )
-    name_opt(st)
+    _name_opt(st)
     st.add_argument("--json", action="store_true", help="print JSON")
 
+
+def _add_link(sub: Subparsers) -> None:
+    """``link``: fail or heal a link."""
     lk = sub.add_parser(
         "link",
         help="fail or heal the link between two nodes",
@@ -149,42 +181,54 @@ def build_parser() -> argparse.ArgumentParser:
     lk.add_argument("state", choices=["down", "up"])
     lk.add_argument("a", metavar="A", help="node, e.g. h0, p0l0, p0s1")
     lk.add_argument("b", metavar="B", help="node at the other end")
-    name_opt(lk)
+    _name_opt(lk)
 
+
+def _add_exec(sub: Subparsers) -> None:
+    """``exec``: run a command in a node."""
     ex = sub.add_parser(
         "exec",
         help="run a command inside a node's namespace",
         description="Run CMD inside the namespace of NODE (host h0 or router p0l0...);"
         " its exit code is passed through.",
     )
-    name_opt(ex)
+    _name_opt(ex)
     ex.add_argument("node", metavar="NODE")
     ex.add_argument("cmd", metavar="-- CMD", nargs=argparse.REMAINDER)
 
+
+def _add_list(sub: Subparsers) -> None:
+    """``list``: list fabrics."""
     sub.add_parser(
         "list",
         help="list fabrics on this machine",
         description="List fabrics found by namespace name and by topology file.",
     ).add_argument("--json", action="store_true", help="print JSON")
 
+
+def _add_paths(sub: Subparsers) -> None:
+    """``paths``: list SRv6 paths."""
     pa = sub.add_parser(
         "paths",
         help="list SRv6 paths between two hosts",
         description="Every path from SRC to DST: one per plane and spine (segment list"
         " [spine SID, DST address]), plus the direct path when both share a leaf.",
     )
-    name_opt(pa)
+    _name_opt(pa)
     pa.add_argument("src", metavar="SRC")
     pa.add_argument("dst", metavar="DST")
     pa.add_argument("--json", action="store_true", help="print JSON")
 
+
+def _add_ping(sub: Subparsers) -> None:
+    """``ping``: ICMPv6 echo."""
     pg = sub.add_parser(
         "ping",
         help="ICMPv6 echo between two hosts, optionally over a chosen spine",
         description="Ping DST from SRC in one plane; with --via SPINE the request carries an"
         " SRH that steers it through that spine (replies take the default path).",
     )
-    name_opt(pg)
+    _name_opt(pg)
     pg.add_argument("src", metavar="SRC")
     pg.add_argument("dst", metavar="DST")
     pg.add_argument(
@@ -198,9 +242,6 @@ def build_parser() -> argparse.ArgumentParser:
     pg.add_argument(
         "-W", "--timeout", type=float_between(0, 60), default=1.0, help="seconds per reply"
     )
-    for sp in sub.choices.values():  # -v/-q after the sub-command too
-        add_logging_args(sp)
-    return p
 
 
 # --- commands --------------------------------------------------------------------------------

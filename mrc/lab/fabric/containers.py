@@ -11,7 +11,7 @@ The fabric's run directory (topology files) is mounted read-only at the same pat
 ``--fabric NAME`` works inside. A per-fabric directory under it, ``share-<name>`` (mode 1777, see
 :func:`share_dir`), is mounted read-write at the same path: the one place where files made on
 the host (data to send) and in the containers (results) are seen by both, under the same name.
-Containers carry the label ``mrc.lab.fabric=<name>`` and the fabric's namespace name, and
+Containers carry the label ``mrc.fabric=<name>`` and the fabric's namespace name, and
 :func:`remove` finds them by label alone (teardown never trusts the topology file), as
 :func:`remove_share` finds the shared directory by the fabric's name alone.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from mrc.errors import FabricError
 from mrc.topology.model import run_dir
 
-LABEL = "mrc.lab.fabric"
+LABEL = "mrc.fabric"
 ENGINES = ("podman", "docker")
 
 
