@@ -151,8 +151,8 @@ POPULATE_LIMIT = 4 << 30
 def _populate(size: int, anonymous: bool = False) -> int:
     """mmap flags that fault the whole region in at registration, as RDMA memory registration
     pins its pages: a page fault per arriving packet would otherwise cost about as much as the
-    rest of the receive path (measured: half the receiver's CPU). Very large regions are left
-    to fault lazily rather than take that much memory up front."""
+    rest of the receive path (docs/PERFORMANCE.md). Very large regions are left to fault
+    lazily rather than take that much memory up front."""
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS if anonymous else mmap.MAP_SHARED
     if size <= POPULATE_LIMIT:
         flags |= getattr(mmap, "MAP_POPULATE", 0)

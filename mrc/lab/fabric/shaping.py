@@ -37,17 +37,16 @@ def tbf_params(rate_bps: int, mtu: int, host: bool = False) -> tuple[int, int, i
 
 
 #: The virtual queue's limit as a fraction of the real tbf queue's byte limit (10 ms of
-#: traffic), but at least tbf's burst + 2 frames.  Under a sustained overload the virtual queue
+#: traffic), but at least tbf's burst + 2 frames. Under a sustained overload the virtual queue
 #: runs ahead of tbf's queue by about tbf's burst (tbf passes a burst on saved tokens, the
 #: virtual queue has no bucket), so trimming starts when the real queue holds about
-#: ``limit - burst`` bytes (~1.5 ms of traffic), far from its own limit: trimmed headers and the
-#: odd ACK always find room, and the link stays busy.  Measured at 50 Mbit/s (3 -> 1 incast):
-#: 0.25 and 0.5 deliver the same (within 0.5%), with a median one-way delay over two congested
-#: hops of 2.8 ms and 7.9 ms; 0.75 already lets tbf drop.  MRC wants shallow queues: 0.25.
+#: ``limit - burst`` bytes, far from its own limit: trimmed headers and the odd ACK always find
+#: room, and the link stays busy. MRC wants shallow queues; docs/FABRIC.md ("Trimming") has
+#: the measurements behind the value.
 VQ_FRACTION = 0.25
 
-#: The ECN threshold as a fraction of that virtual queue limit (FabricSpec.ecn_threshold).  A
+#: The ECN threshold as a fraction of that virtual queue limit (FabricSpec.ecn_threshold). A
 #: packet joining the queue above it is marked CE if ECT, so window-based senders (NSCC) slow
-#: down before the queue reaches the trimming limit: trims become the exception.  Measured on
-#: the netns fabric (docs/FABRIC.md, "ECN"): see the table there for 0.25 / 0.5 / 0.75.
+#: down before the queue reaches the trimming limit: trims become the exception
+#: (docs/FABRIC.md, "ECN", compares thresholds).
 ECN_FRACTION = 0.5
