@@ -63,7 +63,9 @@ def write_key_file(path: str, key: bytes | None = None) -> bytes:
 def read_key_file(path: str) -> bytes:
     """The key in ``path``; a one-line :class:`KeyFileError` for anything wrong with it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO would otherwise block the open until a writer came (fstat below
+        # then refuses it); reads of a regular file ignore the flag
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         why = "is a symbolic link" if exc.errno == 40 else exc.strerror  # ELOOP
         raise KeyFileError(f"cannot read key file {path}: {why}") from None

@@ -16,6 +16,28 @@ import json
 from mrc.errors import MRCError
 
 MAX_LINE = 1 << 20  # bytes of one message, line end included: pass as the StreamReader limit
+#: how deep objects and lists may nest in one message; the protocol's own go 3 levels deep, and
+#: a hostile line of nested brackets would otherwise take the parser into a RecursionError
+MAX_DEPTH = 16
+
+
+def _depth(obj: object) -> int:
+    """How deep lists and objects nest in a parsed message (a scalar: 0), without recursion."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(obj, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: list[object] = list(item.values())
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if depth <= MAX_DEPTH:  # past the limit the answer is known: stop walking
+            stack.extend((child, depth) for child in children)
+    return deepest
 
 
 class ControlError(MRCError):
@@ -81,10 +103,15 @@ class ControlChannel:
             ) from None
         if not line:
             return None
+        too_deep = f"peer sent a side-channel message nested deeper than {MAX_DEPTH} levels"
         try:
             obj = json.loads(line)
+        except RecursionError:
+            raise ControlError(too_deep) from None
         except ValueError:
             raise ControlError("peer is not speaking the MRC side-channel protocol") from None
+        if _depth(obj) > MAX_DEPTH:
+            raise ControlError(too_deep)
         if not isinstance(obj, dict):
             raise ControlError("peer is not speaking the MRC side-channel protocol")
         if self._recv_key is not None:

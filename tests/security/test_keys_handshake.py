@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,21 @@ def test_key_file_never_replaces_or_follows_links(tmp_path: Path) -> None:
     link2.symlink_to(key_path)
     with pytest.raises(KeyFileError, match="symbolic link"):
         read_key_file(str(link2))
+
+
+def test_a_fifo_key_file_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    """Opening a FIFO for reading blocks until someone writes: mrc-recv hung at start. The
+    refusal comes from a child process, so a regression fails the test instead of hanging it."""
+    fifo = tmp_path / "key"
+    os.mkfifo(fifo, 0o600)
+    code = "import sys; from mrc.security.keys import read_key_file; read_key_file(sys.argv[1])"
+    try:
+        res = subprocess.run(
+            [sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("reading a FIFO as a key file blocked")
+    assert res.returncode == 1 and "is not a regular file" in res.stderr, res.stderr
 
 
 @pytest.mark.parametrize(

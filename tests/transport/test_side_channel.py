@@ -108,6 +108,9 @@ BAD_HELLOS = [
     (b"[1, 2]\n", "not speaking the MRC side-channel protocol"),
     (b"{not json\n", "not speaking the MRC side-channel protocol"),
     (b"{" + b" " * (1 << 20) + b"}\n", "message over 1048576 bytes long"),
+    # deep nesting: Python's parser would raise RecursionError, a traceback in the listener
+    (b'{"a":' + b"[" * 200_000 + b"]" * 200_000 + b"}\n", "nested deeper than 16 levels"),
+    (with_field("request.name", "[" * 17 + "]" * 17), "nested deeper than 16 levels"),
 ]
 
 
