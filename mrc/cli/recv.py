@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import errno
 import logging
 import mmap
-import os
-import secrets
+import shlex
 import signal
 import sys
 import time
@@ -32,6 +30,7 @@ from mrc.cli.common import (
     size_arg,
 )
 from mrc.cli.metricsopts import add_metrics_args, check_metrics_usage, start_metrics
+from mrc.cli.outputs import Outputs, check_target, stale_parts
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
 from mrc.connection import START_TIMEOUT, Connection, Listener, listen
 from mrc.core import fastpath
@@ -145,142 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-POPULATE_LIMIT = 4 << 30
-
-
-def _populate(size: int, anonymous: bool = False) -> int:
-    """mmap flags that fault the whole region in at registration, as RDMA memory registration
-    pins its pages: a page fault per arriving packet would otherwise cost about as much as the
-    rest of the receive path (docs/PERFORMANCE.md). Very large regions are left to fault
-    lazily rather than take that much memory up front."""
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS if anonymous else mmap.MAP_SHARED
-    if size <= POPULATE_LIMIT:
-        flags |= getattr(mmap, "MAP_POPULATE", 0)
-    return flags
-
-
-class _Outputs:
-    """Allocates the memory a sender asks for and owns the files behind it.
-
-    Each transfer gets its own part file, created new (``O_EXCL | O_NOFOLLOW``) next to its
-    output with a random name, never reopened and never shared, with its disk space reserved
-    up front (``posix_fallocate``): a full disk is a refusal before any data moves, not a SIGBUS
-    in the middle. At most ``--count`` transfers are granted memory; a hello beyond that is
-    refused instead of allocating. Every part file not renamed into place is deleted, whatever
-    ends the transfer (``remove_all`` runs on the way out, signals included).
-    """
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.granted = 0
-        self.parts: dict[int, tuple[str, str]] = {}  # id(mmap) -> (part file, final path)
-
-    def __call__(self, size: int, request: dict[str, object]) -> mmap.mmap:
-        if size > self.args.max_size:
-            raise MRCError(f"transfer of {size} bytes exceeds --max-size {self.args.max_size}")
-        if self.granted >= self.args.count:
-            raise MRCError(f"this receiver takes {self.args.count} transfer(s) and has them all")
-        if self.args.discard:
-            self.granted += 1
-            return mmap.mmap(-1, max(size, 1), flags=_populate(size, anonymous=True))
-        path = self.args.out.replace("{n}", str(self.granted + 1))
-        _check_target(path, self.args.force)
-        fd, part = _create_part(path)
-        try:
-            if size:
-                _reserve(fd, size, part)
-            m = mmap.mmap(fd, size, flags=_populate(size)) if size else mmap.mmap(-1, 1)
-        except BaseException:
-            os.unlink(part)
-            raise
-        finally:
-            os.close(fd)
-        self.granted += 1
-        self.parts[id(m)] = (part, path)
-        return m
-
-    def path_of(self, buf: mmap.mmap) -> str | None:
-        entry = self.parts.get(id(buf))
-        return entry[1] if entry else None
-
-    def release(self, buf: object) -> None:
-        """A set-up failed after its memory was made: free it and give the slot back."""
-        assert isinstance(buf, mmap.mmap)
-        self.granted -= 1
-        self.finish(buf, keep=False)
-
-    def finish(self, buf: mmap.mmap, keep: bool) -> None:
-        """Unmap ``buf``; put its part file in place (``keep``) or delete it.
-
-        Raises :class:`MRCError` when the file cannot be put in place (the part is deleted).
-        """
-        entry = self.parts.pop(id(buf), None)
-        if keep:
-            buf.flush()
-        buf.close()
-        if entry is None:
-            return
-        part, path = entry
-        try:
-            if keep:
-                _put_in_place(part, path, self.args.force)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(part)
-
-    def remove_all(self) -> None:
-        for part, _path in self.parts.values():
-            with contextlib.suppress(OSError):
-                os.unlink(part)
-        self.parts.clear()
-
-
-def _check_target(path: str, force: bool) -> None:
-    """Refuse an output that exists (unless ``force``) or that could never be replaced."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        raise MRCError(f"{path} is a directory")
-    if not force and os.path.lexists(path):
-        raise MRCError(f"{path} exists; not replacing it (use --force)")
-
-
-def _create_part(path: str) -> tuple[int, str]:
-    """A new part file beside ``path``: ``PATH.<random>.part``, created exclusively."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for _ in range(8):
-        part = f"{path}.{secrets.token_hex(4)}.part"
-        try:
-            return os.open(part, flags, 0o644), part
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise MRCError(f"cannot create {part}: {exc.strerror}") from None
-    raise MRCError(f"cannot create a part file beside {path}")
-
-
-def _reserve(fd: int, size: int, part: str) -> None:
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        where = os.path.dirname(os.path.abspath(part))
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise MRCError(f"no space for {size} bytes in {where}") from None
-        raise MRCError(f"cannot reserve {size} bytes for {part}: {exc.strerror}") from None
-
-
-def _put_in_place(part: str, path: str, force: bool) -> None:
-    """Rename ``part`` to ``path``: atomically, and without replacing anything unless ``force``."""
-    try:
-        if force:
-            os.replace(part, path)
-        else:
-            os.link(part, path)  # fails if path appeared meanwhile, where rename would replace
-    except FileExistsError:
-        raise MRCError(f"{path} appeared during the transfer; not replacing it") from None
-    except OSError as exc:
-        raise MRCError(f"cannot put the data in place as {path}: {exc.strerror}") from None
-
-
-async def _one(conn: Connection, outputs: _Outputs, args: argparse.Namespace, evlog: EVLog) -> bool:
+async def _one(conn: Connection, outputs: Outputs, args: argparse.Namespace, evlog: EVLog) -> bool:
     region = conn.granted
     if region is None:
         await conn.close()
@@ -368,7 +232,7 @@ async def _main(args: argparse.Namespace) -> int:
     port = endpoints[0][1]
     hosts = [h for h, _p in endpoints]
     key = load_key(args)
-    outputs = _Outputs(args)
+    outputs = Outputs(args)
     fabric = load_fabric(args.fabric, args.fabric_host)
     if fabric is not None and hosts == ["::"]:
         hosts = local_plane_addrs(fabric, args.fabric_host) or hosts
@@ -451,7 +315,7 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         parser.error("with --count > 1, --out needs a {n} placeholder in the file name")
     if args.out and "{n}" not in args.out:
         try:
-            _check_target(args.out, args.force)
+            check_target(args.out, args.force)
         except MRCError as exc:
             parser.error(str(exc))
 
@@ -463,7 +327,22 @@ def main(argv: list[str] | None = None) -> int:
     log.info("receive kernel: %s", fastpath.describe())  # -v: native, or python and why
     _check_usage(parser, args)
     check_metrics_usage(parser, args)
+    if args.out:
+        _warn_stale_parts(args.out)
     return run_command(PROG, _main(args))
+
+
+def _warn_stale_parts(out: str) -> None:
+    """Name the part files a killed receiver left beside ``--out``, and how to remove them:
+    nobody else ever will, and each can be as large as its transfer."""
+    stale = stale_parts(out)
+    if stale:
+        log.warning(
+            "%d part file(s) left by a receiver that is gone (their transfers never completed);"
+            " remove with: rm -- %s",
+            len(stale),
+            " ".join(shlex.quote(p) for p in stale),
+        )
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 - a full disk killed the receiver with SIGBUS;
 - a sender that connected and then stopped (SIGSTOP, or never sent) held the receiver forever
   (one that never sends is now the listener's --start-timeout: tests/cli/test_recv_limits.py);
-- SIGTERM left FILE.part behind.
+- SIGTERM left FILE.part behind;
+- SIGKILL left FILE.part behind forever, and later receivers never said so.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 IDLE_SENDER = """
 import asyncio, sys, mrc
@@ -156,6 +158,52 @@ def test_sigterm_removes_the_part_file(mrc_tools, mrc_port, tmp_path: Path) -> N
     assert res.returncode == 130, res.describe()
     assert "Traceback" not in res.stderr
     assert _parts(tmp_path) == [] and not out.exists()
+
+
+def test_part_files_of_a_killed_receiver_are_named_at_the_next_start(
+    mrc_tools, mrc_port, tmp_path: Path
+) -> None:
+    """SIGKILL leaves the part file (nothing can remove it then); the next receiver with the
+    same --out names it with the command that removes it, and never names the part file of a
+    receiver that is still alive."""
+    out = tmp_path / "out{n}.bin"
+    killed = mrc_tools.start(
+        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), "--count", "2"
+    )
+    killed.wait_listening(mrc_port)
+    sender = _idle_sender(mrc_port, 4 << 20)
+    try:
+        left = _parts(tmp_path)
+        assert len(left) == 1 and left[0].startswith("out1.bin.")
+        killed.proc.send_signal(signal.SIGKILL)
+        assert killed.wait(timeout=20).returncode == -signal.SIGKILL
+    finally:
+        sender.kill()
+        sender.wait()
+    assert _parts(tmp_path) == left  # still there: a killed process deletes nothing
+
+    # a live receiver holding a part file of its own, beside the stale one
+    port2 = free_port()
+    alive = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{port2}", "--out", str(out))
+    alive.wait_listening(port2)
+    sender = _idle_sender(port2, 4 << 20)
+    try:
+        assert len(_parts(tmp_path)) == 2
+        port3 = free_port()
+        third = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{port3}", "--out", str(out))
+        third.wait_listening(port3)  # it looks for stale part files before it listens
+        third.proc.send_signal(signal.SIGTERM)
+        res = third.wait(timeout=20)
+    finally:
+        sender.kill()
+        sender.wait()
+    warnings = [line for line in res.stderr.splitlines() if "part file" in line]
+    stale = tmp_path / left[0]
+    assert warnings == [
+        f"mrc-recv: warning: 1 part file(s) left by a receiver that is gone (their transfers"
+        f" never completed); remove with: rm -- {stale}"
+    ], res.stderr
+    assert stale.exists()  # named, not removed
 
 
 @pytest.fixture

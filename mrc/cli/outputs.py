@@ -1,0 +1,190 @@
+"""Where mrc-recv puts what it receives: memory for ``--discard``, part files for ``--out``.
+
+A part file is created new beside its output, locked (``flock``) for as long as its receiver
+holds it, and renamed into place only once its transfer is verified. A receiver killed with
+SIGKILL cannot delete its part files; the lock is what tells the next receiver that nobody
+owns them any more (:func:`stale_parts`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import glob
+import mmap
+import os
+import secrets
+import stat
+
+from mrc.errors import MRCError
+
+POPULATE_LIMIT = 4 << 30
+#: random bytes in a part file's name (PATH.<hex>.part)
+PART_TOKEN_BYTES = 4
+
+
+def _populate(size: int, anonymous: bool = False) -> int:
+    """mmap flags that fault the whole region in at registration, as RDMA memory registration
+    pins its pages: a page fault per arriving packet would otherwise cost about as much as the
+    rest of the receive path (docs/PERFORMANCE.md). Very large regions are left to fault
+    lazily rather than take that much memory up front."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS if anonymous else mmap.MAP_SHARED
+    if size <= POPULATE_LIMIT:
+        flags |= getattr(mmap, "MAP_POPULATE", 0)
+    return flags
+
+
+class Outputs:
+    """Allocates the memory a sender asks for and owns the files behind it.
+
+    Each transfer gets its own part file, created new (``O_EXCL | O_NOFOLLOW``) next to its
+    output with a random name, never reopened and never shared, with its disk space reserved
+    up front (``posix_fallocate``): a full disk is a refusal before any data moves, not a SIGBUS
+    in the middle. At most ``--count`` transfers are granted memory; a hello beyond that is
+    refused instead of allocating. Every part file not renamed into place is deleted, whatever
+    ends the transfer (``remove_all`` runs on the way out, signals included).
+    """
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.granted = 0
+        # id(mmap) -> (part file, final path, its descriptor: holds the part's lock)
+        self.parts: dict[int, tuple[str, str, int]] = {}
+
+    def __call__(self, size: int, request: dict[str, object]) -> mmap.mmap:
+        if size > self.args.max_size:
+            raise MRCError(f"transfer of {size} bytes exceeds --max-size {self.args.max_size}")
+        if self.granted >= self.args.count:
+            raise MRCError(f"this receiver takes {self.args.count} transfer(s) and has them all")
+        if self.args.discard:
+            self.granted += 1
+            return mmap.mmap(-1, max(size, 1), flags=_populate(size, anonymous=True))
+        path = self.args.out.replace("{n}", str(self.granted + 1))
+        check_target(path, self.args.force)
+        fd, part = _create_part(path)
+        try:
+            if size:
+                _reserve(fd, size, part)
+            m = mmap.mmap(fd, size, flags=_populate(size)) if size else mmap.mmap(-1, 1)
+        except BaseException:
+            os.unlink(part)
+            os.close(fd)
+            raise
+        self.granted += 1
+        self.parts[id(m)] = (part, path, fd)
+        return m
+
+    def path_of(self, buf: mmap.mmap) -> str | None:
+        entry = self.parts.get(id(buf))
+        return entry[1] if entry else None
+
+    def release(self, buf: object) -> None:
+        """A set-up failed after its memory was made: free it and give the slot back."""
+        assert isinstance(buf, mmap.mmap)
+        self.granted -= 1
+        self.finish(buf, keep=False)
+
+    def finish(self, buf: mmap.mmap, keep: bool) -> None:
+        """Unmap ``buf``; put its part file in place (``keep``) or delete it.
+
+        Raises :class:`MRCError` when the file cannot be put in place (the part is deleted).
+        """
+        entry = self.parts.pop(id(buf), None)
+        if keep:
+            buf.flush()
+        buf.close()
+        if entry is None:
+            return
+        part, path, fd = entry
+        try:
+            if keep:
+                _put_in_place(part, path, self.args.force)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(part)
+            os.close(fd)
+
+    def remove_all(self) -> None:
+        for part, _path, fd in self.parts.values():
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+            os.close(fd)
+        self.parts.clear()
+
+
+def check_target(path: str, force: bool) -> None:
+    """Refuse an output that exists (unless ``force``) or that could never be replaced."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise MRCError(f"{path} is a directory")
+    if not force and os.path.lexists(path):
+        raise MRCError(f"{path} exists; not replacing it (use --force)")
+
+
+def _create_part(path: str) -> tuple[int, str]:
+    """A new part file beside ``path``: ``PATH.<random>.part``, created exclusively and locked
+    (the lock goes with the descriptor: keep it open while the part is ours)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(8):
+        part = f"{path}.{secrets.token_hex(PART_TOKEN_BYTES)}.part"
+        try:
+            fd = os.open(part, flags, 0o644)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise MRCError(f"cannot create {part}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:  # a new file nobody else can know yet: not expected
+            os.close(fd)
+            os.unlink(part)
+            raise MRCError(f"cannot lock {part}: {exc.strerror}") from None
+        return fd, part
+    raise MRCError(f"cannot create a part file beside {path}")
+
+
+def stale_parts(out: str) -> list[str]:
+    """Part files of ``--out`` (every ``{n}``) that no live receiver holds: left by one that was
+    killed before it could delete them. Only files named as this module names part files, and
+    only regular files, are looked at; none is opened for writing or changed."""
+    pattern = glob.escape(out).replace(glob.escape("{n}"), "*")
+    stale = []
+    for candidate in sorted(glob.glob(f"{pattern}.{'[0-9a-f]' * (2 * PART_TOKEN_BYTES)}.part")):
+        try:
+            fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue  # gone meanwhile, a link, unreadable: not ours to judge
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            continue  # locked: a receiver is writing it right now
+        finally:
+            os.close(fd)
+        stale.append(candidate)
+    return stale
+
+
+def _reserve(fd: int, size: int, part: str) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        where = os.path.dirname(os.path.abspath(part))
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise MRCError(f"no space for {size} bytes in {where}") from None
+        raise MRCError(f"cannot reserve {size} bytes for {part}: {exc.strerror}") from None
+
+
+def _put_in_place(part: str, path: str, force: bool) -> None:
+    """Rename ``part`` to ``path``: atomically, and without replacing anything unless ``force``."""
+    try:
+        if force:
+            os.replace(part, path)
+        else:
+            os.link(part, path)  # fails if path appeared meanwhile, where rename would replace
+    except FileExistsError:
+        raise MRCError(f"{path} appeared during the transfer; not replacing it") from None
+    except OSError as exc:
+        raise MRCError(f"cannot put the data in place as {path}: {exc.strerror}") from None
