@@ -43,13 +43,16 @@ class Outputs:
     output with a random name, never reopened and never shared, with its disk space reserved
     up front (``posix_fallocate``): a full disk is a refusal before any data moves, not a SIGBUS
     in the middle. At most ``--count`` transfers are granted memory; a hello beyond that is
-    refused instead of allocating. Every part file not renamed into place is deleted, whatever
-    ends the transfer (``remove_all`` runs on the way out, signals included).
+    refused instead of allocating; a slot given back (a sender that never started) does not
+    give back its ``{n}``, so no two transfers ever share an output name. Every part file not
+    renamed into place is deleted, whatever ends the transfer (``remove_all`` runs on the way
+    out, signals included).
     """
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.granted = 0
+        self.granted = 0  # transfers holding (or done with) one of --count's slots
+        self.numbered = 0  # the last {n} given out: never given twice, even when released
         # id(mmap) -> (part file, final path, its descriptor: holds the part's lock)
         self.parts: dict[int, tuple[str, str, int]] = {}
 
@@ -61,7 +64,7 @@ class Outputs:
         if self.args.discard:
             self.granted += 1
             return mmap.mmap(-1, max(size, 1), flags=_populate(size, anonymous=True))
-        path = self.args.out.replace("{n}", str(self.granted + 1))
+        path = self.args.out.replace("{n}", str(self.numbered + 1))
         check_target(path, self.args.force)
         fd, part = _create_part(path)
         try:
@@ -73,6 +76,7 @@ class Outputs:
             os.close(fd)
             raise
         self.granted += 1
+        self.numbered += 1
         self.parts[id(m)] = (part, path, fd)
         return m
 

@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         metavar="FILE",
         help="write the data here ({n} in the name is replaced by the transfer "
-        "number when --count > 1); written to a new FILE.<random>.part, renamed to FILE once "
+        "number when --count > 1: 1, 2, ..., never the same twice, also when a sender that "
+        "never started is dropped); written to a new FILE.<random>.part, renamed to FILE once "
         "verified, deleted on any failure; an existing FILE is refused unless --force",
     )
     out.add_argument(

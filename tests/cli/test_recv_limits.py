@@ -91,6 +91,38 @@ def test_an_idle_hello_does_not_keep_the_only_slot(mrc_tools, mrc_port, tmp_path
     assert _sha(out) == _sha(src) and _parts(tmp_path) == []
 
 
+def test_a_released_transfer_number_is_never_given_again(
+    mrc_tools, mrc_port, tmp_path: Path
+) -> None:
+    """An idle hello took number 1, a real transfer number 2; when the idle one was dropped its
+    number went back, and the next sender got number 2 again: refused because f2.bin exists
+    (the receiver then never finished), or, with --force, a verified file replaced."""
+    out = tmp_path / "f{n}.bin"
+    recv = mrc_tools.start(
+        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), "--count", "2",
+        "--start-timeout", "1",
+    )  # fmt: skip
+    recv.wait_listening(mrc_port)
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.write_bytes(os.urandom(300_000))
+    second.write_bytes(os.urandom(200_000))
+    idle = RawPeer(mrc_port)
+    try:
+        assert idle.hello(1 << 20)["ok"] is True  # number 1
+        sent = mrc_tools.run("mrc-send", str(first), "--to", f"[::1]:{mrc_port}", timeout=30)
+        assert sent.returncode == 0, sent.describe()  # number 2
+        assert idle.line()["error"].startswith("no data from the sender")  # type: ignore[union-attr]
+    finally:
+        idle.close()
+    sent = mrc_tools.run("mrc-send", str(second), "--to", f"[::1]:{mrc_port}", timeout=30)
+    assert sent.returncode == 0, sent.describe()
+    res = recv.wait(timeout=30)
+    assert res.returncode == 0, res.describe()
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("f"))
+    assert names == ["f2.bin", "f3.bin"]
+    assert _sha(tmp_path / "f2.bin") == _sha(first) and _sha(tmp_path / "f3.bin") == _sha(second)
+
+
 def test_max_total_and_max_setups_refuse_with_the_limit(mrc_tools, mrc_port, tmp_path) -> None:
     recv = mrc_tools.start(
         "mrc-recv",
