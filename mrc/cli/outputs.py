@@ -39,8 +39,8 @@ def _populate(size: int, anonymous: bool = False) -> int:
 class Outputs:
     """Allocates the memory a sender asks for and owns the files behind it.
 
-    Each transfer gets its own part file, created new (``O_EXCL | O_NOFOLLOW``) next to its
-    output with a random name, never reopened and never shared, with its disk space reserved
+    Each transfer gets its own part file, created new (``O_EXCL | O_NOFOLLOW``, mode 0600 until
+    it is verified, then the umask's) next to its output with a random name, never reopened and never shared, with its disk space reserved
     up front (``posix_fallocate``): a full disk is a refusal before any data moves, not a SIGBUS
     in the middle. At most ``--count`` transfers are granted memory; a hello beyond that is
     refused instead of allocating; a slot given back (a sender that never started) does not
@@ -53,6 +53,8 @@ class Outputs:
         self.args = args
         self.granted = 0  # transfers holding (or done with) one of --count's slots
         self.numbered = 0  # the last {n} given out: never given twice, even when released
+        self.umask = os.umask(0)  # (read it, then put it back: there is no other way)
+        os.umask(self.umask)
         # id(mmap) -> (part file, final path, its descriptor: holds the part's lock)
         self.parts: dict[int, tuple[str, str, int]] = {}
 
@@ -104,6 +106,7 @@ class Outputs:
         part, path, fd = entry
         try:
             if keep:
+                os.fchmod(fd, 0o666 & ~self.umask)  # verified: the mode of any new file
                 _put_in_place(part, path, self.args.force)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -133,7 +136,7 @@ def _create_part(path: str) -> tuple[int, str]:
     for _ in range(8):
         part = f"{path}.{secrets.token_hex(PART_TOKEN_BYTES)}.part"
         try:
-            fd = os.open(part, flags, 0o644)
+            fd = os.open(part, flags, 0o600)  # partial data: its owner's only
         except FileExistsError:
             continue
         except OSError as exc:

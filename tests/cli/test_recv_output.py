@@ -160,6 +160,38 @@ def test_sigterm_removes_the_part_file(mrc_tools, mrc_port, tmp_path: Path) -> N
     assert _parts(tmp_path) == [] and not out.exists()
 
 
+def test_a_part_file_is_private_and_the_result_follows_the_umask(
+    mrc_tools, mrc_port, tmp_path: Path
+) -> None:
+    """Partial data is readable by its owner only (it was 0644, whatever the umask said); the
+    verified file gets the mode the user's umask gives a new file."""
+    out = tmp_path / "out{n}.bin"
+    old = os.umask(0o027)
+    try:
+        recv = mrc_tools.start(
+            "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), "--count", "2"
+        )
+    finally:
+        os.umask(old)
+    recv.wait_listening(mrc_port)
+    sender = _idle_sender(mrc_port, 1 << 20)
+    try:
+        (part,) = _parts(tmp_path)
+        assert os.stat(tmp_path / part).st_mode & 0o777 == 0o600
+    finally:
+        sender.kill()
+        sender.wait()
+    src = tmp_path / "src"
+    src.write_bytes(os.urandom(100_000))
+    sent = mrc_tools.run("mrc-send", str(src), "--to", f"[::1]:{mrc_port}", timeout=30)
+    assert sent.returncode == 0, sent.describe()
+    recv.proc.send_signal(signal.SIGTERM)
+    recv.wait(timeout=20)
+    (done,) = [p for p in tmp_path.iterdir() if p.name.startswith("out") and p.suffix == ".bin"]
+    assert _sha(done) == _sha(src)
+    assert os.stat(done).st_mode & 0o777 == 0o640
+
+
 def test_part_files_of_a_killed_receiver_are_named_at_the_next_start(
     mrc_tools, mrc_port, tmp_path: Path
 ) -> None:
