@@ -172,10 +172,11 @@ def test_tool_path_prefers_this_pythons_commands() -> None:
 
 
 def test_machine_info_is_what_the_schemas_describe() -> None:
-    """mrc-bench's and the failover demo's machine objects are this one."""
+    """mrc-bench's, bench_qp's, bench_fabric's, the failover demo's and the trim benchmark's
+    machine objects are this one (bench_qp adds its memory figures)."""
     machine = machine_info(loadavg())
     assert machine["mrc_version"] == mrc.__version__ and machine["cpus"] == os.cpu_count()
-    for tool in ("mrc-bench", "failover_demo"):
+    for tool in ("mrc-bench", "bench_fabric", "failover_demo", "trim_bench"):
         schema = json.loads((SCHEMAS / f"{tool}.schema.json").read_text())
         sub = {**schema["properties"]["machine"], "$defs": schema.get("$defs", {})}
         jsonschema.validate(machine, sub)
