@@ -15,30 +15,16 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections import Counter
-from pathlib import Path
+from typing import Any
 
 from mrc.cli.common import Parser, positive_int, run_main, size_arg
 from mrc.errors import MRCError
+from mrc.lab.harness.children import Children
+from mrc.lab.harness.hosts import tool_path, wait_listening
 from mrc.lab.testbed import TwoHosts, netns_available
 from mrc.units import SIZE_HELP, human_bytes, human_rate
 from mrc.wire import DEFAULT_PORT
-
-BIN = Path(sys.executable).parent
-
-
-def wait_listening(argv_prefix: list[str], host: str, port: int, deadline: float) -> None:
-    """Poll until mrc-recv accepts TCP on (host, port) inside the namespace."""
-    probe = (
-        f"import socket,sys\ns=socket.create_connection(('{host}',{port}),timeout=0.2)\ns.close()"
-    )
-    while time.monotonic() < deadline:
-        r = subprocess.run([*argv_prefix, sys.executable, "-c", probe], capture_output=True)
-        if r.returncode == 0:
-            return
-        time.sleep(0.05)
-    raise MRCError("mrc-recv did not start listening in time")
 
 
 def rx_bytes(prefix: list[str], ifname: str) -> int:
@@ -56,54 +42,34 @@ def rx_bytes(prefix: list[str], ifname: str) -> int:
 def run_pair(
     send_prefix: list[str],
     recv_prefix: list[str],
+    recv_netns: str | None,
     recv_listen: list[str],
     send_args: list[str],
     to: str,
-) -> tuple[dict, dict]:
-    recv = subprocess.Popen(
-        [
-            *recv_prefix,
-            str(BIN / "mrc-recv"),
-            *sum((["--listen", x] for x in recv_listen), []),
-            "--discard",
-            "--json",
-            "--timeout",
-            "30",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        host, _, port = to.rpartition(":")
-        wait_listening(recv_prefix, host.strip("[]"), int(port), time.monotonic() + 10)
-        send = subprocess.run(
-            [
-                *send_prefix,
-                str(BIN / "mrc-send"),
-                *send_args,
-                "--to",
-                to,
-                "--json",
-                "--no-progress",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        rout, rerr = recv.communicate(timeout=60)
-    finally:
-        if recv.poll() is None:
-            recv.kill()
-    if send.returncode != 0 or recv.returncode != 0:
-        raise MRCError(f"transfer failed: {send.stderr.strip()} {rerr.strip()}")
-    return json.loads(send.stdout), json.loads(rout)
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One transfer: mrc-recv (in ``recv_netns``, run with ``recv_prefix``), then mrc-send;
+    both their JSON results."""
+    recv_argv = [*recv_prefix, tool_path("mrc-recv")]
+    recv_argv += [*sum((["--listen", x] for x in recv_listen), [])]
+    recv_argv += ["--discard", "--json", "--timeout", "30"]
+    send_argv = [*send_prefix, tool_path("mrc-send"), *send_args]
+    send_argv += ["--to", to, "--json", "--no-progress"]
+    with Children() as kids:
+        recv = kids.start(recv_argv, "mrc-recv")
+        wait_listening(recv, int(to.rpartition(":")[2]), recv_netns, 10)
+        send = kids.start(send_argv, "mrc-send")
+        send.wait(120)
+        recv.wait(60)
+    sent, got = send.result(), recv.result()
+    if send.returncode != 0 or recv.returncode != 0 or sent is None or got is None:
+        raise MRCError(f"transfer failed: {send.stderr.strip()} {recv.stderr.strip()}")
+    return sent, got
 
 
-def report(sent: dict, got: dict, kernel: dict[str, int] | None) -> None:
+def report(sent: dict[str, Any], got: dict[str, Any], kernel: dict[str, int] | None) -> None:
     evs = [e for e in sent["evs"] if e["state"] != "GOOD (backup)"]  # the backup pool idles
     backups = len(sent["evs"]) - len(evs)
-    per_plane = Counter()
+    per_plane: Counter[int] = Counter()
     for e in evs:
         per_plane[e["plane"]] += e["packets"]
     used = sum(1 for e in evs if e["packets"])
@@ -169,7 +135,7 @@ def _main(args: argparse.Namespace) -> int:
         with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
             s.bind(("::1", 0))
             port = s.getsockname()[1]
-        sent, got = run_pair([], [], [f"[::1]:{port}"], send_args, f"[::1]:{port}")
+        sent, got = run_pair([], [], None, [f"[::1]:{port}"], send_args, f"[::1]:{port}")
         report(sent, got, None)
         return 0 if sent["ok"] and got["ok"] else 1
     prefix = f"mrcdemo{os.getpid()}"
@@ -184,7 +150,7 @@ def _main(args: argparse.Namespace) -> int:
             f"demo: mrc-recv in {tb.b} on {', '.join(listen)}; "
             f"mrc-send from {tb.a} ({', '.join(tb.a_addrs)})"
         )
-        sent, got = run_pair(a, b, listen, sargs, listen[0])
+        sent, got = run_pair(a, b, tb.b, listen, sargs, listen[0])
         kernel = {k: rx_bytes(b, k) - v for k, v in before.items()}
         report(sent, got, kernel)
     return 0 if sent["ok"] and got["ok"] else 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """All-to-all steps in the simulator, with a spine link of plane 0 going down: a quick,
-deterministic way to compare congestion controls (and their parameters) on the pattern where
-mrc-bench's ``link_down`` condition shows NSCC behind the fixed window (docs/CONGESTION.md).
+deterministic way to compare congestion controls (and their parameters) on the pattern of
+mrc-bench's ``link_down`` condition (docs/CONGESTION.md).
 
 Four hosts on two leaves (a, b | c, d), 2 planes x 2 spines, every link shaped to ``--rate``
 with a tail-drop queue of ``--queue`` bytes; every host writes ``--size`` bytes to each of the
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             max_outstanding=args.window,
             psn_window=16384,
             cc=args.cc,
-            **extra,  # type: ignore[arg-type]
+            **extra,
         )
         qa, _qb = net.connect(
             src, dst, evs=128, config=cfg, planes=2, qpn_a=n, qpn_b=100 + n, routes=True

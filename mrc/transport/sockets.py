@@ -16,6 +16,7 @@ from mrc.transport.ecn import mark_ect0
 
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # kernel receive times (the lab's probes)
 IPV6_MTU = getattr(socket, "IPV6_MTU", 24)  # the path MTU of a connected IPv6 socket (Linux)
 IPV6_UDP_HEADERS = 40 + 8  # an IPv6 header without extensions, and UDP's
 

@@ -234,7 +234,7 @@ def test_trim_bench_matches_its_schema(trim: bool) -> None:
     why = unavailable_reason() if trim else None
     if why is not None:
         pytest.skip(f"trimming unavailable: {why}")
-    tool = [sys.executable, "-m", "mrc.lab.fabric.trim.bench", "--seconds", "0.2"]
+    tool = [sys.executable, "-m", "mrc.lab.bench.trim", "--seconds", "0.2"]
     tool += [] if trim else ["--no-trim"]
     out = _run_tool(tool, 90, lambda pid: Fabric.down(f"tb{pid}"))  # its fabric is tb<pid>
     jsonschema.validate(out, _schema("trim_bench"))

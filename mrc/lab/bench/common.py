@@ -14,13 +14,15 @@ import hashlib
 import json
 import random
 import socket
+import subprocess
 import time
 from typing import TYPE_CHECKING
 
+from mrc.errors import MRCError
 from mrc.wire import DEFAULT_PORT
 
 if TYPE_CHECKING:
-    from mrc.topology.model import Host
+    from mrc.topology.model import Host, Topology
 
 TRANSPORTS = ("mrc", "tcp", "mptcp")
 WORKLOADS = ("alltoall", "ring", "incast", "pair")
@@ -97,3 +99,14 @@ def mptcp_setup_commands(host: Host, announce: bool = True) -> list[list[str]]:
             if nic.plane != 0
         ]
     return cmds
+
+
+def setup_mptcp_outside(topo: Topology, node: str, announce: bool = True) -> None:
+    """Run :func:`mptcp_setup_commands` for host ``node`` from this process, as root, with
+    ``ip -n NETNS``: a host container's user may not configure MPTCP itself."""
+    ns = topo.netns_of(node)
+    for cmd in mptcp_setup_commands(topo.host(node), announce):
+        done = subprocess.run(["ip", "-n", ns, *cmd[1:]], capture_output=True, text=True)
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            raise MRCError(f"mptcp set-up in {node} ({' '.join(cmd)}) failed: {why}")

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,8 +29,9 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mrc.errors import AgentError, MRCError
-from mrc.lab.bench.common import dumps, now
+from mrc.lab.bench.common import dumps, now, setup_mptcp_outside
 from mrc.lab.bench.workloads import Transfer, ideal_seconds, transfers
+from mrc.lab.harness.children import signal_group
 
 if TYPE_CHECKING:
     from mrc.lab.fabric import FabricSpec
@@ -117,14 +119,10 @@ class BenchConfig:
 
 
 def _setup_mptcp_outside(topo: Any) -> None:
-    """:func:`mptcp_setup_commands` for every host, run with ``ip -n`` from this process."""
-    from mrc.lab.bench.common import mptcp_setup_commands
-
+    """MPTCP's path manager of every host, set up from this process (see
+    :func:`~mrc.lab.bench.common.setup_mptcp_outside`)."""
     for h in topo.hosts:
-        for cmd in mptcp_setup_commands(h):
-            r = subprocess.run(["ip", "-n", h.netns, *cmd[1:]], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise MRCError(f"{h.name}: {' '.join(cmd)}: {r.stderr.strip() or r.returncode}")
+        setup_mptcp_outside(topo, h.name)
 
 
 @dataclass
@@ -217,8 +215,7 @@ class Agent:
         try:
             await asyncio.wait_for(proc.wait(), 3.0)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            signal_group(proc.pid, signal.SIGKILL)  # the agent and whatever it left running
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(proc.wait(), 2.0)
 
@@ -380,8 +377,8 @@ class Bench:
         from mrc.lab.fabric import Fabric
 
         for a in self.agents:
-            with contextlib.suppress(ProcessLookupError, OSError):
-                os.kill(a.proc.pid, 9)
+            if a.proc.returncode is None:  # not seen to exit: its group id is still its own
+                signal_group(a.proc.pid, signal.SIGKILL)
         self.agents.clear()
         for name in list(self.fabrics):
             with contextlib.suppress(Exception):

@@ -1,36 +1,12 @@
-"""What ``mrc-bench`` prints: the JSON document, the markdown table, the aims, the plots."""
+"""What ``mrc-bench`` prints besides its JSON: the markdown table, the aims, the plots."""
 
 from __future__ import annotations
 
 import os
-import platform
-import socket
-import time
 from typing import Any
 
 AIM_LINK_DOWN_FACTOR = 1.5
 AIM_INCAST_FACTOR = 1.2
-
-
-def machine_info(load_start: tuple[float, float, float]) -> dict[str, Any]:
-    import mrc
-    from mrc.transport.loop import loop_name
-
-    try:
-        load_end = os.getloadavg()
-    except OSError:
-        load_end = (0.0, 0.0, 0.0)
-    return {
-        "hostname": socket.gethostname(),
-        "kernel": platform.release(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "event_loop": loop_name(),
-        "mrc_version": mrc.__version__,
-        "loadavg_start": [round(x, 2) for x in load_start],
-        "loadavg_end": [round(x, 2) for x in load_end],
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
 
 
 def _find(

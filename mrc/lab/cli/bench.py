@@ -354,13 +354,12 @@ def _main(args: argparse.Namespace) -> int:
         except ImportError:
             raise MRCError("--plots needs matplotlib (pip install matplotlib)") from None
     from mrc.lab.bench.coordinator import Bench, config_dict
-    from mrc.lab.bench.report import aims, machine_info, plots, table
+    from mrc.lab.bench.report import aims, plots, table
+    from mrc.lab.harness.envelope import envelope
+    from mrc.lab.harness.machine import loadavg, machine_info
 
     progress = progress_printer()
-    try:
-        load_start = os.getloadavg()
-    except OSError:
-        load_start = (0.0, 0.0, 0.0)
+    load_start = loadavg()
     t0 = time.monotonic()
     bench = Bench(cfg, progress)
     progress(
@@ -378,16 +377,18 @@ def _main(args: argparse.Namespace) -> int:
         raise
     finally:
         bench.cleanup_sync()  # whatever the loop could not remove (idempotent)
-    doc: dict[str, object] = {
-        "tool": PROG,
-        "format": 1,
-        "config": config_dict(cfg),
-        "machine": machine_info(load_start),
-        "duration_s": round(time.monotonic() - t0, 1),
-        "results": bench.rows,
-        "aims": aims(bench.rows),
-        "skipped": bench.skipped,
-    }
+    doc = envelope(
+        PROG,
+        machine_info(load_start),
+        {
+            "format": 1,
+            "config": config_dict(cfg),
+            "duration_s": round(time.monotonic() - t0, 1),
+            "results": bench.rows,
+            "aims": aims(bench.rows),
+            "skipped": bench.skipped,
+        },
+    )
     md = table(doc)
     if args.table:
         try:

@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""The reference senders and receivers tools/bench_qp.py runs beside MRC, one per process.
+"""The reference senders and receivers bench_qp runs beside MRC, one per process.
 
 What one machine can move between two namespaces, measured by the simplest programs that can
 move it, so an MRC figure always has its limits next to it:
@@ -12,24 +11,25 @@ move it, so an MRC figure always has its limits next to it:
 
 Receivers print ``ready``, count from their first byte for ``--duration`` seconds, then print
 one JSON line; senders keep going a little longer and report their own rate over the
-receiver's window. Internal to bench_qp.py, but runnable by hand inside two namespaces.
+receiver's window. Internal to bench_qp (:mod:`mrc.lab.bench.qp`), but runnable by hand inside
+two namespaces: ``python -m mrc.lab.harness.peers udp-recv --port 5001 --dgram 8220``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 
-SO_RCVBUFFORCE = 33
-SO_SNDBUFFORCE = 32
-SOL_UDP = 17
-UDP_SEGMENT = 103
-UDP_GRO = 104
+from mrc.transport.gso import SOL_UDP, UDP_GRO, UDP_SEGMENT
+from mrc.transport.sockets import SO_RCVBUFFORCE, SO_SNDBUFFORCE
+
 RCVBUF = 64 << 20
 SNDBUF = 4 << 20
 CHUNK = 256  # sends or receives per tight inner loop between clock checks
@@ -69,11 +69,11 @@ def _timed_socket(kind: int, port: int) -> socket.socket:
     return s
 
 
-def _wait_first(recv: object, buf: bytearray, wait: float) -> int | None:
+def _wait_first(recv: Callable[[bytearray], int], buf: bytearray, wait: float) -> int | None:
     deadline = time.monotonic() + wait
     while True:
         try:
-            return int(recv(buf))  # type: ignore[operator]
+            return recv(buf)
         except OSError:
             if time.monotonic() > deadline:
                 return None
@@ -141,13 +141,14 @@ def udp_send(
         s.bind((local, 0))
         s.connect((remote, port))
         socks.append(s)
+    sends: list[Callable[[], int]]
     if gso > 1:
         cmsg = [(SOL_UDP, UDP_SEGMENT, struct.pack("=H", size))]
         burst = [bytes(size * gso)]
-        sends = [lambda s=s: s.sendmsg(burst, cmsg) for s in socks]
+        sends = [functools.partial(s.sendmsg, burst, cmsg) for s in socks]
     else:
         one = bytes(size)
-        sends = [lambda s=s: s.send(one) for s in socks]
+        sends = [functools.partial(s.send, one) for s in socks]
     seq = sends * max(1, CHUNK // max(1, gso) // len(socks))
     per = max(1, gso)
     errors = count = 0
@@ -237,7 +238,9 @@ def _targets(text: str) -> list[tuple[str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench_peers.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m mrc.lab.harness.peers", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("mode", choices=["udp-recv", "udp-send", "tcp-recv", "tcp-send"])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--dgram", type=int, default=0, help="datagram bytes (udp)")

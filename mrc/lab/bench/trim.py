@@ -1,4 +1,4 @@
-"""Measure trimming: ``python -m mrc.lab.fabric.trim.bench [--rate 50mbit] [--no-trim] ...``.
+"""Measure trimming: ``python -m mrc.lab.bench.trim [--rate 50mbit] [--no-trim] ...``.
 
 Builds a 1-plane fabric (2 spines, 2 leaves, 4 hosts), lets h0, h1 and h3 send MRC WRITE ONLY
 datagrams to h2 (h0+h1 share leaf 0's uplink; all meet at leaf 1's port into h2), and prints
@@ -24,18 +24,21 @@ import time
 from typing import Any
 
 from mrc import wire
-from mrc.transport.sockets import SO_RCVBUFFORCE
+from mrc.cli.common import emit_json
+from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
+from mrc.lab.fabric.trim import read_router
+from mrc.lab.harness.envelope import envelope
+from mrc.lab.harness.fabric import fabric, unwind_on_sigterm
+from mrc.lab.harness.machine import loadavg, machine_info
+from mrc.transport.gso import SOL_UDP, UDP_SEGMENT
+from mrc.transport.sockets import SO_RCVBUFFORCE, SO_TIMESTAMPNS
 from mrc.units import parse_rate
-
-from .. import Fabric, FabricSpec, Topology, netns
-from .install import read_router
 
 PORT = 7400
 PAY = 1400
 SENDERS = ("h0", "h1", "h3")
 DST = "h2"
-UDP_SEGMENT = 103
-SO_TIMESTAMPNS = 35
+TOOL = "trim_bench"
 STATS_SYSCTL = "/proc/sys/kernel/bpf_stats_enabled"
 
 
@@ -120,7 +123,7 @@ def run(topo: Topology, seconds: float, pps: float, gso: bool) -> dict[str, Any]
         body = bytes([i]) * PAY
         n, t0 = 0, time.monotonic()
         if gso:
-            s.setsockopt(socket.IPPROTO_UDP, UDP_SEGMENT, wire.DATA_HDR_LEN + PAY)
+            s.setsockopt(SOL_UDP, UDP_SEGMENT, wire.DATA_HDR_LEN + PAY)
         while (now := time.monotonic() - t0) < seconds:
             batch = 44 if gso else max(0, int(now * pps) - n)
             if batch and gso:
@@ -196,18 +199,20 @@ def run(topo: Topology, seconds: float, pps: float, gso: bool) -> dict[str, Any]
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m mrc.lab.fabric.trim.bench", description=__doc__)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m mrc.lab.bench.trim", description=__doc__)
     ap.add_argument("--rate", default="50mbit")
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--pps", type=float, help="per sender (default: 90%% of its NIC's rate)")
     ap.add_argument("--gso", action="store_true", help="UDP_SEGMENT senders, as fast as possible")
     ap.add_argument("--no-trim", action="store_true", help="the same fabric without --trim")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     pps = args.pps or 0.9 * parse_rate(args.rate) / 8 / (PAY + wire.DATA_HDR_LEN + 62)
     spec = FabricSpec(
         name=f"tb{os.getpid()}", planes=1, hosts=4, rate=args.rate, trim=not args.no_trim
     )
+    unwind_on_sigterm()  # the fabric and the sysctl are restored on SIGTERM too
+    load_start = loadavg()
     old = None
     try:
         with open(STATS_SYSCTL) as f:
@@ -217,16 +222,14 @@ def main() -> None:
     except OSError:
         pass
     try:
-        topo = Fabric.up(spec)
-        run(topo, 0.3, pps, args.gso)  # warm up
-        from mrc.cli.common import emit_json
-
-        emit_json(run(topo, args.seconds, pps, args.gso), indent=2)
+        with fabric(spec) as topo:
+            run(topo, 0.3, pps, args.gso)  # warm up
+            result = run(topo, args.seconds, pps, args.gso)
     finally:
-        Fabric.down(spec.name)
         if old is not None:
             with open(STATS_SYSCTL, "w") as f:
                 f.write(old)
+    emit_json(envelope(TOOL, machine_info(load_start), result), indent=2)
 
 
 if __name__ == "__main__":

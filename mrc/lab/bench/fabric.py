@@ -1,0 +1,316 @@
+"""bench_fabric: one MRC queue pair across a shaped mrc-fabric against single-path kernel TCP.
+
+Builds a fabric (planes x spines x 2 leaves, 4 hosts, every link shaped to one rate with tbf),
+then for every run measures, between h0 and h3 (on different leaves, so every packet crosses a
+spine):
+
+* **mrc**: ``mrc-recv --fabric --discard`` in h3 and ``mrc-send --fabric --size S`` from h0:
+  one QP sprayed over every plane and every spine (SRv6).  Its goodput is compared with the sum
+  of its plane capacities (planes x rate), the most it could possibly get.
+* **tcp**: kernel TCP (a small Python sender/receiver, one connection) between h0's and h3's
+  *plane 0* addresses: one path (destination routing goes via spine 0), so at most one link's
+  rate.  This is the single-path baseline MRC should beat by about the number of planes.
+
+The two alternate within each run, so both see the same noise; medians over the runs.
+tools/bench_fabric.py parses the arguments and calls :func:`main`;
+:mod:`mrc.lab.bench.fabric_report` prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from mrc.cli.common import emit_json
+from mrc.errors import MRCError
+from mrc.lab.bench.fabric_report import fmt_rate, table
+from mrc.lab.fabric import FabricSpec, Topology, netns
+from mrc.lab.harness.children import Children
+from mrc.lab.harness.envelope import envelope
+from mrc.lab.harness.fabric import fabric, unwind_on_sigterm
+from mrc.lab.harness.hosts import in_host, tool_path, wait_listening
+from mrc.lab.harness.machine import loadavg, machine_info
+from mrc.lab.harness.stats import median
+from mrc.units import parse_rate
+from mrc.wire import DATA_HDR_LEN, DEFAULT_PORT
+
+TOOL = "bench_fabric"
+MRC_PORT = DEFAULT_PORT
+TCP_PORT = 5201
+# bytes of one MRC data frame besides the payload, as tbf counts it (L2 frame):
+# Ethernet 14 + IPv6 40 + SRH with 2 segments 40 + UDP 8 + BTH/RETH
+MRC_OVERHEAD = 14 + 40 + 40 + 8 + DATA_HDR_LEN
+
+
+def _child_cpu() -> float:
+    """CPU seconds of every child this process has waited for: the sender's and the
+    receiver's, read before and after a run."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, topo: Topology) -> None:
+        self.args = args
+        self.topo = topo
+
+    # ---- MRC -------------------------------------------------------------------------------
+
+    def mrc_run(
+        self, size: int, window: int, burst: int | None = None, cc: str = "nscc"
+    ) -> dict[str, Any]:
+        a = self.args
+        name = self.topo.name
+        recv_argv = [tool_path("mrc-recv"), "--fabric", name, "--listen", f"[::]:{MRC_PORT}"]
+        recv_argv += ["--discard", "--json", "--no-progress", "--timeout", "30"]
+        send_argv = [tool_path("mrc-send"), "--fabric", name, "--to", f"h3:{MRC_PORT}"]
+        send_argv += ["--size", str(size), "--payload", str(a.payload), "--window", str(window)]
+        send_argv += ["--evs", str(a.evs)]
+        send_argv += ["--burst", str(burst)] if burst is not None else []
+        send_argv += ["--cc", cc, "--json", "--no-progress"]
+        cpu0 = _child_cpu()
+        with Children() as kids:
+            recv = kids.start(in_host(self.topo, "h3", recv_argv), "mrc-recv")
+            wait_listening(recv, MRC_PORT, self.topo.netns_of("h3"), 10)
+            send = kids.start(in_host(self.topo, "h0", send_argv), "mrc-send")
+            if not send.finished(a.timeout) or not recv.finished(30):
+                raise MRCError(f"mrc transfer of {size} bytes did not finish in {a.timeout} s")
+        sj, rj = send.result(), recv.result()
+        if send.returncode != 0 or sj is None or not sj.get("ok"):
+            raise MRCError(f"mrc-send failed ({send.returncode}): {send.stderr.strip()[-500:]}")
+        if recv.returncode != 0 or rj is None or not rj.get("ok"):
+            raise MRCError(f"mrc-recv failed ({recv.returncode}): {recv.stderr.strip()[-500:]}")
+        if sj["sha256"] != rj["sha256"]:
+            raise MRCError("SHA-256 mismatch between sender and receiver")
+        routes: dict[str, int] = {}
+        for e in sj["evs"]:
+            routes[e["route"]] = routes.get(e["route"], 0) + e["packets"]
+        keys = (
+            "retransmits",
+            "retransmits_nack",
+            "retransmits_sack",
+            "retransmits_timeout",
+            "evs_assumed_bad",
+            "planes_lost",
+            "srtt_ms",
+            "packets_sent",
+            "data_packets",
+            "bursts",
+        )
+        return {
+            "cc": cc,
+            "window": window,
+            "burst": burst,
+            "goodput_bps": sj["goodput_bps"],
+            "seconds": sj["seconds"],
+            **{k: sj.get(k) for k in keys},
+            "duplicates": rj.get("duplicates"),
+            "packets_per_route": routes,
+            "cpu_seconds": round(_child_cpu() - cpu0, 3),  # sender + receiver processes
+        }
+
+    # ---- kernel TCP on plane 0 ---------------------------------------------------------------
+
+    def tcp_run(self, size: int) -> dict[str, Any]:
+        src = self.topo.host("h0").nic(0).address
+        dst = self.topo.host("h3").nic(0).address
+        with netns.entered(self.topo.netns_of("h3")):
+            lsock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        with netns.entered(self.topo.netns_of("h0")):
+            csock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        result: dict[str, Any] = {}
+        try:
+            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            lsock.bind((dst, TCP_PORT))
+            lsock.listen(1)
+            lsock.settimeout(10)
+
+            def receive() -> None:
+                try:
+                    conn, _ = lsock.accept()
+                except OSError as exc:
+                    result["error"] = f"accept: {exc}"
+                    return
+                with conn:
+                    conn.settimeout(self.args.timeout)
+                    buf = bytearray(1 << 20)
+                    got, first = 0, None
+                    while got < size:
+                        n = conn.recv_into(buf)
+                        if n == 0:
+                            break
+                        if first is None:
+                            first = time.perf_counter()
+                        got += n
+                    result.update(bytes=got, first=first, last=time.perf_counter())
+
+            rx = threading.Thread(target=receive, daemon=True)
+            rx.start()
+            csock.bind((src, 0))
+            csock.settimeout(self.args.timeout)
+            csock.connect((dst, TCP_PORT))
+            chunk = memoryview(os.urandom(1 << 22))
+            start = time.perf_counter()
+            left = size
+            while left > 0:
+                n = min(left, len(chunk))
+                csock.sendall(chunk[:n])
+                left -= n
+            csock.shutdown(socket.SHUT_WR)
+            rx.join(self.args.timeout)
+            if rx.is_alive() or "error" in result or result.get("bytes") != size:
+                raise MRCError(f"tcp transfer incomplete: {result}")
+            seconds = result["last"] - start
+            return {
+                "goodput_bps": round(size * 8 / seconds),
+                "seconds": round(seconds, 6),
+                "path": f"[{src}] -> [{dst}] (plane 0, default route via p0s0)",
+            }
+        finally:
+            csock.close()
+            lsock.close()
+
+    def warm_up(self) -> None:
+        self.mrc_run(1 << 20, self.args.window[0], self.args.burst[0])
+        self.tcp_run(1 << 20)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every run on a fabric built for them (always removed); the result object without its
+    envelope."""
+    rate_bps = parse_rate(args.rate)
+    capacity = args.planes * rate_bps
+    name = args.name or f"bench{os.getpid()}"
+    spec = FabricSpec(
+        name=name,
+        planes=args.planes,
+        spines=args.spines,
+        leaves=2,
+        hosts=4,
+        rate=args.rate,
+        mtu=args.mtu,
+    )
+
+    def log(msg: str) -> None:
+        if not args.quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    load0 = loadavg()
+    log(
+        f"fabric {name}: {args.planes} planes x {args.spines} spines, links {args.rate} "
+        f"(MRC ceiling {capacity / 1e6:.0f} Mbit/s), MTU {args.mtu}; "
+        f"{args.size >> 20} MiB x {args.runs} runs; load {load0[0]:.2f}"
+    )
+    t0 = time.monotonic()
+    # (cc, window, burst) -> runs; every combination once per round, so all see the same noise
+    combos = [(c, w, b) for c in args.cc for w in args.window for b in args.burst]
+    mrc: dict[tuple[str, int, int], list[dict[str, Any]]] = {c: [] for c in combos}
+    tcp: list[dict[str, Any]] = []
+    with fabric(spec) as topo:
+        bench = Bench(args, topo)
+        bench.warm_up()
+        for i in range(args.runs):
+            for c, w, b in combos:
+                r = bench.mrc_run(args.size, w, b, c)
+                mrc[c, w, b].append(r)
+                log(
+                    f"  run {i + 1}: mrc {c:5} window {w:4d} burst {b or 'auto':>4}: "
+                    f"{fmt_rate(r['goodput_bps'])} "
+                    f"({r['goodput_bps'] / capacity:6.1%}), {r['retransmits']} retransmits, "
+                    f"{r['evs_assumed_bad']} EVs assumed bad, "
+                    f"mean burst {r['data_packets'] / max(1, r['bursts'] or 0):.1f}, "
+                    f"cpu {r['cpu_seconds']:.2f} s"
+                )
+            if not args.no_tcp:
+                r = bench.tcp_run(args.size)
+                tcp.append(r)
+                log(
+                    f"  run {i + 1}: tcp plane 0    : {fmt_rate(r['goodput_bps'])} "
+                    f"({r['goodput_bps'] / rate_bps:6.1%} of one link)"
+                )
+    frame = args.payload + MRC_OVERHEAD
+    out: dict[str, Any] = {
+        "fabric": {
+            "name": name,
+            "planes": args.planes,
+            "spines": args.spines,
+            "leaves": 2,
+            "hosts": 4,
+            "rate": args.rate,
+            "rate_bps": rate_bps,
+            "mtu": args.mtu,
+        },
+        "pair": ["h0", "h3"],
+        "size": args.size,
+        "runs": args.runs,
+        "payload": args.payload,
+        "evs": args.evs,
+        "capacity_bps": capacity,
+        "mrc_wire_ceiling": round(args.payload / frame, 4),  # goodput / line rate at best
+        "mrc": [],
+        "tcp": None,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    for (c, w, b), rs in mrc.items():
+        med = median([r["goodput_bps"] for r in rs])
+        out["mrc"].append(
+            {
+                "cc": c,
+                "window": w,
+                "burst": b,
+                "goodput_bps": round(med) if med else None,
+                "fraction_of_capacity": round(med / capacity, 4) if med else None,
+                "retransmits": median([r["retransmits"] for r in rs]),
+                "runs": rs,
+            }
+        )
+    if tcp:
+        med = median([r["goodput_bps"] for r in tcp])
+        assert med is not None
+        out["tcp"] = {
+            "goodput_bps": round(med),
+            "fraction_of_link": round(med / rate_bps, 4),
+            "wire_ceiling": round((args.mtu - 72) / (args.mtu + 14), 4),
+            "runs": tcp,
+        }
+    best = max(out["mrc"], key=lambda m: m["goodput_bps"] or 0)
+    out["best_cc"] = best["cc"]
+    out["best_window"] = best["window"]
+    out["best_burst"] = best["burst"]
+    out["mrc_goodput_bps"] = best["goodput_bps"]
+    out["mrc_fraction_of_capacity"] = best["fraction_of_capacity"]
+    out["mrc_over_tcp"] = (
+        round(best["goodput_bps"] / out["tcp"]["goodput_bps"], 2)
+        if tcp and best["goodput_bps"]
+        else None
+    )
+    return envelope(TOOL, machine_info(load0), out)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the benchmark as ``args`` (tools/bench_fabric.py's arguments) says: the table on
+    stderr, the JSON (``--json``) or a one-line summary on stdout."""
+    if os.geteuid() != 0:
+        raise MRCError("needs root (network namespaces, tc)")
+    unwind_on_sigterm()  # children stopped and the fabric removed on SIGTERM too
+    out = run(args)
+    print(table(out), file=sys.stderr)
+    if args.json:
+        emit_json(out, indent=2)
+    else:
+        print(
+            f"mrc {out['mrc_goodput_bps'] / 1e6:.1f} Mbit/s "
+            f"({out['mrc_fraction_of_capacity']:.1%} of {out['capacity_bps'] / 1e6:.0f}); "
+            + (
+                f"tcp {out['tcp']['goodput_bps'] / 1e6:.1f} Mbit/s; ratio {out['mrc_over_tcp']}x"
+                if out["tcp"]
+                else "no tcp"
+            )
+        )
+    return 0

@@ -1,0 +1,53 @@
+"""What bench_fabric prints for people: the table of MRC's goodput next to kernel TCP's."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def fmt_rate(bps: float | None) -> str:
+    return "-" if bps is None else f"{bps / 1e6:8.1f} Mbit/s"
+
+
+def table(out: Mapping[str, Any]) -> str:
+    """The human table: a row per MRC combination and one for TCP, the machine last."""
+    f = out["fabric"]
+    row = "{:<34}{:>16}  {:>24}  {:>11}"
+    lines = [
+        f"MRC over mrc-fabric: {f['planes']} planes x {f['spines']} spines, links {f['rate']}, "
+        f"MTU {f['mtu']}, h0 -> h3, {out['size'] >> 20} MiB, median of {out['runs']}",
+        row.format("", "goodput", "of capacity", "retransmits"),
+    ]
+    cap = out["capacity_bps"]
+    bursts = len({m["burst"] for m in out["mrc"]}) > 1
+    for m in out["mrc"]:
+        lines.append(
+            row.format(
+                f"mrc {m['cc']}, window {m['window']}"
+                + (f", burst {m['burst'] or 'auto'}" if m["burst"] is not None or bursts else ""),
+                fmt_rate(m["goodput_bps"]),
+                f"{m['fraction_of_capacity']:.1%} of {cap / 1e6:.0f} Mbit/s",
+                f"{m['retransmits']:g}",
+            )
+        )
+    if out["tcp"]:
+        t = out["tcp"]
+        lines.append(
+            row.format(
+                "kernel tcp, plane 0",
+                fmt_rate(t["goodput_bps"]),
+                f"{t['fraction_of_link']:.1%} of {f['rate_bps'] / 1e6:.0f} Mbit/s",
+                "-",
+            )
+        )
+        lines.append(
+            f"mrc / tcp: {out['mrc_over_tcp']}x (planes: {f['planes']}); "
+            f"MRC wire ceiling {out['mrc_wire_ceiling']:.1%} of line rate"
+        )
+    m = out["machine"]
+    lines.append(
+        f"machine: {m['cpus']} cpus, load {m['loadavg_start'][0]} -> "
+        f"{m['loadavg_end'][0]}; {out['seconds']} s in all"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""What the failover demo shows: the table on stdout and the goodput plot (``--plot``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from mrc.lab.failover.analysis import series
+
+TRANSPORTS = ("mrc", "tcp", "mptcp")
+COLORS = {"mrc": "tab:blue", "tcp": "tab:red", "mptcp": "tab:green"}
+
+
+def _mbit(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e6:.0f} Mbit/s"
+
+
+def plot(path: str, raw: Mapping[str, Any], out: Mapping[str, Any], failed_plane: int) -> None:
+    """Goodput over time of every transport (top), then each one's per-plane goodput, the
+    outage shaded: the picture of the README's failover section."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in TRANSPORTS if n in raw]
+    fig, axes = plt.subplots(len(names) + 1, 1, figsize=(11, 2.6 * (len(names) + 1)), sharex=True)
+    bin_s = 0.05
+    ax0 = axes[0]
+    for name in names:
+        r = raw[name]
+        s = r["recv"]["samples"]
+        xs, ys = series(s["t"], s["placed"], r["t_start"], bin_s)
+        ax0.plot(xs, ys, label=name.upper(), color=COLORS[name], lw=1.2)
+    ax0.set_ylabel("goodput Mbit/s")
+    ax0.set_title(
+        f"{out['link'][0]}-{out['link'][1]} down at {out['fail_at_s']} s, up at "
+        f"{out['heal_at_s']} s; {out['fabric']['planes']} planes x "
+        f"{out['fabric']['rate']} ({bin_s * 1000:.0f} ms bins)"
+    )
+    ax0.legend(loc="lower right", fontsize=8)
+    for i, name in enumerate(names, start=1):
+        ax = axes[i]
+        r = raw[name]
+        pl = r["recv"]["planes"]
+        key = "placed" if name == "mrc" and pl.get("placed") else "nic_rx"
+        what = "placed bytes" if key == "placed" else "NIC rx bytes (incl. headers)"
+        for p, vals in enumerate(pl.get(key, [])):
+            xs, ys = series(pl["t"], vals, r["t_start"], 0.1)
+            ax.plot(xs, ys, lw=1.0, label=f"plane {p}" + (" (failed)" if p == failed_plane else ""))
+        res = out.get(name, {})
+        ax.set_title(
+            f"{name.upper()} per plane ({what}, 100 ms bins): stall "
+            f"{res.get('max_stall_ms')} ms, during {_mbit(res.get('goodput_during_bps'))}",
+            fontsize=9,
+        )
+        ax.set_ylabel("Mbit/s")
+        ax.legend(loc="lower right", fontsize=7, ncol=4)
+    for ax in axes:
+        ax.axvspan(out["fail_at_s"], out["heal_at_s"], color="0.85", zorder=0)
+        ax.axvline(out["fail_at_s"], color="k", ls="--", lw=0.8)
+        ax.axvline(out["heal_at_s"], color="k", ls=":", lw=0.8)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    axes[-1].set_xlabel("seconds since the sender started")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def table(out: Mapping[str, Any]) -> str:
+    """The human table: one column per transport that ran, one row per figure."""
+    names = [n for n in TRANSPORTS if n in out]
+    rows = [("", *[n.upper() for n in names])]
+
+    def cells(key: str, fmt: Callable[[Any], str], mrc_only: bool = False) -> list[str]:
+        got = []
+        for n in names:
+            v = out[n].get(key)
+            got.append("-" if v is None or (mrc_only and n != "mrc") else fmt(v))
+        return got
+
+    rows.append(
+        ("data intact (SHA-256)", *[("yes" if out[n].get("sha256_match") else "NO") for n in names])
+    )
+    rows.append(("max delivery stall", *cells("max_stall_ms", lambda v: f"{v:.1f} ms")))
+    rows.append(("longest < half rate", *cells("below_half_rate_ms", lambda v: f"{v:.0f} ms")))
+    rows.append(("max in-order stall", *cells("max_stall_inorder_ms", lambda v: f"{v:.1f} ms")))
+    for k, label in (
+        ("goodput_before_bps", "goodput before"),
+        ("goodput_during_bps", "goodput during failure"),
+        ("goodput_after_bps", "goodput after heal"),
+        ("capacity_during_bps", "capacity during failure"),
+    ):
+        rows.append((label, *[_mbit(out[n].get(k)) for n in names]))
+    rows.append(("during / capacity", *cells("during_vs_capacity", lambda v: f"{v * 100:.0f}%")))
+    rows.append(
+        (
+            "EVs assumed bad / resurrected",
+            *[
+                (
+                    f"{out[n].get('evs_assumed_bad')} / {out[n].get('evs_resurrected')}"
+                    if n == "mrc"
+                    else "-"
+                )
+                for n in names
+            ],
+        )
+    )
+    rows.append(
+        (
+            "time to resurrection",
+            *cells("resurrection_s", lambda v: f"{v * 1000:.0f} ms", mrc_only=True),
+        )
+    )
+    w0 = max(len(r[0]) for r in rows)
+    ws = [max(len(r[i]) for r in rows) for i in range(1, len(rows[0]))]
+    lines = []
+    for r in rows:
+        lines.append(
+            r[0].ljust(w0) + "  " + "  ".join(c.rjust(w) for c, w in zip(r[1:], ws, strict=True))
+        )
+    return "\n".join(lines)
