@@ -40,13 +40,13 @@ class Outputs:
     """Allocates the memory a sender asks for and owns the files behind it.
 
     Each transfer gets its own part file, created new (``O_EXCL | O_NOFOLLOW``, mode 0600 until
-    it is verified, then the umask's) next to its output with a random name, never reopened
-    and never shared, with its disk space reserved up front (``posix_fallocate``): a full disk
-    is a refusal before any data moves, not a SIGBUS in the middle. At most ``--count`` transfers are granted memory; a hello beyond that is
-    refused instead of allocating; a slot given back (a sender that never started) does not
-    give back its ``{n}``, so no two transfers ever share an output name. Every part file not
-    renamed into place is deleted, whatever ends the transfer (``remove_all`` runs on the way
-    out, signals included).
+    it is verified, then the umask's) next to its output with a random name, never reopened and
+    never shared, with its disk space reserved up front (``posix_fallocate``): a full disk is a
+    refusal before any data moves, not a SIGBUS in the middle. At most ``--count`` transfers are
+    granted memory; a hello beyond that is refused instead of allocating; a slot given back (a
+    sender that never started) does not give back its ``{n}``, so no two transfers ever share an
+    output name. Every part file not renamed into place is deleted, whatever ends the transfer
+    (``remove_all`` runs on the way out, signals included).
     """
 
     def __init__(self, args: argparse.Namespace) -> None:
