@@ -372,7 +372,7 @@ async def _run(
     await meter.stop([r.bytes for r in results])
     cpu = time.process_time() - cpu0
     outcomes = [
-        Outcome(r, c.stats(), c.ev_report(), c.ev_counters())
+        Outcome(r, c.stats(), c.ev_report(), c.counters())
         for r, c in zip(results, conns, strict=True)
     ]
     out = totals(outcomes, cpu, meter.peak_bps)

@@ -50,12 +50,13 @@ from collections.abc import Callable
 
 from mrc.core.cepenalty import CEPenalties
 from mrc.core.config import EVConfig
+from mrc.core.counters import BOTH, CounterSpec, Source
 from mrc.core.events import EVReason, EVState, EVStateChanged
 from mrc.core.evprobes import EVProbes
 from mrc.core.planesteer import PlaneSteering
 from mrc.errors import MRCError
 
-__all__ = ["EVReason", "EVSet", "EVState", "EVTransitionError"]
+__all__ = ["EV_COUNTERS", "EVReason", "EVSet", "EVState", "EVTransitionError"]
 
 _INF = float("inf")
 _NEG_INF = float("-inf")
@@ -96,6 +97,69 @@ _TRANSITIONS: dict[tuple[EVState, EVReason], EVState] = {
 }
 
 ChangeCallback = Callable[[EVStateChanged], None]
+
+# The counters of an EVSet (``counters()``, ``Connection.ev_counters()``, and every output of
+# ``mrc.counters``): the attribute each is kept in, and what it counts.
+EV_COUNTERS = (
+    CounterSpec(
+        "evs_assumed_bad",
+        Source.EVS,
+        "EVs moved to ASSUMED_BAD",
+        metric="mrc_qp_ev_assumed_bad",
+        attr="assumed_bad",
+        json=BOTH,
+    ),
+    CounterSpec(
+        "evs_resurrected",
+        Source.EVS,
+        "EVs back to GOOD after answered probes",
+        metric="mrc_qp_ev_resurrected",
+        attr="resurrected",
+        json=BOTH,
+    ),
+    CounterSpec(
+        "evs_skipped",
+        Source.EVS,
+        "EVs skipped for a round after a trim",
+        metric="mrc_qp_ev_skipped",
+        attr="skips",
+        json=BOTH,
+    ),
+    CounterSpec(
+        "planes_lost", Source.EVS, "Planes declared down", metric="mrc_qp_planes_lost", json=BOTH
+    ),
+    CounterSpec(
+        "floor_holds",
+        Source.EVS,
+        "Losses not acted on because their plane was at its floor of active EVs",
+        json=BOTH,
+    ),
+    CounterSpec(
+        "evs_assumed_bad_false",
+        Source.EVS,
+        "EV retirements later proved false (the route carried traffic, or the first probe was "
+        "answered)",
+        metric="mrc_qp_ev_assumed_bad_false",
+        attr="assumed_bad_false",
+        json=BOTH,
+    ),
+    CounterSpec(
+        "evs_penalized",
+        Source.EVS,
+        "CE penalties: EVs left out of the spraying for a while after a CE mark",
+        metric="mrc_qp_ev_penalized",
+        attr="ce.penalties",
+        json=BOTH,
+    ),
+    CounterSpec(
+        "ev_losses_congested",
+        Source.EVS,
+        "Losses not held against their EV: its path showed congestion (CE)",
+        metric="mrc_qp_ev_losses_congested",
+        attr="losses_congested",
+        json=BOTH,
+    ),
+)
 
 
 def _nothing(event: EVStateChanged) -> None:
@@ -711,16 +775,8 @@ class EVSet:
         return self.state[ev].label(self.is_backup(ev))
 
     def counters(self) -> dict[str, int]:
-        return {
-            "evs_assumed_bad": self.assumed_bad,
-            "evs_resurrected": self.resurrected,
-            "evs_skipped": self.skips,
-            "planes_lost": self.planes_lost,
-            "floor_holds": self.floor_holds,
-            "evs_assumed_bad_false": self.assumed_bad_false,
-            "evs_penalized": self.ce.penalties,
-            "ev_losses_congested": self.losses_congested,
-        }
+        """Every counter of ``EV_COUNTERS``, by name."""
+        return {spec.name: spec.read(self) for spec in EV_COUNTERS}
 
     # ---- internals ---------------------------------------------------------------------
 
