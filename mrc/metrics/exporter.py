@@ -93,8 +93,8 @@ def family_help(name: str, specs: list[CounterSpec]) -> str:
 
 
 def _qp_totals(conn: Connection) -> _Totals:
-    """Every counter of ``conn`` (counters only: gauges describe live connections) as it
-    stands; the QP's drops only (drops before any QP is found are the endpoint's)."""
+    """Every counter of ``conn`` as it stands (a gauge's is shown for live connections only),
+    and the QP's drops (drops before any QP is found are the endpoint's)."""
     counters: Counter[str] = Counter(conn.counters())
     return _Totals(counters, Counter(conn.qp.stats.dropped_by_reason))
 
