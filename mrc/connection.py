@@ -25,7 +25,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from mrc import counters as registry
 from mrc.core.config import QPConfig
+from mrc.core.counters import Source
 from mrc.core.endpoint import EndpointCore
 from mrc.core.events import EVStateChanged
 from mrc.core.memory import Access, MemoryRegion, ProtectionDomain
@@ -331,18 +333,24 @@ class Connection:
         return self.qp.stats.bytes_placed
 
     def stats(self) -> dict[str, object]:
-        """Counters of this QP plus drops counted for the whole endpoint."""
-        out = self.qp.stats.as_dict()
+        """The QP's counters (``QPStats``) and the transport's for it (``mrc.counters``), its
+        drops plus those counted for the whole endpoint, its smoothed RTT and RTO."""
+        qp = self.qp
+        out: dict[str, object] = {}
+        out.update(registry.read(qp, self.channel, registry.of(Source.QP)))
         drops = dict(self.endpoint.core.dropped_by_reason)
-        for k, v in self.qp.stats.dropped_by_reason.items():
+        for k, v in qp.stats.dropped_by_reason.items():
             drops[k] = drops.get(k, 0) + v
         out["dropped_by_reason"] = drops
-        out["send_errors"] = self.channel.send_errors
-        # datagrams of this QP that arrived with CE (the IP ECN field; mrc/transport/ecn.py)
-        out["ce_received"] = self.channel.ce_received
-        out["srtt"] = self.qp.requester.rtt.srtt
-        out["rto"] = self.qp.requester.rtt.rto
+        out.update(registry.read(qp, self.channel, registry.of(Source.CHANNEL)))
+        out["srtt"] = qp.requester.rtt.srtt
+        out["rto"] = qp.requester.rtt.rto
         return out
+
+    def counters(self) -> dict[str, int]:
+        """Every counter of this connection (``mrc.counters.COUNTERS``: those of ``stats()``,
+        ``ev_counters()`` and the congestion window's), by name."""
+        return registry.read(self.qp, self.channel)
 
     def ev_report(self) -> list[dict[str, object]]:
         """One row per EV: index, source port, plane, route, packets sent on it, state."""
@@ -356,9 +364,9 @@ class Connection:
 
     def ev_counters(self) -> dict[str, int]:
         """EV health so far: evs_assumed_bad, evs_resurrected, evs_skipped, planes_lost,
-        floor_holds, evs_assumed_bad_false, evs_penalized, ev_losses_congested (see
-        mrc/core/evset.py, docs/EV_HEALTH.md)."""
-        return self.qp.evs.counters()
+        floor_holds, evs_assumed_bad_false, evs_penalized, ev_losses_congested
+        (``EV_COUNTERS`` in mrc/core/evset.py, docs/EV_HEALTH.md)."""
+        return registry.read(self.qp, self.channel, registry.of(Source.EVS))
 
     # ---- paths -------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import sys
 import time
 from typing import cast
 
+from mrc import counters as registry
 from mrc.cli.common import (
     Parser,
     Progress,
@@ -42,6 +43,8 @@ from mrc.units import SIZE_HELP, human_bytes, human_rate
 from mrc.wire import DEFAULT_PORT
 
 PROG = "mrc-recv"
+#: the counters mrc-recv prints with --json (declared with json=RECV, mrc/core/counters.py)
+RECEIVED = registry.in_json("recv")
 log = logging.getLogger(__name__)
 
 
@@ -186,6 +189,7 @@ async def _one(conn: Connection, outputs: Outputs, args: argparse.Namespace, evl
     finally:
         progress.finish()
         stats = conn.stats()
+        counters = conn.counters()
         await conn.close()
         if not finished:
             finish(keep=False)
@@ -205,15 +209,9 @@ async def _one(conn: Connection, outputs: Outputs, args: argparse.Namespace, evl
         "cpu_seconds": round(time.process_time() - cpu0, 4),
         "sha256": result.sha256 if result else None,
         "sha256_sender": result.peer_sha256 if result else None,
-        "packets_received": stats["packets_received"],
-        "bytes_placed": stats["bytes_placed"],
-        "duplicates": stats["duplicates"],
-        "trims_seen": stats["trims_seen"],
-        "ce_received": stats["ce_received"],
-        "nacks_sent": stats["nacks_sent"],
-        "acks_sent": stats["acks_sent"],
+        # the counters declared with json=RECV (mrc/core/counters.py)
+        **{spec.key: counters[spec.name] for spec in RECEIVED},
         "dropped_by_reason": stats["dropped_by_reason"],
-        **conn.ev_counters(),
         "error": None if ok else error,
     }
     if args.json:

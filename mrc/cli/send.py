@@ -40,6 +40,7 @@ from mrc.cli.pathopts import (
     load_fabric,
     local_plane_addrs,
 )
+from mrc.cli.qpopts import add_qp_arg, apply_settings, with_window
 from mrc.cli.sendreport import Outcome, summary_table, totals
 from mrc.connection import Connection, connect
 from mrc.core import fastpath
@@ -163,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="while the receiver refuses the connection (not started yet, e.g. a container "
         "started beside this one), keep trying for up to SECONDS (default 0: fail at once)",
     )
+    add_qp_arg(p, ", applied after every other option")
     add_path_args(p)
     add_metrics_args(p, "the counters of this sender's QPs")
     add_idle_timeout(p, "the receiver acknowledges nothing", IDLE_TIMEOUT)
@@ -222,13 +224,8 @@ def _config(args: argparse.Namespace, fabric: Topology | None = None) -> QPConfi
     """The QP settings the flags ask for; raises ValueError (bad usage) if impossible."""
     window = args.window or DEFAULT_WINDOW
     payload = args.payload if args.payload is not None else _default_payload(args, fabric)
-    config = QPConfig(
-        payload_size=payload,
-        max_outstanding=window,
-        psn_window=max(16384, window * 4),
-        burst=args.burst,
-        cc=args.cc,
-    )
+    config = QPConfig(payload_size=payload, burst=args.burst, cc=args.cc)
+    apply_settings(with_window(config, window), args.qp)
     config.validate()
     return config
 
@@ -370,7 +367,7 @@ async def _run(
     await meter.stop([r.bytes for r in results])
     cpu = time.process_time() - cpu0
     outcomes = [
-        Outcome(r, c.stats(), c.ev_report(), c.ev_counters())
+        Outcome(r, c.stats(), c.ev_report(), c.counters())
         for r, c in zip(results, conns, strict=True)
     ]
     out = totals(outcomes, cpu, meter.peak_bps)

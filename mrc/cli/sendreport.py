@@ -7,44 +7,23 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from mrc import counters as registry
 from mrc.transfer import TransferResult
 
-#: counters of the sender's QP that the totals add up over streams
-SUMMED = (
-    "packets_sent",
-    "data_packets",
-    "bursts",
-    "retransmits",
-    "retransmits_nack",
-    "retransmits_timeout",
-    "retransmits_sack",
-    "retransmits_tlp",
-    "losses_tlp",
-    "nacks",
-    "trims_seen",
-    "sacks",
-    "ecn_echoes",
-)
-HEALTH = (
-    "evs_assumed_bad",
-    "evs_resurrected",
-    "evs_skipped",
-    "planes_lost",
-    "floor_holds",
-    "evs_assumed_bad_false",
-    "evs_penalized",
-    "ev_losses_congested",
-)
+#: the counters mrc-send prints, each stream's and, in the totals, their sum over streams
+#: (declared with the counters: ``json=SEND``, mrc/core/counters.py)
+SENT = registry.in_json("send")
 
 
 @dataclass
 class Outcome:
-    """One stream (QP) once its transfer ended: the verdict and its connection's counters."""
+    """One stream (QP) once its transfer ended: the verdict and its connection's counters
+    (``stats``: ``Connection.stats()``, ``counters``: ``Connection.counters()``)."""
 
     result: TransferResult
     stats: dict[str, object]
     evs: list[dict[str, object]]
-    health: dict[str, int]
+    counters: dict[str, int]
 
 
 def _int(value: object) -> int:
@@ -64,22 +43,11 @@ def stream_record(index: int, o: Outcome) -> dict[str, Any]:
         "goodput_bps": round(r.goodput_bps),
         "sha256": r.sha256,
         "sha256_receiver": r.peer_sha256,
-        "packets_sent": _int(stats["packets_sent"]),
-        "data_packets": _int(stats["data_packets_sent"]),
-        "bursts": _int(stats["bursts"]),
-        "retransmits": _int(stats["retransmits"]),
-        "retransmits_nack": _int(stats["retransmits_nack"]),
-        "retransmits_timeout": _int(stats["retransmits_timeout"]),
-        "retransmits_sack": _int(stats["retransmits_sack"]),
-        "retransmits_tlp": _int(stats["retransmits_tlp"]),
-        "losses_tlp": _int(stats["losses_tlp"]),
-        "nacks": _int(stats["nacks"]),
+        **{spec.key: o.counters[spec.name] for spec in SENT},
+        # the receiver's count (from its report at the end): trims happen on the way to it
         "trims_seen": _int(peer.get("trims_seen", 0)),
-        "sacks": _int(stats["sacks"]),
-        "ecn_echoes": _int(stats["ecn_echoes"]),
         "srtt_ms": round(srtt * 1000, 3) if isinstance(srtt, float) and srtt else None,
         "dropped_by_reason": dict(drops) if isinstance(drops, dict) else {},
-        **o.health,
         "error": r.error,
     }
 
@@ -111,10 +79,9 @@ def totals(outcomes: list[Outcome], cpu: float, peak_bps: float) -> dict[str, An
         # one hash when every stream agrees on it (a file or --size), else null
         "sha256": _agreed(s["sha256"] for s in streams),
         "sha256_receiver": _agreed(s["sha256_receiver"] for s in streams),
-        **{k: sum(s[k] for s in streams) for k in SUMMED},
+        **{k: sum(s[k] for s in streams) for k in (*(spec.key for spec in SENT), "trims_seen")},
         "srtt_ms": round(sum(srtts) / len(srtts), 3) if srtts else None,
         "dropped_by_reason": dict(drops),
-        **{k: sum(s[k] for s in streams) for k in HEALTH},
         "evs": evs,
         "streams": streams,
         "error": "; ".join(errors) if errors else None,

@@ -18,26 +18,17 @@ AUTO_BURST = 16
 
 
 @dataclass(slots=True)
-class QPConfig:
-    """Everything a QP needs to know that is not negotiated with the peer.
+class EVConfig:
+    """The knobs of a QP's entropy values: EV health, CE penalties, route fate, plane shares.
 
-    ``max_outstanding`` bounds packets in flight (a fixed window until congestion control
-    lands); ``psn_window`` bounds how far ahead of the oldest unacknowledged packet a sender may
-    go, and is also the span of PSNs a receiver accepts ahead of its cumulative point.
+    ``EVSet`` is handed this whole, not one keyword per knob. ``QPConfig`` extends it instead of
+    nesting it, so that users, tests and ``--qp KEY=VALUE`` keep naming every knob of a QP on
+    one flat object (``QPConfig(probe_interval=..., route_dead_evs=...)``), each knob and its
+    default is declared once (here), and a QP hands its own config to its EVSet as it is: there
+    is no copy to keep in step.
     """
 
-    payload_size: int = 1400
-    max_outstanding: int = 512
-    psn_window: int = 16384
-    ack_every: int = 16
-    ack_delay: float = 0.0005
-    initial_rto: float = 0.1
-    min_rto: float = 0.05
-    max_rto: float = 1.0
-    max_timeout_retries: int = 12
-    max_nack_retries: int = 1000
-    spray_seed: int = 0
-    # EV health (see mrc/core/evset.py)
+    # EV health (mrc/core/evset.py, docs/EV_HEALTH.md)
     ev_health: bool = True
     min_active_per_plane: int = 0  # 0: a quarter of the plane's active EVs, at least 1
     probe_interval: float = 0.02
@@ -57,20 +48,51 @@ class QPConfig:
     # the route's other EVs leave the rotation too (0: off; needs route labels)
     route_dead_evs: int = 2
     # a plane that lost some of its routes gets a share of the spray in proportion to the
-    # routes it has left (off: every plane an equal share). Helps where hosts share the spine
-    # links (mrc-bench's link_down all-to-all: outage steps 1.25x a clean one, not 1.65x),
-    # hurts where each host's NIC is the bottleneck (the failover demo: 78-85% of the capacity
-    # left during the failure, not 97%). docs/EV_HEALTH.md
+    # routes it has left (off: every plane an equal share). It helps where hosts share the
+    # spine links and hurts where each host's NIC is the bottleneck, which is why it is off
+    # (docs/EV_HEALTH.md, "A plane's share can follow its live routes")
     route_weighted_planes: bool = False
     # planes' shares follow their delays: a plane whose smallest RTT over 4 round trips
     # exceeds the best plane's by more than plane_steer_margin x that + 1 ms, twice in a row,
     # gives up share (down to plane_steer_floor of an equal share) and wins it back once level
-    # (mrc.core.planesteer,
-    # docs/EV_HEALTH.md "Plane shares"). None: on with NSCC, off with a fixed window, whose
-    # standing queues say how the window was set, not what the planes can carry
+    # (mrc.core.planesteer, docs/EV_HEALTH.md "Plane shares"). None: on with NSCC, off with a
+    # fixed window, whose standing queues say how the window was set, not what the planes
+    # can carry
     plane_steering: bool | None = None
     plane_steer_margin: float = 0.5
     plane_steer_floor: float = 0.25
+
+    def validate(self) -> None:
+        """Raise ValueError with a user-facing message for impossible EV settings."""
+        if not 0 <= self.ecn_penalty_rtts <= 1000:
+            raise ValueError("ecn_penalty_rtts must be between 0 and 1000")
+        if not 0 <= self.ecn_penalty_min <= 10:
+            raise ValueError("ecn_penalty_min must be between 0 and 10 seconds")
+        if not 0 <= self.ecn_penalty_max_fraction < 1:
+            raise ValueError("ecn_penalty_max_fraction must be >= 0 and < 1")
+
+
+@dataclass(slots=True)
+class QPConfig(EVConfig):
+    """Everything a QP needs to know that is not negotiated with the peer.
+
+    ``max_outstanding`` bounds packets in flight (the congestion window's cap; with
+    ``cc="fixed"`` the window itself); ``psn_window`` bounds how far ahead of the oldest
+    unacknowledged packet a sender may go, and is also the span of PSNs a receiver accepts
+    ahead of its cumulative point.
+    """
+
+    payload_size: int = 1400
+    max_outstanding: int = 512
+    psn_window: int = 16384
+    ack_every: int = 16
+    ack_delay: float = 0.0005
+    initial_rto: float = 0.1
+    min_rto: float = 0.05
+    max_rto: float = 1.0
+    max_timeout_retries: int = 12
+    max_nack_retries: int = 1000
+    spray_seed: int = 0
     # SACK-based loss detection: a packet is lost once one sent this much later was acked
     reorder_min: float = 0.002
     # tail loss probe: resend the newest packet after max(tlp_min, 2 srtt) without an ACK
@@ -163,11 +185,6 @@ class QPConfig:
             raise ValueError("cc_min_window must be between 0.001 and 1 packet")
         if self.cc_gain < 0:
             raise ValueError("cc_gain must be >= 0")
-        if not 0 <= self.ecn_penalty_rtts <= 1000:
-            raise ValueError("ecn_penalty_rtts must be between 0 and 1000")
-        if not 0 <= self.ecn_penalty_min <= 10:
-            raise ValueError("ecn_penalty_min must be between 0 and 10 seconds")
-        if not 0 <= self.ecn_penalty_max_fraction < 1:
-            raise ValueError("ecn_penalty_max_fraction must be >= 0 and < 1")
+        EVConfig.validate(self)
         if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:
             raise ValueError("need 0 < min_rto <= initial_rto <= max_rto")

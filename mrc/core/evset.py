@@ -48,11 +48,15 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from mrc.core.cepenalty import CEPenalties
+from mrc.core.config import EVConfig
+from mrc.core.counters import BOTH, CounterSpec, Source
 from mrc.core.events import EVReason, EVState, EVStateChanged
+from mrc.core.evprobes import EVProbes
 from mrc.core.planesteer import PlaneSteering
 from mrc.errors import MRCError
 
-__all__ = ["EVReason", "EVSet", "EVState", "EVTransitionError"]
+__all__ = ["EV_COUNTERS", "EVReason", "EVSet", "EVState", "EVTransitionError"]
 
 _INF = float("inf")
 _NEG_INF = float("-inf")
@@ -94,6 +98,69 @@ _TRANSITIONS: dict[tuple[EVState, EVReason], EVState] = {
 
 ChangeCallback = Callable[[EVStateChanged], None]
 
+# The counters of an EVSet (``counters()``, ``Connection.ev_counters()``, and every output of
+# ``mrc.counters``): the attribute each is kept in, and what it counts.
+EV_COUNTERS = (
+    CounterSpec(
+        "evs_assumed_bad",
+        Source.EVS,
+        "EVs moved to ASSUMED_BAD",
+        metric="mrc_qp_ev_assumed_bad",
+        attr="assumed_bad",
+        json=BOTH,
+    ),
+    CounterSpec(
+        "evs_resurrected",
+        Source.EVS,
+        "EVs back to GOOD after answered probes",
+        metric="mrc_qp_ev_resurrected",
+        attr="resurrected",
+        json=BOTH,
+    ),
+    CounterSpec(
+        "evs_skipped",
+        Source.EVS,
+        "EVs skipped for a round after a trim",
+        metric="mrc_qp_ev_skipped",
+        attr="skips",
+        json=BOTH,
+    ),
+    CounterSpec(
+        "planes_lost", Source.EVS, "Planes declared down", metric="mrc_qp_planes_lost", json=BOTH
+    ),
+    CounterSpec(
+        "floor_holds",
+        Source.EVS,
+        "Losses not acted on because their plane was at its floor of active EVs",
+        json=BOTH,
+    ),
+    CounterSpec(
+        "evs_assumed_bad_false",
+        Source.EVS,
+        "EV retirements later proved false (the route carried traffic, or the first probe was "
+        "answered)",
+        metric="mrc_qp_ev_assumed_bad_false",
+        attr="assumed_bad_false",
+        json=BOTH,
+    ),
+    CounterSpec(
+        "evs_penalized",
+        Source.EVS,
+        "CE penalties: EVs left out of the spraying for a while after a CE mark",
+        metric="mrc_qp_ev_penalized",
+        attr="ce.penalties",
+        json=BOTH,
+    ),
+    CounterSpec(
+        "ev_losses_congested",
+        Source.EVS,
+        "Losses not held against their EV: its path showed congestion (CE)",
+        metric="mrc_qp_ev_losses_congested",
+        attr="losses_congested",
+        json=BOTH,
+    ),
+)
+
 
 def _nothing(event: EVStateChanged) -> None:
     return None
@@ -113,22 +180,35 @@ class EVSet:
         planes: list[int] | None = None,
         seed: int = 0,
         active: int | None = None,
-        min_active_per_plane: int = 0,
-        probe_interval: float = 0.02,
-        probe_timeout: float = 0.1,
-        resurrect_after: int = 3,
-        plane_dead_losses: int = 8,
-        route_dead_evs: int = 0,
-        route_weighted_planes: bool = False,
+        config: EVConfig | None = None,
         plane_steering: PlaneSteering | None = None,
         on_change: ChangeCallback | None = None,
         routes: list[int] | None = None,
         qpn: int = 0,
-        ecn_penalty_max_fraction: float = 0.5,
     ) -> None:
-        """``on_change`` receives an ``EVStateChanged`` (naming QP ``qpn``) per transition.
-        ``ecn_penalty_max_fraction``: the share of a plane's active EVs that CE penalties may
-        take out of the rotation at once (see ``marked``)."""
+        """``ports[i]``/``planes[i]``/``routes[i]``: source port, plane and route id of EV i.
+        The first ``active`` EVs (all, by default) are in the rotation, the rest wait in the
+        backup pool. ``config``: the EV knobs (a QP's own ``QPConfig`` is one; the defaults if
+        None). ``plane_steering``: planes' shares follow their delays (None: equal shares).
+        ``on_change`` receives an ``EVStateChanged`` (naming QP ``qpn``) per transition."""
+        self.config = cfg = config if config is not None else EVConfig()
+        self.qpn = qpn
+        self.on_change: ChangeCallback = on_change or _nothing
+        self.steering = plane_steering  # mrc.core.planesteer
+        self._lay_out(ports, planes, routes)
+        self._start_rotation(active, cfg.min_active_per_plane, seed)
+        self._start_plane_liveness()
+        self.probes = EVProbes(cfg.probe_interval, cfg.probe_timeout)
+        self.ce = CEPenalties(self.planes, self.target, cfg.ecn_penalty_max_fraction)
+        self.pen_next = self.ce.next_end  # read per ACK and per send (``lift_penalties``)
+        self._start_judging()
+        self._start_counters()
+        self._rebuild()
+
+    def _lay_out(
+        self, ports: list[int], planes: list[int] | None, routes: list[int] | None
+    ) -> None:
+        """The paths: each EV's source port, plane and route."""
         if not ports:
             raise ValueError("an EV set needs at least one entropy value")
         if len(set(ports)) != len(ports):
@@ -139,81 +219,61 @@ class EVSet:
         if len(self.planes) != n:
             raise ValueError("need one plane per entropy value")
         self.nplanes = max(self.planes) + 1
-        self.qpn = qpn
         self.routes: list[int] = []
         self._route_known: list[bool] = []
         self._plane_routes: list[list[int]] = []
         self.set_routes(routes if routes is not None else [0] * n)
         self.index_of_port = {p: i for i, p in enumerate(self.ports)}
-        self.packets = [0] * n
+        self.packets = [0] * n  # data packets sent on each EV (``count_sent``)
+
+    def _start_rotation(self, active: int | None, min_active_per_plane: int, seed: int) -> None:
+        """Every EV GOOD, the first ``active`` in the rotation; each plane's target (the active
+        EVs it should have) and floor (the fewest it keeps, see ``lost``); the spraying order."""
+        n = len(self.ports)
         n_active = n if active is None else max(1, min(active, n))
         self.state = [EVState.GOOD] * n
         self.active = [i < n_active for i in range(n)]
-        self.target = [0] * self.nplanes  # active EVs each plane should have
+        self.target = [0] * self.nplanes
         for i in range(n_active):
             self.target[self.planes[i]] += 1
         self.floor = [
             min(t, min_active_per_plane) if min_active_per_plane else max(1, t // 4)
             for t in self.target
         ]
-        self.plane_down = [False] * self.nplanes
-        self.peer_plane_down = [False] * self.nplanes
+        self.usable = list(self.active)  # in the rotation now (``_refresh``)
+        self._rng = random.Random(seed)
+        self._order: list[int] = []  # the round being sprayed
+        self._pos = 0
+        self._skipped: list[int] = []  # trimmed this round
+        self._skipped_prev: list[int] = []  # trimmed last round: sit out this one too
+        self._now = 0.0  # time of the latest evidence, for transitions found while spraying
+
+    def _start_plane_liveness(self) -> None:
+        self.plane_down = [False] * self.nplanes  # our verdict (``set_plane_down``)
+        self.peer_plane_down = [False] * self.nplanes  # the peer's port-state bitmap
         self.loss_streak = [0] * self.nplanes
         # send time of the latest packet known delivered, per plane: a loss of a packet sent
         # no later than that is no evidence against the plane (it worked after that send)
         self.plane_alive_sent = [_NEG_INF] * self.nplanes
-        self.usable = list(self.active)
-        self.probe_interval = probe_interval
-        self.probe_timeout = probe_timeout
-        self.resurrect_after = resurrect_after
-        self.plane_dead_losses = plane_dead_losses
-        self.route_dead_evs = route_dead_evs  # 0: EVs of a route do not share fate
-        # planes' shares of the spray follow their live routes (_plane_shares)
-        self.route_weighted_planes = route_weighted_planes
-        # planes' shares follow their measured delays (mrc.core.planesteer); None: off
-        self.steering = plane_steering
-        self.on_change: ChangeCallback = on_change or _nothing
-        self._next_probe: dict[int, float] = {}  # ASSUMED_BAD ev -> next probe time
-        self._probe_sent: dict[int, float] = {}  # ev -> when its unanswered probe left
-        self._probe_ok: dict[int, int] = {}  # ev -> consecutive answered probes
-        self._skipped: list[int] = []
-        self._skipped_prev: list[int] = []
-        self._now = 0.0  # time of the latest evidence, for transitions found while spraying
-        # CE penalties (``marked``): ev -> end of its penalty; ``pen_next``, the earliest end
-        # (maybe early, never late), for a cheap "anything to lift?" test per ACK; penalized
-        # EVs per plane; latest CE mark per EV and per (plane, route); per plane, the end of a
-        # congestion common to its paths
-        self._pen_until: dict[int, float] = {}
-        self.pen_next = _INF
-        self._pen_count = [0] * self.nplanes
-        self._ce_at = [_NEG_INF] * n
-        self._route_ce: dict[tuple[int, int], float] = {}
-        self.plane_ce_until = [_NEG_INF] * self.nplanes
-        # latest TRIMMED_LASTHOP NACK per plane: its last hop into the peer is congested
-        self._lasthop_trim_at = [_NEG_INF] * self.nplanes
-        self.pen_limit = [int(t * ecn_penalty_max_fraction) for t in self.target]
+
+    def _start_judging(self) -> None:
         # retirements still being judged (``evs_assumed_bad_false``): ev -> (plane, route,
         # send time of the lost packet or None, time of the retirement)
         self.judging: dict[int, tuple[int, int, float | None, float]] = {}
         # route fate's evidence: per retired EV the send time of the packet whose loss retired
-        # it (inf: none known), and per (plane, route) the send time of the latest packet it
-        # is known to have delivered since (kept while retirements are judged)
+        # it (inf: none known); per (plane, route) the send time of the latest packet it is
+        # known to have delivered is ``route_alive_sent`` (``set_routes``)
         self._lost_sent: dict[int, float] = {}
-        self.losses_route_alive = 0  # losses not held against an EV: its route delivered since
-        # counters
+
+    def _start_counters(self) -> None:
         self.assumed_bad = 0
         self.resurrected = 0
         self.skips = 0
         self.planes_lost = 0
         self.floor_holds = 0
-        self.penalties = 0  # CE marks that took an EV out of the rotation (or extended that)
-        self.plane_congested = 0  # times a plane's marks were found common to its paths
         self.losses_congested = 0  # losses not held against an EV: its path was marked
+        self.losses_route_alive = 0  # losses not held against an EV: its route delivered since
         self.assumed_bad_false = 0  # retirements later proved false
-        self._rng = random.Random(seed)
-        self._order: list[int] = []
-        self._pos = 0
-        self._rebuild()
 
     def __len__(self) -> int:
         return len(self.ports)
@@ -256,7 +316,7 @@ class EVSet:
         by_plane: dict[int, list[int]] = {}
         for ev in usable:
             by_plane.setdefault(planes[ev], []).append(ev)
-        share = self._plane_shares(by_plane) if self.route_weighted_planes else None
+        share = self._plane_shares(by_plane) if self.config.route_weighted_planes else None
         steer = self.steering.shares() if self.steering is not None else None
         if steer is not None:
             base = share or {}
@@ -430,59 +490,32 @@ class EVSet:
         The EV sits out of the rotation until ``duration`` after its latest mark (a penalty,
         not a retirement: no state change, no event, no probe), so new packets go to unmarked
         paths; the mark reaches the congestion window as always. A mark on a penalized EV
-        restarts its penalty. If penalizing it would take more than ``pen_limit`` of its
+        restarts its penalty. If penalizing it would take more than the ``ce.limit`` of its
         plane's EVs out, the congestion is common to the plane's paths (its last hop or NIC:
         steering cannot avoid it): every penalty of the plane is lifted and none is given
-        there until ``duration`` after the plane's latest mark. Losses on a marked path, or on
-        a plane so congested, are not held against their EV (``lost``). ``steer`` False: the
-        mark is only remembered for that, no penalty.
+        there until ``duration`` after the plane's latest mark (``CEPenalties.penalize``).
+        Losses on a marked path, or on a plane so congested, are not held against their EV
+        (``lost``). ``steer`` False: the mark is only remembered for that, no penalty.
         """
-        self._ce_at[ev] = now
-        plane = self.planes[ev]
-        self._route_ce[(plane, self.routes[ev])] = now
+        ce = self.ce
+        ce.note(ev, self.routes[ev], now)
         if not steer:
             return
-        until = now + duration
-        if self.plane_ce_until[plane] >= now:
-            self.plane_ce_until[plane] = until
-            return
-        pen = self._pen_until
-        if ev in pen:
-            pen[ev] = until
-            return
-        if not self.usable[ev]:
-            return  # not in the rotation anyway (backup, assumed bad, plane down)
-        if self._pen_count[plane] >= self.pen_limit[plane]:
-            self.plane_congested += 1
-            self.plane_ce_until[plane] = until
-            for other in [e for e in pen if self.planes[e] == plane]:
-                del pen[other]
-                self._refresh(other)
-            self._pen_count[plane] = 0
-            return
-        pen[ev] = until
-        self._pen_count[plane] += 1
-        self.penalties += 1
-        self.usable[ev] = False
-        if until < self.pen_next:
-            self.pen_next = until
+        for lifted in ce.penalize(ev, now, duration, self.usable[ev]):
+            self._refresh(lifted)
+        if ev in ce.until:
+            self.usable[ev] = False
+        self.pen_next = ce.next_end
 
     def lift_penalties(self, now: float) -> None:
         """End the penalties due by ``now``. Callers test ``now >= pen_next`` first: that
         float comparison is all a packet or an ACK pays while no penalty is due."""
-        pen = self._pen_until
-        nxt = _INF
-        for ev, until in list(pen.items()):
-            if until <= now:
-                del pen[ev]
-                self._pen_count[self.planes[ev]] -= 1
-                self._refresh(ev)
-            elif until < nxt:
-                nxt = until
-        self.pen_next = nxt
+        for ev in self.ce.lift(now):
+            self._refresh(ev)
+        self.pen_next = self.ce.next_end
 
     def penalized(self, ev: int) -> bool:
-        return ev in self._pen_until
+        return ev in self.ce.until
 
     def congested(self, ev: int, since: float) -> bool:
         """Whether ``ev``'s path showed congestion at or after ``since``: a CE mark or a
@@ -491,25 +524,8 @@ class EVSet:
         another EV of its route or on two routes of its plane or more (a queue they share:
         the last hop or the NIC)."""
         plane = self.planes[ev]
-        if (
-            self._ce_at[ev] >= since
-            or self.plane_ce_until[plane] >= since
-            or self._lasthop_trim_at[plane] >= since
-        ):
-            return True
-        if not self._route_known[plane]:
-            return False
-        route_ce = self._route_ce
-        if route_ce.get((plane, self.routes[ev]), _NEG_INF) >= since:
-            return True
-        # marks from two routes or more: a queue the plane's paths share (last hop, NIC)
-        marked = 0
-        for route in self._plane_routes[plane]:
-            if route_ce.get((plane, route), _NEG_INF) >= since:
-                marked += 1
-                if marked > 1:
-                    return True
-        return False
+        known = self._plane_routes[plane] if self._route_known[plane] else None
+        return self.ce.congested(ev, self.routes[ev], known, since)
 
     # ---- false retirements -------------------------------------------------------------
 
@@ -595,18 +611,18 @@ class EVSet:
             plane_evidence = False
         if plane_evidence:
             self.loss_streak[plane] += 1
-        if self.loss_streak[plane] >= self.plane_dead_losses and not self.plane_down[plane]:
+        if self.loss_streak[plane] >= self.config.plane_dead_losses and not self.plane_down[plane]:
             self.set_plane_down(plane, now, self.loss_streak[plane])
             return
         if self.state[ev] not in (EVState.GOOD, EVState.SKIP) or not self.active[ev]:
             return
-        backup = self._backup_for(plane, self.routes[ev])
-        if backup is None and self._active_in_plane(plane) <= self.floor[plane]:
+        if (
+            self._backup_for(plane, self.routes[ev]) is None
+            and self._active_in_plane(plane) <= self.floor[plane]
+        ):
             self.floor_holds += 1
             return
-        self._retire(ev, now, reason, detail, sent_at)
-        if backup is not None:
-            self._transition(backup, EVReason.REPLACES, now, str(ev), active=True)
+        self._retire_and_replace(ev, now, reason, detail, sent_at)
         self._route_fate(plane, self.routes[ev], now)
 
     def _route_fate(self, plane: int, route: int, now: float) -> None:
@@ -615,7 +631,8 @@ class EVSet:
         resurrected on its own, as any other), instead of every one of them having to lose a
         packet first. Only with route labels (``routes``) and another route in the plane with
         GOOD EVs to carry the traffic."""
-        if self.route_dead_evs <= 0:
+        dead_evs = self.config.route_dead_evs
+        if dead_evs <= 0:
             return
         n = len(self.ports)
         same = [e for e in range(n) if self.planes[e] == plane and self.routes[e] == route]
@@ -625,7 +642,7 @@ class EVSet:
         alive = self.route_alive_sent[self.route_ix[same[0]]] if same else _NEG_INF
         lost = self._lost_sent
         bad = sum(1 for e in same if self.state[e] == _BAD and lost.get(e, _INF) > alive)
-        if bad < self.route_dead_evs:
+        if bad < dead_evs:
             return
         # a dead link shows on its route alone; losses spread over every route of the plane
         # (a full queue at the sender's own NIC, say) say nothing against this one
@@ -644,20 +661,14 @@ class EVSet:
             return
         for e in same:
             if self.state[e] in (_GOOD, _SKIP):
-                was_active = self.active[e]
-                self._retire(e, now, EVReason.ROUTE_DOWN, str(bad))
-                if was_active:
-                    backup = self._backup_for(plane, route)
-                    if backup is not None:
-                        self._transition(backup, EVReason.REPLACES, now, str(e), active=True)
+                self._retire_and_replace(e, now, EVReason.ROUTE_DOWN, str(bad))
 
     def trimmed(self, ev: int, now: float) -> None:
         """A TRIMMED NACK: congestion on this EV's path; skip it for a round. A queue deep
         enough to trim also delays what it does not trim, so for ``congested`` the trim counts
         like a CE mark on the path."""
         self._now = now
-        self._ce_at[ev] = now
-        self._route_ce[(self.planes[ev], self.routes[ev])] = now
+        self.ce.note(ev, self.routes[ev], now)
         if self.state[ev] == EVState.GOOD and self.active[ev]:
             self.skips += 1
             self._transition(ev, EVReason.TRIMMED, now)
@@ -669,9 +680,7 @@ class EVSet:
         of the plane shares that queue, and a packet waiting in it for longer than the
         reordering window looks lost to SACK evidence from the plane's shallower moments or
         from other planes. Such a loss is congestion (``congested``), not a failure."""
-        plane = self.planes[ev]
-        if now > self._lasthop_trim_at[plane]:
-            self._lasthop_trim_at[plane] = now
+        self.ce.note_lasthop(self.planes[ev], now)
 
     def deny(self, ev: int, now: float = 0.0) -> None:
         """Operator denylist: never use this EV again."""
@@ -679,9 +688,7 @@ class EVSet:
         self._probe_cleanup(ev)
         self._transition(ev, EVReason.DENIED, now, active=False)
         if was_active:
-            backup = self._backup_for(self.planes[ev], self.routes[ev])
-            if backup is not None:
-                self._transition(backup, EVReason.REPLACES, now, str(ev), active=True)
+            self._replace(ev, now)
 
     def set_plane_down(self, plane: int, now: float, losses: int) -> None:
         """Our own verdict: ``plane`` is dead after ``losses`` losses in a row; every EV of it
@@ -717,25 +724,15 @@ class EVSet:
 
     def probes_due(self, now: float) -> list[int]:
         """ASSUMED_BAD EVs to probe now (at most one unanswered probe per EV)."""
-        if not self._next_probe:
+        if not self.probes.next:
             return []
-        due = []
-        for ev, when in self._next_probe.items():
-            sent = self._probe_sent.get(ev)
-            if sent is not None and sent + self.probe_timeout <= now:  # as next_probe_time
-                del self._probe_sent[ev]  # unanswered: the streak starts again
-                self._probe_ok[ev] = 0
-                self.judging.pop(ev, None)  # the path failed a probe: not a false retirement
-                sent = None
-            if sent is None and when <= now:
-                due.append(ev)
-        for ev in due:
-            self._next_probe[ev] = now + self.probe_interval
-            self._probe_sent[ev] = now
+        due, silent = self.probes.due(now)
+        for ev in silent:
+            self.judging.pop(ev, None)  # the path failed a probe: not a false retirement
         return due
 
     def probe_answered(self, ev: int, now: float) -> None:
-        sent = self._probe_sent.pop(ev, None)
+        sent = self.probes.answered(ev)
         if sent is None or self.state[ev] != EVState.ASSUMED_BAD:
             return
         if self.judging.pop(ev, None) is not None:
@@ -753,9 +750,8 @@ class EVSet:
             if self.steering is not None:
                 self.steering.forget(plane)
             self._refresh_plane(plane)
-        ok = self._probe_ok.get(ev, 0) + 1
-        self._probe_ok[ev] = ok
-        if ok >= self.resurrect_after:
+        ok = self.probes.count_answer(ev)
+        if ok >= self.config.resurrect_after:
             self._probe_cleanup(ev)
             self.resurrected += 1
             active = self._active_in_plane(plane) < self.target[plane]
@@ -763,16 +759,10 @@ class EVSet:
 
     def next_probe_time(self) -> float | None:
         """When probes_due() will next have something to do (a probe or a probe timeout)."""
-        if not self._next_probe:
-            return None
-        sent = self._probe_sent
-        timeout = self.probe_timeout
-        return min(
-            sent[ev] + timeout if ev in sent else when for ev, when in self._next_probe.items()
-        )
+        return self.probes.next_time()
 
     def is_probing(self, ev: int) -> bool:
-        return ev in self._probe_sent
+        return self.probes.probing(ev)
 
     # ---- reporting ---------------------------------------------------------------------
 
@@ -785,16 +775,8 @@ class EVSet:
         return self.state[ev].label(self.is_backup(ev))
 
     def counters(self) -> dict[str, int]:
-        return {
-            "evs_assumed_bad": self.assumed_bad,
-            "evs_resurrected": self.resurrected,
-            "evs_skipped": self.skips,
-            "planes_lost": self.planes_lost,
-            "floor_holds": self.floor_holds,
-            "evs_assumed_bad_false": self.assumed_bad_false,
-            "evs_penalized": self.penalties,
-            "ev_losses_congested": self.losses_congested,
-        }
+        """Every counter of ``EV_COUNTERS``, by name."""
+        return {spec.name: spec.read(self) for spec in EV_COUNTERS}
 
     # ---- internals ---------------------------------------------------------------------
 
@@ -817,15 +799,33 @@ class EVSet:
         self.judging[ev] = (self.planes[ev], self.routes[ev], lost_sent, now)
         self._lost_sent[ev] = lost_sent if lost_sent is not None else _INF
         self._transition(ev, reason, now, detail, active=False)
-        self._next_probe[ev] = now + self.probe_interval
-        self._probe_ok[ev] = 0
+        self.probes.start(ev, now)
+
+    def _retire_and_replace(
+        self,
+        ev: int,
+        now: float,
+        reason: EVReason,
+        detail: str = "",
+        lost_sent: float | None = None,
+    ) -> None:
+        """Retire ``ev`` and, if it was in the rotation, bring a backup in in its place."""
+        was_active = self.active[ev]
+        self._retire(ev, now, reason, detail, lost_sent)
+        if was_active:
+            self._replace(ev, now)
+
+    def _replace(self, ev: int, now: float) -> None:
+        """Bring a backup of ``ev``'s plane, off its route, into the rotation for ``ev``
+        (none: the plane carries on with one EV fewer)."""
+        backup = self._backup_for(self.planes[ev], self.routes[ev])
+        if backup is not None:
+            self._transition(backup, EVReason.REPLACES, now, str(ev), active=True)
 
     def _probe_cleanup(self, ev: int) -> None:
         self.judging.pop(ev, None)
         self._lost_sent.pop(ev, None)
-        self._next_probe.pop(ev, None)
-        self._probe_sent.pop(ev, None)
-        self._probe_ok.pop(ev, None)
+        self.probes.stop(ev)
 
     def _transition(
         self,
@@ -872,7 +872,7 @@ class EVSet:
             and self.state[ev] == EVState.GOOD
             and not self.plane_down[plane]
             and not self.peer_plane_down[plane]
-            and ev not in self._pen_until
+            and ev not in self.ce.until
         )
 
     def _refresh_plane(self, plane: int) -> None:

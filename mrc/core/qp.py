@@ -104,18 +104,11 @@ class QueuePair:
             ev_planes,
             seed=cfg.spray_seed ^ qpn,
             active=active_evs,
-            min_active_per_plane=cfg.min_active_per_plane,
-            probe_interval=cfg.probe_interval,
-            probe_timeout=cfg.probe_timeout,
-            resurrect_after=cfg.resurrect_after,
-            plane_dead_losses=cfg.plane_dead_losses,
-            route_dead_evs=cfg.route_dead_evs,
-            route_weighted_planes=cfg.route_weighted_planes,
+            config=cfg,
             plane_steering=steering,
             on_change=emit,
             routes=ev_routes,
             qpn=qpn,
-            ecn_penalty_max_fraction=cfg.ecn_penalty_max_fraction,
         )
         self.requester = Requester(self.config, qpn, self.initial_psn, self.evs, self.stats, emit)
         self.pd = pd  # the regions peers of this QP may write into

@@ -1,46 +1,108 @@
-"""Counters of one queue pair, as reported by ``--json``."""
+"""Counters of one queue pair, each declared with what ``--json`` and the metrics show of it."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 
+from mrc.core.counters import RECV, SEND, Source, counter, counters_of
+
+#: the Prometheus family of the four ``retransmits_*`` causes (label ``cause``)
+RETRANSMIT_TRIGGERS = "mrc_qp_retransmit_triggers"
+
 
 @dataclass(slots=True)
 class QPStats:
-    """Plain counters; the core increments them, nobody else writes them."""
+    """Plain counters; the core increments them, nobody else writes them.
 
-    packets_sent: int = 0
-    data_packets_sent: int = 0
-    #: runs of new packets sent back to back on one EV (data_packets_sent / bursts: the mean
-    #: burst, QPConfig.burst at most; 1 while spraying packet by packet)
-    bursts: int = 0
-    bytes_sent: int = 0
-    retransmits: int = 0
-    retransmits_nack: int = 0
-    retransmits_timeout: int = 0
-    retransmits_sack: int = 0
-    retransmits_tlp: int = 0
-    #: transmissions found lost because their tail loss probe was the first copy to arrive
-    #: (the ACK of the probe did not carry wire.ACK_SUBJECT_DUP): each blamed on its EV
-    losses_tlp: int = 0
-    #: packets queued for a resend (one of the four causes above) that an ACK covered before
-    #: they went out again: retransmits + retransmits_cancelled == the four causes' sum
-    retransmits_cancelled: int = 0
-    nacks: int = 0
-    nacks_ignored: int = 0
-    sacks: int = 0
-    acks_sent: int = 0
-    nacks_sent: int = 0
-    trims_seen: int = 0
-    packets_received: int = 0
-    bytes_placed: int = 0
-    duplicates: int = 0
-    probes_sent: int = 0
-    probes_answered: int = 0  # probe replies taken (for an EV of ours)
-    probes_received: int = 0  # probes from the peer, answered
-    ack_beyond_sent: int = 0  # ACKs reporting PSNs beyond what was sent (clamped, see requester)
-    ecn_echoes: int = 0  # ACKs (not NACKs) taken with BECN: the peer's echo of a CE mark
+    Every field but ``dropped_by_reason`` is declared with :func:`~mrc.core.counters.counter`:
+    its help line, its Prometheus family and the ``--json`` outputs that print it are part of
+    the field, and ``mrc.counters`` builds every output from that."""
+
+    packets_sent: int = counter(
+        "Data packets sent, retransmissions included", metric="mrc_qp_sent_packets", json=SEND
+    )
+    data_packets_sent: int = counter(
+        "Data packets sent for the first time",
+        metric="mrc_qp_sent_new_packets",
+        json=SEND,
+        json_key="data_packets",
+    )
+    bursts: int = counter(
+        "Runs of new packets sent back to back on one EV, one GSO send each (data packets / "
+        "bursts: the mean burst, the configured burst at most; 1 while spraying packet by "
+        "packet)",
+        json=SEND,
+    )
+    bytes_sent: int = counter("Payload bytes sent for the first time", metric="mrc_qp_sent_bytes")
+    retransmits: int = counter("Data packets sent again", metric="mrc_qp_retransmits", json=SEND)
+    retransmits_nack: int = counter(
+        "Retransmissions a NACK queued",
+        metric=RETRANSMIT_TRIGGERS,
+        labels=(("cause", "nack"),),
+        json=SEND,
+    )
+    retransmits_timeout: int = counter(
+        "Retransmissions a retransmission timeout queued",
+        metric=RETRANSMIT_TRIGGERS,
+        labels=(("cause", "timeout"),),
+        json=SEND,
+    )
+    retransmits_sack: int = counter(
+        "Retransmissions SACK evidence queued (later packets arrived)",
+        metric=RETRANSMIT_TRIGGERS,
+        labels=(("cause", "sack"),),
+        json=SEND,
+    )
+    retransmits_tlp: int = counter(
+        "Tail loss probes: the newest packet sent again after a silence",
+        metric=RETRANSMIT_TRIGGERS,
+        labels=(("cause", "tlp"),),
+        json=SEND,
+    )
+    losses_tlp: int = counter(
+        "Transmissions proved lost by their tail loss probe (the probe arrived first: the ACK "
+        "of the probe did not carry wire.ACK_SUBJECT_DUP); each blamed on its EV",
+        json=SEND,
+    )
+    retransmits_cancelled: int = counter(
+        "Retransmissions queued (by one of the four causes) that an ACK covered before they "
+        "went out again: retransmits + retransmits_cancelled == the four causes' sum"
+    )
+    nacks: int = counter("NACKs received from the peer", metric="mrc_qp_received_nacks", json=SEND)
+    nacks_ignored: int = counter("NACKs received and not acted on (in dropped_by_reason too)")
+    sacks: int = counter(
+        "ACKs (SACKs) received from the peer", metric="mrc_qp_received_acks", json=SEND
+    )
+    acks_sent: int = counter("ACKs (SACKs) sent to the peer", metric="mrc_qp_sent_acks", json=RECV)
+    nacks_sent: int = counter("NACKs sent to the peer", metric="mrc_qp_sent_nacks", json=RECV)
+    trims_seen: int = counter(
+        "Trimmed packets received (headers whose payload a switch cut under congestion)",
+        metric="mrc_qp_trimmed_packets",
+        json=RECV,
+    )
+    packets_received: int = counter(
+        "Data packets received, duplicates included", metric="mrc_qp_received_packets", json=RECV
+    )
+    bytes_placed: int = counter(
+        "Payload bytes placed in registered memory", metric="mrc_qp_placed_bytes", json=RECV
+    )
+    duplicates: int = counter(
+        "Data packets received that were already placed",
+        metric="mrc_qp_duplicate_packets",
+        json=RECV,
+    )
+    probes_sent: int = counter("EV probes sent", metric="mrc_qp_sent_probes")
+    probes_answered: int = counter("Probe replies taken (for an EV of ours)")
+    probes_received: int = counter("Probes from the peer, answered")
+    ack_beyond_sent: int = counter(
+        "ACKs reporting PSNs beyond what was sent (clamped, see the requester)"
+    )
+    ecn_echoes: int = counter(
+        "ACKs received with BECN (the peer's echo of a CE mark)",
+        metric="mrc_qp_received_ecn_echoes",
+        json=SEND,
+    )
     dropped_by_reason: Counter[str] = field(default_factory=Counter)
 
     def taken(self) -> int:
@@ -64,3 +126,7 @@ class QPStats:
         }
         out["dropped_by_reason"] = dict(self.dropped_by_reason)
         return out
+
+
+#: every counter of QPStats, in field order
+QP_COUNTERS = counters_of(QPStats, Source.QP)

@@ -3,7 +3,9 @@
 Nothing here runs per packet: the core keeps counting what it always counts (``QPStats``, the
 endpoint's drops, the EV set, the listener's ledger), and a scrape walks the connections and
 listeners it was told about and turns those numbers into metric families. A scrape therefore
-costs a few microseconds per connection, and nothing at all between scrapes.
+costs a few microseconds per connection, and nothing at all between scrapes. Which per-QP
+counters are exported, under what name and HELP, is their declaration's (``mrc.counters``):
+this module keeps no list of them.
 
 Counters must never go down, yet connections come and go. So when a connection closes, its
 final counters are kept under its labels (a series that stops growing, not one that vanishes);
@@ -27,6 +29,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
+from mrc import counters as registry
+from mrc.core.counters import CounterSpec
 from mrc.core.events import EVState
 
 if TYPE_CHECKING:
@@ -37,44 +41,25 @@ if TYPE_CHECKING:
 #: closed connections kept as series of their own before the oldest are folded into "retired"
 MAX_FINISHED = 1024
 
-# (QPStats field, metric name without _total, HELP text) for every per-QP counter
-QP_COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("packets_sent", "mrc_qp_sent_packets", "Data packets sent, retransmissions included"),
-    ("data_packets_sent", "mrc_qp_sent_new_packets", "Data packets sent for the first time"),
-    ("bytes_sent", "mrc_qp_sent_bytes", "Payload bytes sent for the first time"),
-    ("retransmits", "mrc_qp_retransmits", "Data packets sent again"),
-    ("packets_received", "mrc_qp_received_packets", "Data packets received, duplicates included"),
-    ("bytes_placed", "mrc_qp_placed_bytes", "Payload bytes placed in registered memory"),
-    ("duplicates", "mrc_qp_duplicate_packets", "Data packets received that were already placed"),
-    ("trims_seen", "mrc_qp_trimmed_packets", "Trimmed packets received (headers whose payload "
-     "a switch cut under congestion)"),
-    ("ce_received", "mrc_qp_received_ce_packets", "Datagrams received with CE in the IP ECN "
-     "field (a fabric port above its ECN threshold marked them)"),
-    ("ecn_echoes", "mrc_qp_received_ecn_echoes", "ACKs received with BECN (the peer's echo of "
-     "a CE mark)"),
-    ("nacks", "mrc_qp_received_nacks", "NACKs received from the peer"),
-    ("nacks_sent", "mrc_qp_sent_nacks", "NACKs sent to the peer"),
-    ("sacks", "mrc_qp_received_acks", "ACKs (SACKs) received from the peer"),
-    ("acks_sent", "mrc_qp_sent_acks", "ACKs (SACKs) sent to the peer"),
-    ("probes_sent", "mrc_qp_sent_probes", "EV probes sent"),
-    ("send_errors", "mrc_qp_send_errors", "Datagrams the kernel refused to send (e.g. a plane's "
-     "NIC down)"),
-    ("evs_assumed_bad", "mrc_qp_ev_assumed_bad", "EVs moved to ASSUMED_BAD"),
-    ("evs_resurrected", "mrc_qp_ev_resurrected", "EVs back to GOOD after answered probes"),
-    ("evs_skipped", "mrc_qp_ev_skipped", "EVs skipped for a round after a trim"),
-    ("planes_lost", "mrc_qp_planes_lost", "Planes declared down"),
-    ("evs_assumed_bad_false", "mrc_qp_ev_assumed_bad_false", "EV retirements later proved "
-     "false (the route carried traffic, or the first probe was answered)"),
-    ("evs_penalized", "mrc_qp_ev_penalized", "CE penalties: EVs left out of the spraying for a "
-     "while after a CE mark"),
-    ("ev_losses_congested", "mrc_qp_ev_losses_congested", "Losses not held against their EV: "
-     "its path showed congestion (CE)"),
-)  # fmt: skip
-
-# the reason each queued retransmission was triggered, as QPStats counts them
-RETRANSMIT_CAUSES = ("nack", "timeout", "sack", "tlp")
-
 EV_STATES = ("good", "backup", "skip", "assumed_bad", "denied")
+
+# the per-QP families that are not counters of the registry: (name, HELP, label, what --json
+# calls it, more for docs/METRICS.md), for the collector and mrc.metrics.reference
+QP_DROPS = (
+    "mrc_qp_dropped_datagrams",
+    "Datagrams a QP dropped, by reason (see dropped_by_reason in --json)",
+    "reason",
+    "dropped_by_reason",
+    "`bad_rkey`, `psn_out_of_window`, `security_*`... (docs/PROTOCOL.md section 12)",
+)
+QP_EV_STATES = (
+    "mrc_qp_evs",
+    "Entropy values of a live QP by state (good: in the rotation, backup: GOOD in the pool)",
+    "state",
+    "evs[].state",
+    ", ".join(f"`{state}`" for state in EV_STATES) + " (docs/EV_HEALTH.md)",
+)
+QP_SRTT = ("mrc_qp_srtt_seconds", "Smoothed round-trip time of a live QP", "", "srtt_ms", "")
 
 QP_LABELS = ("qp", "peer", "side")
 LIMITS = ("setups", "connections", "granted_bytes")
@@ -92,20 +77,26 @@ class _Totals:
         self.drops.update(other.drops)
 
 
+def exported() -> list[tuple[str, list[CounterSpec]]]:
+    """The per-QP families read from the counter registry: (family name, its counters), in
+    registry order; several counters share a family when their labels tell them apart."""
+    families: dict[str, list[CounterSpec]] = {}
+    for spec in registry.COUNTERS:
+        if spec.metric is not None:
+            families.setdefault(spec.metric, []).append(spec)
+    return list(families.items())
+
+
+def family_help(name: str, specs: list[CounterSpec]) -> str:
+    """A family's HELP: its one counter's help, or the family's own (``FAMILY_HELP``)."""
+    return specs[0].help if len(specs) == 1 else registry.FAMILY_HELP[name]
+
+
 def _qp_totals(conn: Connection) -> _Totals:
-    """Every per-QP counter of ``conn`` as it stands (the QP's drops only: drops before any
-    QP is found are the endpoint's)."""
-    stats = conn.qp.stats
-    counters: Counter[str] = Counter()
-    for attr, _name, _help in QP_COUNTERS:
-        if hasattr(stats, attr):
-            counters[attr] = getattr(stats, attr)
-    counters["send_errors"] = conn.channel.send_errors
-    counters["ce_received"] = conn.channel.ce_received
-    counters.update(conn.qp.evs.counters())
-    for cause in RETRANSMIT_CAUSES:
-        counters[f"retransmits_{cause}"] = getattr(stats, f"retransmits_{cause}")
-    return _Totals(counters, Counter(stats.dropped_by_reason))
+    """Every counter of ``conn`` as it stands (a gauge's is shown for live connections only),
+    and the QP's drops (drops before any QP is found are the endpoint's)."""
+    counters: Counter[str] = Counter(conn.counters())
+    return _Totals(counters, Counter(conn.qp.stats.dropped_by_reason))
 
 
 def _endpoint_totals(core: EndpointCore, endpoint: Endpoint) -> _Totals:
@@ -295,43 +286,31 @@ class _Collector:
 
 def _qp_families(ex: MetricsExporter) -> Iterator[Metric]:
     totals = ex.qp_totals()
-    for attr, name, help_text in QP_COUNTERS:
-        family = CounterMetricFamily(name, help_text, labels=QP_LABELS)
+    live = _one_per_key(ex.live_connections())
+    for name, specs in exported():
+        labels = (*QP_LABELS, *(label for label, _value in specs[0].labels))
+        help_text = family_help(name, specs)
+        if specs[0].kind == "gauge":  # of live connections only
+            gauge = GaugeMetricFamily(name, help_text, labels=labels)
+            for key, conn in live.items():
+                values = conn.counters()
+                for spec in specs:
+                    gauge.add_metric([*key, *(v for _l, v in spec.labels)], values[spec.name])
+            yield gauge
+            continue
+        family = CounterMetricFamily(name, help_text, labels=labels)
         for key, t in totals.items():
-            family.add_metric(list(key), t.counters[attr])
+            for spec in specs:
+                family.add_metric([*key, *(v for _l, v in spec.labels)], t.counters[spec.name])
         yield family
-    causes = CounterMetricFamily(
-        "mrc_qp_retransmit_triggers",
-        "Retransmissions queued, by what triggered them (a queued packet acknowledged "
-        "meanwhile is not sent again, so these can exceed mrc_qp_retransmits_total)",
-        labels=(*QP_LABELS, "cause"),
-    )
-    for key, t in totals.items():
-        for cause in RETRANSMIT_CAUSES:
-            causes.add_metric([*key, cause], t.counters[f"retransmits_{cause}"])
-    yield causes
-    drops = CounterMetricFamily(
-        "mrc_qp_dropped_datagrams",
-        "Datagrams a QP dropped, by reason (see dropped_by_reason in --json)",
-        labels=(*QP_LABELS, "reason"),
-    )
+    drops = CounterMetricFamily(*QP_DROPS[:2], labels=(*QP_LABELS, QP_DROPS[2]))
     for key, t in totals.items():
         for reason, n in sorted(t.drops.items()):
             drops.add_metric([*key, reason], n)
     yield drops
-    states = GaugeMetricFamily(
-        "mrc_qp_evs",
-        "Entropy values of a live QP by state (good: in the rotation, backup: GOOD in the pool)",
-        labels=(*QP_LABELS, "state"),
-    )
-    srtt = GaugeMetricFamily(
-        "mrc_qp_srtt_seconds", "Smoothed round-trip time of a live QP", labels=QP_LABELS
-    )
-    seen: set[QPKey] = set()
-    for key, conn in ex.live_connections():
-        if key in seen:  # two live QPs under one key (a reused QP number): report one
-            continue
-        seen.add(key)
+    states = GaugeMetricFamily(*QP_EV_STATES[:2], labels=(*QP_LABELS, QP_EV_STATES[2]))
+    srtt = GaugeMetricFamily(*QP_SRTT[:2], labels=QP_LABELS)
+    for key, conn in live.items():
         for state, n in _ev_states(conn).items():
             states.add_metric([*key, state], n)
         rtt = conn.qp.requester.rtt.srtt
@@ -339,6 +318,14 @@ def _qp_families(ex: MetricsExporter) -> Iterator[Metric]:
             srtt.add_metric(list(key), rtt)
     yield states
     yield srtt
+
+
+def _one_per_key(live: list[tuple[QPKey, Connection]]) -> dict[QPKey, Connection]:
+    """Live connections by key; of two under one key (a reused QP number), the first."""
+    out: dict[QPKey, Connection] = {}
+    for key, conn in live:
+        out.setdefault(key, conn)
+    return out
 
 
 def _endpoint_families(ex: MetricsExporter) -> Iterator[Metric]:

@@ -193,6 +193,7 @@ SEND_FLAGS = [
     "--encrypt",
     "--burst",
     "--cc",
+    "--qp",
     "--wait",
     "--metrics-port",
     "--metrics-addr",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mrc.core.config import EVConfig
 from mrc.core.events import EVReason, EVStateChanged
 from mrc.core.evset import EVSet, EVState
 
@@ -19,6 +20,7 @@ def _evset(routes: list[int], active: int) -> tuple[EVSet, list[tuple[int, str, 
         active=active,
         routes=routes,
         on_change=note,
+        config=EVConfig(route_dead_evs=0),
     )
     return evs, log
 

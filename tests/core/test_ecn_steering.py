@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from mrc.core import QPConfig
+from mrc.core.config import EVConfig
 from mrc.core.events import EVReason
 from mrc.core.evset import EVSet, EVState
 from mrc.lab.sim import Faults
@@ -156,7 +157,10 @@ def test_a_dead_link_still_retires_its_evs_and_they_are_not_false() -> None:
 
 
 def _evs(routes: list[int], **kw: float) -> EVSet:
-    return EVSet(list(range(2000, 2000 + len(routes))), [0] * len(routes), routes=routes, **kw)
+    config = EVConfig(**{"route_dead_evs": 0, **kw})  # route fate off unless asked
+    return EVSet(
+        list(range(2000, 2000 + len(routes))), [0] * len(routes), routes=routes, config=config
+    )
 
 
 def test_penalty_lasts_its_duration_is_restarted_by_marks_and_has_a_floor() -> None:
@@ -171,9 +175,9 @@ def test_penalty_lasts_its_duration_is_restarted_by_marks_and_has_a_floor() -> N
     assert not evs.penalized(0) and evs.usable[0]
     for ev in range(4):
         evs.marked(ev, 2.0, 0.01)
-    assert sum(evs.usable) == 4 and evs.penalties == 5
+    assert sum(evs.usable) == 4 and evs.ce.penalties == 5
     evs.marked(4, 2.0, 0.01)  # a fifth: the plane's paths are all congested: nobody sits out
-    assert all(evs.usable) and evs.plane_congested == 1
+    assert all(evs.usable) and evs.ce.plane_congested == 1
     evs.marked(5, 2.005, 0.01)
     assert all(evs.usable)  # no penalty while the plane's congestion lasts
     assert evs.counters()["evs_penalized"] == 5

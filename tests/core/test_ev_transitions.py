@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from mrc.core.config import EVConfig
 from mrc.core.events import EVReason, EVState, EVStateChanged
 from mrc.core.evset import _TRANSITIONS, EVSet, EVTransitionError
 
@@ -25,8 +26,7 @@ def _evset(
         active=active,
         on_change=log.append,
         qpn=42,
-        plane_dead_losses=plane_dead_losses,
-        resurrect_after=resurrect_after,
+        config=EVConfig(plane_dead_losses=plane_dead_losses, resurrect_after=resurrect_after),
     )
     return evs, log
 

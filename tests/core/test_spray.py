@@ -174,13 +174,18 @@ def test_a_plane_that_lost_a_route_gets_a_share_in_proportion_to_the_routes_it_h
     the packets: an equal share would load its one remaining spine twice as much as any other
     path (the link_down all-to-all of mrc-bench: steps 1.6x the clean ones, 1.25x with this).
     Off by default (QPConfig.route_weighted_planes): without it, equal shares."""
+    from mrc.core.config import EVConfig
     from mrc.core.evset import EVSet
 
     n = 32
     planes = [i % 2 for i in range(n)]
     routes = [(i % 2) * 2 + (i // 2) % 2 for i in range(n)]  # plane 0: routes 0, 1; plane 1: 2, 3
     evs = EVSet(
-        list(range(3000, 3000 + n)), planes, seed=5, routes=routes, route_weighted_planes=True
+        list(range(3000, 3000 + n)),
+        planes,
+        seed=5,
+        routes=routes,
+        config=EVConfig(route_dead_evs=0, route_weighted_planes=True),
     )
 
     def shares(draws: int) -> list[float]:

@@ -104,13 +104,12 @@ class MrcTransport(Transport):
         self.opts: dict[str, Any] = {}
 
     def _config(self, opts: dict[str, Any]) -> Any:
-        import mrc
+        """The QPConfig of every QP: the coordinator's ``--qp`` settings, as mrc-send reads
+        them (mrc/cli/qpopts.py)."""
+        from mrc.cli.qpopts import apply_settings
+        from mrc.core.config import QPConfig
 
-        return mrc.QPConfig(
-            payload_size=int(opts["payload"]),
-            max_outstanding=int(opts["window"]),
-            cc=str(opts.get("cc", "nscc")),
-        )
+        return apply_settings(QPConfig(), [str(s) for s in opts["qp"]])
 
     async def listen(self, opts: dict[str, Any]) -> dict[str, Any]:
         import mrc

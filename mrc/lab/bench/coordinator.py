@@ -70,6 +70,7 @@ class BenchConfig:
     # fixed window the window, 4 being what fits this fabric's queues without CC
     window: int | None = None  # default: 64 with nscc, 4 fixed
     incast_window: int | None = None  # trim/no_trim conditions; default: 64 with nscc, 16 fixed
+    qp: list[str] = field(default_factory=list)  # --qp KEY=VALUE of every MRC QP, last
     fail_link: tuple[str, str] = ("p0l0", "p0s0")
     fail_step: int | None = None  # default: steps // 3
     fail_delay: float = 0.01
@@ -97,6 +98,14 @@ class BenchConfig:
         if condition in ("trim", "no_trim"):
             return self.incast_window or (64 if nscc else 16)
         return self.window or (64 if nscc else 4)
+
+    def qp_settings(self, condition: str) -> list[str]:
+        """Every MRC QP's settings under ``condition`` as ``--qp`` texts, which the agents
+        build their QPConfig from (mrc/cli/qpopts.py): payload, window (the PSN window
+        follows it) and congestion control, then ``qp``."""
+        window = self.window_for(condition)
+        base = [f"payload_size={self.payload}", f"max_outstanding={window}", f"cc={self.cc}"]
+        return base + self.qp
 
     def max_size(self) -> int:
         return max(self.size, self.pair_size)
@@ -393,9 +402,7 @@ class Bench:
         return {
             "evs": cfg.evs,
             "listener_evs": cfg.listener_evs,
-            "payload": cfg.payload,
-            "window": cfg.window_for(condition),
-            "cc": cfg.cc,
+            "qp": cfg.qp_settings(condition),
             "timeout": 10.0,
         }
 
@@ -429,7 +436,7 @@ class Bench:
         if transport == "mrc":
             info["evs_per_qp"] = sorted({n for r in replies for n in (r.get("evs") or {}).values()})
             info["routes"] = sorted({x for r in replies for x in r.get("routes", [])})
-            info["window"] = opts["window"]
+            info["window"] = self.cfg.window_for(condition)
         return info
 
     async def close_transport(self, agents: list[Agent], transport: str) -> None:

@@ -33,6 +33,7 @@ import time
 from array import array
 from typing import IO, Any
 
+from mrc.cli.qpopts import add_qp_arg, apply_settings, with_window
 from mrc.core.config import QPConfig
 from mrc.core.events import EVStateChanged
 from mrc.lab.bench.common import IPPROTO_MPTCP, mptcp_subflows
@@ -73,16 +74,9 @@ class _NicCounters:
 
 
 def _mrc_config(args: argparse.Namespace) -> QPConfig:
-    """The demo's QPConfig: payload and window from the options, then every ``--qp F=V``."""
-    cfg = QPConfig(
-        payload_size=args.payload,
-        max_outstanding=args.window,
-        psn_window=max(16384, 4 * args.window),
-    )
-    for item in args.qp or []:
-        key, _, value = item.partition("=")
-        cur = getattr(cfg, key)
-        setattr(cfg, key, type(cur)(value) if not isinstance(cur, bool) else value == "1")
+    """The demo's QPConfig: payload and window from the options, then every ``--qp KEY=VALUE``
+    (mrc/cli/qpopts.py, as mrc-send reads them)."""
+    cfg = apply_settings(with_window(QPConfig(payload_size=args.payload), args.window), args.qp)
     cfg.validate()
     return cfg
 
@@ -461,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--evs", type=int, default=128)
     p.add_argument("--ack-evs", type=int, default=16)
     p.add_argument("--sample", type=float, default=0.001)
-    p.add_argument("--qp", action="append", help="QPConfig field=value")
+    add_qp_arg(p, ", after --payload and --window")
     p.add_argument("--mptcp", action="store_true")
     p.add_argument("--plane", type=int, default=0)
     p.add_argument("--want-subflows", type=int, default=1)

@@ -33,6 +33,8 @@ from mrc.cli.common import (
     run_main,
     size_arg,
 )
+from mrc.cli.qpopts import add_qp_arg, apply_settings
+from mrc.core.config import QPConfig
 from mrc.errors import MRCError, UsageError
 from mrc.lab.bench.common import CONDITIONS, TRANSPORTS, WORKLOADS
 from mrc.units import SIZE_HELP
@@ -192,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["nscc", "fixed"],
         help="congestion control of every MRC QP (default nscc; docs/CONGESTION.md)",
     )
+    add_qp_arg(m, ", for every MRC QP, after --payload, --window and --cc")
 
     c = p.add_argument_group("conditions")
     c.add_argument(
@@ -264,6 +267,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "window",
         "incast_window",
         "cc",
+        "qp",
         "outage",
         "fail_step",
         "fail_link",
@@ -313,6 +317,11 @@ def validate(cfg: BenchConfig) -> None:
             raise UsageError(f"--loss-link {a}-{b}: the first node must be a router of this fabric")
     if ("trim" in cfg.conditions) and not cfg.rate:
         raise UsageError("the trim condition needs a shaped fabric (--rate)")
+    for condition in cfg.conditions:
+        try:
+            apply_settings(QPConfig(), cfg.qp_settings(condition)).validate()
+        except ValueError as exc:
+            raise UsageError(f"{condition}: {exc}") from None
 
 
 def progress_printer() -> Callable[[str], None]:
