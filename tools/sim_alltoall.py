@@ -9,7 +9,7 @@ other three per step (12 QPs, kept for the whole run). At ``--fail-at`` seconds 
 leaf L0 and spine 0 of plane 0 goes down in both directions (``--heal-at`` brings it back).
 
     .venv/bin/python tools/sim_alltoall.py --cc fixed --window 4
-    .venv/bin/python tools/sim_alltoall.py --cc nscc --window 64 --qp cc_target_rtt_fraction=0.5
+    .venv/bin/python tools/sim_alltoall.py --cc nscc --window 64 --qp cc.target_rtt_fraction=0.5
     .venv/bin/python tools/sim_alltoall.py --cc nscc --fail-at 99        # no failure
 
 Prints one line: every step's time (ms) and the senders' timeouts, tail loss probes and
@@ -22,7 +22,9 @@ import argparse
 import itertools
 import sys
 
+from mrc.cli.common import cc_arg
 from mrc.core import QPConfig
+from mrc.core.cc import names, param_from_text
 from mrc.core.events import EVReason, EVStateChanged
 from mrc.lab.sim import Faults, SimNetwork
 from mrc.lab.sim_links import Fabric, LinkSpec
@@ -34,6 +36,8 @@ FAILED = ("up:L0/p0/s0", "down:L0/p0/s0")
 
 def _qp_field(text: str) -> tuple[str, float | int | str]:
     key, sep, value = text.partition("=")
+    if sep and key.startswith("cc."):
+        return key, value  # a parameter of the window law: run() converts it (mrc.core.cc)
     if not sep or key not in QPConfig.__dataclass_fields__:
         raise argparse.ArgumentTypeError(f"not a QPConfig field=value: {text!r}")
     for kind in (int, float):
@@ -53,7 +57,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     net = SimNetwork(seed=args.seed, faults=Faults(delay=0.00005, jitter=0.00005), fabric=fab)
     for h in HOSTS:
         net.add_host(h)
-    extra = dict(args.qp)
+    extra = {k: v for k, v in args.qp if not k.startswith("cc.")}
+    law = {k[3:]: param_from_text(args.cc, k[3:], str(v)) for k, v in args.qp if k not in extra}
     qps = []
     for n, (src, dst) in enumerate(itertools.permutations(HOSTS, 2), start=1):
         cfg = QPConfig(
@@ -61,6 +66,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             max_outstanding=args.window,
             psn_window=16384,
             cc=args.cc,
+            cc_params=law,
             **extra,  # type: ignore[arg-type]
         )
         qa, _qb = net.connect(
@@ -110,7 +116,7 @@ def line(args: argparse.Namespace, out: dict[str, object]) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cc", choices=["nscc", "fixed"], default="nscc")
+    p.add_argument("--cc", type=cc_arg, default="nscc", help=f"window law: {', '.join(names())}")
     p.add_argument("--window", type=int, default=64, help="packets in flight per QP at most")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--size", type=int, default=1 << 20, help="bytes per QP per step")
