@@ -58,6 +58,8 @@ from mrc.cli.common import (
     run_main,
     size_arg,
 )
+from mrc.core.cc import names as cc_names
+from mrc.core.cc import spec as cc_spec
 from mrc.errors import MRCError
 from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
 from mrc.units import SIZE_HELP, parse_rate
@@ -517,9 +519,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ]
     except ValueError:
         p.error(f"bad --window {args.window!r}: expected auto, 16 or 16,512")
-    args.cc = [c for c in str(args.cc).split(",") if c]
-    if not args.cc or any(c not in ("nscc", "fixed") for c in args.cc):
-        p.error(f"bad --cc {','.join(args.cc)!r}: expected nscc, fixed or nscc,fixed")
+    try:
+        args.cc = [cc_spec(c) for c in str(args.cc).split(",") if c]
+    except ValueError as exc:
+        p.error(f"bad --cc: {exc}")
+    if not args.cc:
+        p.error(f"bad --cc: expected laws, comma-separated ({', '.join(cc_names())}, MODULE:CLASS)")
     if not args.window or min(args.window) < 1:
         p.error("--window must be positive")
     try:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from mrc.cli.common import (
     Parser,
     add_logging_args,
+    cc_arg,
     configure_logging,
     emit_json,
     float_between,
@@ -33,6 +34,7 @@ from mrc.cli.common import (
     run_main,
     size_arg,
 )
+from mrc.core.cc import names
 from mrc.errors import MRCError, UsageError
 from mrc.lab.bench.common import CONDITIONS, TRANSPORTS, WORKLOADS
 from mrc.units import SIZE_HELP
@@ -189,8 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--cc",
-        choices=["nscc", "fixed"],
-        help="congestion control of every MRC QP (default nscc; docs/CONGESTION.md)",
+        type=cc_arg,
+        metavar="LAW",
+        help="window law of every MRC QP: "
+        + ", ".join(names())
+        + " or MODULE:CLASS (default nscc; docs/CONGESTION.md)",
     )
 
     c = p.add_argument_group("conditions")
