@@ -232,7 +232,8 @@ class Requester:
         gap = cc.pace_gap()
         held = gap > 0.0 and now < self._pace_at  # paced: only probes may go now
         self._paced = False
-        held = self._send_retransmissions(now, out, gap, held)
+        if self._retransmit:
+            held = self._send_retransmissions(now, out, gap, held)
         self._send_new(now, out, gap, held)
         if len(out) > sent_before:
             if cc.prompt_acks:
@@ -313,11 +314,10 @@ class Requester:
                 ev = self._burst_ev = self.evs.next()
                 take = burst
                 self.stats.bursts += 1
-            seq = self._next_seq
-            room = min(take, limit - len(outstanding), span - seq)
-            wr, off, n, last = self._segment(room)
+            room = min(take, limit - len(outstanding), span - self._next_seq)
+            n, nbytes = self._send_burst(out, ev, room, now, deadline)
             self._burst_left = take - n
-            sent_bytes += self._send_burst(out, ev, wr, off, seq, n, last, now, deadline)
+            sent_bytes += nbytes
             sent_n += n
             if gap:
                 # a paced window is one packet (limit): this was the one
@@ -331,51 +331,30 @@ class Requester:
             stats.data_packets_sent += sent_n
             stats.bytes_sent += sent_bytes
 
-    def _segment(self, room: int) -> tuple[_WorkRequest, int, int, bool]:
-        """Cut up to ``room`` packets from the head of the queue: ``(wr, offset, n, last)``,
-        ``n`` packets of ``wr`` from byte ``offset``, ``last``: they end it (it leaves the
-        queue). Sequence numbers ``_next_seq`` onwards are theirs."""
-        queue = self._queue
+    def _send_burst(
+        self, out: list[Burst], ev: int, room: int, now: float, deadline: float
+    ) -> tuple[int, int]:
+        """Cut up to ``room`` packets from the head of the queue (one work request's) and
+        send them on ``ev``: their records, one deadline entry, the headers in one call; one
+        burst in ``out`` (two if a longer WRITE_IMM header ends it: only the last datagram of
+        a GSO send may differ in size, and only to be shorter). Returns (packets, bytes)."""
         payload = self.config.payload_size
-        wr = queue[0]
+        wr = self._queue[0]
         off = self._offset
-        left = -(-(len(wr.view) - off) // payload) or 1  # packets left in wr (1 if empty)
-        if left <= room:
-            n = left
-            last = True
-        else:
-            n = room
-            last = False
+        total = len(wr.view)
+        left = -(-(total - off) // payload) or 1  # packets left in wr (1 if empty)
+        last = left <= room
+        n = left if last else room
         if off == 0:
             self._inflight_wrs.append(wr)
         seq = self._next_seq
+        self._next_seq = seq + n
         if last:
             wr.last_seq = seq + n - 1
-            queue.popleft()
+            self._queue.popleft()
             self._offset = 0
         else:
             self._offset = off + n * payload
-        self._next_seq = seq + n
-        return wr, off, n, last
-
-    def _send_burst(
-        self,
-        out: list[Burst],
-        ev: int,
-        wr: _WorkRequest,
-        off: int,
-        seq: int,
-        n: int,
-        last: bool,
-        now: float,
-        deadline: float,
-    ) -> int:
-        """The first transmission of packets ``seq..seq+n-1`` of ``wr`` (from byte ``off``)
-        on ``ev``: their records, one deadline entry, the headers in one call; one burst in
-        ``out`` (two if a longer WRITE_IMM header ends it: only the last datagram of a GSO
-        send may differ in size, and only to be shorter). Returns the payload bytes."""
-        payload = self.config.payload_size
-        total = len(wr.view)
         full = n - 1  # packets of payload bytes before the last one
         o = off + full * payload
         last_len = payload if o + payload <= total else total - o
@@ -384,53 +363,60 @@ class Requester:
         h = self._hpos
         if h + full * _HDR_LEN + final > len(self._hbuf):
             h = self._header_room(full * _HDR_LEN + final)[1]
-        h0 = h
-        h_end = fastpath.pack_burst(
-            self._hbuf,
-            h,
-            self.remote_qpn,  # type: ignore[arg-type]  # (not None: connected)
-            (self.initial_psn + seq) & _PSN_MASK,
-            wr.remote_addr + off,
-            wr.rkey,
-            payload,
-            n,
-            last_len,
-            last,
-            imm,
+        qpn: int = self.remote_qpn  # type: ignore[assignment]  # (not None: connected)
+        psn = (self.initial_psn + seq) & _PSN_MASK
+        h_end = self._hpos = fastpath.pack_burst(
+            self._hbuf, h, qpn, psn, wr.remote_addr + off, wr.rkey, payload, n, last_len, last, imm
         )
-        self._hpos = h_end
-        hv = self._hview
-        view = wr.view
         port = self.evs.ports[ev]
-        outstanding = self._outstanding
-        ring = self._sent_ring
-        bufs: list[bytes | memoryview] = []
-        if full:
-            add = bufs.append
-            o = off
-            for s in range(seq, seq + full):
-                outstanding[s] = _Packet(wr, o, payload, False, ev, now, deadline)
-                ring[s & _RING_MASK] = (s << 16) | port
-                add(hv[h : h + _HDR_LEN])
-                add(view[o : o + payload])
-                h += _HDR_LEN
-                o += payload
+        bufs = self._leading(wr, off, seq, full, ev, port, h, now, deadline) if full else []
         s = seq + full
-        outstanding[s] = _Packet(wr, o, last_len, last, ev, now, deadline)
-        ring[s & _RING_MASK] = (s << 16) | port
-        bufs.append(hv[h:h_end])
-        bufs.append(view[o : o + last_len])
+        self._outstanding[s] = _Packet(wr, o, last_len, last, ev, now, deadline)
+        self._sent_ring[s & _RING_MASK] = (s << 16) | port
+        bufs.append(self._hview[h + full * _HDR_LEN : h_end])
+        bufs.append(wr.view[o : o + last_len])
         heapq.heappush(self._deadlines, (deadline, seq, n))
         self.evs.packets[ev] += n  # EVSet.count_sent, once per burst
         seg = _HDR_LEN + payload  # the segment size of a burst of more than one
         if not full:
-            out.append((ev, bufs, 1, h_end - h0 + last_len))
+            out.append((ev, bufs, 1, h_end - h + last_len))
         elif final + last_len > seg:
             out.append((ev, bufs[:-2], full, seg))
             out.append((ev, bufs[-2:], 1, final + last_len))
         else:
             out.append((ev, bufs, n, seg))
-        return full * payload + last_len
+        return n, full * payload + last_len
+
+    def _leading(
+        self,
+        wr: _WorkRequest,
+        off: int,
+        seq: int,
+        full: int,
+        ev: int,
+        port: int,
+        h: int,
+        now: float,
+        deadline: float,
+    ) -> list[bytes | memoryview]:
+        """The records and buffers (header, payload) of the ``full`` packets of payload size
+        that lead a burst: ``seq...`` of ``wr`` from byte ``off``, headers from ``h`` on."""
+        payload = self.config.payload_size
+        outstanding = self._outstanding
+        ring = self._sent_ring
+        hv = self._hview
+        view = wr.view
+        bufs: list[bytes | memoryview] = []
+        add = bufs.append
+        o = off
+        for s in range(seq, seq + full):
+            outstanding[s] = _Packet(wr, o, payload, False, ev, now, deadline)
+            ring[s & _RING_MASK] = (s << 16) | port
+            add(hv[h : h + _HDR_LEN])
+            add(view[o : o + payload])
+            h += _HDR_LEN
+            o += payload
+        return bufs
 
     def _header_room(self, nbytes: int) -> tuple[bytearray, int]:
         """Where the next ``nbytes`` of headers go: the header arena at its fill mark, or a
