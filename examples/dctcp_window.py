@@ -6,10 +6,10 @@ RFC 8257). ACKs without CE grow it by a packet per round trip (doubling, until t
 or trim). A trim or a timeout halves it, once per round trip; a SACK-detected loss leaves it
 alone (over sprayed paths it is as likely a dead path, which EV health retires).
 
-Written against mrc.core.cc.WindowLaw only. Use it from a command, with its parameters::
+Written against mrc.core.cc.WindowLaw only. Use it from a command (parameters, where a
+command takes ``--qp``: ``--qp cc.g=0.125``)::
 
     mrc-send --cc examples/dctcp_window.py:Dctcp --to HOST ...
-    mrc-bench --cc /abs/path/dctcp_window.py:Dctcp ...
 
 or as ``QPConfig(cc="dctcp", cc_params={"g": 0.125})`` once a program imported this file.
 """

@@ -68,6 +68,28 @@ def test_the_registry_names_the_laws_and_loads_one_from_a_file() -> None:
         assert "\n" not in str(err.value)
 
 
+def test_register_takes_only_laws_with_plain_parameters() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Named:
+        label: str = "x"
+
+    class Labelled(WindowLaw):
+        Params = Named
+
+    class Loose(WindowLaw):
+        Params = dict
+
+    for name, law, why in (
+        ("a:b", FixedWindow, "without ':'"),
+        ("plain", object, "not a window law"),
+        ("labelled", Labelled, "label of Named is not int, float or bool"),
+        ("loose", Loose, "Params is not a dataclass"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            register(name, law)  # type: ignore[arg-type]
+    assert "labelled" not in names() and "loose" not in names()
+
+
 def test_a_laws_parameters_are_checked_in_one_line_naming_the_key() -> None:
     assert params_of("nscc", {}) == NsccParams()
     assert params_of("nscc", {"gain": 1, "initial_window": 4}).gain == 1.0  # an int does

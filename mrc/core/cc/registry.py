@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 Value = int | float | bool
 
 _LAWS: dict[str, type[WindowLaw]] = {}
+_KINDS_OF: dict[type, dict[str, type]] = {}  # a Params class -> _kinds(it)
 #: the types a parameter may have, and the text each accepts
 _KINDS = (bool, int, float)
 _TRUE = ("1", "true", "yes", "on")
@@ -173,7 +174,11 @@ def _check_law(law: object, name: str) -> None:
 
 
 def _kinds(params: type[Any]) -> dict[str, type]:
-    """Field name -> int, float or bool, for every field of a law's ``Params``."""
+    """Field name -> int, float or bool, for every field of a law's ``Params`` (worked out
+    once per class: every QP's config is checked against it)."""
+    kinds = _KINDS_OF.get(params)
+    if kinds is not None:
+        return kinds
     hints = typing.get_type_hints(params)
     kinds = {}
     for f in dataclasses.fields(params):
@@ -181,6 +186,7 @@ def _kinds(params: type[Any]) -> dict[str, type]:
         if kind not in _KINDS:
             raise ValueError(f"parameter {f.name} of {params.__name__} is not int, float or bool")
         kinds[f.name] = kind
+    _KINDS_OF[params] = kinds
     return kinds
 
 
