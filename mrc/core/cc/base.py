@@ -35,7 +35,8 @@ class WindowLaw:
     Construction: ``Law(params, config)``, ``params`` an instance of the law's ``Params``
     dataclass (validated, from ``QPConfig.cc_params``), ``config`` the QP's
     :class:`~mrc.core.config.QPConfig` (``payload_size`` is the packet's payload, the unit
-    of ``limit``; ``max_outstanding`` caps it whatever the law says).
+    of ``limit``; ``max_outstanding`` caps it whatever the law says). A law's ``__init__``
+    sets ``limit`` (this one: ``max_outstanding``).
 
     Units: bytes are payload bytes, times are seconds on the caller's clock (``now``).
     """
