@@ -9,6 +9,7 @@ instead and every byte arrives. Prints one line per mode.
 """
 
 from mrc.core import QPConfig
+from mrc.core.events import QPFailed
 from mrc.lab.sim import Faults, SimNetwork
 from mrc.lab.sim_links import Fabric, LinkSpec
 
@@ -34,9 +35,7 @@ def run(cc: str) -> tuple[float, int, int, bool, str]:
     done = net.run(lambda: all(q.idle for q in qps), max_time=30.0)
     intact = done and all(buf == bytes([v]) * SIZE for v, buf in bufs)
     timeouts = sum(q.stats.retransmits_timeout for q in qps)
-    failures = [
-        e.reason for h in net.hosts.values() for e in h.events if type(e).__name__ == "QPFailed"
-    ]
+    failures = [e.reason for h in net.hosts.values() for e in h.events if isinstance(e, QPFailed)]
     why = f"{len(failures)} of {len(qps)} QPs failed ({failures[0]})" if failures else ""
     return net.now, fab.total("trimmed"), timeouts, intact, why
 

@@ -333,8 +333,9 @@ class Connection:
         return self.qp.stats.bytes_placed
 
     def stats(self) -> dict[str, object]:
-        """The QP's counters (``QPStats``) and the transport's for it (``mrc.counters``), its
-        drops plus those counted for the whole endpoint, its smoothed RTT and RTO."""
+        """The QP's counters (``QPStats``), the transport's for it and its window law's
+        (``mrc.counters``), its drops plus those counted for the whole endpoint, its smoothed
+        RTT and RTO."""
         qp = self.qp
         out: dict[str, object] = {}
         out.update(registry.read(qp, self.channel, registry.of(Source.QP)))
@@ -342,7 +343,7 @@ class Connection:
         for k, v in qp.stats.dropped_by_reason.items():
             drops[k] = drops.get(k, 0) + v
         out["dropped_by_reason"] = drops
-        out.update(registry.read(qp, self.channel, registry.of(Source.CHANNEL)))
+        out.update(registry.read(qp, self.channel, registry.of(Source.CHANNEL, Source.CC)))
         out["srtt"] = qp.requester.rtt.srtt
         out["rto"] = qp.requester.rtt.rto
         return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from mrc.core.cc import law_class, names
 from mrc.core.counters import RECV, CounterSpec, Source
 from mrc.core.evset import EV_COUNTERS
 from mrc.core.stats import QP_COUNTERS, RETRANSMIT_TRIGGERS
@@ -39,11 +40,19 @@ CHANNEL_COUNTERS = (
     ),
 )
 
-#: the congestion window's, read from its ``counters()`` (``Source.CC``): a law declares its
-#: counters here
-CC_COUNTERS: tuple[CounterSpec, ...] = ()
+#: the window laws', read from the QP's law (``Source.CC``): each law declares its own
+#: (``WindowLaw.COUNTERS``); those of the laws mrc ships are in the registry (a QP under another
+#: law reads 0 for them), a law loaded from elsewhere adds its own to ``read``'s answer
+CC_COUNTERS: tuple[CounterSpec, ...] = tuple(
+    spec
+    for name in names()
+    if law_class(name).__module__.startswith("mrc.")  # (not an example registered meanwhile)
+    for spec in law_class(name).COUNTERS
+)
 
 COUNTERS: tuple[CounterSpec, ...] = (*QP_COUNTERS, *CHANNEL_COUNTERS, *EV_COUNTERS, *CC_COUNTERS)
+
+_REGISTERED = frozenset(spec.name for spec in COUNTERS)
 
 #: HELP of each Prometheus family whose series are several counters, told apart by labels
 FAMILY_HELP = {
@@ -62,17 +71,22 @@ def in_json(tool: str) -> tuple[CounterSpec, ...]:
     return tuple(spec for spec in COUNTERS if tool in spec.json)
 
 
-def read(qp: QueuePair, channel: object, specs: Iterable[CounterSpec] = COUNTERS) -> dict[str, int]:
+def read(
+    qp: QueuePair, channel: object, specs: Iterable[CounterSpec] | None = None
+) -> dict[str, int]:
     """The value of every counter of ``specs`` for the connection of ``qp`` and ``channel``
-    (the transport's ``QPChannel``), by name."""
-    cc = qp.requester.cc
-    cc_counters = getattr(cc, "counters", None)
-    cc_values: dict[str, int] = cc_counters() if cc_counters is not None else {}
+    (the transport's ``QPChannel``), by name. ``specs`` None: the whole registry and the
+    counters of the QP's window law that it does not hold (a law loaded from elsewhere)."""
+    cc_values = qp.requester.cc.counters()
+    if specs is None:
+        specs = COUNTERS
+        out = {name: value for name, value in cc_values.items() if name not in _REGISTERED}
+    else:
+        out = {}
     roots: dict[Source, object] = {Source.QP: qp.stats, Source.EVS: qp.evs, Source.CHANNEL: channel}
-    out: dict[str, int] = {}
     for spec in specs:
         if spec.source is Source.CC:
-            out[spec.name] = cc_values.get(spec.attr or spec.name, 0)
+            out[spec.name] = cc_values.get(spec.name, 0)
         else:
             out[spec.name] = spec.read(roots[spec.source])
     return out

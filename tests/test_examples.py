@@ -21,6 +21,7 @@ EXPECT = {
     "scrape_metrics.py": [
         r"^mrc_qp_placed_bytes_total 2097152, connection says 2097152$",
     ],
+    "dctcp_window.py": [r"^dctcp: .* 0 timeouts, data ok$"],
     "incast_simulation.py": [
         r"^fixed: .* \d+ of 3 QPs failed \(PSN \d+ trimmed 1001 times\)$",
         r"^ nscc: .* 0 timeouts, data ok$",

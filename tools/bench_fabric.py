@@ -30,6 +30,8 @@ import argparse
 import sys
 
 from mrc.cli.common import Parser, float_between, positive_int, rate_arg, run_main, size_arg
+from mrc.core.cc import names as cc_names
+from mrc.core.cc import spec as cc_spec
 from mrc.lab.bench.fabric import main as run_bench
 from mrc.units import SIZE_HELP
 
@@ -76,8 +78,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--cc",
         default="nscc",
-        help="mrc-send --cc: congestion control(s), comma-separated to compare (nscc,fixed); "
-        "default nscc",
+        help="mrc-send --cc: window law(s), comma-separated to compare (nscc,fixed; also "
+        "MODULE:CLASS); default nscc",
     )
     p.add_argument("--name", help="fabric name (default bench<pid>)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
@@ -92,9 +94,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ]
     except ValueError:
         p.error(f"bad --window {args.window!r}: expected auto, 16 or 16,512")
-    args.cc = [c for c in str(args.cc).split(",") if c]
-    if not args.cc or any(c not in ("nscc", "fixed") for c in args.cc):
-        p.error(f"bad --cc {','.join(args.cc)!r}: expected nscc, fixed or nscc,fixed")
+    try:
+        args.cc = [cc_spec(c) for c in str(args.cc).split(",") if c]
+    except ValueError as exc:
+        p.error(f"bad --cc: {exc}")
+    if not args.cc:
+        p.error(f"bad --cc: expected laws, comma-separated ({', '.join(cc_names())}, MODULE:CLASS)")
     if not args.window or min(args.window) < 1:
         p.error("--window must be positive")
     try:

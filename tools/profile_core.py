@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mrc.cli.common import emit_json
+from mrc.cli.common import cc_arg, emit_json
 from mrc.core import EndpointCore, QPConfig, QueuePair, fastpath
 from mrc.core.events import Burst
 from mrc.core.evset import EVSet
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--burst", type=int, default=1, help="QPConfig.burst (default 1)")
     p.add_argument(
         "--cc",
-        choices=["nscc", "fixed"],
+        type=cc_arg,
         default="nscc",
         help="QPConfig.cc (default nscc; fixed: bursts of exactly --burst packets)",
     )

@@ -9,7 +9,7 @@ other three per step (12 QPs, kept for the whole run). At ``--fail-at`` seconds 
 leaf L0 and spine 0 of plane 0 goes down in both directions (``--heal-at`` brings it back).
 
     .venv/bin/python tools/sim_alltoall.py --cc fixed --window 4
-    .venv/bin/python tools/sim_alltoall.py --cc nscc --window 64 --qp cc_target_rtt_fraction=0.5
+    .venv/bin/python tools/sim_alltoall.py --cc nscc --window 64 --qp cc.target_rtt_fraction=0.5
     .venv/bin/python tools/sim_alltoall.py --cc nscc --fail-at 99        # no failure
 
 Prints one line: every step's time (ms) and the senders' timeouts, tail loss probes and
@@ -22,7 +22,10 @@ import argparse
 import itertools
 import sys
 
+from mrc.cli.common import cc_arg
+from mrc.cli.qpopts import add_qp_arg, apply_settings
 from mrc.core import QPConfig
+from mrc.core.cc import names
 from mrc.core.events import EVReason, EVStateChanged
 from mrc.lab.sim import Faults, SimNetwork
 from mrc.lab.sim_links import Fabric, LinkSpec
@@ -30,18 +33,6 @@ from mrc.lab.sim_links import Fabric, LinkSpec
 HOSTS = ("a", "b", "c", "d")
 LEAVES = {"a": "L0", "b": "L0", "c": "L1", "d": "L1"}
 FAILED = ("up:L0/p0/s0", "down:L0/p0/s0")
-
-
-def _qp_field(text: str) -> tuple[str, float | int | str]:
-    key, sep, value = text.partition("=")
-    if not sep or key not in QPConfig.__dataclass_fields__:
-        raise argparse.ArgumentTypeError(f"not a QPConfig field=value: {text!r}")
-    for kind in (int, float):
-        try:
-            return key, kind(value)
-        except ValueError:
-            pass
-    return key, value
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
@@ -53,16 +44,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     net = SimNetwork(seed=args.seed, faults=Faults(delay=0.00005, jitter=0.00005), fabric=fab)
     for h in HOSTS:
         net.add_host(h)
-    extra = dict(args.qp)
     qps = []
     for n, (src, dst) in enumerate(itertools.permutations(HOSTS, 2), start=1):
-        cfg = QPConfig(
-            payload_size=8192,
-            max_outstanding=args.window,
-            psn_window=16384,
-            cc=args.cc,
-            **extra,
-        )
+        cfg = QPConfig(payload_size=8192, max_outstanding=args.window, psn_window=16384, cc=args.cc)
+        apply_settings(cfg, args.qp)
         qa, _qb = net.connect(
             src, dst, evs=128, config=cfg, planes=2, qpn_a=n, qpn_b=100 + n, routes=True
         )
@@ -105,12 +90,12 @@ def _route_down(event: object) -> bool:
 def line(args: argparse.Namespace, out: dict[str, object]) -> str:
     steps = " ".join(f"{t:.0f}" for t in out["steps_ms"])  # type: ignore[attr-defined]
     counts = " ".join(f"{k} {v}" for k, v in out.items() if k != "steps_ms")
-    return f"{args.cc} window {args.window} {dict(args.qp) or ''} steps(ms) {steps} {counts}"
+    return f"{args.cc} window {args.window} {' '.join(args.qp)} steps(ms) {steps} {counts}"
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cc", choices=["nscc", "fixed"], default="nscc")
+    p.add_argument("--cc", type=cc_arg, default="nscc", help=f"window law: {', '.join(names())}")
     p.add_argument("--window", type=int, default=64, help="packets in flight per QP at most")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--size", type=int, default=1 << 20, help="bytes per QP per step")
@@ -119,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-at", type=float, default=0.25)
     p.add_argument("--heal-at", type=float)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--qp", type=_qp_field, action="append", default=[], metavar="FIELD=VALUE")
+    add_qp_arg(p, ", after --cc and --window")
     return p
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn, TextIO
 
 from mrc.cli.progress import Progress as Progress  # (re-exported: mrc-send, mrc-recv)
+from mrc.core.cc import spec as cc_spec
 from mrc.errors import MRCError, UsageError
 from mrc.security.keys import read_key_file
 from mrc.units import parse_rate, parse_size
@@ -199,6 +200,24 @@ def rate_arg(text: str) -> str:
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
+
+
+def cc_arg(text: str) -> str:
+    """A window law for ``QPConfig.cc`` (``--cc``): a registered name (``nscc``, ``fixed``) or
+    ``MODULE:CLASS``, loaded now to check it, a law file's path made absolute
+    (mrc.core.cc.registry)."""
+    try:
+        return cc_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+CC_HELP = (
+    "window law (congestion control): nscc (the default: a window driven by queueing delay, "
+    "ECN echoes and trims, capped by the window; docs/CONGESTION.md), fixed (a window of that "
+    "many packets), or MODULE:CLASS, a law of your own in a module or a .py file "
+    "(docs/CONGESTION.md, 'Writing a window law')"
+)
 
 
 def int_at_least(low: int) -> Callable[[str], int]:

@@ -22,6 +22,7 @@ import typing
 from collections.abc import Callable, Iterable
 from functools import cache
 
+from mrc.core.cc import param_from_text
 from mrc.core.config import QPConfig
 
 CC_PREFIX = "cc."
@@ -36,10 +37,10 @@ Convert = Callable[[str], object]
 
 
 def cc_param(config: QPConfig, name: str, value: str) -> None:
-    """``--qp cc.NAME=VALUE``: set parameter ``name`` of ``config``'s congestion-control law
+    """``--qp cc.NAME=VALUE``: set parameter ``name`` of ``config``'s window law (``config.cc``)
     from ``value``, or raise ValueError (one line) if the law has no such parameter or the
-    value does not fit it. The one place that knows the laws' parameters; none has any yet."""
-    raise ValueError(f"unknown congestion-control parameter {CC_PREFIX}{name}")
+    value does not fit it (the law's own ``Params`` dataclass says, mrc.core.cc.registry)."""
+    config.cc_params = {**config.cc_params, name: param_from_text(config.cc, name, value)}
 
 
 def with_window(config: QPConfig, window: int) -> QPConfig:
@@ -77,31 +78,42 @@ def apply_settings(
     settings: Iterable[str],
     cc: Callable[[QPConfig, str, str], None] = cc_param,
 ) -> QPConfig:
-    """``config`` with every ``KEY=VALUE`` of ``settings`` applied in order (``cc.`` keys
-    through ``cc``); it is not validated here (``QPConfig.validate``). Setting
-    ``max_outstanding`` sets the PSN window to match (:func:`with_window`) unless a
-    ``psn_window`` setting is given as well. Raises ValueError with a one-line reason."""
+    """``config`` with every ``KEY=VALUE`` of ``settings`` applied in order, the ``cc.`` keys
+    last (through ``cc``), so that they are read as parameters of the law the settings end up
+    choosing; it is not validated here (``QPConfig.validate``). Setting ``max_outstanding``
+    sets the PSN window to match (:func:`with_window`) unless a ``psn_window`` setting is given
+    as well. Raises ValueError with a one-line reason."""
     parsed = [parse_setting(text) for text in settings]
     explicit_psn = any(key == "psn_window" for key, _value in parsed)
     for key, value in parsed:
         if key.startswith(CC_PREFIX):
-            assert isinstance(value, str)
-            cc(config, key.removeprefix(CC_PREFIX), value)
-        elif key == "max_outstanding" and not explicit_psn:
+            continue
+        if key == "max_outstanding" and not explicit_psn:
             assert isinstance(value, int)
             with_window(config, value)
         else:
             setattr(config, key, value)
+    for key, value in parsed:
+        if key.startswith(CC_PREFIX):
+            assert isinstance(value, str)
+            cc(config, key.removeprefix(CC_PREFIX), value)
     return config
 
 
 def qp_setting(text: str) -> str:
     """argparse type of ``--qp``: ``text`` itself, once it is known to apply (so that a bad one
-    is a usage error at once, and the text can be forwarded as it is)."""
+    is a usage error at once, and the text can be forwarded as it is). A ``cc.`` parameter is
+    only checked for its form here: which law it belongs to is known once every option is read
+    (the commands apply and validate the whole config before they start)."""
     try:
-        apply_settings(QPConfig(), [text])
+        key, _value = parse_setting(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if not key.startswith(CC_PREFIX):
+        try:
+            apply_settings(QPConfig(), [text])
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

@@ -15,11 +15,13 @@ from typing import Any
 
 from mrc import wire
 from mrc.cli.common import (
+    CC_HELP,
     Parser,
     Progress,
     add_idle_timeout,
     add_key_args,
     add_logging_args,
+    cc_arg,
     configure_logging,
     emit_json,
     endpoint_arg,
@@ -140,14 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         "links are still sprayed packet by packet (default: up to 16 with nscc; 1, every "
         "packet on its own EV, with --cc fixed)",
     )
-    p.add_argument(
-        "--cc",
-        choices=["fixed", "nscc"],
-        default="nscc",
-        help="congestion control: nscc (the default: a window driven by queueing delay, ECN "
-        "echoes and trims, capped by --window; docs/CONGESTION.md) or fixed (a window of "
-        "--window packets, as before)",
-    )
+    p.add_argument("--cc", type=cc_arg, default="nscc", metavar="LAW", help=CC_HELP)
     p.add_argument(
         "--from",
         dest="local",

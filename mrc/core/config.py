@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Bounds of psn_window, named so that validate() and the side channel's check of a peer's
 # hello (mrc/transport/messages.py) cannot drift apart.
@@ -12,8 +12,9 @@ MAX_BURST = 64  # the kernel's limit on segments in one UDP GSO send (UDP_MAX_SE
 # the most bytes of datagrams (MRC headers + payloads) one UDP GSO send carries: an IPv6
 # payload (65535) less the UDP header and room for an SRH (mrc/transport/gso.py)
 GSO_MAX_BYTES = 65000
-# QPConfig.burst left unset: the most packets per burst NSCC may choose (docs/PERFORMANCE.md,
-# "Bursts": past about 16 x 8 KiB the kernel's GSO gains little and a burst's queueing grows)
+# QPConfig.burst left unset: the most packets per burst a window law that sizes its bursts
+# (NSCC) may choose (docs/PERFORMANCE.md, "Bursts": past about 16 x 8 KiB the kernel's GSO gains
+# little and a burst's queueing grows)
 AUTO_BURST = 16
 
 
@@ -55,9 +56,9 @@ class EVConfig:
     # planes' shares follow their delays: a plane whose smallest RTT over 4 round trips
     # exceeds the best plane's by more than plane_steer_margin x that + 1 ms, twice in a row,
     # gives up share (down to plane_steer_floor of an equal share) and wins it back once level
-    # (mrc.core.planesteer, docs/EV_HEALTH.md "Plane shares"). None: on with NSCC, off with a
-    # fixed window, whose standing queues say how the window was set, not what the planes
-    # can carry
+    # (mrc.core.planesteer, docs/EV_HEALTH.md "Plane shares"). None: the window law's default
+    # (on with NSCC; off with a fixed window, whose standing queues say how the window was set,
+    # not what the planes can carry)
     plane_steering: bool | None = None
     plane_steer_margin: float = 0.5
     plane_steer_floor: float = 0.25
@@ -76,8 +77,8 @@ class EVConfig:
 class QPConfig(EVConfig):
     """Everything a QP needs to know that is not negotiated with the peer.
 
-    ``max_outstanding`` bounds packets in flight (the congestion window's cap; with
-    ``cc="fixed"`` the window itself); ``psn_window`` bounds how far ahead of the oldest
+    ``max_outstanding`` bounds packets in flight (the cap of the congestion window, ``cc``;
+    the window itself with ``cc="fixed"``); ``psn_window`` bounds how far ahead of the oldest
     unacknowledged packet a sender may go, and is also the span of PSNs a receiver accepts
     ahead of its cumulative point.
     """
@@ -106,48 +107,31 @@ class QPConfig(EVConfig):
     reorder_srtt_fraction: float = 1.0
     # new packets sent back to back on one EV before the next EV is drawn: the transport sends
     # such a burst as one GSO send (one skb through the kernel) and the receiver takes it in one
-    # GRO receive; 1 sprays every packet (docs/PROTOCOL.md section 2). With NSCC this is a
-    # maximum: the burst actually sent is what one plane drains in burst_delay_fraction of
-    # the target delay at the rate measured so far (1 before any rate is known), so that a
-    # burst never queues long enough to read as congestion (docs/PERFORMANCE.md, "Bursts").
-    # None (the default): AUTO_BURST with NSCC, 1 (spraying) with the fixed window
+    # GRO receive; 1 sprays every packet (docs/PROTOCOL.md section 2). A window law may size
+    # bursts itself below this maximum (NSCC: what one plane drains in burst_delay_fraction of
+    # the target delay at the rate measured so far, 1 before any rate is known, so that a
+    # burst never queues long enough to read as congestion; docs/PERFORMANCE.md, "Bursts").
+    # None (the default): the law's default_burst (AUTO_BURST with NSCC, 1 with the fixed window)
     burst: int | None = None
     burst_delay_fraction: float = 0.5
     # with NSCC, bursts are also cut so that one window holds at least this many per plane
     burst_spread: int = 4
-    # congestion control (mrc/core/cc.py, docs/CONGESTION.md): "fixed" = a window of
-    # max_outstanding packets, as always; "nscc" = an NSCC-style window, max_outstanding its cap
+    # congestion control: the window law's name (mrc/core/cc/, docs/CONGESTION.md): "nscc", an
+    # NSCC-style window capped by max_outstanding; "fixed", a window of max_outstanding
+    # packets; another registered name, or MODULE:CLASS to load a law from a module or file
     cc: str = "nscc"
-    # nscc: the queueing delay (RTT above the smallest seen) the window aims at, seconds. Above
-    # any ACK-coalescing delay of the peer (ack_delay), yet a fraction of a 20-packet queue at
-    # 100 Mbit/s (1.6 ms): about 6 kB of queue at 100 Mbit/s, 60 kB at 1 Gbit/s
-    cc_target_delay: float = 0.0005
-    # nscc: the target delay is at least this fraction of the path's base RTT (a long path
-    # needs room for the queue spraying builds); cc_target_delay stays the floor. 0: fixed
-    cc_target_rtt_fraction: float = 0.25
-    # nscc: the target delay is at least this many of the QP's own packets at the rate it is
-    # delivering now, up to cc_target_max (0: off, the default). Where a packet takes longer to
-    # cross the bottleneck than the target (slow links, several flows sharing one), a target
-    # below it holds every window at a packet or two. 2 halves the simulator's all-to-all step
-    # at 100 Mbit/s but did not help on the netns fabric, where ring steps got 15% slower
-    # (docs/CONGESTION.md, "Target of the flow's own packets")
-    cc_target_packets: float = 0.0
-    cc_target_max: float = 0.004
-    # nscc: the window before any signal, packets (capped by max_outstanding)
-    cc_initial_window: int = 16
-    # nscc: weight of the proportional increase (0: additive only, one packet per RTT)
-    cc_gain: float = 0.5
-    # nscc: the smallest window, packets. Below 1 the requester paces: one packet every
-    # 1 / window round trips, so that many flows into one host fit its last hop's queue
-    # (docs/CONGESTION.md, "Windows below a packet, paced"). 1: never below a packet
-    cc_min_window: float = 0.25
+    # the law's parameters, by the names of its Params fields (NSCC: mrc.core.cc.NsccParams);
+    # what is not given takes the law's default. Text form: --qp cc.NAME=VALUE
+    cc_params: dict[str, float | int | bool] = field(default_factory=dict)
 
     @property
     def burst_max(self) -> int:
-        """``burst``, or what leaving it unset means for this congestion control."""
+        """``burst``, or what leaving it unset means for this window law."""
         if self.burst is not None:
             return self.burst
-        return AUTO_BURST if self.cc == "nscc" else 1
+        from mrc.core.cc.registry import law_class  # (the laws import this module)
+
+        return law_class(self.cc).default_burst
 
     def validate(self) -> None:
         """Raise ValueError with a user-facing message for impossible settings."""
@@ -169,22 +153,9 @@ class QPConfig(EVConfig):
             raise ValueError("ack_every must be at least 1")
         if self.tlp_max < 0:
             raise ValueError("tlp_max must be >= 0")
-        if self.cc not in ("fixed", "nscc"):
-            raise ValueError(f"cc must be 'fixed' or 'nscc', not {self.cc!r}")
-        if not self.cc_target_delay > 0:
-            raise ValueError("cc_target_delay must be > 0 seconds")
-        if not 0 <= self.cc_target_rtt_fraction <= 4:
-            raise ValueError("cc_target_rtt_fraction must be between 0 and 4")
-        if not 0 <= self.cc_target_packets <= 64:
-            raise ValueError("cc_target_packets must be between 0 and 64")
-        if not self.cc_target_delay <= self.cc_target_max <= 1:
-            raise ValueError("cc_target_max must be between cc_target_delay and 1 second")
-        if self.cc_initial_window < 1:
-            raise ValueError("cc_initial_window must be at least 1 packet")
-        if not 0.001 <= self.cc_min_window <= 1:
-            raise ValueError("cc_min_window must be between 0.001 and 1 packet")
-        if self.cc_gain < 0:
-            raise ValueError("cc_gain must be >= 0")
+        from mrc.core.cc.registry import params_of  # (the laws import this module)
+
+        params_of(self.cc, self.cc_params)  # the law exists, its parameters fit it
         EVConfig.validate(self)
         if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:
             raise ValueError("need 0 < min_rto <= initial_rto <= max_rto")

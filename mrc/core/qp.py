@@ -19,6 +19,7 @@ from collections import deque
 from typing import Protocol
 
 from mrc import wire
+from mrc.core.cc import law_class
 from mrc.core.config import QPConfig
 from mrc.core.events import Burst, Datagram, Event, EVReason, ProbeReplied, datagrams_of
 from mrc.core.evset import EVSet
@@ -94,7 +95,9 @@ class QueuePair:
         emit = self._events.append
         nplanes = max(ev_planes) + 1 if ev_planes else 1
         steering = None
-        steer = cfg.plane_steering if cfg.plane_steering is not None else cfg.cc == "nscc"
+        steer = cfg.plane_steering
+        if steer is None:
+            steer = law_class(cfg.cc).plane_steering  # the window law's default
         if steer and nplanes > 1:
             steering = PlaneSteering(
                 nplanes, margin=cfg.plane_steer_margin, floor=cfg.plane_steer_floor

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import chain, islice
 
 from mrc import wire
 from mrc.core import fastpath
-from mrc.core.cc import NsccWindow
-from mrc.core.config import GSO_MAX_BYTES, QPConfig
+from mrc.core.cc import WindowLaw, create
+from mrc.core.config import QPConfig
 from mrc.core.events import (
     Burst,
     Datagram,
@@ -154,37 +154,22 @@ class Requester:
         self._burst_ev = 0
         self._burst_left = 0
         self.burst_now = 1  # packets per burst of the latest send (config.burst_max at most)
-        # packets one GSO send carries (the transport cuts longer bursts into such sends)
-        self._per_send = max(1, GSO_MAX_BYTES // (config.payload_size + wire.DATA_IMM_HDR_LEN))
         # the header arena: headers are written here, a burst at a time, and handed out as
         # views; a full arena is replaced, never rewritten (_header_room)
         self._hbuf = bytearray(_ARENA)
         self._hview = memoryview(self._hbuf)
         self._hpos = 0
-        # congestion control: None = the fixed window of max_outstanding packets, as always.
-        # With NSCC, packets known to be out of the network (queued in _retransmit after a
-        # NACK, a loss or a timeout) do not count as in flight: _waiting counts them
-        self.cc: NsccWindow | None = None
-        if config.cc == "nscc":
-            self.cc = NsccWindow(
-                config.payload_size,
-                config.max_outstanding,
-                config.cc_initial_window,
-                config.cc_target_delay,
-                gain=config.cc_gain,
-                min_packets=config.cc_min_window,
-                target_rtt_fraction=config.cc_target_rtt_fraction,
-                target_packets=config.cc_target_packets,
-                target_max=config.cc_target_max,
-            )
+        # congestion control: the window law (mrc/core/cc/). Packets known to be out of the
+        # network (queued in _retransmit after a NACK, a loss or a timeout) do not count
+        # against its limit: _waiting counts them
+        self.cc: WindowLaw = create(config.cc, config.cc_params, config)
         self._waiting = 0
-        # pacing below a one-packet window (NsccWindow.pace_gap): nothing but tail loss
-        # probes leaves before _pace_at; _paced: something was held back for it, so the
-        # timer must wake the QP then
+        # pacing (WindowLaw.pace_gap): nothing but tail loss probes leaves before _pace_at;
+        # _paced: something was held back for it, so the timer must wake the QP then
         self._pace_at = _NEG_INF
         self._paced = False
         # nothing was queued and nothing in flight (the application had nothing to send);
-        # not a window below a packet, which also empties the flight between its packets
+        # not a paced window, which also empties the flight between its packets
         self._idle = True
 
     # ---- application side -------------------------------------------------------------
@@ -239,22 +224,36 @@ class Requester:
             return
         if now >= self.evs.pen_next:
             self.evs.lift_penalties(now)
-        rto = self.rtt.rto
-        outstanding = self._outstanding
-        retransmit = self._retransmit
-        stats = self.stats
         sent_before = len(out)
         cc = self.cc
-        # NSCC: packets in the network (len(outstanding) - _waiting) stay below the window,
-        # retransmissions and new data alike; the fixed window never holds retransmissions back
-        rtx_limit = _INF if cc is None else cc.limit + self._waiting
         if self._idle and self._queue:
-            if cc is not None:
-                cc.on_resume(now)  # new work after an idle spell
+            cc.on_resume(now)  # new work after an idle spell
             self._idle = False
-        gap = 0.0 if cc is None else cc.pace_gap()
+        gap = cc.pace_gap()
         held = gap > 0.0 and now < self._pace_at  # paced: only probes may go now
         self._paced = False
+        if self._retransmit:
+            held = self._send_retransmissions(now, out, gap, held)
+        self._send_new(now, out, gap, held)
+        if len(out) > sent_before:
+            if cc.prompt_acks:
+                # the window is full (or the queue empty): ask for an ACK of this burst's last
+                # packet at once (AckReq), instead of after the receiver's ack_delay. A window
+                # below ack_every would otherwise see every RTT sample inflated by that delay
+                # and read it as queueing (docs/CONGESTION.md). The header is in the arena,
+                # not yet handed out: set in place
+                hdr = out[-1][1][-2]
+                hdr[8] |= wire.BTH_ACKREQ  # type: ignore[index]
+            self._arm_tlp(now)
+
+    def _send_retransmissions(self, now: float, out: list[Burst], gap: float, held: bool) -> bool:
+        """Resend what is queued for it, a burst of one each: tail loss probes whatever the
+        window, the rest while packets in the network (``len(outstanding) - _waiting``) stay
+        below the window's limit and pacing allows. Returns whether pacing holds now."""
+        outstanding = self._outstanding
+        retransmit = self._retransmit
+        evs = self.evs
+        rtx_limit = self.cc.limit + self._waiting
         while retransmit and (self._probes or (not held and len(outstanding) < rtx_limit)):
             seq = retransmit.popleft()
             probe = self._probes > 0
@@ -270,9 +269,9 @@ class Requester:
                 # the probe goes through the same NIC queue as what it probes (else it may
                 # overtake it there, and its arriving first would prove nothing), on
                 # another route if there is one
-                pkt.ev = self.evs.next_beside(pkt.ev)
+                pkt.ev = evs.next_beside(pkt.ev)
             else:
-                pkt.ev = self.evs.next_other(pkt.ev)
+                pkt.ev = evs.next_other(pkt.ev)
             pkt.retransmitted = True
             if probe or not pkt.nacked:
                 pkt.ambiguous = True  # the copy before this one may still be on its way
@@ -281,144 +280,143 @@ class Requester:
             pkt.deadline = deadline = now + self.rtt.backed_off(pkt.timeouts)
             heapq.heappush(self._deadlines, (deadline, seq, 1))
             out.append(self._build(seq, pkt))
-            stats.retransmits += 1
+            self.stats.retransmits += 1
             if gap and not probe:
                 self._pace_at = now + gap
                 held = True
-        limit = self.config.max_outstanding  # a hard cap on records, whatever the window
-        if cc is not None and cc.limit + self._waiting < limit:
-            limit = cc.limit + self._waiting
-        span = self._snd_una + self.config.psn_window
+        return held
+
+    def _send_new(self, now: float, out: list[Burst], gap: float, held: bool) -> None:
+        """Cut new packets from the queued work requests, a burst at a time, while the
+        window's limit (and ``max_outstanding``, ``psn_window`` and pacing) allow."""
+        cc = self.cc
+        cfg = self.config
+        outstanding = self._outstanding
         queue = self._queue
-        payload = self.config.payload_size
-        evs = self.evs
-        usable = evs.usable
-        burst = self.config.burst_max
-        if cc is not None and burst > 1:
-            burst = self._burst_size(cc, burst)
+        limit = cfg.max_outstanding  # a hard cap on records, whatever the window
+        if cc.limit + self._waiting < limit:
+            limit = cc.limit + self._waiting
+        span = self._snd_una + cfg.psn_window
+        burst = cfg.burst if cfg.burst is not None else cc.default_burst
+        if burst > 1:
+            burst = cc.burst(burst, self.evs.nplanes)
         self.burst_now = burst
-        deadline = now + rto
-        seg = _HDR_LEN + payload  # the segment size of a burst of more than one
-        pack = fastpath.pack_burst
-        # not None: bursts_to_send builds nothing before connect(); no check per burst
-        qpn: int = self.remote_qpn
-        ipsn = self.initial_psn
-        ports = evs.ports
-        packets = evs.packets
-        ring = self._sent_ring
-        make = _Packet
-        deadlines = self._deadlines
-        push = heapq.heappush
-        sent_n = sent_bytes = 0
-        if held and (queue or retransmit):
+        if held and (queue or self._retransmit):
             self._paced = True
+        usable = self.evs.usable
+        deadline = now + self.rtt.rto
+        sent_n = sent_bytes = 0
         while queue and not held and len(outstanding) < limit and self._next_seq < span:
             if self._burst_left and usable[self._burst_ev]:
                 ev = self._burst_ev
                 take = self._burst_left
             else:
-                ev = self._burst_ev = evs.next()
+                ev = self._burst_ev = self.evs.next()
                 take = burst
-                stats.bursts += 1
-            seq = self._next_seq
-            room = min(take, limit - len(outstanding), span - seq)
-            wr = queue[0]
-            total = len(wr.view)
-            off = self._offset
-            left = -(-(total - off) // payload) or 1  # packets left in wr (1 if empty)
-            if left <= room:
-                n = left
-                last = True
-            else:
-                n = room
-                last = False
+                self.stats.bursts += 1
+            room = min(take, limit - len(outstanding), span - self._next_seq)
+            n, nbytes = self._send_burst(out, ev, room, now, deadline)
             self._burst_left = take - n
-            if off == 0:
-                self._inflight_wrs.append(wr)
-            if last:
-                wr.last_seq = seq + n - 1
-                queue.popleft()
-                self._offset = 0
-            else:
-                self._offset = off + n * payload
-            self._next_seq = seq + n
-            # first transmission of packets seq..seq+n-1 of wr (from byte off) on ev: their
-            # records, one deadline entry, the headers in one call, the counters; one burst
-            # in out (two if a longer WRITE_IMM header ends it: only the last datagram of a
-            # GSO send may differ in size, and only to be shorter)
-            full = n - 1  # packets of payload bytes before the last one
-            o = off + full * payload
-            last_len = payload if o + payload <= total else total - o
-            imm = wr.imm if last and wr.imm is not None else -1
-            final = _IMM_HDR_LEN if imm >= 0 else _HDR_LEN
-            h = self._hpos
-            if h + full * _HDR_LEN + final > len(self._hbuf):
-                h = self._header_room(full * _HDR_LEN + final)[1]
-            h0 = h
-            h_end = pack(
-                self._hbuf,
-                h,
-                qpn,
-                (ipsn + seq) & _PSN_MASK,
-                wr.remote_addr + off,
-                wr.rkey,
-                payload,
-                n,
-                last_len,
-                last,
-                imm,
-            )
-            self._hpos = h_end
-            hv = self._hview
-            view = wr.view
-            port = ports[ev]
-            bufs: list[bytes | memoryview] = []
-            if full:
-                add = bufs.append
-                o = off
-                for s in range(seq, seq + full):
-                    outstanding[s] = make(wr, o, payload, False, ev, now, deadline)
-                    ring[s & _RING_MASK] = (s << 16) | port
-                    add(hv[h : h + _HDR_LEN])
-                    add(view[o : o + payload])
-                    h += _HDR_LEN
-                    o += payload
-            s = seq + full
-            outstanding[s] = make(wr, o, last_len, last, ev, now, deadline)
-            ring[s & _RING_MASK] = (s << 16) | port
-            bufs.append(hv[h:h_end])
-            bufs.append(view[o : o + last_len])
-            push(deadlines, (deadline, seq, n))
-            packets[ev] += n  # EVSet.count_sent, once per burst
+            sent_bytes += nbytes
             sent_n += n
-            sent_bytes += full * payload + last_len
-            if not full:
-                out.append((ev, bufs, 1, h_end - h0 + last_len))
-            elif final + last_len > seg:
-                out.append((ev, bufs[:-2], full, seg))
-                out.append((ev, bufs[-2:], 1, final + last_len))
-            else:
-                out.append((ev, bufs, n, seg))
             if gap:
-                # below a packet the window is one packet (limit): this was the one
+                # a paced window is one packet (limit): this was the one
                 self._pace_at = now + gap * n
                 if queue:
                     self._paced = True
                 break
         if sent_n:
+            stats = self.stats
             stats.packets_sent += sent_n
             stats.data_packets_sent += sent_n
             stats.bytes_sent += sent_bytes
-        if len(out) > sent_before:
-            if cc is not None:
-                # the window is full (or the queue empty): ask for an ACK of this burst's last
-                # packet at once (AckReq), instead of after the receiver's ack_delay. A window
-                # below ack_every would otherwise see every RTT sample inflated by that delay
-                # and read it as queueing (docs/CONGESTION.md). The header is in the arena,
-                # not yet handed out: set in place
-                hdr = out[-1][1][-2]
-                hdr[8] |= wire.BTH_ACKREQ  # type: ignore[index]
-            self._arm_tlp(now)
+
+    def _send_burst(
+        self, out: list[Burst], ev: int, room: int, now: float, deadline: float
+    ) -> tuple[int, int]:
+        """Cut up to ``room`` packets from the head of the queue (one work request's) and
+        send them on ``ev``: their records, one deadline entry, the headers in one call; one
+        burst in ``out`` (two if a longer WRITE_IMM header ends it: only the last datagram of
+        a GSO send may differ in size, and only to be shorter). Returns (packets, bytes)."""
+        payload = self.config.payload_size
+        wr = self._queue[0]
+        off = self._offset
+        total = len(wr.view)
+        left = -(-(total - off) // payload) or 1  # packets left in wr (1 if empty)
+        last = left <= room
+        n = left if last else room
+        if off == 0:
+            self._inflight_wrs.append(wr)
+        seq = self._next_seq
+        self._next_seq = seq + n
+        if last:
+            wr.last_seq = seq + n - 1
+            self._queue.popleft()
+            self._offset = 0
+        else:
+            self._offset = off + n * payload
+        full = n - 1  # packets of payload bytes before the last one
+        o = off + full * payload
+        last_len = payload if o + payload <= total else total - o
+        imm = wr.imm if last and wr.imm is not None else -1
+        final = _IMM_HDR_LEN if imm >= 0 else _HDR_LEN
+        h = self._hpos
+        if h + full * _HDR_LEN + final > len(self._hbuf):
+            h = self._header_room(full * _HDR_LEN + final)[1]
+        qpn: int = self.remote_qpn  # type: ignore[assignment]  # (not None: connected)
+        psn = (self.initial_psn + seq) & _PSN_MASK
+        h_end = self._hpos = fastpath.pack_burst(
+            self._hbuf, h, qpn, psn, wr.remote_addr + off, wr.rkey, payload, n, last_len, last, imm
+        )
+        port = self.evs.ports[ev]
+        bufs = self._leading(wr, off, seq, full, ev, port, h, now, deadline) if full else []
+        s = seq + full
+        self._outstanding[s] = _Packet(wr, o, last_len, last, ev, now, deadline)
+        self._sent_ring[s & _RING_MASK] = (s << 16) | port
+        bufs.append(self._hview[h + full * _HDR_LEN : h_end])
+        bufs.append(wr.view[o : o + last_len])
+        heapq.heappush(self._deadlines, (deadline, seq, n))
+        self.evs.packets[ev] += n  # EVSet.count_sent, once per burst
+        seg = _HDR_LEN + payload  # the segment size of a burst of more than one
+        if not full:
+            out.append((ev, bufs, 1, h_end - h + last_len))
+        elif final + last_len > seg:
+            out.append((ev, bufs[:-2], full, seg))
+            out.append((ev, bufs[-2:], 1, final + last_len))
+        else:
+            out.append((ev, bufs, n, seg))
+        return n, full * payload + last_len
+
+    def _leading(
+        self,
+        wr: _WorkRequest,
+        off: int,
+        seq: int,
+        full: int,
+        ev: int,
+        port: int,
+        h: int,
+        now: float,
+        deadline: float,
+    ) -> list[bytes | memoryview]:
+        """The records and buffers (header, payload) of the ``full`` packets of payload size
+        that lead a burst: ``seq...`` of ``wr`` from byte ``off``, headers from ``h`` on."""
+        payload = self.config.payload_size
+        outstanding = self._outstanding
+        ring = self._sent_ring
+        hv = self._hview
+        view = wr.view
+        bufs: list[bytes | memoryview] = []
+        add = bufs.append
+        o = off
+        for s in range(seq, seq + full):
+            outstanding[s] = _Packet(wr, o, payload, False, ev, now, deadline)
+            ring[s & _RING_MASK] = (s << 16) | port
+            add(hv[h : h + _HDR_LEN])
+            add(view[o : o + payload])
+            h += _HDR_LEN
+            o += payload
+        return bufs
 
     def _header_room(self, nbytes: int) -> tuple[bytearray, int]:
         """Where the next ``nbytes`` of headers go: the header arena at its fill mark, or a
@@ -430,31 +428,6 @@ class Requester:
             self._hview = memoryview(self._hbuf)
             self._hpos = 0
         return self._hbuf, self._hpos
-
-    def _burst_size(self, cc: NsccWindow, most: int) -> int:
-        """Packets per burst under NSCC: what one plane drains in ``burst_delay_fraction`` of
-        the target delay at the best rate measured (the QP's rate shared by its planes), at
-        least 1 and at most ``most``. The last packet of a burst waits behind the
-        others in the sender's own NIC queue; kept below the target, that wait is not read
-        as congestion (and a slow path, where one packet takes longer than the budget, is
-        sprayed packet by packet)."""
-        cfg = self.config
-        planes = self.evs.nplanes
-        budget = cfg.burst_delay_fraction * cc.target * cc.best_rate / planes
-        k = int(budget // cfg.payload_size)
-        # and a window still holds burst_spread bursts per plane: EV health learns of a dead
-        # path from the EVs it tried, so bursts must not cut how many it tries per round trip
-        spread = cc.limit // (planes * cfg.burst_spread)
-        if spread < k:
-            k = spread
-        if k > most:
-            k = most
-        # in whole GSO sends: 16 x 8 KiB would go out as 7 + 7 + 2, and the 2 cost a send
-        # and a receive of their own
-        per_send = self._per_send
-        if k > per_send:
-            k -= k % per_send
-        return k if k > 1 else 1
 
     def _ce_memory(self) -> float:
         """How long a CE mark counts: the penalty it gives an EV, and how far back before a
@@ -556,41 +529,44 @@ class Requester:
                 self._retransmit.append(seq)
                 self._waiting += 1
                 self.stats.retransmits_timeout += 1
-                if self.cc is not None:
-                    self.cc.on_loss(now)
+                self.cc.on_timeout(now)
                 if self.health:
                     self._blame(pkt.ev, pkt.sent_at, EVReason.TIMEOUT, now)
         if self._tlp_at is not None and self._tlp_at <= now and not self.failed:
             self._tlp_at = None
             if outstanding:
-                seq = next(reversed(outstanding))  # insertion order is seq order
-                pkt = outstanding[seq]
-                if pkt.deadline != _INF:  # not already queued for a resend
-                    pkt.deadline = _INF
-                    # the transmission probed: if the probe turns out to be the first copy
-                    # to arrive, it was lost, and its EV is blamed then (on_ack)
-                    if pkt.probed is None:
-                        pkt.probed = [(pkt.ev, pkt.sent_at)]
-                    else:
-                        pkt.probed.append((pkt.ev, pkt.sent_at))
-                    # a probe goes out whatever the window: NSCC may have shrunk it below
-                    # what is in flight, and a probe held back by the silence it is meant
-                    # to break would leave that silence to the RTO
-                    self._retransmit.appendleft(seq)
-                    self._probes += 1
-                    self._waiting += 1
-                    self.stats.retransmits_tlp += 1
-                    self._tlps += 1
-                    self._arm_tlp(now)  # the next probe, if this one meets silence too
-                else:
-                    self._probe_queued(seq, now)
+                self._tail_probe(now)
+
+    def _tail_probe(self, now: float) -> None:
+        """The tail loss probe is due: resend the newest outstanding packet, past the window."""
+        outstanding = self._outstanding
+        seq = next(reversed(outstanding))  # insertion order is seq order
+        pkt = outstanding[seq]
+        if pkt.deadline == _INF:  # already queued for a resend
+            self._probe_queued(seq, now)
+            return
+        pkt.deadline = _INF
+        # the transmission probed: if the probe turns out to be the first copy to arrive, it
+        # was lost, and its EV is blamed then (on_ack)
+        if pkt.probed is None:
+            pkt.probed = [(pkt.ev, pkt.sent_at)]
+        else:
+            pkt.probed.append((pkt.ev, pkt.sent_at))
+        # a probe goes out whatever the window: the law may have shrunk it below what is in
+        # flight, and a probe held back by the silence it is meant to break would leave that
+        # silence to the RTO
+        self._retransmit.appendleft(seq)
+        self._probes += 1
+        self._waiting += 1
+        self.stats.retransmits_tlp += 1
+        self._tlps += 1
+        self._arm_tlp(now)  # the next probe, if this one meets silence too
 
     def _probe_queued(self, seq: int, now: float) -> None:
         """The tail loss probe when the newest packet is already queued for a resend (a loss
-        found, a NACK), held back by a window NSCC has shrunk below what is in flight: that
-        resend is the probe, and goes now, past the window. Before, the probe did nothing
-        and was not armed again, and the silence lasted until the RTO (failover demo: a
-        50 ms stall with the window at one packet and its one packet lost)."""
+        found, a NACK), held back by a window shrunk below what is in flight: that resend is
+        the probe, and goes now, past the window; doing nothing instead would leave the
+        silence to the RTO, and arm no further probe (docs/CONGESTION.md)."""
         rq = self._retransmit
         if seq not in islice(rq, self._probes):  # not already going out as a probe
             try:
@@ -622,60 +598,17 @@ class Requester:
         (_op, _f, _pk, qpw, psnw, aeth, subj, base, bitmap, ev_port, ports) = (
             wire.ACK_PKT.unpack_from(data)
         )
-        stats = self.stats
         if self.failed:
-            stats.dropped_by_reason["qp_failed"] += 1
+            self.stats.dropped_by_reason["qp_failed"] += 1
             return
-        ip = self.initial_psn
-        una = self._snd_una
-        nxt = self._next_seq
-        outstanding = self._outstanding
-        recovery = self.recovery
-        evs = self.evs
         syndrome = aeth >> 24
-        subj_seq = to_seq(ip, subj & wire.PSN_MASK, una)
-        subject = outstanding.get(subj_seq)
+        subj_seq = to_seq(self.initial_psn, subj & wire.PSN_MASK, self._snd_una)
+        subject = self._outstanding.get(subj_seq)
         is_nack = (syndrome & 0x60) == wire.AETH_NAK_BASE
-        if is_nack:
-            stats.nacks += 1
-            if subject is None:
-                refused: str | None = "nack_not_in_flight"
-            elif evs.ports[subject.ev] != ev_port:
-                refused = "nack_wrong_ev"
-            elif subject.nacked:
-                refused = "nack_repeated"  # one NACK per transmission has an effect
-            else:
-                refused = None
-            if refused is not None:
-                stats.nacks_ignored += 1
-                stats.dropped_by_reason[refused] += 1
-                return
-        elif subject is None or evs.ports[subject.ev] != ev_port:
-            if (
-                ev_port == 0
-                and subj_seq == 0
-                and not bitmap
-                and to_seq(ip, psnw & wire.PSN_MASK, 0) == -1
-            ):
-                # the peer has received nothing from us and says so: it only announces its
-                # port state (see QueuePair.datagrams_to_send), which we take. Unverifiable,
-                # but a forgery of it can only steer our packets between planes.
-                stats.sacks += 1
-                if self.health:
-                    evs.set_peer_planes(ports)
-                return
-            if subject is not None:
-                refused = "ack_wrong_ev"
-            elif not 0 <= subj_seq < nxt or nxt - subj_seq > _RING:
-                refused = "ack_not_sent"
-            elif self._sent_ring[subj_seq & _RING_MASK] != (subj_seq << 16) | ev_port:
-                refused = "ack_wrong_ev"
-            else:
-                refused = None  # acknowledged moments ago, on the EV this ACK echoes
-            if refused is not None:
-                stats.dropped_by_reason[refused] += 1
-                return
-        subj_sent = recovery.subject_sent_at(
+        if not self._believed(is_nack, subj_seq, subject, ev_port, psnw, bitmap, ports):
+            return
+        evs = self.evs
+        subj_sent = self.recovery.subject_sent_at(
             subj_seq, subject.sent_at if subject is not None else None
         )
         if self.health and (ports != 0xFFFF or any(evs.peer_plane_down)):
@@ -684,38 +617,133 @@ class Requester:
             evs.lift_penalties(now)
         rtt_sample: float | None = None
         if is_nack:
-            if subject is not None:  # always (refused above otherwise): for the type checker
+            if subject is not None:  # always (refused otherwise): for the type checker
                 self._on_nack(syndrome & 0x1F, subj_seq, subject, now)
             if self.failed:
                 return
         else:
+            rtt_sample = self._ack_signals(subject, subj, qpw, ev_port, now)
+        acked, sacked, una = self._acknowledged(psnw, base, bitmap, subj_sent)
+        newly, delivered = self._take_acked(chain(acked, sacked))
+        latest = max(delivered)
+        if latest != _NEG_INF:
+            evs.delivered(delivered)
+        self._advance(una)
+        if newly or rtt_sample is not None:
+            # BECN: the responder's echo of the subject's CE mark (docs/PROTOCOL.md 3.4)
+            self.cc.on_ack(now, newly * self.config.payload_size, rtt_sample, bool(qpw & _BECN))
+        if not self._outstanding and not self._queue:
+            self._idle = True
+        self._complete()
+        if latest > 0.0:  # news (as for the RACK point, 0.0 stands for none)
+            self._tlps = 0  # news arrived: the next silence may be probed again
+            self._arm_tlp(now)
+        if self.recovery.advance(latest) and self._outstanding:
+            lost = self.recovery.detect(
+                self._outstanding, self.rtt.srtt, evs.planes, evs.plane_alive_sent
+            )
+            self._on_losses(lost, now)
+
+    def _believed(
+        self,
+        is_nack: bool,
+        subj_seq: int,
+        subject: _Packet | None,
+        ev_port: int,
+        psnw: int,
+        bitmap: int,
+        ports: int,
+    ) -> bool:
+        """Whether on_ack acts on an ACK (NACK: ``is_nack``) about ``subj_seq`` (``subject``:
+        its record, if in flight) echoing ``ev_port``; counts what it refuses. A peer's
+        announcement of its port state alone is taken here, and not acted on further."""
+        stats = self.stats
+        evs = self.evs
+        if is_nack:
+            stats.nacks += 1
+            if subject is None:
+                refused = "nack_not_in_flight"
+            elif evs.ports[subject.ev] != ev_port:
+                refused = "nack_wrong_ev"
+            elif subject.nacked:
+                refused = "nack_repeated"  # one NACK per transmission has an effect
+            else:
+                return True
+            stats.nacks_ignored += 1
+            stats.dropped_by_reason[refused] += 1
+            return False
+        if subject is not None and evs.ports[subject.ev] == ev_port:
+            return True
+        if (
+            ev_port == 0
+            and subj_seq == 0
+            and not bitmap
+            and to_seq(self.initial_psn, psnw & wire.PSN_MASK, 0) == -1
+        ):
+            # the peer has received nothing from us and says so: it only announces its
+            # port state (see QueuePair.datagrams_to_send), which we take. Unverifiable,
+            # but a forgery of it can only steer our packets between planes.
             stats.sacks += 1
-            if qpw & _BECN:
-                stats.ecn_echoes += 1  # the peer echoed a CE mark (docs/PROTOCOL.md 3.1)
-                if self.health:
-                    # the EV of the subject's transmission (in flight, or acknowledged
-                    # moments ago: then the echoed port, checked against the ring above)
-                    marked = subject.ev if subject is not None else evs.index_of_port[ev_port]
-                    evs.marked(marked, now, self._ce_memory(), self.config.ecn_steering)
-            if subject is not None and subject.probed is not None:
-                self._probe_answered(subject, bool(subj & _SUBJECT_DUP), now)
-            if subject is not None and not subject.ambiguous and not subj & _SUBJECT_DUP:
-                rtt_sample = now - subject.sent_at
-                self.rtt.sample(rtt_sample)
-                if evs.steering is not None:
-                    evs.plane_rtt(evs.planes[subject.ev], rtt_sample, now)
+            if self.health:
+                evs.set_peer_planes(ports)
+            return False
+        nxt = self._next_seq
+        if subject is not None:
+            refused = "ack_wrong_ev"
+        elif not 0 <= subj_seq < nxt or nxt - subj_seq > _RING:
+            refused = "ack_not_sent"
+        elif self._sent_ring[subj_seq & _RING_MASK] != (subj_seq << 16) | ev_port:
+            refused = "ack_wrong_ev"
+        else:
+            return True  # acknowledged moments ago, on the EV this ACK echoes
+        stats.dropped_by_reason[refused] += 1
+        return False
+
+    def _ack_signals(
+        self, subject: _Packet | None, subj: int, qpw: int, ev_port: int, now: float
+    ) -> float | None:
+        """What a believed (positive) ACK says besides what it acknowledges: a CE echo, the
+        fate of a tail loss probe's predecessors, an RTT sample (returned, or None)."""
+        self.stats.sacks += 1
+        evs = self.evs
+        if qpw & _BECN:
+            self.stats.ecn_echoes += 1  # the peer echoed a CE mark (docs/PROTOCOL.md 3.1)
+            if self.health:
+                # the EV of the subject's transmission (in flight, or acknowledged
+                # moments ago: then the echoed port, checked against the ring)
+                marked = subject.ev if subject is not None else evs.index_of_port[ev_port]
+                evs.marked(marked, now, self._ce_memory(), self.config.ecn_steering)
+        if subject is None:
+            return None
+        if subject.probed is not None:
+            self._probe_answered(subject, bool(subj & _SUBJECT_DUP), now)
+        if subject.ambiguous or subj & _SUBJECT_DUP:
+            return None
+        rtt_sample = now - subject.sent_at
+        self.rtt.sample(rtt_sample)
+        if evs.steering is not None:
+            evs.plane_rtt(evs.planes[subject.ev], rtt_sample, now)
+        return rtt_sample
+
+    def _acknowledged(
+        self, psnw: int, base: int, bitmap: int, subj_sent: float | None
+    ) -> tuple[range, list[int], int]:
+        """What an ACK acknowledges: the cumulative part (a range of sequence numbers), then
+        the SACK bitmap's packets at or above the new cumulative point (those below it are
+        acknowledged already), and that new point."""
+        ip = self.initial_psn
+        una = self._snd_una
+        nxt = self._next_seq
         cum = to_seq(ip, psnw & wire.PSN_MASK, una)
         beyond = cum >= nxt
         if beyond:
             cum = nxt - 1  # what the receiver has beyond that, it did not get from us
-        # what this ACK acknowledges: the cumulative part, then the SACK bitmap's packets at
-        # or above the new cumulative point (those below it are acknowledged already)
         acked = range(una, cum + 1)
         if cum >= una:
             una = cum + 1
         base_seq = to_seq(ip, base & wire.PSN_MASK, una)
         if subj_sent is not None:
-            recovery.block_reported(base_seq >> 6, subj_sent, una)
+            self.recovery.block_reported(base_seq >> 6, subj_sent, una)
         sacked: list[int] = []
         if bitmap and base_seq + 64 > nxt:
             keep = nxt - base_seq  # bits for PSNs we sent
@@ -731,16 +759,23 @@ class Requester:
                 sacked.append(base_seq + low.bit_length() - 1)
                 bitmap ^= low
         if beyond:
-            stats.ack_beyond_sent += 1
-        # per plane, the send time of the latest-sent packet it delivered (-inf: none)
+            self.stats.ack_beyond_sent += 1
+        return acked, sacked, una
+
+    def _take_acked(self, seqs: Iterable[int]) -> tuple[int, list[float]]:
+        """Remove the records of ``seqs`` (those still outstanding) and note, per route and
+        per plane, the latest send time each delivered. Returns how many were outstanding
+        and, per plane, the send time of the latest-sent packet it delivered (-inf: none)."""
+        evs = self.evs
+        outstanding = self._outstanding
         delivered = [_NEG_INF] * evs.nplanes
         planes = evs.planes
-        newly = 0  # packets this ACK acknowledged
+        newly = 0
         judging = evs.judging  # retirements still open to being proved false
         track = evs.track_routes  # per route, the latest send time it delivered
         route_ix = evs.route_ix
         route_alive = evs.route_alive_sent
-        for seq in chain(acked, sacked):
+        for seq in seqs:
             pkt = outstanding.pop(seq, None)
             if pkt is not None:
                 newly += 1
@@ -756,33 +791,27 @@ class Requester:
                 plane = planes[pkt.ev]
                 if pkt.sent_at > delivered[plane]:
                     delivered[plane] = pkt.sent_at
-        latest = max(delivered)
-        if latest != _NEG_INF:
-            evs.delivered(delivered)
+        return newly, delivered
+
+    def _advance(self, una: int) -> None:
+        """Move the cumulative point to ``una`` or past it, over what SACKs acknowledged."""
+        nxt = self._next_seq
+        outstanding = self._outstanding
         while una < nxt and una not in outstanding:
             una += 1
         self._snd_una = una
-        cc = self.cc
-        if cc is not None and (newly or rtt_sample is not None):
-            # BECN: the responder's echo of the subject's CE mark (docs/PROTOCOL.md 3.4)
-            ce = bool(qpw & (wire.BTH_BECN << 24))
-            cc.on_ack(now, newly * self.config.payload_size, rtt_sample, ce)
-        if not outstanding and not self._queue:
-            self._idle = True
+
+    def _complete(self) -> None:
+        """Complete the work requests whose every packet is acknowledged, in order."""
         wrs = self._inflight_wrs
+        una = self._snd_una
         while wrs and wrs[0].last_seq >= 0 and wrs[0].last_seq < una:
             wr = wrs.popleft()
             self._emit(WriteCompleted(self.qpn, wr.wr_id, len(wr.view)))
-        if latest > 0.0:  # news (as for the RACK point, 0.0 stands for none)
-            self._tlps = 0  # news arrived: the next silence may be probed again
-            self._arm_tlp(now)
-        if recovery.advance(latest) and outstanding:
-            lost = recovery.detect(outstanding, self.rtt.srtt, planes, evs.plane_alive_sent)
-            self._on_losses(lost, now)
 
     def _on_losses(self, lost: list[tuple[int, _Packet, bool]], now: float) -> None:
         """Resend packets the loss detector found lost; retire the EVs it blames."""
-        if lost and self.cc is not None:
+        if lost:
             self.cc.on_loss(now)
         for seq, pkt, blame in lost:
             pkt.deadline = _INF
@@ -836,8 +865,7 @@ class Requester:
                 self._retransmit.append(seq)
                 self._waiting += 1
                 self.stats.retransmits_nack += 1
-            if self.cc is not None:
-                self.cc.on_congestion_loss(now, now - pkt.sent_at)
+            self.cc.on_trim(now, now - pkt.sent_at)
             if self.health:
                 if code == wire.NackCode.TRIMMED:
                     self.evs.trimmed(pkt.ev, now)  # congestion on the path: skip it a round

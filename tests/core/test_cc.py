@@ -1,4 +1,4 @@
-"""NSCC-style congestion control (mrc/core/cc.py, ``QPConfig.cc = "nscc"``) in the simulator's
+"""NSCC-style congestion control (mrc/core/cc/nscc.py, ``QPConfig.cc = "nscc"``) in the simulator's
 congestion model (mrc/lab/sim_links.py): the retransmit storm it ends, a single flow's utilization
 and queue, two flows' fairness, and the window's reaction to a trim burst.
 
@@ -15,10 +15,11 @@ import pytest
 
 from mrc import wire
 from mrc.core import QPConfig
-from mrc.core.cc import NsccWindow
+from mrc.core.cc import Nscc, NsccParams
 from mrc.lab.sim import Faults
 from mrc.lab.sim_links import Fabric, Link, LinkSpec
 
+from .law_helpers import nscc_window
 from .mrcsim_harness import RecordingNetwork, Transfer, make_transfer, run_until
 
 RATE = 12.5e6  # bytes/s on the wire: 100 Mbit/s
@@ -26,7 +27,7 @@ PAYLOAD = 1000
 WIRE = PAYLOAD + wire.DATA_HDR_LEN
 PAYLOAD_RATE = RATE * PAYLOAD / WIRE  # the most goodput the bottleneck can carry
 QUEUE = 20_000  # bytes: 19 full packets waiting behind the one being sent
-TARGET = QPConfig().cc_target_delay
+TARGET = NsccParams().target_delay
 
 
 def _config(cc: str, window: int, **over: object) -> QPConfig:
@@ -56,9 +57,9 @@ class Flow:
         return self.fab.link("last:b/p0")
 
     @property
-    def cc(self) -> NsccWindow:
+    def cc(self) -> Nscc:
         cc = self.t.qp.requester.cc
-        assert cc is not None
+        assert isinstance(cc, Nscc)
         return cc
 
 
@@ -89,7 +90,7 @@ def test_nscc_ends_the_retransmit_storm_of_a_window_larger_than_the_queue() -> N
     spec = LinkSpec(rate=RATE, queue=QUEUE, trim=True)
     packets = 400
     fixed = _one_flow("fixed", spec, 64, packets)
-    nscc = _one_flow("nscc", spec, 64, packets, cc_initial_window=64)
+    nscc = _one_flow("nscc", spec, 64, packets, cc_params={"initial_window": 64})
     per_pkt = {}
     goodput = {}
     for name, f in (("fixed", fixed), ("nscc", nscc)):
@@ -234,7 +235,7 @@ def test_the_window_shrinks_on_a_trim_burst_and_grows_back_when_the_queue_drains
 def test_window_law_units() -> None:
     # the law without a network: growth below target, a proportional cut above, at most one
     # cut per RTT, quick adapt to the last RTT's delivery, floor one packet, ceiling 1.5 BDP
-    w = NsccWindow(mss=1000, cap_packets=100, initial_packets=10, target_delay=0.001)
+    w = nscc_window(mss=1000, cap_packets=100, initial_packets=10, target_delay=0.001)
     w.on_ack(0.0, 1000, 0.001, False)  # base RTT 1 ms, no queueing: grow
     assert w.base_rtt == 0.001 and w.cwnd > 10_000
     grown = w.cwnd
@@ -266,7 +267,7 @@ def test_a_loss_without_congestion_is_a_path_failure_not_a_window_cut() -> None:
     retires it); NSCC must not collapse the window for it, as it did for the failover demo
     (during-failure goodput 89% -> 94% of capacity once losses were told apart). With queueing
     over target the same loss is congestion and quick-adapts."""
-    w = NsccWindow(mss=1000, cap_packets=100, initial_packets=10, target_delay=0.001)
+    w = nscc_window(mss=1000, cap_packets=100, initial_packets=10, target_delay=0.001)
     for i in range(20):
         w.on_ack(i * 1e-4, 1000, 0.001, False)  # base RTT 1 ms, no queue: grow
     before = w.cwnd
@@ -289,7 +290,7 @@ def test_the_target_holds_two_of_the_flows_own_packets_at_its_rate(
     several flows sharing a bottleneck), a target below it would hold the window at a packet
     or two and leave the link idle: the target is at least 2 packets at the rate delivered
     now, at most target_max, never below the floor."""
-    w = NsccWindow(
+    w = nscc_window(
         mss=8192,
         cap_packets=100,
         initial_packets=4,
@@ -302,7 +303,7 @@ def test_the_target_holds_two_of_the_flows_own_packets_at_its_rate(
         w.on_ack(i * gap, 8192, 0.001, False)
     assert w.rate == pytest.approx(rate, rel=0.05)
     assert w.target == pytest.approx(target, rel=0.05)
-    off = NsccWindow(mss=8192, cap_packets=100, initial_packets=4, target_delay=0.0005)
+    off = nscc_window(mss=8192, cap_packets=100, initial_packets=4, target_delay=0.0005)
     for i in range(400):
         off.on_ack(i * gap, 8192, 0.001, False)
     assert off.target == 0.0005  # target_packets 0: the floor (and the RTT fraction) only

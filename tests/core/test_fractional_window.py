@@ -1,24 +1,26 @@
-"""NSCC windows below one packet (``QPConfig.cc_min_window``): the law's units, pacing in the
-requester, RTT samples after a trim, and many flows into one last hop in the simulator."""
+"""NSCC windows below one packet (``NsccParams.min_window``, ``--qp cc.min_window``): the law's
+units, pacing in the requester, RTT samples after a trim, and many flows into one last hop in the
+simulator."""
 
 from __future__ import annotations
 
 import pytest
 
 from mrc.core import QPConfig
-from mrc.core.cc import NsccWindow
+from mrc.core.cc import Nscc
 from mrc.lab.sim import Faults
 from mrc.lab.sim_links import Fabric, LinkSpec, trim_datagram
 
+from .law_helpers import nscc_window
 from .mrcsim_harness import DATA_OPS, RecordingNetwork, Sent, Transfer, make_transfer, run_until
 
 MSS = 1000
 
 
-def _window(min_packets: float = 0.125) -> NsccWindow:
+def _window(min_packets: float = 0.125) -> Nscc:
     """Base RTT 1 ms, target 0.5 ms, a history of ACKs over 50 ms (one packet per ms)."""
-    w = NsccWindow(
-        mss=MSS, cap_packets=64, initial_packets=4, target_delay=0.0005, min_packets=min_packets
+    w = nscc_window(
+        mss=MSS, cap_packets=64, initial_packets=4, target_delay=0.0005, min_window=min_packets
     )
     for i in range(50):
         w.on_ack(i * 0.001, MSS, 0.001, False)
@@ -48,8 +50,8 @@ def test_quick_adapt_below_a_packet_counts_over_the_paced_span() -> None:
 
 def test_the_first_window_trimmed_stays_at_one_packet() -> None:
     # no ACK yet: "nothing delivered" says nothing about the path, only that it just started
-    w = NsccWindow(
-        mss=MSS, cap_packets=64, initial_packets=16, target_delay=0.0005, min_packets=0.125
+    w = nscc_window(
+        mss=MSS, cap_packets=64, initial_packets=16, target_delay=0.0005, min_window=0.125
     )
     w.on_congestion_loss(0.002, rtt_hint=0.0005)
     assert w.cwnd == MSS and w.pace_gap() == 0.0
@@ -84,8 +86,8 @@ def test_an_ack_at_most_doubles_a_window_below_a_packet() -> None:
 def test_the_pace_uses_a_nack_round_trip_below_a_base_rtt_taken_in_a_queue() -> None:
     # a flow that started into a full queue took that queue for its base RTT (40 ms); the
     # trimmed headers' NACKs come back in 1 ms, and the pace follows them
-    w = NsccWindow(
-        mss=MSS, cap_packets=64, initial_packets=16, target_delay=0.0005, min_packets=0.125
+    w = nscc_window(
+        mss=MSS, cap_packets=64, initial_packets=16, target_delay=0.0005, min_window=0.125
     )
     w.on_ack(0.0, MSS, 0.04, False)
     for i in range(20):
@@ -104,9 +106,9 @@ def test_a_whole_packet_floor_never_paces() -> None:
 
 def test_config_rejects_a_floor_out_of_range() -> None:
     for bad in (0.0, -1.0, 1.5):
-        with pytest.raises(ValueError, match="cc_min_window"):
-            QPConfig(cc_min_window=bad).validate()
-    QPConfig(cc_min_window=1.0).validate()
+        with pytest.raises(ValueError, match="cc.min_window"):
+            QPConfig(cc_params={"min_window": bad}).validate()
+    QPConfig(cc_params={"min_window": 1.0}).validate()
 
 
 # ---- the requester paces, and samples RTTs after trims ---------------------------------------
@@ -132,7 +134,9 @@ def _incast(
     for i in range(n):
         host = f"s{i}"
         net.add_host(host)
-        cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=64, cc_min_window=min_window)
+        cfg = QPConfig(
+            payload_size=PAYLOAD, max_outstanding=64, cc_params={"min_window": min_window}
+        )
         qa, qb = net.connect(host, "r", evs=8, config=cfg, qpn_a=i + 1, qpn_b=i + 1, planes=1)
         t = make_transfer(net, host, "r", qa, qb, [size + 4096], 40 + i)
         t.post(0, 0, bytes((j * 7 + i) % 251 for j in range(size)), imm=i)
@@ -171,7 +175,11 @@ def test_a_paced_requester_holds_data_until_its_pace_and_asks_the_timer_for_it()
     net = RecordingNetwork(1, Faults(delay=0.002, jitter=0.0))
     net.add_host("a")
     net.add_host("b")
-    cfg = QPConfig(payload_size=1000, max_outstanding=64, cc_initial_window=1, cc_min_window=0.125)
+    cfg = QPConfig(
+        payload_size=1000,
+        max_outstanding=64,
+        cc_params={"initial_window": 1, "min_window": 0.125},
+    )
     qa, qb = net.connect("a", "b", evs=8, config=cfg)
     t = make_transfer(net, "a", "b", qa, qb, [40_000], 9)
     t.post(0, 0, bytes(range(200)) * 100)

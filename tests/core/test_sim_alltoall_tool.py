@@ -31,7 +31,7 @@ def test_every_step_finishes_and_a_seed_gives_the_same_line() -> None:
 
 def test_a_bad_qp_field_is_one_line_exit_2() -> None:
     out = subprocess.run(
-        [sys.executable, str(TOOL), "--qp", "cc_gain=x"], capture_output=True, text=True
+        [sys.executable, str(TOOL), "--qp", "cc.gain=x"], capture_output=True, text=True
     )
     assert out.returncode == 2 and out.stderr.count("\n") == 1
 
@@ -74,9 +74,9 @@ def test_no_failure_takes_no_route_down() -> None:
 def test_the_target_of_two_own_packets_keeps_the_slow_links_busy() -> None:
     """At 100 Mbit/s an 8 KiB packet takes 0.66 ms on a link and three flows share each
     receiver's last hop: a 0.5 ms target alone holds every window at about a packet
-    (measured: steps of 96-161 ms against 76-80 with cc_target_packets=2; off by default, as
+    (measured: steps of 96-161 ms against 76-80 with cc.target_packets=2; off by default, as
     it did not help on the netns fabric)."""
-    new = _run_tool("--fail-at", "99", "--qp", "cc_target_packets=2")
+    new = _run_tool("--fail-at", "99", "--qp", "cc.target_packets=2")
     old = _run_tool("--fail-at", "99")
     assert max(new["steps_ms"]) < 0.7 * max(old["steps_ms"])  # type: ignore[call-overload]
     assert new["timeouts"] == 0 and new["evs_assumed_bad"] <= 2  # type: ignore[operator]

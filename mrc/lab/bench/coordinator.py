@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mrc.core.cc import law_class
 from mrc.errors import AgentError, MRCError
 from mrc.lab.bench.common import dumps, now, setup_mptcp_outside
 from mrc.lab.bench.workloads import Transfer, ideal_seconds, transfers
@@ -65,9 +66,9 @@ class BenchConfig:
     evs: int = 128
     listener_evs: int = 16
     payload: int = 8192
-    cc: str = "nscc"  # congestion control of every MRC QP: "nscc" or "fixed"
-    # packets in flight per QP: with nscc a cap (the window finds the rate itself); with the
-    # fixed window the window, 4 being what fits this fabric's queues without CC
+    cc: str = "nscc"  # window law of every MRC QP (QPConfig.cc): "nscc", "fixed", ...
+    # packets in flight per QP: with a law that finds the window (nscc) a cap; with the fixed
+    # window the window, 4 being what fits this fabric's queues without CC
     window: int | None = None  # default: 64 with nscc, 4 fixed
     incast_window: int | None = None  # trim/no_trim conditions; default: 64 with nscc, 16 fixed
     qp: list[str] = field(default_factory=list)  # --qp KEY=VALUE of every MRC QP, last
@@ -94,10 +95,10 @@ class BenchConfig:
 
     def window_for(self, condition: str) -> int:
         """Packets in flight per QP under ``condition`` (see ``window``/``incast_window``)."""
-        nscc = self.cc == "nscc"
+        adaptive = law_class(self.cc).adaptive  # the law finds the window: this is a cap
         if condition in ("trim", "no_trim"):
-            return self.incast_window or (64 if nscc else 16)
-        return self.window or (64 if nscc else 4)
+            return self.incast_window or (64 if adaptive else 16)
+        return self.window or (64 if adaptive else 4)
 
     def qp_settings(self, condition: str) -> list[str]:
         """Every MRC QP's settings under ``condition`` as ``--qp`` texts, which the agents

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from mrc.cli.common import (
     Parser,
     add_logging_args,
+    cc_arg,
     configure_logging,
     emit_json,
     float_between,
@@ -34,6 +35,7 @@ from mrc.cli.common import (
     size_arg,
 )
 from mrc.cli.qpopts import add_qp_arg, apply_settings
+from mrc.core.cc import names
 from mrc.core.config import QPConfig
 from mrc.errors import MRCError, UsageError
 from mrc.lab.bench.common import CONDITIONS, TRANSPORTS, WORKLOADS
@@ -191,8 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--cc",
-        choices=["nscc", "fixed"],
-        help="congestion control of every MRC QP (default nscc; docs/CONGESTION.md)",
+        type=cc_arg,
+        metavar="LAW",
+        help="window law of every MRC QP: "
+        + ", ".join(names())
+        + " or MODULE:CLASS (default nscc; docs/CONGESTION.md)",
     )
     add_qp_arg(m, ", for every MRC QP, after --payload, --window and --cc")
 

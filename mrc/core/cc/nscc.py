@@ -1,4 +1,4 @@
-"""An NSCC-style congestion window for one queue pair (opt-in: ``QPConfig.cc = "nscc"``).
+"""NSCC (``QPConfig.cc = "nscc"``, the default): the congestion window of one queue pair.
 
 Modelled on the public description of UET 1.0's network-signal-based congestion control: a
 window in **bytes of payload**, steered by three network signals that a sprayed, trimming
@@ -15,7 +15,7 @@ fabric gives for free, without per-path state:
   of a fixed window).
 
 The law, per ACK that acknowledges ``acked`` new bytes (``q`` = queueing delay of the latest
-sample, ``T`` = ``target_delay``, ``mss`` = payload size):
+sample, ``T`` = the target, ``mss`` = payload size):
 
 * ``q < T`` and no CE: ``cwnd += acked * (mss / cwnd + gain * (T - q) / T)``: one packet per
   RTT (additive) plus a proportional term that grows fast while the queue is empty and fades
@@ -25,15 +25,15 @@ sample, ``T`` = ``target_delay``, ``mss`` = payload size):
 * trim, SACK-detected loss or timeout, at most once per RTT: ``cwnd = min(cwnd, delivered in
   the last base RTT + T)`` (quick adapt), and no further decrease for that RTT: the delay
   samples still in flight describe the queue before the cut;
-* below one packet (down to ``min_packets`` of one) the requester sends one packet every
+* below one packet (down to ``min_window`` of one) the requester sends one packet every
   ``mss / cwnd`` round trips (``pace_gap``); only trims (quick adapt, counting what was
   delivered over that many round trips, scaled to one) and CE take the window there, and
   every other ACK doubles it back: one packet of anybody's queue is over the target, so delay
   says nothing there. Without this, N flows into one last hop hold N packets in flight at
-  least, and when that is more than the queue every packet is trimmed about twice (15 -> 1 on
-  4 x 50 Mbit/s, docs/CONGESTION.md). New work after an idle spell starts at a packet at
-  least (``on_resume``);
-* always ``min_packets * mss <= cwnd <= ceiling``,
+  least, and when that is more than the queue every packet is trimmed again and again
+  (docs/CONGESTION.md, "Windows below a packet, paced"). New work after an idle spell starts
+  at a packet at least (``on_resume``);
+* always ``min_window * mss <= cwnd <= ceiling``,
   ``ceiling = min(cap, 1.5 * best rate * (base RTT + T))`` once a rate was measured
   (``cap`` = ``max_outstanding`` packets): 1.5 times the window that would sit exactly at the
   target, so that a burst of good news cannot inflate the window far
@@ -48,12 +48,101 @@ only on ACKs, NACKs and timers. Sans-IO: time comes in as ``now``; nothing here 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
+
+from mrc import wire
+from mrc.core.cc.base import WindowLaw
+from mrc.core.config import AUTO_BURST, GSO_MAX_BYTES, QPConfig
+from mrc.core.counters import SEND, CounterSpec, Source
 
 _INF = float("inf")
 
 
-class NsccWindow:
+@dataclass(frozen=True, slots=True)
+class NsccParams:
+    """NSCC's parameters (``QPConfig.cc_params``, ``--qp cc.NAME=VALUE``)."""
+
+    #: the queueing delay (RTT above the smallest seen) the window aims at, seconds: the
+    #: floor of the target. Above any ACK-coalescing delay of the peer (ack_delay), yet a
+    #: fraction of a 20-packet queue at 100 Mbit/s (1.6 ms): about 6 kB of queue at
+    #: 100 Mbit/s, 60 kB at 1 Gbit/s
+    target_delay: float = 0.0005
+    #: the target is at least this fraction of the path's base RTT (a long path needs room
+    #: for the queue spraying builds); target_delay stays the floor. 0: the floor alone
+    target_rtt_fraction: float = 0.25
+    #: the target is at least this many of the QP's own packets at the rate it is delivering
+    #: now, up to target_max (0: off). Where a packet takes longer to cross the bottleneck
+    #: than the target (slow links, several flows sharing one), a target below it holds
+    #: every window at a packet or two; off by default, as it does not carry over from the
+    #: simulator to the netns fabric (docs/CONGESTION.md, "Target of the flow's own packets")
+    target_packets: float = 0.0
+    target_max: float = 0.004
+    #: the window before any signal, packets (capped by max_outstanding)
+    initial_window: int = 16
+    #: weight of the proportional increase (0: additive only, one packet per RTT)
+    gain: float = 0.5
+    #: the smallest window, packets. Below 1 the requester paces: one packet every
+    #: 1 / window round trips, so that many flows into one host fit its last hop's queue
+    #: (docs/CONGESTION.md, "Windows below a packet, paced"). 1: never below a packet
+    min_window: float = 0.25
+    #: the decrease over target: md_gain x the excess delay's share of the sample...
+    md_gain: float = 0.8
+    #: ... at most this fraction of the window per RTT
+    max_md: float = 0.5
+    #: the decrease of a CE mark with the delay under target
+    ce_md: float = 0.125
+
+    def validate(self) -> None:
+        """Raise ValueError, one line naming the parameter, for an impossible setting."""
+        if not self.target_delay > 0:
+            raise ValueError("cc.target_delay must be > 0 seconds")
+        if not 0 <= self.target_rtt_fraction <= 4:
+            raise ValueError("cc.target_rtt_fraction must be between 0 and 4")
+        if not 0 <= self.target_packets <= 64:
+            raise ValueError("cc.target_packets must be between 0 and 64")
+        if not self.target_delay <= self.target_max <= 1:
+            raise ValueError("cc.target_max must be between cc.target_delay and 1 second")
+        if self.initial_window < 1:
+            raise ValueError("cc.initial_window must be at least 1 packet")
+        if not 0.001 <= self.min_window <= 1:
+            raise ValueError("cc.min_window must be between 0.001 and 1 packet")
+        if self.gain < 0:
+            raise ValueError("cc.gain must be >= 0")
+        for name in ("md_gain", "max_md", "ce_md"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"cc.{name} must be >= 0 and < 1")
+
+
+class Nscc(WindowLaw):
     """The congestion window of one sender (see the module docstring for the law)."""
+
+    COUNTERS = (
+        CounterSpec(
+            "cc_decreases",
+            Source.CC,
+            "Window decreases for queueing delay or CE, at most one per round trip",
+            metric="mrc_qp_cc_decreases",
+            attr="decreases",
+            json=SEND,
+        ),
+        CounterSpec(
+            "cc_quick_adapts",
+            Source.CC,
+            "Quick adapts: the window cut to what the last round trip delivered (trims, "
+            "congestion losses)",
+            metric="mrc_qp_cc_quick_adapts",
+            attr="quick_adapts",
+            json=SEND,
+        ),
+        CounterSpec(
+            "cc_losses_ignored",
+            Source.CC,
+            "Losses the window did not act on: taken for path failures, not congestion",
+            metric="mrc_qp_cc_losses_ignored",
+            attr="losses_ignored",
+            json=SEND,
+        ),
+    )
 
     __slots__ = (
         "mss",
@@ -71,7 +160,6 @@ class NsccWindow:
         "ce_md",
         "cwnd",
         "floor_ceiling",
-        "limit",
         "base_rtt",
         "nack_rtt",
         "active_since",
@@ -82,6 +170,9 @@ class NsccWindow:
         "quick_adapts",
         "losses_ignored",
         "trace",
+        "burst_delay_fraction",
+        "burst_spread",
+        "per_send",
         "_next_decrease",
         "_next_adapt",
         "_delivered",
@@ -89,37 +180,29 @@ class NsccWindow:
         "_horizon",
     )
 
-    def __init__(
-        self,
-        mss: int,
-        cap_packets: int,
-        initial_packets: int,
-        target_delay: float,
-        gain: float = 0.5,
-        target_rtt_fraction: float = 0.0,
-        target_packets: float = 0.0,
-        target_max: float = 0.004,
-        md_gain: float = 0.8,
-        max_md: float = 0.5,
-        ce_md: float = 0.125,
-        min_packets: float = 1.0,
-        trace: bool = False,
-    ) -> None:
+    Params = NsccParams
+    default_burst = AUTO_BURST
+    plane_steering = True
+    prompt_acks = True
+
+    def __init__(self, params: NsccParams, config: QPConfig) -> None:
+        mss = config.payload_size
+        cap_packets = config.max_outstanding
         self.mss = mss
         # the smallest window, bytes: below one packet the requester paces (pace_gap)
-        self.min_cwnd = mss * min(1.0, min_packets)
+        self.min_cwnd = mss * min(1.0, params.min_window)
         self.cap = float(mss * cap_packets)
-        self.target_min = target_delay
-        self.target_rtt_fraction = target_rtt_fraction
-        self.target_packets = target_packets
-        self.target_max = target_max
+        self.target_min = params.target_delay
+        self.target_rtt_fraction = params.target_rtt_fraction
+        self.target_packets = params.target_packets
+        self.target_max = params.target_max
         self.rate = 0.0  # bytes/s delivered over the latest interval
-        self.target = target_delay
-        self.gain = gain
-        self.md_gain = md_gain
-        self.max_md = max_md
-        self.ce_md = ce_md
-        self.cwnd = float(mss * max(1, min(initial_packets, cap_packets)))
+        self.target = params.target_delay
+        self.gain = params.gain
+        self.md_gain = params.md_gain
+        self.max_md = params.max_md
+        self.ce_md = params.ce_md
+        self.cwnd = float(mss * max(1, min(params.initial_window, cap_packets)))
         self.floor_ceiling = self.cwnd
         self.limit = 0  # the window in whole packets, what the requester compares against
         self.base_rtt = _INF
@@ -136,8 +219,12 @@ class NsccWindow:
         self.decreases = 0
         self.quick_adapts = 0
         self.losses_ignored = 0  # losses taken for path failures, not congestion (on_loss)
-        #: (time, cwnd in bytes) after every change, when asked for (tests, plots)
-        self.trace: list[tuple[float, float]] | None = [] if trace else None
+        #: (time, cwnd in bytes) after every change, once set to a list (tests, plots)
+        self.trace: list[tuple[float, float]] | None = None
+        # burst sizing (burst): QPConfig's burst knobs, and the packets one GSO send carries
+        self.burst_delay_fraction = config.burst_delay_fraction
+        self.burst_spread = config.burst_spread
+        self.per_send = max(1, GSO_MAX_BYTES // (mss + wire.DATA_IMM_HDR_LEN))
         self._next_decrease = -_INF
         self._next_adapt = -_INF
         self._delivered = 0  # payload bytes acknowledged so far
@@ -169,6 +256,29 @@ class NsccWindow:
         self.active_since = now
         if self.cwnd < self.mss:
             self._set(now, float(self.mss))
+
+    def burst(self, most: int, planes: int) -> int:
+        """Packets per burst: what one plane drains in ``burst_delay_fraction`` of the target
+        delay at the best rate measured (the QP's rate shared by its planes), at least 1 and
+        at most ``most``. The last packet of a burst waits behind the others in the sender's
+        own NIC queue; kept below the target, that wait is not read as congestion (and a
+        slow path, where one packet takes longer than the budget, is sprayed packet by
+        packet)."""
+        budget = self.burst_delay_fraction * self.target * self.best_rate / planes
+        k = int(budget // self.mss)
+        # and a window still holds burst_spread bursts per plane: EV health learns of a dead
+        # path from the EVs it tried, so bursts must not cut how many it tries per round trip
+        spread = self.limit // (planes * self.burst_spread)
+        if spread < k:
+            k = spread
+        if k > most:
+            k = most
+        # in whole GSO sends: 16 x 8 KiB would go out as 7 + 7 + 2, and the 2 cost a send
+        # and a receive of their own
+        per_send = self.per_send
+        if k > per_send:
+            k -= k % per_send
+        return k if k > 1 else 1
 
     def pace_gap(self) -> float:
         """Seconds between packets while the window is below one packet: one packet per
@@ -297,6 +407,9 @@ class NsccWindow:
         # the delay samples of the next round trip describe the queue before the cut
         self._next_adapt = now + interval
         self._next_decrease = max(self._next_decrease, self._next_adapt)
+
+    on_trim = on_congestion_loss
+    on_timeout = on_loss
 
     # ---- internals ---------------------------------------------------------------------
 

@@ -1,0 +1,31 @@
+"""Congestion control as window laws: what the requester asks of one (:class:`WindowLaw`),
+the two that ship (``fixed``, ``nscc``) and the registry that names them (docs/CONGESTION.md,
+"Writing a window law")."""
+
+from mrc.core.cc.base import NoParams, WindowLaw
+from mrc.core.cc.fixed import FixedWindow
+from mrc.core.cc.nscc import Nscc, NsccParams
+from mrc.core.cc.registry import (
+    create,
+    law_class,
+    names,
+    param_from_text,
+    params_of,
+    register,
+    spec,
+)
+
+__all__ = [
+    "FixedWindow",
+    "NoParams",
+    "Nscc",
+    "NsccParams",
+    "WindowLaw",
+    "create",
+    "law_class",
+    "names",
+    "param_from_text",
+    "params_of",
+    "register",
+    "spec",
+]

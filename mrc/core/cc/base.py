@@ -1,0 +1,115 @@
+"""What the requester asks of a window law, and what it does when a law does not say.
+
+A *window law* decides how many packets a queue pair may have in the network and reacts to
+the signals a sprayed, trimming fabric gives: ACKs (bytes acknowledged, an RTT sample, the CE
+echo), trims, losses and timeouts. The requester (mrc/core/requester.py) keeps everything
+else: which packets are in flight, what is resent, which EV carries what. It calls the hooks
+below and reads ``limit`` before every send; nothing else of a law is looked at, so a new law
+is one class (see examples/dctcp_window.py and docs/CONGESTION.md, "Writing a window law").
+
+The base class is a complete law: every hook does nothing and ``limit`` stays at
+``max_outstanding``, which is exactly the fixed window (:class:`~mrc.core.cc.fixed.FixedWindow`).
+A law overrides what it reacts to. Sans-IO like the rest of the core: time comes in as ``now``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from mrc.core.counters import CounterSpec
+
+if TYPE_CHECKING:
+    from mrc.core.config import QPConfig
+
+
+@dataclass(frozen=True, slots=True)
+class NoParams:
+    """The parameters of a law that has none."""
+
+    def validate(self) -> None:
+        """Nothing to check."""
+
+
+class WindowLaw:
+    """A congestion window for one queue pair: the hooks the requester calls.
+
+    Construction: ``Law(params, config)``, ``params`` an instance of the law's ``Params``
+    dataclass (validated, from ``QPConfig.cc_params``), ``config`` the QP's
+    :class:`~mrc.core.config.QPConfig` (``payload_size`` is the packet's payload, the unit
+    of ``limit``; ``max_outstanding`` caps it whatever the law says). A law's ``__init__``
+    sets ``limit`` (this one: ``max_outstanding``).
+
+    Units: bytes are payload bytes, times are seconds on the caller's clock (``now``).
+    """
+
+    __slots__ = ("limit",)
+
+    #: the law's parameters: a dataclass whose fields are int, float or bool, each with a
+    #: default; an optional ``validate()`` raises ValueError naming the bad one
+    #: (``cc.<field> must be ...``). Set from text as ``--qp cc.<field>=VALUE``.
+    Params: ClassVar[type[Any]] = NoParams
+    #: the most packets per EV burst when ``QPConfig.burst`` is unset: 1 sprays every packet;
+    #: :data:`~mrc.core.config.AUTO_BURST` suits a law whose :meth:`burst` sizes bursts
+    default_burst: ClassVar[int] = 1
+    #: the default of ``QPConfig.plane_steering`` (planes' shares follow their delays). Off
+    #: for a law that keeps standing queues: they say how the window was set, not what the
+    #: planes can carry
+    plane_steering: ClassVar[bool] = False
+    #: ask for an ACK of the last packet of every send at once (AckReq), not after the
+    #: receiver's ``ack_delay``: a law that reads queueing from RTT samples needs them
+    #: free of that delay whenever its window is below the receiver's ``ack_every``
+    prompt_acks: ClassVar[bool] = False
+    #: the law finds the window itself, and ``max_outstanding`` is only its cap (mrc-bench
+    #: then defaults to a large cap); False: ``max_outstanding`` is the window
+    adaptive: ClassVar[bool] = True
+    #: the law's counters (``Source.CC``), each read from its attribute (``attr`` or
+    #: ``name``): they reach ``Connection.counters()`` and ``stats()``; those of the laws mrc
+    #: ships also reach the Prometheus exporter and ``--json`` (mrc/counters.py)
+    COUNTERS: ClassVar[tuple[CounterSpec, ...]] = ()
+
+    #: packets the law lets into the network: new data and retransmissions alike, not
+    #: counting packets known to be out of it (queued for a resend). At least 1; read before
+    #: every send, so a law keeps it current rather than computing it on demand
+    limit: int
+
+    def __init__(self, params: Any, config: QPConfig) -> None:
+        self.limit = config.max_outstanding
+
+    def burst(self, most: int, planes: int) -> int:
+        """Packets per EV burst now, 1..``most`` (``most`` > 1: ``QPConfig.burst`` or
+        ``default_burst``), over ``planes`` planes. Called before every send."""
+        return most
+
+    def pace_gap(self) -> float:
+        """Seconds the requester waits after a packet before the next one (tail loss probes
+        excepted), or 0.0: the window alone limits. Called before every send; the requester
+        keeps the wake-up time and asks its timer for it."""
+        return 0.0
+
+    def on_resume(self, now: float) -> None:
+        """The sender has new work after an idle spell (nothing queued, nothing in flight)."""
+
+    def on_ack(self, now: float, acked: int, rtt: float | None, ce: bool) -> None:
+        """An ACK acknowledged ``acked`` new payload bytes (0: none, but an RTT sample).
+        ``rtt``: the round trip of its subject, the packet that triggered it (None: no sample,
+        e.g. the subject was resent and either copy may have been acknowledged; Karn's rule).
+        ``ce``: the subject arrived CE-marked (the receiver's echo, BECN); ECN reaches a law
+        only this way, with the ACK that carries it."""
+
+    def on_trim(self, now: float, rtt_hint: float) -> None:
+        """A NACK says a packet was trimmed: a queue on its path overflowed now.
+        ``rtt_hint``: the trimmed packet's send time to now (the NACK's round trip: its
+        header overtook the queue)."""
+
+    def on_loss(self, now: float) -> None:
+        """SACKs show packets lost (once per ACK that finds any). Over sprayed paths a loss
+        is as likely a dead path, which EV health handles, as a full queue."""
+
+    def on_timeout(self, now: float) -> None:
+        """A packet's retransmission timer fired (once per packet)."""
+        self.on_loss(now)
+
+    def counters(self) -> dict[str, int]:
+        """The law's counters (:attr:`COUNTERS`) by name, as they stand."""
+        return {spec.name: spec.read(self) for spec in self.COUNTERS}

@@ -1,0 +1,218 @@
+"""Window laws by name, and their parameters from dicts and text.
+
+``QPConfig.cc`` names a law: a name registered here (``fixed``, ``nscc``, or one a program
+registered with :func:`register`), or ``MODULE:CLASS``, a law loaded where it is needed:
+``MODULE`` is a module to import (``mylab.laws:Dctcp``) or the path of a Python file
+(``examples/dctcp_window.py:Dctcp``). That is how the commands (``mrc-send --cc``, mrc-bench
+and its agents, the tools) run a law that is not part of mrc: every process that builds the
+QP loads it the same way, so nothing has to be registered in advance.
+
+``QPConfig.cc_params`` holds the law's parameters as plain values (name -> int, float or
+bool); :func:`params_of` turns them into the law's ``Params`` dataclass, checked field by
+field, and :func:`param_from_text` converts one from text (``--qp cc.min_window=0.5``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import sys
+import typing
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mrc.core.cc.base import WindowLaw
+from mrc.core.cc.fixed import FixedWindow
+from mrc.core.cc.nscc import Nscc
+
+if TYPE_CHECKING:
+    from mrc.core.config import QPConfig
+
+Value = int | float | bool
+
+_LAWS: dict[str, type[WindowLaw]] = {}
+_KINDS_OF: dict[type, dict[str, type]] = {}  # a Params class -> _kinds(it)
+#: the types a parameter may have, and the text each accepts
+_KINDS = (bool, int, float)
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def register(name: str, law: type[WindowLaw]) -> None:
+    """Make ``law`` available as ``QPConfig(cc=name)`` in this process (a name registered
+    again is replaced: a law under development can be reloaded)."""
+    if not name or ":" in name or name != name.strip():
+        raise ValueError(f"a window law's name is a word without ':', not {name!r}")
+    _check_law(law, name)
+    _LAWS[name] = law
+
+
+def names() -> list[str]:
+    """The registered names (not ``MODULE:CLASS`` laws loaded so far), sorted."""
+    return sorted(n for n in _LAWS if ":" not in n)
+
+
+def law_class(name: str) -> type[WindowLaw]:
+    """The law ``name`` stands for (see the module docstring); ValueError, one line, if none."""
+    law = _LAWS.get(name)
+    if law is None:
+        if ":" not in name:
+            raise ValueError(
+                f"cc must be one of {', '.join(names())} or MODULE:CLASS, not {name!r}"
+            )
+        law = _load(name)
+        _check_law(law, name)
+        _LAWS[name] = law
+    return law
+
+
+def spec(text: str) -> str:
+    """``text`` as ``QPConfig.cc`` takes it in any process: checked (the law loads), and a
+    law file's path made absolute, so that a process started elsewhere finds it too."""
+    law_class(text)
+    module, sep, attr = text.rpartition(":")
+    if sep and module.endswith(".py"):
+        return f"{Path(module).resolve()}:{attr}"
+    return text
+
+
+def params_of(name: str, values: Mapping[str, object]) -> Any:
+    """Law ``name``'s ``Params`` from ``values`` (``QPConfig.cc_params``): every key one of
+    its fields, every value of the field's type (an int does for a float), checked by its
+    ``validate()``. ValueError, one line naming the key or value, otherwise."""
+    params = law_class(name).Params
+    if not isinstance(values, Mapping):
+        raise ValueError(f"cc_params must be a dict of parameter values, not {values!r}")
+    kinds = _kinds(params)
+    given: dict[str, Value] = {}
+    for key, value in values.items():
+        kind = _kind(name, kinds, key)
+        fitted = _as_kind(value, kind)
+        if fitted is None:
+            raise ValueError(f"cc.{key} must be {_a(kind)}, not {value!r}")
+        given[key] = fitted
+    made = params(**given)
+    validate = getattr(made, "validate", None)
+    if validate is not None:
+        validate()
+    return made
+
+
+def param_from_text(name: str, key: str, text: str) -> Value:
+    """Parameter ``key`` of law ``name`` from text, as its field's type: ``16``, ``0.25``,
+    ``true``. ValueError, one line, for an unknown key or a value of another type; the value's
+    range is checked by :func:`params_of` (``QPConfig.validate``)."""
+    kind = _kind(name, _kinds(law_class(name).Params), key)
+    word = text.strip()
+    if kind is bool:
+        if word.lower() in _TRUE:
+            return True
+        if word.lower() in _FALSE:
+            return False
+    else:
+        try:
+            return int(word) if kind is int else float(word)
+        except ValueError:
+            pass
+    raise ValueError(f"cc.{key} must be {_a(kind)}, not {text!r}")
+
+
+def create(name: str, values: Mapping[str, object], config: QPConfig) -> WindowLaw:
+    """A new instance of law ``name`` for a QP of ``config``, with parameters ``values``."""
+    return law_class(name)(params_of(name, values), config)
+
+
+# ---- internals -------------------------------------------------------------------------
+
+
+def _load(name: str) -> type[WindowLaw]:
+    module_name, _, attr = name.rpartition(":")
+    try:
+        if module_name.endswith(".py"):
+            module = _import_file(Path(module_name))
+        else:
+            module = importlib.import_module(module_name)
+    except (ImportError, OSError, SyntaxError) as exc:
+        raise ValueError(f"cc {name!r}: cannot load {module_name}: {exc}") from None
+    law = getattr(module, attr, None)
+    if law is None:
+        raise ValueError(f"cc {name!r}: {module_name} has no {attr!r}")
+    return law  # type: ignore[no-any-return]
+
+
+def _import_file(path: Path) -> Any:
+    """The module of a law file, executed once per process however often it is named."""
+    path = path.resolve()
+    module_name = f"_mrc_law_{path.stem}_{zlib.crc32(str(path).encode()):08x}"
+    module = sys.modules.get(module_name)
+    if module is not None:
+        return module
+    found = importlib.util.spec_from_file_location(module_name, path)
+    if found is None or found.loader is None:
+        raise ImportError(f"not a Python file: {path}")
+    module = importlib.util.module_from_spec(found)
+    # in sys.modules before it runs: its dataclasses resolve their annotations through it
+    sys.modules[module_name] = module
+    try:
+        found.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def _check_law(law: object, name: str) -> None:
+    if not (isinstance(law, type) and issubclass(law, WindowLaw)):
+        raise ValueError(f"cc {name!r} is not a window law (a subclass of WindowLaw)")
+    params = law.Params
+    if not dataclasses.is_dataclass(params):
+        raise ValueError(f"cc {name!r}: its Params is not a dataclass")
+    _kinds(params)
+
+
+def _kinds(params: type[Any]) -> dict[str, type]:
+    """Field name -> int, float or bool, for every field of a law's ``Params`` (worked out
+    once per class: every QP's config is checked against it)."""
+    kinds = _KINDS_OF.get(params)
+    if kinds is not None:
+        return kinds
+    hints = typing.get_type_hints(params)
+    kinds = {}
+    for f in dataclasses.fields(params):
+        kind = hints.get(f.name)
+        if kind not in _KINDS:
+            raise ValueError(f"parameter {f.name} of {params.__name__} is not int, float or bool")
+        kinds[f.name] = kind
+    _KINDS_OF[params] = kinds
+    return kinds
+
+
+def _kind(name: str, kinds: dict[str, type], key: str) -> type:
+    kind = kinds.get(key)
+    if kind is None:
+        known = ", ".join(kinds) or "none"
+        raise ValueError(f"cc.{key}: window law {name} has no such parameter (it has: {known})")
+    return kind
+
+
+def _as_kind(value: object, kind: type) -> Value | None:
+    """``value`` as a parameter of type ``kind``, or None if it is none: an int does for a
+    float (and becomes one), a bool is no number."""
+    if isinstance(value, bool):
+        return value if kind is bool else None
+    if kind is int and isinstance(value, int):
+        return value
+    if kind is float and isinstance(value, int | float):
+        return float(value)
+    return None
+
+
+def _a(kind: type) -> str:
+    return {bool: "true or false", int: "an integer", float: "a number"}[kind]
+
+
+register("fixed", FixedWindow)
+register("nscc", Nscc)
