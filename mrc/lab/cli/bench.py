@@ -113,6 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _what_to_run(p)
+    _fabric_args(p)
+    _mrc_args(p)
+    _condition_args(p)
+    _output_args(p)
+    return p
+
+
+def _what_to_run(p: argparse.ArgumentParser) -> None:
+    """What to run: workloads, transports, sizes, steps."""
     g = p.add_argument_group("what to run")
     g.add_argument(
         "--quick",
@@ -157,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--seed", type=int, default=1, help="seed of the data every host sends")
 
+
+def _fabric_args(p: argparse.ArgumentParser) -> None:
+    """The fabric each condition builds."""
     f = p.add_argument_group("fabric (built fresh for every condition)")
     f.add_argument("--hosts", type=int_at_least(2), help="hosts (default 4)")
     f.add_argument("--planes", type=int_at_least(1), help="planes (default 2)")
@@ -171,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
         " docker/build.sh builds one)",
     )
 
+
+def _mrc_args(p: argparse.ArgumentParser) -> None:
+    """Every MRC QP's settings."""
     m = p.add_argument_group("MRC")
     m.add_argument("--evs", type=int_at_least(1), help="EVs per QP (default 128)")
     m.add_argument(
@@ -201,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_qp_arg(m, ", for every MRC QP, after --payload, --window and --cc")
 
+
+def _condition_args(p: argparse.ArgumentParser) -> None:
+    """The conditions and their faults."""
     c = p.add_argument_group("conditions")
     c.add_argument(
         "--outage", type=_seconds, help="link_down: seconds the link stays down (default 2)"
@@ -232,6 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a step not complete after this long fails (default outage + 20 s)",
     )
 
+
+def _output_args(p: argparse.ArgumentParser) -> None:
+    """Where results go."""
     o = p.add_argument_group("output")
     o.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     o.add_argument("--table", metavar="FILE", help="also write the markdown table to FILE")
@@ -242,7 +264,6 @@ def build_parser() -> argparse.ArgumentParser:
         verbose_help="also DEBUG notes, and the agents' logs when something fails",
         quiet_help="no progress lines on stderr: errors only",
     )
-    return p
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:

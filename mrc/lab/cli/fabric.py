@@ -87,6 +87,13 @@ def _name_opt(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--name", default="mrc", help="fabric name (default: mrc)")
 
 
+def _host_pair(sp: argparse.ArgumentParser) -> None:
+    """``--name`` and the two hosts a path or a ping goes between."""
+    _name_opt(sp)
+    sp.add_argument("src", metavar="SRC")
+    sp.add_argument("dst", metavar="DST")
+
+
 def _add_up(sub: Subparsers) -> None:
     """``up``: build a fabric."""
     up = sub.add_parser(
@@ -214,9 +221,7 @@ def _add_paths(sub: Subparsers) -> None:
         description="Every path from SRC to DST: one per plane and spine (segment list"
         " [spine SID, DST address]), plus the direct path when both share a leaf.",
     )
-    _name_opt(pa)
-    pa.add_argument("src", metavar="SRC")
-    pa.add_argument("dst", metavar="DST")
+    _host_pair(pa)
     pa.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -228,9 +233,7 @@ def _add_ping(sub: Subparsers) -> None:
         description="Ping DST from SRC in one plane; with --via SPINE the request carries an"
         " SRH that steers it through that spine (replies take the default path).",
     )
-    _name_opt(pg)
-    pg.add_argument("src", metavar="SRC")
-    pg.add_argument("dst", metavar="DST")
+    _host_pair(pg)
     pg.add_argument(
         "--plane",
         type=non_negative_int,
