@@ -13,10 +13,10 @@ that did not wins share back (additive increase), up to an equal share.
 The smallest sample is what tells a standing queue (the one spine left carrying two spines'
 traffic never drains) from queues that come and go: planes that share the bottleneck take
 turns being the deeper one for a few milliseconds, each draining to near empty in between, and
-steering that chased those turns (smoothed RTTs, compared every round trip) cost a pair
-transfer at 100 Mbit/s 10% of its goodput: the share taken from one plane leaves the other as
-the bottleneck. Senders that share a receiver still move together a little (they see the same
-last hops), which costs a clean 3 -> 1 incast at 100 Mbit/s about 6% (docs/EV_HEALTH.md).
+steering that chases those turns costs goodput, since the share taken from one plane leaves
+the other as the bottleneck. Senders that share a receiver still move together a little (they
+see the same last hops); docs/EV_HEALTH.md ("Plane shares follow the planes' delays") has
+what each choice measured.
 
 When every plane shares the bottleneck (the receiver's last hops, the sender's NICs) their
 delays stay alike and nothing changes: the failover demo's single flow, whose NICs are the
