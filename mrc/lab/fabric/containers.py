@@ -26,6 +26,8 @@ from pathlib import Path
 from mrc.errors import FabricError
 from mrc.topology.model import run_dir
 
+#: the containers' label (its value: the fabric's name); a name users and scripts filter on, so it
+#: stays as it was before the fabric moved into mrc.lab
 LABEL = "mrc.fabric"
 ENGINES = ("podman", "docker")
 

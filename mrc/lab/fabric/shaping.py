@@ -17,7 +17,7 @@ def tbf_params(rate_bps: int, mtu: int, host: bool = False) -> tuple[int, int, i
 
     Burst must hold at least a couple of full frames or tbf drops them; the queue is kept
     short on purpose (MRC wants shallow buffers; ``--trim`` trims before it overflows, see
-    :mod:`mrc.fabric.trim`).  tbf counts frames from the Ethernet header on (+14 bytes).
+    :mod:`mrc.lab.fabric.trim`).  tbf counts frames from the Ethernet header on (+14 bytes).
 
     ``host``: the tbf on a *host's* NIC (its end of a host-leaf link) stands for the NIC's line
     rate, and its queue for the host's own transmit queue, not for a switch buffer: nothing
