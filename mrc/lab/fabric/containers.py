@@ -26,8 +26,8 @@ from pathlib import Path
 from mrc.errors import FabricError
 from mrc.topology.model import run_dir
 
-#: the containers' label (its value: the fabric's name); a name users and scripts filter on, so it
-#: stays as it was before the fabric moved into mrc.lab
+#: the containers' label (its value: the fabric's name); users and scripts filter on it, so it
+#: does not follow the package's name
 LABEL = "mrc.fabric"
 ENGINES = ("podman", "docker")
 
