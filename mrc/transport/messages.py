@@ -272,7 +272,7 @@ class Hello:
     def from_json(cls, obj: object) -> Hello:
         f = _Fields(obj, "hello")
         f.version()
-        return cls(
+        hello = cls(
             qpn=f.integer("qpn", 1, U24),
             psn=f.integer("psn", 0, U24),
             udp_port=f.integer("udp_port", 1, 65535),
@@ -291,6 +291,13 @@ class Hello:
             ),
             auth=AuthOffer.from_json(f.get("auth")) if f.has("auth") else None,
         )
+        if hello.request is not None and hello.auth is not None and hello.auth.mode == "encrypt":
+            f._fail_raw(
+                "hello",
+                'request must not travel in clear with auth mode "encrypt" (it follows '
+                "the proof, sealed)",
+            )
+        return hello
 
     def to_json(self) -> JSON:
         out: JSON = {
@@ -350,6 +357,30 @@ class Proof:
 
     def to_json(self) -> JSON:
         return {"mrc": PROTOCOL_VERSION, "proof": self.proof}
+
+
+@dataclass(frozen=True, slots=True)
+class SealedRequest:
+    """Sender -> receiver, the first sealed message of a sender that encrypts (right after its
+    proof): the region request its hello left out, so the name and size travel sealed."""
+
+    request: RegionRequest | None
+
+    @classmethod
+    def from_json(cls, obj: object) -> SealedRequest:
+        f = _Fields(obj, "sealed request")
+        f.version()
+        return cls(
+            RegionRequest.from_json(f.get("request"), "sealed request", "request.")
+            if f.has("request")
+            else None
+        )
+
+    def to_json(self) -> JSON:
+        out: JSON = {"mrc": PROTOCOL_VERSION}
+        if self.request is not None:
+            out["request"] = self.request.to_json()
+        return out
 
 
 def parse_challenge(obj: object) -> Challenge | Refusal:
