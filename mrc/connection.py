@@ -55,6 +55,7 @@ from mrc.transport.messages import (
     Abort,
     Hello,
     Refusal,
+    RefusedForNow,
     RegionRequest,
     RemoteRegion,
     Welcome,
@@ -83,6 +84,9 @@ __all__ = [
 ]
 
 CONNECT_TIMEOUT = 5.0
+#: set-ups a sender tries when a listener lets each give way to a newer connection (a refusal
+#: with ``retry``): a listener full of peers that prove nothing drops its oldest for a newcomer
+SETUP_ATTEMPTS = 4
 #: a listener's bound on one whole set-up, TCP connection to welcome (``setup_timeout``)
 SETUP_TIMEOUT = 10.0
 #: how long a new side-channel connection has to say its hello and, with a key, prove it
@@ -595,7 +599,8 @@ class Listener:
                 raise MRCError(f"set-up did not finish within {self.setup_timeout:g} s") from None
         except MRCError as exc:  # ControlError and MessageError too: refuse with the reason
             self._unadmit(control)
-            await self._goodbye(control, Refusal.because(str(exc)).to_json())
+            refusal = Refusal.because(str(exc), retry=isinstance(exc, RefusedForNow))
+            await self._goodbye(control, refusal.to_json())
             return
         except asyncio.CancelledError:
             self._unadmit(control)
@@ -720,14 +725,14 @@ class Listener:
                 request = await auth.request_of(control, hello, None)
         except TimeoutError:
             if setup.dropped is not None:
-                raise MRCError(setup.dropped) from None
+                raise RefusedForNow(setup.dropped) from None
             raise MRCError(
                 f"no {setup.stage} within {self.hello_timeout:g} s of connecting"
             ) from None
         finally:
             setup.deadline = None
         if setup.dropped is not None:  # dropped just as its last message arrived
-            raise MRCError(setup.dropped)
+            raise RefusedForNow(setup.dropped)
         return hello, protection, request
 
     async def _setup(self, control: ControlChannel, setup: _SetUp) -> Connection:
@@ -1104,34 +1109,45 @@ async def connect(
         _adopt(core.pd, region)
     host = _resolve(host)
     locals_ = [_resolve(a) for a in local_addrs] if local_addrs else []
-    reader, writer = await _open_side_channel(host, port, timeout, wait)
-    control = ControlChannel(reader, writer)
-    if not locals_:
-        locals_ = [writer.get_extra_info("sockname")[0]]
+    # the UDP socket first: the hello then follows the TCP handshake at once (a listener whose
+    # set-up slots are full lets a connection that has said nothing give way first)
     try:
         rx = udp_socket(_any_address(host), 0)
     except OSError as exc:
-        control.close()
         raise MRCError(f"cannot open a UDP socket: {exc.strerror or exc}") from None
     endpoint = Endpoint(core, [rx])
     request = RegionRequest(request_size, request_name) if request_size is not None else None
-    hello = Hello(
-        qpn=_new_qpn(core),
-        psn=secrets.randbits(24),
-        udp_port=endpoint.port,
-        addrs=tuple(locals_),
-        evs=evs,
-        psn_window=cfg.psn_window,
-        regions=tuple(_describe(r) for r in regions or []),
-        request=None if encrypt else request,  # encrypting: sealed, after the proof
-        auth=auth.offer(Mode.ENCRYPT if encrypt else Mode.INTEGRITY) if key else None,
-    )
+    qpn, psn = _new_qpn(core), secrets.randbits(24)
+    attempts = 0
     try:
-        return await _client_setup(
-            endpoint, control, host, hello, cfg, timeout, fabric, key, request
-        )
+        while True:
+            reader, writer = await _open_side_channel(host, port, timeout, wait)
+            control = ControlChannel(reader, writer)
+            hello = Hello(
+                qpn=qpn,
+                psn=psn,
+                udp_port=endpoint.port,
+                addrs=tuple(locals_ or [writer.get_extra_info("sockname")[0]]),
+                evs=evs,
+                psn_window=cfg.psn_window,
+                regions=tuple(_describe(r) for r in regions or []),
+                request=None if encrypt else request,  # encrypting: sealed, after the proof
+                auth=auth.offer(Mode.ENCRYPT if encrypt else Mode.INTEGRITY) if key else None,
+            )
+            try:
+                return await _client_setup(
+                    endpoint, control, host, hello, cfg, timeout, fabric, key, request
+                )
+            except RefusedForNow:
+                control.close()
+                attempts += 1
+                if attempts == SETUP_ATTEMPTS:
+                    raise
+            except BaseException:
+                control.close()
+                raise
+            await asyncio.sleep(0.01 * 2 ** (attempts - 1))
     except BaseException:
-        control.close()
         endpoint.close()  # and with it the EV sockets of an attached QP
         raise
 
@@ -1162,7 +1178,7 @@ async def _client_setup(
         raise MRCError(f"[{host}] closed the side channel during set-up")
     reply = parse_reply(obj)
     if isinstance(reply, Refusal):
-        raise MRCError(f"connection refused by the receiver: {reply.error}")
+        raise reply.exception()
     pairs = _plane_pairs(list(hello.addrs), list(reply.addrs) or [host])
     evs = hello.evs or 1
     total = evs + backup_count(evs, len(pairs))

@@ -123,7 +123,7 @@ async def as_sender(
         raise ControlError("the receiver closed the side channel during the key exchange")
     reply = parse_challenge(obj)
     if isinstance(reply, Refusal):
-        raise MRCError(f"connection refused by the receiver: {reply.error}")
+        raise reply.exception()
     t = transcript(bytes.fromhex(hello.auth.nonce), bytes.fromhex(reply.nonce), hello.context())
     if not check_proof(key, "receiver", t, bytes.fromhex(reply.proof)):
         raise MRCError("authentication failed: the receiver does not hold our key")

@@ -185,3 +185,42 @@ def test_sources_are_addresses_and_ipv6_prefixes() -> None:
         source_of("2001:db8:1:2:aaaa::1") == source_of("2001:db8:1:2:bbbb::9") == ("2001:db8:1:2::")
     )
     assert source_of("fe80::1%eth0") == "fe80::"
+
+
+async def test_a_sender_dropped_for_a_newer_connection_tries_again() -> None:
+    """A refusal with ``retry`` (the set-up gave way) is tried again, SETUP_ATTEMPTS times in
+    all, each with a fresh connection and hello; any other refusal ends the set-up at once."""
+    from mrc.connection import SETUP_ATTEMPTS
+    from mrc.transport.messages import Refusal, RefusedForNow
+
+    hellos: list[dict[str, object]] = []
+    retry = [True]
+
+    async def refuse(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        hellos.append(json.loads(await r.readline()))
+        w.write(json.dumps(Refusal("busy", retry=retry[0]).to_json()).encode() + b"\n")
+        await w.drain()
+        w.close()
+
+    server = await asyncio.start_server(refuse, HOST, 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        try:
+            await mrc.connect(HOST, port, evs=4, key=KEY, request_size=10)
+        except RefusedForNow as exc:
+            assert str(exc) == "connection refused by the receiver: busy"
+        else:
+            raise AssertionError("refused every time: the set-up must fail")
+        assert len(hellos) == SETUP_ATTEMPTS > 1
+        nonces = {str(h["auth"]["nonce"]) for h in hellos}  # type: ignore[index]
+        assert len(nonces) == SETUP_ATTEMPTS  # a fresh key exchange each time
+        hellos.clear()
+        retry[0] = False
+        try:
+            await mrc.connect(HOST, port, evs=4, key=KEY, request_size=10)
+        except mrc.MRCError as exc:
+            assert not isinstance(exc, RefusedForNow)
+        assert len(hellos) == 1
+    finally:
+        server.close()
+        await server.wait_closed()

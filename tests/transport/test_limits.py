@@ -192,6 +192,7 @@ async def test_a_newcomer_displaces_the_oldest_silent_set_up() -> None:
             "ok": False,
             "error": "set-up dropped for a newer connection: all 2 set-up slots were taken "
             "and this one had not yet said its hello or proved the key",
+            "retry": True,
         }
         assert await quiet[0].hung_up()
         await verified_transfer(listener)  # displaces the next silent one, and is set up
