@@ -23,7 +23,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from mrc import counters as registry
 from mrc.core.config import QPConfig
@@ -33,7 +33,7 @@ from mrc.core.events import EVStateChanged
 from mrc.core.memory import Access, MemoryRegion, ProtectionDomain
 from mrc.core.qp import QueuePair
 from mrc.errors import MRCError
-from mrc.security.packet import Mode
+from mrc.security.packet import Mode, Protection
 from mrc.srv6.evroutes import EVRoute, fabric_routes, plain_routes
 from mrc.transport import auth
 from mrc.transport.control import MAX_LINE, ControlChannel, ControlError
@@ -46,13 +46,16 @@ from mrc.transport.limits import (
     Ledger,
     LimitError,
     Limits,
+    source_of,
 )
+from mrc.transport.memory import default_budget, usable_memory
 from mrc.transport.messages import (
     MAX_EVS,
     MAX_REGION_SIZE,
     Abort,
     Hello,
     Refusal,
+    RefusedForNow,
     RegionRequest,
     RemoteRegion,
     Welcome,
@@ -81,8 +84,14 @@ __all__ = [
 ]
 
 CONNECT_TIMEOUT = 5.0
+#: set-ups a sender tries when a listener lets each give way to a newer connection (a refusal
+#: with ``retry``): a listener full of peers that prove nothing drops its oldest for a newcomer
+SETUP_ATTEMPTS = 4
 #: a listener's bound on one whole set-up, TCP connection to welcome (``setup_timeout``)
 SETUP_TIMEOUT = 10.0
+#: how long a new side-channel connection has to say its hello and, with a key, prove it
+#: (``hello_timeout``): a sender does both within a round trip of connecting
+HELLO_TIMEOUT = 2.0
 #: how long a welcomed sender may stay silent on the data path (``start_timeout``)
 START_TIMEOUT = 10.0
 #: how long a listener tries to hand a refusal or an abort to a peer before hanging up
@@ -415,6 +424,9 @@ class Connection:
 # ``region_factory(size, request)``: a writable buffer of at least ``size`` bytes for a sender
 # that asked for one; ``request`` is the hello's request object ({"size", "name"}).
 RegionFactory = Callable[[int, dict[str, object]], Buffer]
+# ``region_memory(size)``: how many of the bytes of a region ``region_factory`` makes for ``size``
+# are memory (counted against ``max_memory_bytes``); without it, all of them.
+RegionMemory = Callable[[int], int]
 # ``region_release(buffer)``: a region made for a sender will never reach the application: its
 # set-up failed after the buffer was made, the sender never started sending (``start_timeout``),
 # or the listener closed before ``accept()`` handed the connection out. Free it (e.g. unmap and
@@ -425,6 +437,26 @@ RegionRelease = Callable[[Buffer], None]
 
 def _describe(region: MemoryRegion) -> RemoteRegion:
     return RemoteRegion(region.name, region.rkey, region.addr, region.length)
+
+
+class _SetUp:
+    """One set-up in progress, as the listener's ledger counts it (its ticket): until the peer
+    said its hello and proved the key it runs under ``deadline``, which :meth:`drop` ends
+    early when a newcomer needs the slot."""
+
+    __slots__ = ("deadline", "dropped", "stage")
+
+    def __init__(self) -> None:
+        self.deadline: asyncio.Timeout | None = None
+        self.dropped: str | None = None  # why it gave way to a newcomer
+        self.stage = "hello"  # what the listener waits for: hello, key proof, region request
+
+    def drop(self, reason: str) -> None:
+        """Give way: the set-up ends with ``reason`` at once (its deadline expires now)."""
+        self.dropped = reason
+        deadline = self.deadline
+        if deadline is not None and not deadline.expired():
+            deadline.reschedule(asyncio.get_running_loop().time())
 
 
 class Listener:
@@ -450,9 +482,11 @@ class Listener:
         *,
         limits: Limits | None = None,
         setup_timeout: float = SETUP_TIMEOUT,
+        hello_timeout: float = HELLO_TIMEOUT,
         start_timeout: float | None = START_TIMEOUT,
         key: bytes | None = None,
         require_encrypt: bool = False,
+        region_memory: RegionMemory | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.key = key
@@ -464,8 +498,10 @@ class Listener:
         self.evs = evs
         self.config = config
         self.region_factory = region_factory
+        self.region_memory = region_memory
         self.limits = limits or Limits()
         self.setup_timeout = setup_timeout
+        self.hello_timeout = hello_timeout
         self.start_timeout = start_timeout
         self.ledger = Ledger(self.limits)
         #: live connections (set up, not closed), handed out or not
@@ -492,9 +528,10 @@ class Listener:
         return region
 
     def usage(self) -> dict[str, int]:
-        """Set-ups in progress, live connections and bytes granted now, and how many peers each
-        limit refused so far (``refused_setups``, ``refused_connections``,
-        ``refused_granted_bytes``; absent while zero)."""
+        """Set-ups in progress, live connections, bytes granted and the memory among them now,
+        and how many peers each limit refused so far (``refused_setups``, set-ups dropped
+        for a newcomer included, ``refused_connections``, ``refused_granted_bytes``,
+        ``refused_memory_bytes``; absent while zero)."""
         return self.ledger.usage()
 
     def on_connection(self, callback: Callable[[Connection], None]) -> None:
@@ -535,45 +572,58 @@ class Listener:
     # ---- set-up ------------------------------------------------------------------------
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One TCP connection: counted as a set-up in progress (refused at once beyond the
-        limit), set up within ``setup_timeout``, then queued for accept() and watched until
+        """One TCP connection: counted as a set-up in progress (when the slots are full, the
+        oldest set-up that has proven nothing gives way, or if all have, this one is refused
+        at once), set up within ``setup_timeout``, then queued for accept() and watched until
         its peer starts sending."""
         control = ControlChannel(reader, writer)
         if self._closing:
             control.close()
             return
+        setup = _SetUp()
         try:
-            self.ledger.begin_setup()
+            displaced = self.ledger.begin_setup(setup, source_of(control.peer_host))
         except LimitError as exc:
             await self._goodbye(control, Refusal.because(str(exc)).to_json())
             return
+        if isinstance(displaced, _SetUp):
+            displaced.drop(self.ledger.displaced_reason())
         task = asyncio.current_task()
         assert task is not None
         self._setup_tasks.add(task)
         try:
             try:
                 async with asyncio.timeout(self.setup_timeout):
-                    conn = await self._setup(control)
+                    conn = await self._setup(control, setup)
             except TimeoutError:
                 raise MRCError(f"set-up did not finish within {self.setup_timeout:g} s") from None
         except MRCError as exc:  # ControlError and MessageError too: refuse with the reason
             self._unadmit(control)
-            await self._goodbye(control, Refusal.because(str(exc)).to_json())
+            refusal = Refusal.because(str(exc), retry=isinstance(exc, RefusedForNow))
+            await self._goodbye(control, refusal.to_json())
             return
+        except asyncio.CancelledError:
+            self._unadmit(control)
+            control.close()
+            if self._closing:
+                return  # close() cancelled it: ends here, not as an error of the server
+            raise
         except BaseException:
             self._unadmit(control)
             control.close()
             raise
         finally:
             self._setup_tasks.discard(task)
-            self.ledger.end_setup()
+            self.ledger.end_setup(setup)
         self._welcomed(conn, self._admissions.pop(control))
 
-    def _admit(self, control: ControlChannel, hello: Hello) -> None:
-        """The limits check of a checked hello, before anything is allocated for it: a
-        connection slot and the bytes it asks for, or :class:`LimitError` (the refusal)."""
-        size = hello.request.size if hello.request is not None else 0
-        self._admissions[control] = self.ledger.admit(size)
+    def _admit(self, control: ControlChannel, request: RegionRequest | None) -> None:
+        """The limits check of a checked request, before anything is allocated for it: a
+        connection slot, the bytes it asks for and the memory among them, or
+        :class:`LimitError` (the refusal)."""
+        size = request.size if request is not None else 0
+        memory = self.region_memory(size) if self.region_memory is not None and size else size
+        self._admissions[control] = self.ledger.admit(size, memory)
 
     def _unadmit(self, control: ControlChannel) -> None:
         admission = self._admissions.pop(control, None)
@@ -652,16 +702,43 @@ class Listener:
             await asyncio.wait_for(control.send(message), _GOODBYE_TIMEOUT)
         control.close()
 
-    async def _setup(self, control: ControlChannel) -> Connection:
+    async def _introduce(
+        self, control: ControlChannel, setup: _SetUp
+    ) -> tuple[Hello, Protection | None, RegionRequest | None]:
+        """The hello and, with a key, the proof (and an encrypting sender's sealed region
+        request), within ``hello_timeout`` of connecting; until the proof the set-up may be
+        dropped for a newcomer (:meth:`_SetUp.drop`), after it never."""
+        try:
+            async with asyncio.timeout(self.hello_timeout) as deadline:
+                setup.deadline = deadline
+                obj = await control.recv()
+                if obj is None:
+                    raise ControlError("peer closed the side channel before saying hello")
+                hello = Hello.from_json(obj)
+                self.ledger.said_hello(setup)
+                setup.stage = "key proof"
+                protection = await auth.as_receiver(
+                    control, self.key, hello, None, self.require_encrypt
+                )
+                self.ledger.proven(setup)
+                setup.stage = "region request"
+                request = await auth.request_of(control, hello, None)
+        except TimeoutError:
+            if setup.dropped is not None:
+                raise RefusedForNow(setup.dropped) from None
+            raise MRCError(
+                f"no {setup.stage} within {self.hello_timeout:g} s of connecting"
+            ) from None
+        finally:
+            setup.deadline = None
+        if setup.dropped is not None:  # dropped just as its last message arrived
+            raise RefusedForNow(setup.dropped)
+        return hello, protection, request
+
+    async def _setup(self, control: ControlChannel, setup: _SetUp) -> Connection:
         """Accept one hello: check all of it, then allocate (granted region, EV sockets, QP);
         whatever was allocated is released again if a later step fails."""
-        obj = await control.recv(timeout=CONNECT_TIMEOUT)
-        if obj is None:
-            raise ControlError("peer closed the side channel before saying hello")
-        hello = Hello.from_json(obj)
-        protection = await auth.as_receiver(
-            control, self.key, hello, CONNECT_TIMEOUT, self.require_encrypt
-        )
+        hello, protection, request = await self._introduce(control, setup)
         cfg = dataclasses.replace(self.config) if self.config is not None else QPConfig()
         if hello.psn_window is not None:
             cfg.psn_window = hello.psn_window
@@ -684,8 +761,8 @@ class Listener:
         shared = [r for r in self.shared_regions if core.pd.lookup(r.rkey) is r]
         for r in shared:
             pd.adopt(r)
-        self._admit(control, hello)  # the listener's limits, before anything is allocated
-        granted = self._grant(hello.request, pd) if hello.request is not None else None
+        self._admit(control, request)  # the listener's limits, before anything is allocated
+        granted = self._grant(request, pd) if request is not None else None
         socks: list[socket.socket] = []
         attached: QueuePair | None = None
         try:
@@ -733,7 +810,7 @@ class Listener:
             peer_addrs=hello.addrs,
             routes=labels,
             granted=granted,
-            requested_size=hello.request.size if hello.request is not None else None,
+            requested_size=request.size if request is not None else None,
         )
 
     def _grant(self, request: RegionRequest, pd: ProtectionDomain) -> MemoryRegion:
@@ -797,7 +874,11 @@ async def listen(
     max_setups: int = DEFAULT_MAX_SETUPS,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     max_granted_bytes: int | None = DEFAULT_MAX_GRANTED,
+    max_memory_bytes: int | None | Literal["auto"] = "auto",
+    region_memory: RegionMemory | None = None,
+    limit_hints: dict[str, str] | None = None,
     setup_timeout: float = SETUP_TIMEOUT,
+    hello_timeout: float = HELLO_TIMEOUT,
     start_timeout: float | None = START_TIMEOUT,
     key: bytes | None = None,
     require_encrypt: bool = False,
@@ -815,13 +896,26 @@ async def listen(
     Whoever reaches the port can make the listener work, so what peers hold is bounded; beyond
     a bound a peer is refused with one line naming it, before anything is allocated for it:
 
-    * ``max_setups`` (64): TCP connections still in set-up (hello not yet answered); one more
-      is refused at once, unread. Each set-up is refused after ``setup_timeout`` (10 s).
+    * ``max_setups`` (64): TCP connections still in set-up (hello not yet answered). When all
+      slots are taken, the oldest set-up that has not yet said its hello (and, with a key,
+      proved it) is dropped for the newcomer, from the source (IPv4 address, IPv6 /64) that
+      holds the most of them, so peers that prove nothing cannot keep out one that can; if
+      every set-up in progress has, the newcomer is refused at once, unread. A set-up has
+      ``hello_timeout`` (2 s) to say its hello and prove the key, and ``setup_timeout``
+      (10 s) in all.
     * ``max_connections`` (64): connections set up and not yet closed, handed out or not
       (each holds ``evs`` plus backup UDP sockets).
     * ``max_granted_bytes`` (64 GiB; None: no bound): the sum of regions ``region_factory``
       made on request and whose connections are not yet closed. Checked against the size asked
       for before ``region_factory`` is called; the bytes return when the connection closes.
+    * ``max_memory_bytes``: the part of those regions that is memory, checked the same way.
+      ``region_memory(size)`` says how much of a region of ``size`` bytes is (without it:
+      all; a file mapping is the page cache's, so none). "auto" (the default): a quarter of
+      the memory this process may use (the machine's, or its memory cgroup's limit if lower),
+      at most half of what is available when it starts; None: no bound. A bound above the
+      machine's memory is refused.
+    * ``limit_hints``: how each limit (``setups``, ``connections``, ``granted_bytes``,
+      ``memory_bytes``) is raised, appended to its refusals (mrc-recv names its flags).
     * ``start_timeout`` (10 s; None: never): a welcomed sender whose first datagram has not
       arrived this long after set-up, and that :meth:`Listener.accept` has not handed out, is
       sent an Abort with the reason and closed; its QP, sockets, region (``region_release``)
@@ -835,9 +929,17 @@ async def listen(
     """
     if require_encrypt and key is None:
         raise MRCError("require_encrypt needs a key")
-    limits = Limits(max_setups, max_connections, max_granted_bytes)
+    limits = Limits(
+        max_setups,
+        max_connections,
+        max_granted_bytes,
+        _memory_budget(max_memory_bytes),
+        tuple(sorted((limit_hints or {}).items())),
+    )
     if not setup_timeout > 0:
         raise MRCError(f"setup_timeout must be more than 0 s, not {setup_timeout!r}")
+    if not hello_timeout > 0:
+        raise MRCError(f"hello_timeout must be more than 0 s, not {hello_timeout!r}")
     if start_timeout is not None and not start_timeout > 0:
         raise MRCError(f"start_timeout must be None or more than 0 s, not {start_timeout!r}")
     addrs = [_resolve(a) for a in plane_addrs] if plane_addrs else []
@@ -895,9 +997,25 @@ async def listen(
         require_encrypt=require_encrypt,
         limits=limits,
         setup_timeout=setup_timeout,
+        hello_timeout=hello_timeout,
         start_timeout=start_timeout,
+        region_memory=region_memory,
     )
     return listener
+
+
+def _memory_budget(value: int | None | Literal["auto"]) -> int | None:
+    """``listen(max_memory_bytes=...)`` resolved: "auto" from this machine's memory, a number
+    checked against it (never more than the process can have)."""
+    if value == "auto":
+        return default_budget()
+    if isinstance(value, int) and not isinstance(value, bool):
+        usable = usable_memory()
+        if usable is not None and value > usable:
+            raise MRCError(
+                f"max_memory_bytes {value} is more than this machine's memory ({usable} bytes)"
+            )
+    return value
 
 
 #: connect errors worth trying again while ``wait`` lasts: nobody listens yet, or the
@@ -991,31 +1109,45 @@ async def connect(
         _adopt(core.pd, region)
     host = _resolve(host)
     locals_ = [_resolve(a) for a in local_addrs] if local_addrs else []
-    reader, writer = await _open_side_channel(host, port, timeout, wait)
-    control = ControlChannel(reader, writer)
-    if not locals_:
-        locals_ = [writer.get_extra_info("sockname")[0]]
+    # the UDP socket first: the hello then follows the TCP handshake at once (a listener whose
+    # set-up slots are full lets a connection that has said nothing give way first)
     try:
         rx = udp_socket(_any_address(host), 0)
     except OSError as exc:
-        control.close()
         raise MRCError(f"cannot open a UDP socket: {exc.strerror or exc}") from None
     endpoint = Endpoint(core, [rx])
-    hello = Hello(
-        qpn=_new_qpn(core),
-        psn=secrets.randbits(24),
-        udp_port=endpoint.port,
-        addrs=tuple(locals_),
-        evs=evs,
-        psn_window=cfg.psn_window,
-        regions=tuple(_describe(r) for r in regions or []),
-        request=RegionRequest(request_size, request_name) if request_size is not None else None,
-        auth=auth.offer(Mode.ENCRYPT if encrypt else Mode.INTEGRITY) if key else None,
-    )
+    request = RegionRequest(request_size, request_name) if request_size is not None else None
+    qpn, psn = _new_qpn(core), secrets.randbits(24)
+    attempts = 0
     try:
-        return await _client_setup(endpoint, control, host, hello, cfg, timeout, fabric, key)
+        while True:
+            reader, writer = await _open_side_channel(host, port, timeout, wait)
+            control = ControlChannel(reader, writer)
+            hello = Hello(
+                qpn=qpn,
+                psn=psn,
+                udp_port=endpoint.port,
+                addrs=tuple(locals_ or [writer.get_extra_info("sockname")[0]]),
+                evs=evs,
+                psn_window=cfg.psn_window,
+                regions=tuple(_describe(r) for r in regions or []),
+                request=None if encrypt else request,  # encrypting: sealed, after the proof
+                auth=auth.offer(Mode.ENCRYPT if encrypt else Mode.INTEGRITY) if key else None,
+            )
+            try:
+                return await _client_setup(
+                    endpoint, control, host, hello, cfg, timeout, fabric, key, request
+                )
+            except RefusedForNow:
+                control.close()
+                attempts += 1
+                if attempts == SETUP_ATTEMPTS:
+                    raise
+            except BaseException:
+                control.close()
+                raise
+            await asyncio.sleep(0.01 * 2 ** (attempts - 1))
     except BaseException:
-        control.close()
         endpoint.close()  # and with it the EV sockets of an attached QP
         raise
 
@@ -1029,14 +1161,16 @@ async def _client_setup(
     timeout: float,
     fabric: Topology | None,
     key: bytes | None = None,
+    request: RegionRequest | None = None,
 ) -> Connection:
-    """Say hello (and prove the key), check all of the answer, then open the EV sockets
-    and attach the QP."""
+    """Say hello (and prove the key; encrypting, then send ``request`` sealed), check all of
+    the answer, then open the EV sockets and attach the QP."""
     protection = None
     try:
         await control.send(hello.to_json())
         if key is not None:
             protection = await auth.as_sender(control, key, hello, timeout)
+            await auth.send_request(control, hello, request)
         obj = await control.recv(timeout=timeout)
     except ControlError as exc:
         raise MRCError(f"set-up with [{host}] failed: {exc}") from None
@@ -1044,7 +1178,7 @@ async def _client_setup(
         raise MRCError(f"[{host}] closed the side channel during set-up")
     reply = parse_reply(obj)
     if isinstance(reply, Refusal):
-        raise MRCError(f"connection refused by the receiver: {reply.error}")
+        raise reply.exception()
     pairs = _plane_pairs(list(hello.addrs), list(reply.addrs) or [host])
     evs = hello.evs or 1
     total = evs + backup_count(evs, len(pairs))

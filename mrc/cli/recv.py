@@ -11,6 +11,7 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import cast
 
 from mrc import counters as registry
@@ -38,6 +39,7 @@ from mrc.core import fastpath
 from mrc.errors import MRCError
 from mrc.transfer import IDLE_TIMEOUT, receive_buffer
 from mrc.transport.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_GRANTED, DEFAULT_MAX_SETUPS
+from mrc.transport.memory import usable_memory
 from mrc.transport.messages import Abort
 from mrc.units import SIZE_HELP, human_bytes, human_rate
 from mrc.wire import DEFAULT_PORT
@@ -110,12 +112,24 @@ def build_parser() -> argparse.ArgumentParser:
         "together over SIZE (default 64G, or --max-size if larger)",
     )
     p.add_argument(
+        "--max-memory",
+        type=size_arg,
+        default=None,
+        metavar="SIZE",
+        help="refuse a transfer that would take the memory held by transfers in progress "
+        "together over SIZE (--discard holds a transfer's size in memory; an --out file's "
+        "pages are the kernel's page cache, not counted). Default: a quarter of this "
+        "machine's memory (or of its memory cgroup's limit), at most half of what is "
+        "available at start; more than the machine's memory is refused",
+    )
+    p.add_argument(
         "--max-setups",
         type=positive_int,
         default=DEFAULT_MAX_SETUPS,
         metavar="N",
-        help="refuse a new side-channel connection at once while N others are still "
-        f"being set up (default {DEFAULT_MAX_SETUPS})",
+        help="side-channel connections being set up at once; beyond N the oldest that has "
+        "not yet said its hello (or proved the key) is dropped for the newcomer, and if all "
+        f"have, the newcomer is refused (default {DEFAULT_MAX_SETUPS})",
     )
     p.add_argument(
         "--start-timeout",
@@ -255,6 +269,9 @@ async def _main(args: argparse.Namespace) -> int:
             if args.max_total is not None
             else max(DEFAULT_MAX_GRANTED, args.max_size)
         ),
+        max_memory_bytes=args.max_memory if args.max_memory is not None else "auto",
+        region_memory=_region_memory(args),
+        limit_hints=LIMIT_FLAGS,
         start_timeout=args.start_timeout,
     )
     try:
@@ -305,8 +322,33 @@ async def _main(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+#: how mrc-recv's refusals say each limit is raised
+LIMIT_FLAGS = {
+    "setups": "--max-setups raises it",
+    "granted_bytes": "--max-total raises it",
+    "memory_bytes": "--max-memory raises it",
+}
+
+
+def _region_memory(args: argparse.Namespace) -> Callable[[int], int]:
+    """How much of a transfer's region is memory, counted against --max-memory: --discard
+    maps anonymous memory of the transfer's size. An --out file's pages belong to the page
+    cache: the kernel writes dirty ones back (holding a writer back beyond its dirty limits)
+    and reclaims clean ones under pressure, so they are bounded by the disk space reserved for
+    the file and --max-total, not by memory."""
+    if args.discard:
+        return lambda size: size
+    return lambda _size: 0
+
+
 def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors argparse cannot see on its own (exit status 2)."""
+    usable = usable_memory()
+    if args.max_memory is not None and usable is not None and args.max_memory > usable:
+        parser.error(
+            f"--max-memory {human_bytes(args.max_memory)} is more than this machine's memory "
+            f"({human_bytes(usable)})"
+        )
     ports = {parse_endpoint(e)[1] for e in args.listen or []}
     if len(ports) > 1:
         parser.error("all --listen addresses must use the same port")

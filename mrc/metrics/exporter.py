@@ -62,7 +62,7 @@ QP_EV_STATES = (
 QP_SRTT = ("mrc_qp_srtt_seconds", "Smoothed round-trip time of a live QP", "", "srtt_ms", "")
 
 QP_LABELS = ("qp", "peer", "side")
-LIMITS = ("setups", "connections", "granted_bytes")
+LIMITS = ("setups", "connections", "granted_bytes", "memory_bytes")
 
 
 @dataclass
@@ -352,8 +352,9 @@ def _listener_families(ex: MetricsExporter) -> Iterator[Metric]:
     refused = CounterMetricFamily(
         "mrc_listener_refused",
         "Peers a listener refused because a limit was reached (setups: side-channel "
-        "connections being set up, connections: live connections, granted_bytes: memory "
-        "granted on request)",
+        "connections being set up, those dropped for a newcomer included, connections: live "
+        "connections, granted_bytes: regions granted on request, memory_bytes: the memory "
+        "among them)",
         labels=("listener", "limit"),
     )
     setups = GaugeMetricFamily(
@@ -369,6 +370,11 @@ def _listener_families(ex: MetricsExporter) -> Iterator[Metric]:
         "Bytes of regions granted on request to connections not yet closed",
         labels=("listener",),
     )
+    memory = GaugeMetricFamily(
+        "mrc_listener_memory_bytes",
+        "Bytes of memory among the regions granted on request to connections not yet closed",
+        labels=("listener",),
+    )
     for listener, label in ex.listeners():
         ledger = listener.ledger
         for limit in LIMITS:
@@ -376,7 +382,9 @@ def _listener_families(ex: MetricsExporter) -> Iterator[Metric]:
         setups.add_metric([label], ledger.setups)
         conns.add_metric([label], ledger.connections)
         granted.add_metric([label], ledger.granted_bytes)
+        memory.add_metric([label], ledger.memory_bytes)
     yield refused
     yield setups
     yield conns
     yield granted
+    yield memory

@@ -14,6 +14,9 @@ helps a third party without K.
 
 Session keys come from HKDF-SHA256(K, salt = Nc | Ns, info = "mrc-v1 keys" | T): per direction
 a key id, a header key and a payload key (AES-128). Fresh nonces give fresh keys per connection.
+The side channel after the exchange gets keys of its own per direction, from another HKDF info:
+"mrc-v1 control" to authenticate its messages, "mrc-v1 sealed control" to seal them (encrypt
+mode), so no key serves two algorithms.
 """
 
 from __future__ import annotations
@@ -78,13 +81,16 @@ def session_keys(key: bytes, transcript_: bytes) -> tuple[DirectionKeys, Directi
 CONTROL_KEY_LEN = 32
 
 
-def control_keys(key: bytes, transcript_: bytes) -> tuple[bytes, bytes]:
-    """(sender-to-receiver, receiver-to-sender) keys that authenticate the side-channel
-    messages after the handshake (welcome, verdicts, aborts): a forged "ok" is then refused."""
+def control_keys(key: bytes, transcript_: bytes, sealed: bool = False) -> tuple[bytes, bytes]:
+    """(sender-to-receiver, receiver-to-sender) keys that protect the side-channel messages
+    after the handshake (welcome, verdicts, aborts): HMAC-SHA256 keys that authenticate them
+    (a forged "ok" is then refused), or with ``sealed`` AES-256-GCM keys that also encrypt
+    them (the hello's mode is ``encrypt``)."""
+    label = b"mrc-v1 sealed control\0" if sealed else b"mrc-v1 control\0"
     okm = HKDF(
         algorithm=hashes.SHA256(),
         length=2 * CONTROL_KEY_LEN,
         salt=transcript_[: 2 * NONCE_LEN],
-        info=b"mrc-v1 control\0" + transcript_,
+        info=label + transcript_,
     ).derive(key)
     return okm[:CONTROL_KEY_LEN], okm[CONTROL_KEY_LEN:]

@@ -9,8 +9,12 @@ With a pre-shared key the set-up becomes four messages instead of two::
 
 Both proofs bind the two nonces and the whole hello, so a recorded exchange replays nowhere
 and a hello altered on the way fails. From the proof on, every side-channel message carries a
-MAC (:meth:`ControlChannel.authenticate`), and the QP seals and checks every datagram with
-keys derived from the same exchange (:class:`mrc.security.packet.Protection`).
+MAC (:meth:`ControlChannel.authenticate`), or in encrypt mode travels sealed
+(:meth:`ControlChannel.seal`), and the QP seals and checks every datagram with keys derived
+from the same exchange (:class:`mrc.security.packet.Protection`).
+
+In encrypt mode the hello leaves out its region request (a file's name and size): the sender
+sends it sealed, as its first message after the proof (:class:`SealedRequest`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,16 @@ from mrc.security.handshake import (
 )
 from mrc.security.packet import Mode, Protection
 from mrc.transport.control import ControlChannel, ControlError
-from mrc.transport.messages import AuthOffer, Challenge, Hello, Proof, Refusal, parse_challenge
+from mrc.transport.messages import (
+    AuthOffer,
+    Challenge,
+    Hello,
+    Proof,
+    Refusal,
+    RegionRequest,
+    SealedRequest,
+    parse_challenge,
+)
 
 
 def offer(mode: Mode) -> AuthOffer:
@@ -34,11 +47,26 @@ def offer(mode: Mode) -> AuthOffer:
     return AuthOffer(new_nonce().hex(), mode.value)
 
 
+def sealed(hello: Hello) -> bool:
+    """Whether the side channel after ``hello``'s key exchange is sealed (encrypt mode)."""
+    return hello.auth is not None and hello.auth.mode == Mode.ENCRYPT.value
+
+
+def _protect(control: ControlChannel, key: bytes, t: bytes, hello: Hello, sender: bool) -> None:
+    """Authenticate (or, in encrypt mode, seal) the side channel with keys of this exchange."""
+    to_receiver, to_sender = control_keys(key, t, sealed=sealed(hello))
+    send, receive = (to_receiver, to_sender) if sender else (to_sender, to_receiver)
+    if sealed(hello):
+        control.seal(send_key=send, receive_key=receive)
+    else:
+        control.authenticate(send_key=send, receive_key=receive)
+
+
 async def as_receiver(
     control: ControlChannel,
     key: bytes | None,
     hello: Hello,
-    timeout: float,
+    timeout: float | None,
     require_encrypt: bool = False,
 ) -> Protection | None:
     """Authenticate the sender of ``hello`` (or check that neither side uses a key).
@@ -67,10 +95,22 @@ async def as_receiver(
     answer = Proof.from_json(obj)
     if not check_proof(key, "sender", t, bytes.fromhex(answer.proof)):
         raise MRCError("authentication failed: the sender does not hold this receiver's key")
-    to_receiver, to_sender = control_keys(key, t)
-    control.authenticate(send_key=to_sender, receive_key=to_receiver)
+    _protect(control, key, t, hello, sender=False)
     data_to_receiver, data_to_sender = session_keys(key, t)
     return Protection(send=data_to_sender, receive=data_to_receiver, mode=mode)
+
+
+async def request_of(
+    control: ControlChannel, hello: Hello, timeout: float | None
+) -> RegionRequest | None:
+    """The region the sender of ``hello`` asks for: in the hello, or in encrypt mode in its
+    first sealed message (``hello`` is authenticated by then)."""
+    if not sealed(hello):
+        return hello.request
+    obj = await control.recv(timeout=timeout)
+    if obj is None:
+        raise ControlError("the sender closed the side channel during the key exchange")
+    return SealedRequest.from_json(obj).request
 
 
 async def as_sender(
@@ -83,12 +123,19 @@ async def as_sender(
         raise ControlError("the receiver closed the side channel during the key exchange")
     reply = parse_challenge(obj)
     if isinstance(reply, Refusal):
-        raise MRCError(f"connection refused by the receiver: {reply.error}")
+        raise reply.exception()
     t = transcript(bytes.fromhex(hello.auth.nonce), bytes.fromhex(reply.nonce), hello.context())
     if not check_proof(key, "receiver", t, bytes.fromhex(reply.proof)):
         raise MRCError("authentication failed: the receiver does not hold our key")
     await control.send(Proof(proof(key, "sender", t).hex()).to_json())
-    to_receiver, to_sender = control_keys(key, t)
-    control.authenticate(send_key=to_receiver, receive_key=to_sender)
+    _protect(control, key, t, hello, sender=True)
     data_to_receiver, data_to_sender = session_keys(key, t)
     return Protection(send=data_to_receiver, receive=data_to_sender, mode=Mode(hello.auth.mode))
+
+
+async def send_request(
+    control: ControlChannel, hello: Hello, request: RegionRequest | None
+) -> None:
+    """In encrypt mode, the region request ``hello`` left out, sealed (after :func:`as_sender`)."""
+    if sealed(hello):
+        await control.send(SealedRequest(request).to_json())

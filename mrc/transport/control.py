@@ -3,15 +3,21 @@
 perftest's ``ib_write_bw`` swaps QP numbers, PSNs and memory keys over a TCP socket before any
 RDMA traffic flows; MRC does the same. Messages are one JSON object per line; this module
 only frames them. Their schema is mrc/transport/messages.py (docs/PROTOCOL.md, "Connection
-setup", documents it).
+setup", documents it). After a key exchange each message is either authenticated (a MAC
+field) or sealed (encrypted whole, one ``{"sealed": ...}`` line), under keys of the exchange.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import hmac
 import json
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from mrc.errors import MRCError
 
@@ -40,8 +46,38 @@ def _depth(obj: object) -> int:
     return deepest
 
 
+def _parse(line: bytes) -> dict[str, object]:
+    """One message: a JSON object of bounded depth, or :class:`ControlError`."""
+    too_deep = f"peer sent a side-channel message nested deeper than {MAX_DEPTH} levels"
+    try:
+        obj = json.loads(line)
+    except RecursionError:
+        raise ControlError(too_deep) from None
+    except ValueError:
+        raise ControlError("peer is not speaking the MRC side-channel protocol") from None
+    if _depth(obj) > MAX_DEPTH:
+        raise ControlError(too_deep)
+    if not isinstance(obj, dict):
+        raise ControlError("peer is not speaking the MRC side-channel protocol")
+    return obj
+
+
 class ControlError(MRCError):
     """The side channel broke or the peer said something we cannot accept (one line)."""
+
+
+_FORGED = "a side-channel message failed authentication (forged, replayed or altered)"
+
+
+def _canonical(obj: dict[str, object]) -> bytes:
+    """The bytes a MAC or a seal covers: keys sorted, no spaces, UTF-8."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _nonce(seq: int) -> bytes:
+    """A sealed message's AES-GCM nonce: 4 zero bytes, then its number (8 bytes, big-endian).
+    Each direction has its own key and numbers its messages from 0, so none repeats."""
+    return bytes(4) + seq.to_bytes(8, "big")
 
 
 class ControlChannel:
@@ -53,9 +89,11 @@ class ControlChannel:
         peer = writer.get_extra_info("peername")
         self.peer_host: str = peer[0] if peer else ""
         self.peer_port: int = peer[1] if peer else 0
-        # set by authenticate(): message keys and counts of each direction
+        # set by authenticate() or seal(): each direction's key, how it protects messages
+        # ("mac" or "sealed"), and the messages counted so far
         self._send_key: bytes | None = None
         self._recv_key: bytes | None = None
+        self._protection = ""
         self._sent = 0
         self._received = 0
 
@@ -69,6 +107,19 @@ class ControlChannel:
         """
         self._send_key = send_key
         self._recv_key = receive_key
+        self._protection = "mac"
+
+    def seal(self, send_key: bytes, receive_key: bytes) -> None:
+        """From now on every message travels sealed: the line ``{"sealed": B}``, B the base64
+        of the AES-256-GCM ciphertext and tag of its canonical JSON under the direction's
+        32-byte key, with the message's number in the exchange as the nonce (:func:`_nonce`).
+        Nothing of it is readable on the way, and a message replayed, reordered, cut or
+        altered fails to open (the number it was sealed with is not the one expected). The
+        one exception is that of :meth:`authenticate`: a clear refusal before the first
+        authentic message."""
+        self._send_key = send_key
+        self._recv_key = receive_key
+        self._protection = "sealed"
 
     @property
     def authenticated(self) -> bool:
@@ -76,14 +127,27 @@ class ControlChannel:
 
     @staticmethod
     def _mac(key: bytes, seq: int, obj: dict[str, object]) -> str:
-        body = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+        body = _canonical(obj)
         return hmac.new(key, seq.to_bytes(8, "big") + body, hashlib.sha256).hexdigest()
 
-    async def send(self, obj: dict[str, object]) -> None:
+    def _encode(self, obj: dict[str, object]) -> bytes:
+        """The line that carries ``obj``: as it is, with its MAC, or sealed."""
+        seq = self._sent
         if self._send_key is not None:
-            obj = {**obj, "mac": self._mac(self._send_key, self._sent, obj)}
-            self._sent += 1
-        self.writer.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+            if self._protection == "sealed":
+                blob = AESGCM(self._send_key).encrypt(_nonce(seq), _canonical(obj), None)
+                obj = {"sealed": base64.b64encode(blob).decode()}
+            else:
+                obj = {**obj, "mac": self._mac(self._send_key, seq, obj)}
+        line = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+        if len(line) > MAX_LINE:  # the peer would refuse it: say so here, numbers unchanged
+            raise ControlError(f"side-channel message of {len(line)} bytes (limit {MAX_LINE})")
+        if self._send_key is not None:
+            self._sent = seq + 1
+        return line
+
+    async def send(self, obj: dict[str, object]) -> None:
+        self.writer.write(self._encode(obj))
         try:
             await self.writer.drain()
         except (ConnectionError, OSError) as exc:
@@ -103,33 +167,42 @@ class ControlChannel:
             ) from None
         if not line:
             return None
-        too_deep = f"peer sent a side-channel message nested deeper than {MAX_DEPTH} levels"
-        try:
-            obj = json.loads(line)
-        except RecursionError:
-            raise ControlError(too_deep) from None
-        except ValueError:
-            raise ControlError("peer is not speaking the MRC side-channel protocol") from None
-        if _depth(obj) > MAX_DEPTH:
-            raise ControlError(too_deep)
-        if not isinstance(obj, dict):
-            raise ControlError("peer is not speaking the MRC side-channel protocol")
-        if self._recv_key is not None:
-            return self._check(obj)
-        return obj
+        obj = _parse(line)
+        if self._recv_key is None:
+            return obj
+        if self._protection == "sealed":
+            return self._open(obj)
+        return self._check(obj)
+
+    def _unauthenticated_refusal(self, obj: dict[str, object]) -> bool:
+        """A clear refusal before the first authentic message (see :meth:`authenticate`)."""
+        return self._received == 0 and obj.get("ok") is False
 
     def _check(self, obj: dict[str, object]) -> dict[str, object]:
         assert self._recv_key is not None
         mac = obj.pop("mac", None)
-        if mac is None and self._received == 0 and obj.get("ok") is False:
-            return obj  # an unauthenticated refusal (see authenticate)
+        if mac is None and self._unauthenticated_refusal(obj):
+            return obj
         want = self._mac(self._recv_key, self._received, obj)
         if not isinstance(mac, str) or not hmac.compare_digest(mac, want):
-            raise ControlError(
-                "a side-channel message failed authentication (forged, replayed or altered)"
-            )
+            raise ControlError(_FORGED)
         self._received += 1
         return obj
+
+    def _open(self, obj: dict[str, object]) -> dict[str, object]:
+        assert self._recv_key is not None
+        sealed = obj.get("sealed")
+        if sealed is None and self._unauthenticated_refusal(obj):
+            return obj
+        if not isinstance(sealed, str) or len(obj) != 1:
+            raise ControlError(_FORGED)
+        try:
+            blob = base64.b64decode(sealed, validate=True)
+            plain = AESGCM(self._recv_key).decrypt(_nonce(self._received), blob, None)
+        except (binascii.Error, ValueError, InvalidTag):
+            raise ControlError(_FORGED) from None
+        self._received += 1
+        return _parse(plain)
 
     def close(self) -> None:
         if not self.writer.is_closing():

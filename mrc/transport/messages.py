@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal, NoReturn
 
 from mrc.core.config import PSN_WINDOW_MAX, PSN_WINDOW_MIN
+from mrc.errors import MRCError
 from mrc.transport.control import ControlError
 
 PROTOCOL_VERSION = 1
@@ -46,6 +47,11 @@ StatValue = int | float | str | bool | None | dict[str, int | float | str | bool
 
 class MessageError(ControlError):
     """A side-channel message that does not follow the schema; the message names the field."""
+
+
+class RefusedForNow(MRCError):
+    """A listener refused a set-up for now (it gave way to a newer connection while the
+    set-up slots were full): trying again at once may well succeed."""
 
 
 def _show(value: object) -> str:
@@ -272,7 +278,7 @@ class Hello:
     def from_json(cls, obj: object) -> Hello:
         f = _Fields(obj, "hello")
         f.version()
-        return cls(
+        hello = cls(
             qpn=f.integer("qpn", 1, U24),
             psn=f.integer("psn", 0, U24),
             udp_port=f.integer("udp_port", 1, 65535),
@@ -291,6 +297,13 @@ class Hello:
             ),
             auth=AuthOffer.from_json(f.get("auth")) if f.has("auth") else None,
         )
+        if hello.request is not None and hello.auth is not None and hello.auth.mode == "encrypt":
+            f._fail_raw(
+                "hello",
+                'request must not travel in clear with auth mode "encrypt" (it follows '
+                "the proof, sealed)",
+            )
+        return hello
 
     def to_json(self) -> JSON:
         out: JSON = {
@@ -352,6 +365,30 @@ class Proof:
         return {"mrc": PROTOCOL_VERSION, "proof": self.proof}
 
 
+@dataclass(frozen=True, slots=True)
+class SealedRequest:
+    """Sender -> receiver, the first sealed message of a sender that encrypts (right after its
+    proof): the region request its hello left out, so the name and size travel sealed."""
+
+    request: RegionRequest | None
+
+    @classmethod
+    def from_json(cls, obj: object) -> SealedRequest:
+        f = _Fields(obj, "sealed request")
+        f.version()
+        return cls(
+            RegionRequest.from_json(f.get("request"), "sealed request", "request.")
+            if f.has("request")
+            else None
+        )
+
+    def to_json(self) -> JSON:
+        out: JSON = {"mrc": PROTOCOL_VERSION}
+        if self.request is not None:
+            out["request"] = self.request.to_json()
+        return out
+
+
 def parse_challenge(obj: object) -> Challenge | Refusal:
     """A keyed sender's first answer: the receiver's challenge, or a refusal."""
     if isinstance(obj, dict) and "challenge" in obj:
@@ -401,9 +438,12 @@ class Welcome:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    """The listener's refusal of a hello, with the reason (one line), before it closes."""
+    """The listener's refusal of a hello, with the reason (one line), before it closes.
+    ``retry``: the refusal is for now (the set-up gave way to a newer connection), and the
+    sender may try again at once."""
 
     error: str
+    retry: bool = False
 
     @classmethod
     def from_json(cls, obj: object) -> Refusal:
@@ -411,15 +451,26 @@ class Refusal:
         f.version()
         if f.get("ok") is not False:
             f.fail("ok", "false", f.get("ok"))
-        return cls(f.text("error", MAX_TEXT) if f.has("error") else "no reason")
+        return cls(
+            f.text("error", MAX_TEXT) if f.has("error") else "no reason",
+            f.boolean("retry") if f.has("retry") else False,
+        )
 
     @classmethod
-    def because(cls, reason: str) -> Refusal:
+    def because(cls, reason: str, retry: bool = False) -> Refusal:
         """A refusal whose reason fits the schema (long reasons are cut)."""
-        return cls(reason if len(reason) <= MAX_TEXT else reason[: MAX_TEXT - 3] + "...")
+        return cls(reason if len(reason) <= MAX_TEXT else reason[: MAX_TEXT - 3] + "...", retry)
 
     def to_json(self) -> JSON:
-        return {"mrc": PROTOCOL_VERSION, "ok": False, "error": self.error}
+        out: JSON = {"mrc": PROTOCOL_VERSION, "ok": False, "error": self.error}
+        if self.retry:
+            out["retry"] = True
+        return out
+
+    def exception(self) -> MRCError:
+        """What a sender raises for it: :class:`RefusedForNow` if it may try again."""
+        text = f"connection refused by the receiver: {self.error}"
+        return RefusedForNow(text) if self.retry else MRCError(text)
 
 
 def parse_reply(obj: object) -> Welcome | Refusal:

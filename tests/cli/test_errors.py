@@ -212,6 +212,7 @@ RECV_FLAGS = [
     "--max-size",
     "--force",
     "--max-total",
+    "--max-memory",
     "--max-setups",
     "--start-timeout",
     "--idle-timeout",

@@ -21,6 +21,10 @@ import pytest
 
 import mrc
 from mrc.connection import Listener
+from mrc.security.keys import generate_key
+from mrc.security.packet import Mode
+from mrc.transport import auth
+from mrc.transport.control import ControlChannel
 from mrc.transport.limits import Ledger, LimitError, Limits
 from mrc.transport.messages import Hello, RegionRequest
 
@@ -136,10 +140,11 @@ async def verified_transfer(listener: Listener, size: int = 300_000) -> None:
 
 def test_ledger_counts_refuses_and_gives_back_once() -> None:
     ledger = Ledger(Limits(max_setups=1, max_connections=2, max_granted_bytes=100))
-    ledger.begin_setup()
+    ledger.begin_setup("first", HOST)
+    ledger.proven("first")  # (an unproven one would give way to the newcomer)
     with pytest.raises(LimitError, match=r"^too many set-ups in progress \(limit 1\)$"):
-        ledger.begin_setup()
-    ledger.end_setup()
+        ledger.begin_setup("second", HOST)
+    ledger.end_setup("first")
     a = ledger.admit(60)
     with pytest.raises(LimitError, match="cannot grant 41 bytes: 60 of the 100 bytes"):
         ledger.admit(41)
@@ -152,6 +157,7 @@ def test_ledger_counts_refuses_and_gives_back_once() -> None:
         "setups": 0,
         "connections": 1,
         "granted_bytes": 40,
+        "memory_bytes": 40,
         "refused_connections": 1,
         "refused_granted_bytes": 1,
         "refused_setups": 1,
@@ -172,24 +178,50 @@ def test_bad_limits_are_one_line_errors(kw: dict[str, object]) -> None:
 # ---- on real sockets ----------------------------------------------------------------------
 
 
-async def test_setups_beyond_the_limit_are_refused_at_once() -> None:
+async def test_a_newcomer_displaces_the_oldest_silent_set_up() -> None:
+    """Set-ups that have not said their hello give way to newcomers when the slots are full
+    (issue 21: silent or unproven peers used to hold every slot and keep real senders out)."""
     regions = Regions()
     async with listening(regions, max_setups=2) as listener:
         quiet = [await Raw.open(listener.port) for _ in range(2)]  # hold both set-up slots
         await until(lambda: listener.usage()["setups"] == 2, "two set-ups in progress")
-        third = await Raw.open(listener.port)  # says nothing: refused unread, at once
-        reply = await third.line(timeout=2)
-        assert reply == {"mrc": 1, "ok": False, "error": "too many set-ups in progress (limit 2)"}
-        assert await third.hung_up()
-        await third.close()
-        with pytest.raises(mrc.MRCError, match=r"too many set-ups in progress \(limit 2\)"):
-            await mrc.connect(HOST, listener.port, evs=4, request_size=10)
+        third = await Raw.open(listener.port)  # says nothing either: the oldest gives way
+        reply = await quiet[0].line(timeout=5)
+        assert reply == {
+            "mrc": 1,
+            "ok": False,
+            "error": "set-up dropped for a newer connection: all 2 set-up slots were taken "
+            "and this one had not yet said its hello or proved the key",
+            "retry": True,
+        }
+        assert await quiet[0].hung_up()
+        await verified_transfer(listener)  # displaces the next silent one, and is set up
         assert listener.usage()["refused_setups"] == 2
-        assert regions.made == []
-        for q in quiet:
+        for q in [*quiet, third]:
             await q.close()
         await until(lambda: listener.usage()["setups"] == 0, "the slots back")
-        await verified_transfer(listener)
+
+
+async def test_when_every_set_up_has_proven_itself_a_newcomer_is_refused_at_once() -> None:
+    """Only set-ups past their proof are never displaced: beyond the limit of those, the
+    newcomer is refused at once, unread. (A keyed sender that encrypts and withholds its sealed
+    region request holds a proven set-up: only a holder of the key can.)"""
+    key = generate_key()
+    regions = Regions()
+    async with listening(regions, max_setups=1, key=key) as listener:
+        reader, writer = await asyncio.open_connection(HOST, listener.port)
+        holder = ControlChannel(reader, writer)
+        hello = Hello(0x77, 1, 9, (HOST,), 4, auth=auth.offer(Mode.ENCRYPT))
+        await holder.send(hello.to_json())
+        await auth.as_sender(holder, key, hello, 5)  # proven; its request never follows
+        with pytest.raises(mrc.MRCError, match=r"too many set-ups in progress \(limit 1\)$"):
+            await mrc.connect(HOST, listener.port, evs=4, key=key, request_size=10)
+        reply = await holder.recv(timeout=10)  # and the holder runs out of time
+        assert reply is not None and reply["error"] == (
+            f"no region request within {listener.hello_timeout:g} s of connecting"
+        )
+        holder.close()
+        assert regions.made == []
 
 
 async def test_a_set_up_that_takes_too_long_is_refused_and_frees_its_slot() -> None:
@@ -245,6 +277,7 @@ async def test_granted_bytes_are_bounded_and_return_when_the_connection_closes()
             "setups": 0,
             "connections": 0,
             "granted_bytes": 0,
+            "memory_bytes": 0,
             "refused_granted_bytes": 1,
         }
         assert listener.connections == []  # closed connections are not kept either
@@ -325,7 +358,12 @@ async def test_closing_the_listener_releases_what_was_never_handed_out() -> None
     await until(lambda: listener.usage()["setups"] == 1, "a set-up in progress")
     await listener.close()
     assert len(regions.made) == 3 and sorted(regions.freed) == sorted(regions.made)
-    assert listener.usage() == {"setups": 0, "connections": 0, "granted_bytes": 0}
+    assert listener.usage() == {
+        "setups": 0,
+        "connections": 0,
+        "granted_bytes": 0,
+        "memory_bytes": 0,
+    }
     assert await quiet.hung_up()
     await quiet.close()
     for c in conns:
