@@ -41,6 +41,8 @@ _NEG_INF = float("-inf")
 #: ``_sent_ring`` remembers, for this many of the latest sequence numbers, the EV port of each
 #: one's latest transmission: enough to recognise the genuine ACK of a packet acknowledged
 #: moments ago (the other SACKs of one flush share a subject that the first one acknowledged).
+#: ``_resent_ports`` keeps the ports of the earlier transmissions of the packets resent among
+#: them, and is pruned to that span once it holds twice as many entries.
 _RING = 1 << 12
 _RING_MASK = _RING - 1
 _BECN = wire.BTH_BECN << 24
@@ -150,6 +152,9 @@ class Requester:
         self.health = config.ev_health
         # seq & _RING_MASK -> (seq << 16) | EV port of seq's latest transmission (-1: none)
         self._sent_ring = [-1] * _RING
+        # seq -> EV ports of its transmissions before the latest, for packets resent: an ACK
+        # echoing one of them answers a copy that arrived after all (_believed)
+        self._resent_ports: dict[int, tuple[int, ...]] = {}
         # the EV of the burst being sent and how many more new packets it takes
         self._burst_ev = 0
         self._burst_left = 0
@@ -265,6 +270,7 @@ class Requester:
             if pkt.deadline == _INF:
                 self._waiting -= 1
                 rtx_limit -= 1
+            self._note_resent(seq, evs.ports[pkt.ev])
             if probe and pkt.probed is not None:
                 # the probe goes through the same NIC queue as what it probes (else it may
                 # overtake it there, and its arriving first would prove nothing), on
@@ -285,6 +291,18 @@ class Requester:
                 self._pace_at = now + gap
                 held = True
         return held
+
+    def _note_resent(self, seq: int, port: int) -> None:
+        """``seq`` goes out again: remember ``port``, its transmission until now, so that the
+        ACK of that copy, should it arrive after all, is still believed (``_believed``).
+        Entries older than the ring's span are dropped when the table outgrows twice it:
+        their ACKs are refused as not sent anyway."""
+        resent = self._resent_ports
+        resent[seq] = resent.get(seq, ()) + (port,)
+        if len(resent) > 2 * _RING:
+            floor = self._next_seq - _RING
+            for old in [s for s in resent if s < floor]:
+                del resent[old]
 
     def _send_new(self, now: float, out: list[Burst], gap: float, held: bool) -> None:
         """Cut new packets from the queued work requests, a burst at a time, while the
@@ -594,6 +612,12 @@ class Requester:
         sent. Anything else is dropped and counted before it can acknowledge, fail, retransmit
         or change an EV. A believed ACK that reports PSNs beyond what we sent (the receiver
         took a forged WRITE at our next PSN) counts only for what we did send.
+
+        A positive ACK may echo any transmission of its subject, not only the latest: a copy
+        we resent (a tail loss probe in a queue that outgrew srtt) does not make the one
+        before it vanish, and when that one arrives first its ACK is the news we were waiting
+        for. Such an ACK says that copy was not lost (the probe proves nothing) and gives no
+        RTT sample (Karn's rule) and no send time to judge losses by.
         """
         (_op, _f, _pk, qpw, psnw, aeth, subj, base, bitmap, ev_port, ports) = (
             wire.ACK_PKT.unpack_from(data)
@@ -605,11 +629,16 @@ class Requester:
         subj_seq = to_seq(self.initial_psn, subj & wire.PSN_MASK, self._snd_una)
         subject = self._outstanding.get(subj_seq)
         is_nack = (syndrome & 0x60) == wire.AETH_NAK_BASE
-        if not self._believed(is_nack, subj_seq, subject, ev_port, psnw, bitmap, ports):
-            return
         evs = self.evs
+        # the subject in flight if the ACK echoes its latest transmission (else the ACK
+        # answers an earlier one, or the subject was acknowledged already)
+        latest = subject if subject is not None and evs.ports[subject.ev] == ev_port else None
+        if (is_nack or latest is None) and not self._believed(
+            is_nack, subj_seq, subject, ev_port, psnw, bitmap, ports
+        ):
+            return
         subj_sent = self.recovery.subject_sent_at(
-            subj_seq, subject.sent_at if subject is not None else None
+            subj_seq, latest.sent_at if latest is not None else None
         )
         if self.health and (ports != 0xFFFF or any(evs.peer_plane_down)):
             evs.set_peer_planes(ports)
@@ -622,11 +651,11 @@ class Requester:
             if self.failed:
                 return
         else:
-            rtt_sample = self._ack_signals(subject, subj, qpw, ev_port, now)
+            rtt_sample = self._ack_signals(subject, latest, subj, qpw, ev_port, now)
         acked, sacked, una = self._acknowledged(psnw, base, bitmap, subj_sent)
         newly, delivered = self._take_acked(chain(acked, sacked))
-        latest = max(delivered)
-        if latest != _NEG_INF:
+        news = max(delivered)
+        if news != _NEG_INF:
             evs.delivered(delivered)
         self._advance(una)
         if newly or rtt_sample is not None:
@@ -635,10 +664,10 @@ class Requester:
         if not self._outstanding and not self._queue:
             self._idle = True
         self._complete()
-        if latest > 0.0:  # news (as for the RACK point, 0.0 stands for none)
+        if news > 0.0:  # news (as for the RACK point, 0.0 stands for none)
             self._tlps = 0  # news arrived: the next silence may be probed again
             self._arm_tlp(now)
-        if self.recovery.advance(latest) and self._outstanding:
+        if self.recovery.advance(news) and self._outstanding:
             lost = self.recovery.detect(
                 self._outstanding, self.rtt.srtt, evs.planes, evs.plane_alive_sent
             )
@@ -656,7 +685,11 @@ class Requester:
     ) -> bool:
         """Whether on_ack acts on an ACK (NACK: ``is_nack``) about ``subj_seq`` (``subject``:
         its record, if in flight) echoing ``ev_port``; counts what it refuses. A peer's
-        announcement of its port state alone is taken here, and not acted on further."""
+        announcement of its port state alone is taken here, and not acted on further.
+
+        A NACK must echo the latest transmission (one of an earlier copy is stale: the packet
+        has been resent since); an ACK may echo any (``_resent_ports``, counted as
+        ``acks_earlier_copy``)."""
         stats = self.stats
         evs = self.evs
         if is_nack:
@@ -688,41 +721,56 @@ class Requester:
                 evs.set_peer_planes(ports)
             return False
         nxt = self._next_seq
-        if subject is not None:
-            refused = "ack_wrong_ev"
-        elif not 0 <= subj_seq < nxt or nxt - subj_seq > _RING:
+        if subject is None and (not 0 <= subj_seq < nxt or nxt - subj_seq > _RING):
             refused = "ack_not_sent"
-        elif self._sent_ring[subj_seq & _RING_MASK] != (subj_seq << 16) | ev_port:
-            refused = "ack_wrong_ev"
-        else:
+        elif subject is None and self._sent_ring[subj_seq & _RING_MASK] == (
+            (subj_seq << 16) | ev_port
+        ):
             return True  # acknowledged moments ago, on the EV this ACK echoes
+        elif ev_port in self._resent_ports.get(subj_seq, ()):
+            stats.acks_earlier_copy += 1  # the answer to a copy from before a resend
+            return True
+        else:
+            refused = "ack_wrong_ev"
         stats.dropped_by_reason[refused] += 1
         return False
 
     def _ack_signals(
-        self, subject: _Packet | None, subj: int, qpw: int, ev_port: int, now: float
+        self,
+        subject: _Packet | None,
+        latest: _Packet | None,
+        subj: int,
+        qpw: int,
+        ev_port: int,
+        now: float,
     ) -> float | None:
         """What a believed (positive) ACK says besides what it acknowledges: a CE echo, the
-        fate of a tail loss probe's predecessors, an RTT sample (returned, or None)."""
+        fate of a tail loss probe's predecessors, an RTT sample (returned, or None).
+        ``subject``: the subject's record if in flight; ``latest``: the same if the ACK echoes
+        the EV of its latest transmission, else None."""
         self.stats.sacks += 1
         evs = self.evs
         if qpw & _BECN:
             self.stats.ecn_echoes += 1  # the peer echoed a CE mark (docs/PROTOCOL.md 3.1)
             if self.health:
-                # the EV of the subject's transmission (in flight, or acknowledged
-                # moments ago: then the echoed port, checked against the ring)
-                marked = subject.ev if subject is not None else evs.index_of_port[ev_port]
+                # the EV of the transmission that carried the mark: the one the ACK echoes
+                # (checked against our records by _believed)
+                marked = latest.ev if latest is not None else evs.index_of_port[ev_port]
                 evs.marked(marked, now, self._ce_memory(), self.config.ecn_steering)
-        if subject is None:
+        if latest is None:
+            if subject is not None:
+                # a copy from before the latest resend arrived: whatever that resend probed
+                # was not (all) lost, and the round trip is not the latest copy's
+                subject.probed = None
             return None
-        if subject.probed is not None:
-            self._probe_answered(subject, bool(subj & _SUBJECT_DUP), now)
-        if subject.ambiguous or subj & _SUBJECT_DUP:
+        if latest.probed is not None:
+            self._probe_answered(latest, bool(subj & _SUBJECT_DUP), now)
+        if latest.ambiguous or subj & _SUBJECT_DUP:
             return None
-        rtt_sample = now - subject.sent_at
+        rtt_sample = now - latest.sent_at
         self.rtt.sample(rtt_sample)
         if evs.steering is not None:
-            evs.plane_rtt(evs.planes[subject.ev], rtt_sample, now)
+            evs.plane_rtt(evs.planes[latest.ev], rtt_sample, now)
         return rtt_sample
 
     def _acknowledged(
