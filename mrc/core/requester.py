@@ -19,7 +19,7 @@ from itertools import chain, islice
 from mrc import wire
 from mrc.core import fastpath
 from mrc.core.cc import WindowLaw, create
-from mrc.core.config import QPConfig
+from mrc.core.config import GSO_MAX_BYTES, QPConfig
 from mrc.core.events import (
     Burst,
     Datagram,
@@ -159,6 +159,8 @@ class Requester:
         self._burst_ev = 0
         self._burst_left = 0
         self.burst_now = 1  # packets per burst of the latest send (config.burst_max at most)
+        # the packets one GSO send carries (_burst_size rounds bursts above it to whole sends)
+        self._per_send = max(1, GSO_MAX_BYTES // (config.payload_size + _IMM_HDR_LEN))
         # the header arena: headers are written here, a burst at a time, and handed out as
         # views; a full arena is replaced, never rewritten (_header_room)
         self._hbuf = bytearray(_ARENA)
@@ -317,7 +319,7 @@ class Requester:
         span = self._snd_una + cfg.psn_window
         burst = cfg.burst if cfg.burst is not None else cc.default_burst
         if burst > 1:
-            burst = cc.burst(burst, self.evs.nplanes)
+            burst = self._burst_size(burst, limit - len(outstanding))
         self.burst_now = burst
         if held and (queue or self._retransmit):
             self._paced = True
@@ -348,6 +350,28 @@ class Requester:
             stats.packets_sent += sent_n
             stats.data_packets_sent += sent_n
             stats.bytes_sent += sent_bytes
+
+    def _burst_size(self, most: int, room: int) -> int:
+        """Packets per burst now (``most`` > 1 at most): what the window law chooses, or, if
+        more, one plane's share of the ``room`` the window has now (``burst_batch``).
+
+        Those packets leave at once, whichever way they go: sprayed one per EV, each plane's
+        NIC queue takes its share of them back to back all the same, so bursts of that share
+        (on EVs of every plane) queue nothing more. A host that cannot keep up with its ACKs
+        handles them in batches and frees much of the window at once: its bursts grow, and
+        the GSO sends and GRO receives they buy are what it lacked. A law that sizes bursts
+        from the rate delivered (NSCC) would hold such a host at one packet per send, and so
+        at the rate its CPU allows one packet at a time (docs/PERFORMANCE.md, "Bursts")."""
+        nplanes = self.evs.nplanes
+        chosen = self.cc.burst(most, nplanes)
+        share = room // nplanes
+        if share <= chosen or not self.config.burst_batch:
+            return chosen
+        burst = share if share < most else most
+        per_send = self._per_send
+        if burst > per_send:
+            burst -= burst % per_send  # in whole GSO sends
+        return burst if burst > chosen else chosen
 
     def _send_burst(
         self, out: list[Burst], ev: int, room: int, now: float, deadline: float
