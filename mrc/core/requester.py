@@ -276,8 +276,9 @@ class Requester:
             if probe and pkt.probed is not None:
                 # the probe goes through the same NIC queue as what it probes (else it may
                 # overtake it there, and its arriving first would prove nothing), on
-                # another route if there is one
-                pkt.ev = evs.next_beside(pkt.ev)
+                # another route if there is one, and never back onto the route of the
+                # transmission whose silence started the run of probes
+                pkt.ev = evs.next_beside(pkt.ev, pkt.probed[0][0])
             else:
                 pkt.ev = evs.next_other(pkt.ev)
             pkt.retransmitted = True
