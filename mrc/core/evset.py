@@ -404,36 +404,24 @@ class EVSet:
             if usable[ev]:
                 return ev
 
-    def next_beside(self, ev: int, away_from: int | None = None) -> int:
+    def next_beside(self, ev: int) -> int:
         """The next EV of ``ev``'s plane that is not ``ev`` and, where routes are known, not
-        on the route of ``away_from`` (default: ``ev``), preferably not on ``ev``'s either
-        (the rules dropped, the last first, if no such EV is in the rotation): for a tail
-        loss probe, which must share the NIC queue of the transmission it probes and should
-        not follow it onto a route that may have died. ``away_from``: the first transmission
-        a run of probes repeats, the one whose silence started it: later probes keep off
-        its route, not only off the previous probe's."""
+        on its route (either rule dropped if no such EV is in the rotation): for a tail loss
+        probe, which must share the NIC queue of the transmission it probes and should not
+        follow it onto a route that may have died."""
         plane = self.planes[ev]
         route = self.routes[ev]
-        away = self.routes[away_from] if away_from is not None else route
         known = self._route_known[plane]
         planes, routes = self.planes, self.routes
-        fallback = second = -1
+        fallback = -1
         for _ in range(len(self.ports) + 1):
             cand = self.next()
             if cand == ev or planes[cand] != plane:
                 continue
-            if not known:
+            if not known or routes[cand] != route:
                 return cand
-            r = routes[cand]
-            if r != away:
-                if r != route:
-                    return cand
-                if second < 0:
-                    second = cand
-            elif fallback < 0:
+            if fallback < 0:
                 fallback = cand
-        if second >= 0:
-            return second
         return fallback if fallback >= 0 else self.next_other(ev)
 
     def next_apart(self, ev: int) -> int:

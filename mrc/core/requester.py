@@ -52,6 +52,7 @@ _PSN_MASK = wire.PSN_MASK
 #: bytes of one header arena (Requester._header_room): about 2300 headers
 _ARENA = 1 << 16
 _SUBJECT_DUP = wire.ACK_SUBJECT_DUP
+_TLP_MARKS = wire.BTH_TLP | wire.BTH_ACKREQ  # BTH byte 8 of a tail loss probe
 _TRIM_CODES = (wire.NackCode.TRIMMED, wire.NackCode.TRIMMED_LASTHOP)
 
 
@@ -276,9 +277,8 @@ class Requester:
             if probe and pkt.probed is not None:
                 # the probe goes through the same NIC queue as what it probes (else it may
                 # overtake it there, and its arriving first would prove nothing), on
-                # another route if there is one, and never back onto the route of the
-                # transmission whose silence started the run of probes
-                pkt.ev = evs.next_beside(pkt.ev, pkt.probed[0][0])
+                # another route if there is one
+                pkt.ev = evs.next_beside(pkt.ev)
             else:
                 pkt.ev = evs.next_other(pkt.ev)
             pkt.retransmitted = True
@@ -288,7 +288,7 @@ class Requester:
             pkt.sent_at = now
             pkt.deadline = deadline = now + self.rtt.backed_off(pkt.timeouts)
             heapq.heappush(self._deadlines, (deadline, seq, 1))
-            out.append(self._build(seq, pkt))
+            out.append(self._build(seq, pkt, probe))
             self.stats.retransmits += 1
             if gap and not probe:
                 self._pace_at = now + gap
@@ -489,8 +489,10 @@ class Requester:
         # each probe in a row waits twice as long as the one before
         self._tlp_at = now + max(self.config.tlp_min, pto) * (1 << self._tlps)
 
-    def _build(self, seq: int, pkt: _Packet) -> Burst:
-        """A retransmission of ``pkt`` on its (new) EV, as a burst of one."""
+    def _build(self, seq: int, pkt: _Packet, probe: bool) -> Burst:
+        """A retransmission of ``pkt`` on its (new) EV, as a burst of one; a tail loss probe
+        (``probe``) carries P and A: its ACK is wanted at once, and twice (docs/PROTOCOL.md
+        3.1: the silence it breaks may be that of a reverse path that died)."""
         wr = pkt.wr
         imm = wr.imm if pkt.last and wr.imm is not None else -1
         hbuf, h0 = self._header_room(_IMM_HDR_LEN if imm >= 0 else _HDR_LEN)
@@ -508,6 +510,8 @@ class Requester:
             imm,
         )
         self._hpos = h_end
+        if probe:
+            hbuf[h0 + 8] |= _TLP_MARKS
         evs = self.evs
         evs.count_sent(pkt.ev)
         self._sent_ring[seq & _RING_MASK] = (seq << 16) | evs.ports[pkt.ev]

@@ -25,6 +25,7 @@ _MAX_SACKS_PER_FLUSH = 8
 _BECN = wire.BTH_BECN << 24
 _FECN = wire.BTH_FECN << 24
 _ACKREQ = wire.BTH_ACKREQ << 24
+_TLP = wire.BTH_TLP << 24
 _MARK_FECN = fastpath.MARK_FECN
 _MARK_ACKREQ = fastpath.MARK_ACKREQ
 _OP_WRITE = int(wire.Opcode.RDMA_WRITE_ONLY)
@@ -60,6 +61,8 @@ class Responder:
         # the latest arrival carried CE (FECN): echoed as BECN in the ACKs about it (NSCC)
         self._subject_ce = False
         self._subject_dup = False  # the latest arrival was a duplicate (wire.ACK_SUBJECT_DUP)
+        # the ACKs about the latest arrival go twice (a duplicate, or a tail loss probe)
+        self._subject_twice = False
         self._ack_deadline: float | None = None
         self._out: list[Datagram] = []
         # block -> (reverse EV, send time) of the last SACK reporting it
@@ -141,7 +144,8 @@ class Responder:
         if seq == cum + 1:
             self._advance()
         self._subject_ce = bool(qpw & _FECN)
-        self._note_arrival(seq, src_port, now, bool(psnw & _ACKREQ))
+        probe = bool(psnw & _TLP)
+        self._note_arrival(seq, src_port, now, probe or bool(psnw & _ACKREQ), twice=probe)
 
     def _duplicate_of_sacked(self, ev: int, since: float, now: float) -> None:
         """A duplicate arrived ``since`` seconds after the latest SACK that reported it left
@@ -273,14 +277,17 @@ class Responder:
         force: bool,
         count: int = 1,
         dup: bool = False,
+        twice: bool = False,
     ) -> None:
         """ACK bookkeeping for ``count`` arrivals, the latest ``seq`` (the blocks of the
         others are already in ``_dirty``): an ACK now if one is due, else by the delay.
-        ``dup``: ``seq`` had arrived before (the ACK says so: wire.ACK_SUBJECT_DUP)."""
+        ``dup``: ``seq`` had arrived before (the ACK says so: wire.ACK_SUBJECT_DUP), and its
+        ACKs go twice, as those of a tail loss probe (``twice``) do."""
         self._pending += count
         self._dirty.add(seq >> 6)
         self._subject = (seq, src_port)
         self._subject_dup = dup
+        self._subject_twice = dup or twice
         if force or self._pending >= self.config.ack_every:
             self.flush(now)
         elif self._ack_deadline is None:
@@ -349,9 +356,9 @@ class Responder:
                 sack_ev[block] = (ev, now)
             self._out.append((ev, pkt, b""))
             self.stats.acks_sent += 1
-            if self._subject_dup:
-                # the sender sent the subject again, so our ACKs of it are not getting through
-                # (or it gave up waiting for them): this one goes twice, the copy on another
+            if self._subject_twice:
+                # the sender sent the subject again (a duplicate), or probes a silence (P): our
+                # ACKs may not be getting through. This one goes twice, the copy on another
                 # plane. A sender held at a packet or two by NSCC has nothing else in flight
                 # to be acknowledged, and every ACK lost on a dead reverse path costs it a
                 # tail loss probe, and after three of them an RTO (docs/EV_HEALTH.md)
