@@ -344,12 +344,12 @@ def _trace_digest(seed: int, fabric: Fabric | None = None) -> str:
 #: (more ACKs: a different trace), and again when trims became congestion evidence against
 #: blaming a loss on its path (fewer EVs retired), and when a tail loss probe that arrives
 #: first began to prove the probed transmission lost, and when the ACK of a copy sent before a
-#: resend began to be believed and a duplicate soon after its SACK to retire no ACK EV. What they
-#: guard: the default network and an ideal fabric give one and the same trace, and it changes
-#: only with the protocol
+#: resend began to be believed and a duplicate soon after its SACK to retire no ACK EV, and when
+#: tail loss probes began to carry P (their ACKs go twice). What they guard: the default network
+#: and an ideal fabric give one and the same trace, and it changes only with the protocol
 _DEFAULT_DIGESTS = {
-    1: "9c0f88db90a8f09bf296be4121e8c51588ffc277ba3d3912581bfcba0ad33b49",
-    2: "2bf6a1a7d21886edbe2f1e57ea0d17d60afd4688d22fe2a2963ece71f9556622",
+    1: "b24f57f4fd6e7f793f7625325e1a209bfb4b880566e2bcbe1b8317ddda18e230",
+    2: "9ce28581eafa9bf7b920ee332e27e8305ea1f5fa85b143f910f1472a1115dc86",
 }
 
 
