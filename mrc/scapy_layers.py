@@ -79,7 +79,8 @@ class MRCBTH(Packet):
         X3BytesField("dqpn", 0),
         BitField("ackreq", 0, 1),
         BitField("secure", 0, 1),
-        BitField("resv6", 0, 6),
+        BitField("tlp", 0, 1),  # wire.BTH_TLP: a tail loss probe's copy
+        BitField("resv5", 0, 5),
         ThreeBytesField("psn", 0),
     ]
 
@@ -95,7 +96,12 @@ class MRCBTH(Packet):
     def mysummary(self) -> str:
         marks = "".join(
             flag
-            for flag, on in (("T", self.trimmed), ("L", self.lasthop), ("S", self.secure))
+            for flag, on in (
+                ("T", self.trimmed),
+                ("L", self.lasthop),
+                ("S", self.secure),
+                ("P", self.tlp),
+            )
             if on
         )
         name = _OPCODES.get(self.opcode, hex(self.opcode))

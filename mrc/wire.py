@@ -61,13 +61,16 @@ class NackCode(IntEnum):
 
 
 # BTH byte 1: SE(1) M(1) PadCnt(2) TVer(4); byte 4: FECN(1) BECN(1) T(1) L(1) resv(4);
-# byte 8: A(1) S(1) resv(6).
+# byte 8: A(1) S(1) P(1) resv(5).
 BTH_FECN = 0x80
 BTH_BECN = 0x40
 BTH_TRIMMED = 0x20  # set by a trimming switch on the packet it cut
 BTH_LASTHOP = 0x10  # set with BTH_TRIMMED when the cut happened on the port into the receiver
 BTH_ACKREQ = 0x80
 BTH_SECURE = 0x40  # a security block follows the headers (mrc/security/packet.py)
+#: a tail loss probe's copy of a data packet: the sender has heard nothing for a while, so the
+#: receiver sends the ACK of it twice, the copy on another plane (docs/PROTOCOL.md 3.1)
+BTH_TLP = 0x20
 
 #: ACK Subject PSN field, top bit: the subject had arrived before (this copy is a duplicate).
 #: Tells a requester whose tail loss probe was acknowledged whether the probed transmission had

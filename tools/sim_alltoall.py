@@ -12,8 +12,9 @@ leaf L0 and spine 0 of plane 0 goes down in both directions (``--heal-at`` bring
     .venv/bin/python tools/sim_alltoall.py --cc nscc --window 64 --qp cc.target_rtt_fraction=0.5
     .venv/bin/python tools/sim_alltoall.py --cc nscc --fail-at 99        # no failure
 
-Prints one line: every step's time (ms) and the senders' timeouts, tail loss probes and
-retransmissions. Same arguments, same output: the simulator is seeded.
+Prints one line: every step's time (ms), the senders' timeouts, tail loss probes and
+retransmissions, ACKs refused as not answering a copy sent, duplicates received and ACK EVs
+retired for "ACK lost". Same arguments, same output: the simulator is seeded.
 """
 
 from __future__ import annotations
@@ -45,14 +46,16 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     for h in HOSTS:
         net.add_host(h)
     qps = []
+    receivers = []
     for n, (src, dst) in enumerate(itertools.permutations(HOSTS, 2), start=1):
         cfg = QPConfig(payload_size=8192, max_outstanding=args.window, psn_window=16384, cc=args.cc)
         apply_settings(cfg, args.qp)
-        qa, _qb = net.connect(
+        qa, qb = net.connect(
             src, dst, evs=128, config=cfg, planes=2, qpn_a=n, qpn_b=100 + n, routes=True
         )
         region = net.hosts[dst].core.pd.register(bytearray(args.size))
         qps.append((qa, region))
+        receivers.append(qb)
 
     def set_failed(down: bool) -> None:
         for name in FAILED:
@@ -77,6 +80,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "tlp": sum(s.retransmits_tlp for s in stats),
         "retransmits": sum(s.retransmits for s in stats),
         "evs_assumed_bad": sum(qa.evs.assumed_bad for qa, _r in qps),
+        "acks_refused": sum(s.dropped_by_reason["ack_wrong_ev"] for s in stats),
+        "duplicates": sum(qb.stats.duplicates for qb in receivers),
+        "acks_lost": sum(1 for host in net.hosts.values() for e in host.events if _ack_lost(e)),
         "route_down_transitions": sum(
             1 for host in net.hosts.values() for e in host.events if _route_down(e)
         ),
@@ -85,6 +91,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 def _route_down(event: object) -> bool:
     return isinstance(event, EVStateChanged) and event.reason is EVReason.ROUTE_DOWN
+
+
+def _ack_lost(event: object) -> bool:
+    return isinstance(event, EVStateChanged) and event.reason is EVReason.ACK_LOST
 
 
 def line(args: argparse.Namespace, out: dict[str, object]) -> str:

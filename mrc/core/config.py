@@ -116,6 +116,10 @@ class QPConfig(EVConfig):
     burst_delay_fraction: float = 0.5
     # with NSCC, bursts are also cut so that one window holds at least this many per plane
     burst_spread: int = 4
+    # bursts may also be one plane's share of what the window lets go at once (whatever the
+    # law chose): sprayed, those packets would fill each plane's NIC queue just the same
+    # (docs/PERFORMANCE.md, "Bursts"); 0: the law's size alone
+    burst_batch: bool = True
     # congestion control: the window law's name (mrc/core/cc/, docs/CONGESTION.md): "nscc", an
     # NSCC-style window capped by max_outstanding; "fixed", a window of max_outstanding
     # packets; another registered name, or MODULE:CLASS to load a law from a module or file

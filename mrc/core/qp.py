@@ -292,7 +292,7 @@ class QueuePair:
                 # a plane of ours went down or came back: tell the peer at once (SACKs carry
                 # the bitmap), so it stops or resumes sending data and ACKs that way
                 self._announced_ports = state
-                self.responder.announce()
+                self.responder.announce(now)
         if self._control:
             control.extend(self._control)
             self._control.clear()

@@ -19,7 +19,7 @@ from itertools import chain, islice
 from mrc import wire
 from mrc.core import fastpath
 from mrc.core.cc import WindowLaw, create
-from mrc.core.config import QPConfig
+from mrc.core.config import GSO_MAX_BYTES, QPConfig
 from mrc.core.events import (
     Burst,
     Datagram,
@@ -41,6 +41,8 @@ _NEG_INF = float("-inf")
 #: ``_sent_ring`` remembers, for this many of the latest sequence numbers, the EV port of each
 #: one's latest transmission: enough to recognise the genuine ACK of a packet acknowledged
 #: moments ago (the other SACKs of one flush share a subject that the first one acknowledged).
+#: ``_resent_ports`` keeps the ports of the earlier transmissions of the packets resent among
+#: them, and is pruned to that span once it holds twice as many entries.
 _RING = 1 << 12
 _RING_MASK = _RING - 1
 _BECN = wire.BTH_BECN << 24
@@ -50,6 +52,7 @@ _PSN_MASK = wire.PSN_MASK
 #: bytes of one header arena (Requester._header_room): about 2300 headers
 _ARENA = 1 << 16
 _SUBJECT_DUP = wire.ACK_SUBJECT_DUP
+_TLP_MARKS = wire.BTH_TLP | wire.BTH_ACKREQ  # BTH byte 8 of a tail loss probe
 _TRIM_CODES = (wire.NackCode.TRIMMED, wire.NackCode.TRIMMED_LASTHOP)
 
 
@@ -150,10 +153,15 @@ class Requester:
         self.health = config.ev_health
         # seq & _RING_MASK -> (seq << 16) | EV port of seq's latest transmission (-1: none)
         self._sent_ring = [-1] * _RING
+        # seq -> EV ports of its transmissions before the latest, for packets resent: an ACK
+        # echoing one of them answers a copy that arrived after all (_believed)
+        self._resent_ports: dict[int, tuple[int, ...]] = {}
         # the EV of the burst being sent and how many more new packets it takes
         self._burst_ev = 0
         self._burst_left = 0
         self.burst_now = 1  # packets per burst of the latest send (config.burst_max at most)
+        # the packets one GSO send carries (_burst_size rounds bursts above it to whole sends)
+        self._per_send = max(1, GSO_MAX_BYTES // (config.payload_size + _IMM_HDR_LEN))
         # the header arena: headers are written here, a burst at a time, and handed out as
         # views; a full arena is replaced, never rewritten (_header_room)
         self._hbuf = bytearray(_ARENA)
@@ -265,6 +273,7 @@ class Requester:
             if pkt.deadline == _INF:
                 self._waiting -= 1
                 rtx_limit -= 1
+            self._note_resent(seq, evs.ports[pkt.ev])
             if probe and pkt.probed is not None:
                 # the probe goes through the same NIC queue as what it probes (else it may
                 # overtake it there, and its arriving first would prove nothing), on
@@ -279,12 +288,24 @@ class Requester:
             pkt.sent_at = now
             pkt.deadline = deadline = now + self.rtt.backed_off(pkt.timeouts)
             heapq.heappush(self._deadlines, (deadline, seq, 1))
-            out.append(self._build(seq, pkt))
+            out.append(self._build(seq, pkt, probe))
             self.stats.retransmits += 1
             if gap and not probe:
                 self._pace_at = now + gap
                 held = True
         return held
+
+    def _note_resent(self, seq: int, port: int) -> None:
+        """``seq`` goes out again: remember ``port``, its transmission until now, so that the
+        ACK of that copy, should it arrive after all, is still believed (``_believed``).
+        Entries older than the ring's span are dropped when the table outgrows twice it:
+        their ACKs are refused as not sent anyway."""
+        resent = self._resent_ports
+        resent[seq] = resent.get(seq, ()) + (port,)
+        if len(resent) > 2 * _RING:
+            floor = self._next_seq - _RING
+            for old in [s for s in resent if s < floor]:
+                del resent[old]
 
     def _send_new(self, now: float, out: list[Burst], gap: float, held: bool) -> None:
         """Cut new packets from the queued work requests, a burst at a time, while the
@@ -299,7 +320,7 @@ class Requester:
         span = self._snd_una + cfg.psn_window
         burst = cfg.burst if cfg.burst is not None else cc.default_burst
         if burst > 1:
-            burst = cc.burst(burst, self.evs.nplanes)
+            burst = self._burst_size(burst, limit - len(outstanding))
         self.burst_now = burst
         if held and (queue or self._retransmit):
             self._paced = True
@@ -330,6 +351,28 @@ class Requester:
             stats.packets_sent += sent_n
             stats.data_packets_sent += sent_n
             stats.bytes_sent += sent_bytes
+
+    def _burst_size(self, most: int, room: int) -> int:
+        """Packets per burst now (``most`` > 1 at most): what the window law chooses, or, if
+        more, one plane's share of the ``room`` the window has now (``burst_batch``).
+
+        Those packets leave at once, whichever way they go: sprayed one per EV, each plane's
+        NIC queue takes its share of them back to back all the same, so bursts of that share
+        (on EVs of every plane) queue nothing more. A host that cannot keep up with its ACKs
+        handles them in batches and frees much of the window at once: its bursts grow, and
+        the GSO sends and GRO receives they buy are what it lacked. A law that sizes bursts
+        from the rate delivered (NSCC) would hold such a host at one packet per send, and so
+        at the rate its CPU allows one packet at a time (docs/PERFORMANCE.md, "Bursts")."""
+        nplanes = self.evs.nplanes
+        chosen = self.cc.burst(most, nplanes)
+        share = room // nplanes
+        if share <= chosen or not self.config.burst_batch:
+            return chosen
+        burst = share if share < most else most
+        per_send = self._per_send
+        if burst > per_send:
+            burst -= burst % per_send  # in whole GSO sends
+        return burst if burst > chosen else chosen
 
     def _send_burst(
         self, out: list[Burst], ev: int, room: int, now: float, deadline: float
@@ -446,8 +489,10 @@ class Requester:
         # each probe in a row waits twice as long as the one before
         self._tlp_at = now + max(self.config.tlp_min, pto) * (1 << self._tlps)
 
-    def _build(self, seq: int, pkt: _Packet) -> Burst:
-        """A retransmission of ``pkt`` on its (new) EV, as a burst of one."""
+    def _build(self, seq: int, pkt: _Packet, probe: bool) -> Burst:
+        """A retransmission of ``pkt`` on its (new) EV, as a burst of one; a tail loss probe
+        (``probe``) carries P and A: its ACK is wanted at once, and twice (docs/PROTOCOL.md
+        3.1: the silence it breaks may be that of a reverse path that died)."""
         wr = pkt.wr
         imm = wr.imm if pkt.last and wr.imm is not None else -1
         hbuf, h0 = self._header_room(_IMM_HDR_LEN if imm >= 0 else _HDR_LEN)
@@ -465,6 +510,8 @@ class Requester:
             imm,
         )
         self._hpos = h_end
+        if probe:
+            hbuf[h0 + 8] |= _TLP_MARKS
         evs = self.evs
         evs.count_sent(pkt.ev)
         self._sent_ring[seq & _RING_MASK] = (seq << 16) | evs.ports[pkt.ev]
@@ -594,6 +641,12 @@ class Requester:
         sent. Anything else is dropped and counted before it can acknowledge, fail, retransmit
         or change an EV. A believed ACK that reports PSNs beyond what we sent (the receiver
         took a forged WRITE at our next PSN) counts only for what we did send.
+
+        A positive ACK may echo any transmission of its subject, not only the latest: a copy
+        we resent (a tail loss probe in a queue that outgrew srtt) does not make the one
+        before it vanish, and when that one arrives first its ACK is the news we were waiting
+        for. Such an ACK says that copy was not lost (the probe proves nothing) and gives no
+        RTT sample (Karn's rule) and no send time to judge losses by.
         """
         (_op, _f, _pk, qpw, psnw, aeth, subj, base, bitmap, ev_port, ports) = (
             wire.ACK_PKT.unpack_from(data)
@@ -605,11 +658,16 @@ class Requester:
         subj_seq = to_seq(self.initial_psn, subj & wire.PSN_MASK, self._snd_una)
         subject = self._outstanding.get(subj_seq)
         is_nack = (syndrome & 0x60) == wire.AETH_NAK_BASE
-        if not self._believed(is_nack, subj_seq, subject, ev_port, psnw, bitmap, ports):
-            return
         evs = self.evs
+        # the subject in flight if the ACK echoes its latest transmission (else the ACK
+        # answers an earlier one, or the subject was acknowledged already)
+        latest = subject if subject is not None and evs.ports[subject.ev] == ev_port else None
+        if (is_nack or latest is None) and not self._believed(
+            is_nack, subj_seq, subject, ev_port, psnw, bitmap, ports
+        ):
+            return
         subj_sent = self.recovery.subject_sent_at(
-            subj_seq, subject.sent_at if subject is not None else None
+            subj_seq, latest.sent_at if latest is not None else None
         )
         if self.health and (ports != 0xFFFF or any(evs.peer_plane_down)):
             evs.set_peer_planes(ports)
@@ -622,11 +680,11 @@ class Requester:
             if self.failed:
                 return
         else:
-            rtt_sample = self._ack_signals(subject, subj, qpw, ev_port, now)
+            rtt_sample = self._ack_signals(subject, latest, subj, qpw, ev_port, now)
         acked, sacked, una = self._acknowledged(psnw, base, bitmap, subj_sent)
         newly, delivered = self._take_acked(chain(acked, sacked))
-        latest = max(delivered)
-        if latest != _NEG_INF:
+        news = max(delivered)
+        if news != _NEG_INF:
             evs.delivered(delivered)
         self._advance(una)
         if newly or rtt_sample is not None:
@@ -635,10 +693,10 @@ class Requester:
         if not self._outstanding and not self._queue:
             self._idle = True
         self._complete()
-        if latest > 0.0:  # news (as for the RACK point, 0.0 stands for none)
+        if news > 0.0:  # news (as for the RACK point, 0.0 stands for none)
             self._tlps = 0  # news arrived: the next silence may be probed again
             self._arm_tlp(now)
-        if self.recovery.advance(latest) and self._outstanding:
+        if self.recovery.advance(news) and self._outstanding:
             lost = self.recovery.detect(
                 self._outstanding, self.rtt.srtt, evs.planes, evs.plane_alive_sent
             )
@@ -656,7 +714,11 @@ class Requester:
     ) -> bool:
         """Whether on_ack acts on an ACK (NACK: ``is_nack``) about ``subj_seq`` (``subject``:
         its record, if in flight) echoing ``ev_port``; counts what it refuses. A peer's
-        announcement of its port state alone is taken here, and not acted on further."""
+        announcement of its port state alone is taken here, and not acted on further.
+
+        A NACK must echo the latest transmission (one of an earlier copy is stale: the packet
+        has been resent since); an ACK may echo any (``_resent_ports``, counted as
+        ``acks_earlier_copy``)."""
         stats = self.stats
         evs = self.evs
         if is_nack:
@@ -688,41 +750,56 @@ class Requester:
                 evs.set_peer_planes(ports)
             return False
         nxt = self._next_seq
-        if subject is not None:
-            refused = "ack_wrong_ev"
-        elif not 0 <= subj_seq < nxt or nxt - subj_seq > _RING:
+        if subject is None and (not 0 <= subj_seq < nxt or nxt - subj_seq > _RING):
             refused = "ack_not_sent"
-        elif self._sent_ring[subj_seq & _RING_MASK] != (subj_seq << 16) | ev_port:
-            refused = "ack_wrong_ev"
-        else:
+        elif subject is None and self._sent_ring[subj_seq & _RING_MASK] == (
+            (subj_seq << 16) | ev_port
+        ):
             return True  # acknowledged moments ago, on the EV this ACK echoes
+        elif ev_port in self._resent_ports.get(subj_seq, ()):
+            stats.acks_earlier_copy += 1  # the answer to a copy from before a resend
+            return True
+        else:
+            refused = "ack_wrong_ev"
         stats.dropped_by_reason[refused] += 1
         return False
 
     def _ack_signals(
-        self, subject: _Packet | None, subj: int, qpw: int, ev_port: int, now: float
+        self,
+        subject: _Packet | None,
+        latest: _Packet | None,
+        subj: int,
+        qpw: int,
+        ev_port: int,
+        now: float,
     ) -> float | None:
         """What a believed (positive) ACK says besides what it acknowledges: a CE echo, the
-        fate of a tail loss probe's predecessors, an RTT sample (returned, or None)."""
+        fate of a tail loss probe's predecessors, an RTT sample (returned, or None).
+        ``subject``: the subject's record if in flight; ``latest``: the same if the ACK echoes
+        the EV of its latest transmission, else None."""
         self.stats.sacks += 1
         evs = self.evs
         if qpw & _BECN:
             self.stats.ecn_echoes += 1  # the peer echoed a CE mark (docs/PROTOCOL.md 3.1)
             if self.health:
-                # the EV of the subject's transmission (in flight, or acknowledged
-                # moments ago: then the echoed port, checked against the ring)
-                marked = subject.ev if subject is not None else evs.index_of_port[ev_port]
+                # the EV of the transmission that carried the mark: the one the ACK echoes
+                # (checked against our records by _believed)
+                marked = latest.ev if latest is not None else evs.index_of_port[ev_port]
                 evs.marked(marked, now, self._ce_memory(), self.config.ecn_steering)
-        if subject is None:
+        if latest is None:
+            if subject is not None:
+                # a copy from before the latest resend arrived: whatever that resend probed
+                # was not (all) lost, and the round trip is not the latest copy's
+                subject.probed = None
             return None
-        if subject.probed is not None:
-            self._probe_answered(subject, bool(subj & _SUBJECT_DUP), now)
-        if subject.ambiguous or subj & _SUBJECT_DUP:
+        if latest.probed is not None:
+            self._probe_answered(latest, bool(subj & _SUBJECT_DUP), now)
+        if latest.ambiguous or subj & _SUBJECT_DUP:
             return None
-        rtt_sample = now - subject.sent_at
+        rtt_sample = now - latest.sent_at
         self.rtt.sample(rtt_sample)
         if evs.steering is not None:
-            evs.plane_rtt(evs.planes[subject.ev], rtt_sample, now)
+            evs.plane_rtt(evs.planes[latest.ev], rtt_sample, now)
         return rtt_sample
 
     def _acknowledged(

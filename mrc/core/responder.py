@@ -25,6 +25,7 @@ _MAX_SACKS_PER_FLUSH = 8
 _BECN = wire.BTH_BECN << 24
 _FECN = wire.BTH_FECN << 24
 _ACKREQ = wire.BTH_ACKREQ << 24
+_TLP = wire.BTH_TLP << 24
 _MARK_FECN = fastpath.MARK_FECN
 _MARK_ACKREQ = fastpath.MARK_ACKREQ
 _OP_WRITE = int(wire.Opcode.RDMA_WRITE_ONLY)
@@ -60,9 +61,12 @@ class Responder:
         # the latest arrival carried CE (FECN): echoed as BECN in the ACKs about it (NSCC)
         self._subject_ce = False
         self._subject_dup = False  # the latest arrival was a duplicate (wire.ACK_SUBJECT_DUP)
+        # the ACKs about the latest arrival go twice (a duplicate, or a tail loss probe)
+        self._subject_twice = False
         self._ack_deadline: float | None = None
         self._out: list[Datagram] = []
-        self._sack_ev: dict[int, int] = {}  # block -> reverse EV of the last SACK reporting it
+        # block -> (reverse EV, send time) of the last SACK reporting it
+        self._sack_ev: dict[int, tuple[int, float]] = {}
         # what the train kernel reports (fastpath.place_train), reused call after call
         self._seqs = array("q", bytes(8 * TRAIN_CAP))
         self._marks = bytearray(TRAIN_CAP)
@@ -122,11 +126,9 @@ class Responder:
         stats.packets_received += 1
         if seq <= cum or self._has(seq):
             stats.duplicates += 1
-            # the sender sent it again, so the SACK that reported it never arrived: loss on
-            # the reverse EV that carried it means failure there, as on any other
-            lost_on = self._sack_ev.pop(seq >> 6, None)
-            if lost_on is not None and self.config.ev_health:
-                self.evs.lost(lost_on, now, EVReason.ACK_LOST, plane_evidence=False)
+            sack = self._sack_ev.pop(seq >> 6, None)
+            if sack is not None:
+                self._duplicate_of_sacked(sack[0], now - sack[1], now)
             self._subject_ce = bool(marks & wire.BTH_FECN)
             self._note_arrival(seq, src_port, now, force=True, dup=True)
             return
@@ -142,7 +144,28 @@ class Responder:
         if seq == cum + 1:
             self._advance()
         self._subject_ce = bool(qpw & _FECN)
-        self._note_arrival(seq, src_port, now, bool(psnw & _ACKREQ))
+        probe = bool(psnw & _TLP)
+        self._note_arrival(seq, src_port, now, probe or bool(psnw & _ACKREQ), twice=probe)
+
+    def _duplicate_of_sacked(self, ev: int, since: float, now: float) -> None:
+        """A duplicate arrived ``since`` seconds after the latest SACK that reported it left
+        on reverse EV ``ev``. The sender sent it again, so that SACK had not reached it: lost
+        (loss on the reverse EV means failure there, as on any other), or still on its way.
+
+        Which one, only the timing tells. The sender resends a packet at the earliest
+        ``tlp_min`` after it sent the copy before (a tail loss probe after a silence; a
+        timeout or SACK evidence later still), and the SACK of that copy left at most
+        ``ack_delay`` after it arrived: on a path whose delay held, a resend the SACK's loss
+        caused arrives at least ``tlp_min - ack_delay`` after the SACK left. One that comes
+        sooner was sent before the SACK could arrive: its original was held in a queue that
+        grew faster than the sender's srtt, whose probe fired while the original waited
+        (docs/EV_HEALTH.md, "Evidence of loss"). That is no evidence against the reverse
+        path, and it is only counted (``duplicates_early``)."""
+        cfg = self.config
+        if since < cfg.tlp_min - cfg.ack_delay:
+            self.stats.duplicates_early += 1
+        elif cfg.ev_health:
+            self.evs.lost(ev, now, EVReason.ACK_LOST, plane_evidence=False)
 
     def on_data_train(self, view: memoryview, off: int, seg: int, src_port: int, now: float) -> int:
         """Place the common-case segments of a GRO train (``seg`` bytes each) from byte
@@ -254,16 +277,19 @@ class Responder:
         force: bool,
         count: int = 1,
         dup: bool = False,
+        twice: bool = False,
     ) -> None:
         """ACK bookkeeping for ``count`` arrivals, the latest ``seq`` (the blocks of the
         others are already in ``_dirty``): an ACK now if one is due, else by the delay.
-        ``dup``: ``seq`` had arrived before (the ACK says so: wire.ACK_SUBJECT_DUP)."""
+        ``dup``: ``seq`` had arrived before (the ACK says so: wire.ACK_SUBJECT_DUP), and its
+        ACKs go twice, as those of a tail loss probe (``twice``) do."""
         self._pending += count
         self._dirty.add(seq >> 6)
         self._subject = (seq, src_port)
         self._subject_dup = dup
+        self._subject_twice = dup or twice
         if force or self._pending >= self.config.ack_every:
-            self.flush()
+            self.flush(now)
         elif self._ack_deadline is None:
             self._ack_deadline = now + self.config.ack_delay
 
@@ -299,14 +325,14 @@ class Responder:
             self.evs.port_state(),
         )
 
-    def announce(self) -> None:
+    def announce(self, now: float) -> None:
         """Send an ACK now, whatever arrived: it carries our port-state bitmap to the peer."""
         self._pending = max(self._pending, 1)
         self._dirty.add(max(self._cum, 0) >> 6)
-        self.flush()
+        self.flush(now)
 
-    def flush(self) -> None:
-        """Queue SACKs for every block that saw arrivals since the last ACK."""
+    def flush(self, now: float) -> None:
+        """Queue SACKs for every block that saw arrivals since the last ACK (at ``now``)."""
         if not self._pending:
             return
         seq, port = self._subject
@@ -327,12 +353,12 @@ class Responder:
             )
             ev = self.evs.next()
             if block in dirty:  # a report of the oldest hole's block alone blames no EV later
-                sack_ev[block] = ev
+                sack_ev[block] = (ev, now)
             self._out.append((ev, pkt, b""))
             self.stats.acks_sent += 1
-            if self._subject_dup:
-                # the sender sent the subject again, so our ACKs of it are not getting through
-                # (or it gave up waiting for them): this one goes twice, the copy on another
+            if self._subject_twice:
+                # the sender sent the subject again (a duplicate), or probes a silence (P): our
+                # ACKs may not be getting through. This one goes twice, the copy on another
                 # plane. A sender held at a packet or two by NSCC has nothing else in flight
                 # to be acknowledged, and every ACK lost on a dead reverse path costs it a
                 # tail loss probe, and after three of them an RTO (docs/EV_HEALTH.md)
@@ -355,7 +381,7 @@ class Responder:
 
     def datagrams_to_send(self, now: float, out: list[Datagram]) -> None:
         if self._ack_deadline is not None and now >= self._ack_deadline:
-            self.flush()
+            self.flush(now)
         if self._out:
             out.extend(self._out)
             self._out.clear()

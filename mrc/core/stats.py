@@ -74,6 +74,11 @@ class QPStats:
     sacks: int = counter(
         "ACKs (SACKs) received from the peer", metric="mrc_qp_received_acks", json=SEND
     )
+    acks_earlier_copy: int = counter(
+        "ACKs that answered a copy sent before the latest resend of their subject (a tail loss "
+        "probe of a packet that was only queued, or a resend overtaken by the ACK it awaited)",
+        json=SEND,
+    )
     acks_sent: int = counter("ACKs (SACKs) sent to the peer", metric="mrc_qp_sent_acks", json=RECV)
     nacks_sent: int = counter("NACKs sent to the peer", metric="mrc_qp_sent_nacks", json=RECV)
     trims_seen: int = counter(
@@ -90,6 +95,11 @@ class QPStats:
     duplicates: int = counter(
         "Data packets received that were already placed",
         metric="mrc_qp_duplicate_packets",
+        json=RECV,
+    )
+    duplicates_early: int = counter(
+        "Duplicates that arrived less than tlp_min after the SACK that reported them left: "
+        "resent before that SACK could arrive, no evidence that it was lost",
         json=RECV,
     )
     probes_sent: int = counter("EV probes sent", metric="mrc_qp_sent_probes")

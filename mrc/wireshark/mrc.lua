@@ -58,6 +58,7 @@ local f = {
     -- BTH byte 8
     ackreq = ProtoField.bool("mrc.ackreq", "AckReq (A)", 8, nil, 0x80),
     secure = ProtoField.bool("mrc.secure", "Security block present (S)", 8, nil, 0x40),
+    tlp = ProtoField.bool("mrc.tlp", "Tail loss probe (P)", 8, nil, 0x20),
     qpn = ProtoField.uint24("mrc.qpn", "Destination QP", base.HEX),
     psn = ProtoField.uint24("mrc.psn", "PSN", base.DEC),
     -- data packets (3.2, 3.3, 9)
@@ -95,7 +96,8 @@ local f = {
         "Payload ICV if encrypt mode (last 16 bytes)"),
 }
 mrc.fields = {
-    f.opcode, f.kind, f.fecn, f.becn, f.trimmed, f.lasthop, f.ackreq, f.secure, f.qpn, f.psn,
+    f.opcode, f.kind, f.fecn, f.becn, f.trimmed, f.lasthop, f.ackreq, f.secure, f.tlp,
+    f.qpn, f.psn,
     f.dma_len, f.payload_len, f.is_trimmed,
     f.ack_psn, f.syndrome, f.is_nak, f.nak_code, f.nak_name, f.subject_psn, f.subject_dup,
     f.sack_base, f.bitmap, f.sack_count, f.sacked_psn, f.ack_ev, f.port_state,
@@ -129,6 +131,7 @@ local function add_bth_marks(t, buf)
     t:add(f.lasthop, b4)
     t:add(f.ackreq, b8)
     t:add(f.secure, b8)
+    t:add(f.tlp, b8)
     t:add(f.qpn, buf(5, 3))
 end
 

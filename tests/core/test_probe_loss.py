@@ -177,3 +177,50 @@ def test_a_probe_sends_a_resend_that_the_window_holds_back() -> None:
     assert bytes(buf) == data
     assert qa.stats.retransmits_timeout == 0
     assert net.now - start < qa.config.min_rto / 2  # done long before any RTO could fire
+
+
+def test_the_ack_of_a_probe_goes_twice_on_two_planes() -> None:
+    """The failover demo's longest stalls (issue 20): a packet is lost on a route that just
+    died, its tail loss probe arrives (the first copy to), but the ACK of it is lost too (the
+    failed link carried the receiver's ACKs as well): the sender waited for a second probe
+    (10 ms more) and, as that one went back onto the dead route, a third (20 ms more). A
+    probe now carries P, and its ACK goes twice, the copy on another plane: one probe."""
+    from .mrcsim_harness import DATA_OPS, RecordingNetwork, Sent
+
+    net = RecordingNetwork(seed=3, faults=Faults(delay=0.0001, jitter=0.0))
+    net.add_host("a")
+    net.add_host("b")
+    cfg = QPConfig(payload_size=1000, max_outstanding=1, cc="fixed")
+    qa, qb = net.connect("a", "b", evs=8, config=cfg, planes=2)
+    buf = bytearray(4000)
+    mr = qb.pd.register(buf)
+    qa.post_write(bytes(1000), mr.addr, mr.rkey)  # PSN 0: a round trip to warm srtt
+    assert net.run(lambda: qa.idle)
+    target = (1).to_bytes(3, "big")  # PSN 1
+    copies: list[bytes] = []
+    acks: list[Sent] = []
+
+    def tamper(sent: Sent) -> bytes | None:
+        if sent.host == "a" and sent.data[0] in DATA_OPS and sent.data[9:12] == target:
+            copies.append(sent.data)
+            if len(copies) == 1:
+                return None  # the original, lost on its route
+        ours = sent.host == "b" and sent.data[0] == wire.Opcode.ACKNOWLEDGE
+        if ours and wire.parse_ack(sent.data).subject_psn == 1:
+            acks.append(sent)
+            if len(acks) == 1:
+                return None  # the ACK of the probe, lost on the way back
+        return sent.data
+
+    net.tamper = tamper
+    start = net.now
+    data = bytes(range(250)) * 12
+    qa.post_write(data, mr.addr + 1000, mr.rkey)  # PSNs 1-3
+    assert net.run(lambda: qa.idle, max_time=1.0)
+    assert bytes(buf[1000:]) == data
+    assert len(copies) == 2 and copies[1][8] & wire.BTH_TLP and not copies[0][8] & wire.BTH_TLP
+    assert qa.stats.retransmits_tlp == 1  # the probe's second ACK got through
+    first, second = acks[0], acks[1]
+    assert first.data == second.data and first.time == second.time
+    assert qb.evs.planes[first.ev] != qb.evs.planes[second.ev]
+    assert net.now - start < 2 * qa.config.tlp_min

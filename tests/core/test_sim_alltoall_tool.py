@@ -58,9 +58,10 @@ def test_a_dead_route_takes_its_evs_out_together() -> None:
     shared = _run_tool("--fail-at", "0.1")
     alone = _run_tool("--fail-at", "0.1", "--qp", "route_dead_evs=0")
     assert shared["route_down_transitions"] > 0 and alone["route_down_transitions"] == 0
-    # measured: worst step 258 vs 543 ms, timeouts 2 vs 39, tail probes 45 vs 244
+    # measured: worst step 196 vs 325 ms, tail probes 34 vs 300; timeouts 0 and 0 since the
+    # ACK of a tail loss probe goes twice (P), 2 vs 39 before
     assert max(shared["steps_ms"]) < 0.7 * max(alone["steps_ms"])  # type: ignore[call-overload]
-    assert shared["timeouts"] * 4 < alone["timeouts"]  # type: ignore[operator]
+    assert shared["timeouts"] <= alone["timeouts"]  # type: ignore[operator]
     assert shared["tlp"] * 2 < alone["tlp"]  # type: ignore[operator]
 
 

@@ -343,11 +343,13 @@ def _trace_digest(seed: int, fabric: Fabric | None = None) -> str:
 #: recomputed when the responder began to report the block of its oldest hole in every flush
 #: (more ACKs: a different trace), and again when trims became congestion evidence against
 #: blaming a loss on its path (fewer EVs retired), and when a tail loss probe that arrives
-#: first began to prove the probed transmission lost. What they guard: the default network and an
-#: ideal fabric give one and the same trace, and it changes only with the protocol
+#: first began to prove the probed transmission lost, and when the ACK of a copy sent before a
+#: resend began to be believed and a duplicate soon after its SACK to retire no ACK EV, and when
+#: tail loss probes began to carry P (their ACKs go twice). What they guard: the default network
+#: and an ideal fabric give one and the same trace, and it changes only with the protocol
 _DEFAULT_DIGESTS = {
-    1: "c50b533af8888c619ded483fa703ecf04230291a5e82d00fb2425cc58eeee6d8",
-    2: "eaf4c900f9a7ebf66dc7d2790a1c5950a20470a1b8fd06561a6691fa55d3a8f9",
+    1: "b24f57f4fd6e7f793f7625325e1a209bfb4b880566e2bcbe1b8317ddda18e230",
+    2: "9ce28581eafa9bf7b920ee332e27e8305ea1f5fa85b143f910f1472a1115dc86",
 }
 
 

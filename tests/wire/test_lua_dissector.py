@@ -65,6 +65,7 @@ FIELDS = [
     "mrc.lasthop",
     "mrc.ackreq",
     "mrc.secure",
+    "mrc.tlp",
     "mrc.qpn",
     "mrc.psn",
     "mrc.dma_len",
@@ -119,7 +120,7 @@ def _sealer(mode: Mode) -> Sealer:
 
 def _bth(kind: str, opcode: int, qpn: int, **marks: bool) -> dict[str, object]:
     want: dict[str, object] = {"mrc.kind": kind, "mrc.opcode": opcode, "mrc.qpn": qpn}
-    for m in ("fecn", "becn", "trimmed", "lasthop", "ackreq", "secure"):
+    for m in ("fecn", "becn", "trimmed", "lasthop", "ackreq", "secure", "tlp"):
         want[f"mrc.{m}"] = marks.get(m, False)
     return want
 
@@ -234,6 +235,15 @@ def _packets() -> list[Sent]:
             "fecn",
             bytes(ce) + _payload(16, 4),
             _bth("RDMA_WRITE_ONLY", w, QPN, fecn=True, ackreq=True) | _data(0x44, 16, 16, False),
+        )
+    )
+    tlp = bytearray(wire.pack_data(QPN, 0x45, 0x1_0000_0700, 0x1234_5678, 16, True, None))
+    tlp[8] |= wire.BTH_TLP  # a tail loss probe's copy
+    out.append(
+        Sent(
+            "tlp",
+            bytes(tlp) + _payload(16, 5),
+            _bth("RDMA_WRITE_ONLY", w, QPN, ackreq=True, tlp=True) | _data(0x45, 16, 16, False),
         )
     )
     a = wire.Opcode.ACKNOWLEDGE

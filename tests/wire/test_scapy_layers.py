@@ -43,6 +43,11 @@ def test_write_with_immediate_and_its_payload() -> None:
     p = _frame(d)
     bth = p[L.MRCBTH]
     assert (bth.opcode, bth.dqpn, bth.psn, bth.ackreq, bth.secure) == (0x0B, QPN, 0xABCDEF, 1, 0)
+    assert bth.tlp == 0
+    probe = bytearray(d)
+    probe[8] |= wire.BTH_TLP  # a tail loss probe's copy
+    assert _frame(bytes(probe))[L.MRCBTH].tlp == 1
+    assert "[P]" in _frame(bytes(probe))[L.MRCBTH].mysummary()
     assert (p[L.MRCRETH].va, p[L.MRCRETH].rkey, p[L.MRCRETH].dma_len) == (
         0x1_0000_2000,
         0xDEADBEEF,
