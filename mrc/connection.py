@@ -234,6 +234,14 @@ class Connection:
         buffer (an mmap, say) can be closed."""
         self.qp.pd.deregister(region)
 
+    def close_region(self, region: MemoryRegion) -> None:
+        """Place nothing more into ``region``: from now on its bytes are final, so a hash of
+        them (the end-to-end verdict) still describes them once it is done, whoever else knows
+        the rkey. Later WRITEs of new data are dropped and counted (``region_closed``);
+        retransmissions of what it holds are still acknowledged. Stays registered until
+        :meth:`deregister`."""
+        region.close()
+
     # ---- work requests -----------------------------------------------------------------
 
     def post_write(
