@@ -19,26 +19,13 @@ import secrets
 import stat
 import threading
 
+from mrc.cli.prefault import Prefault, map_region
 from mrc.errors import MRCError
 
-POPULATE_LIMIT = 4 << 30
 #: ``--discard``: a transfer larger than this comes through a window of this many bytes
 DISCARD_WINDOW = 64 << 20
 #: random bytes in a part file's name (PATH.<hex>.part)
 PART_TOKEN_BYTES = 4
-
-
-def _populate(size: int, anonymous: bool = False) -> int:
-    """mmap flags that fault the whole region in at registration, as RDMA memory registration
-    pins its pages: a page fault per arriving packet would otherwise cost about as much as the
-    rest of the receive path (docs/PERFORMANCE.md). Very large regions are left to fault
-    lazily rather than take that much memory up front. (Faulting in takes about 0.75 s per
-    GiB: the listener makes regions in a worker thread, so that is not time its event loop
-    stands still.)"""
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS if anonymous else mmap.MAP_SHARED
-    if size <= POPULATE_LIMIT:
-        flags |= getattr(mmap, "MAP_POPULATE", 0)
-    return flags
 
 
 class Outputs:
@@ -69,6 +56,8 @@ class Outputs:
         os.umask(self.umask)
         # id(mmap) -> (part file, final path, its descriptor: holds the part's lock)
         self.parts: dict[int, tuple[str, str, int]] = {}
+        # id(mmap) -> the thread faulting it in (large regions: mrc/cli/prefault.py)
+        self._prefaults: dict[int, Prefault] = {}
         self._lock = threading.Lock()
 
     def __call__(self, size: int, request: dict[str, object]) -> mmap.mmap:
@@ -90,8 +79,14 @@ class Outputs:
     def _window(self, size: int) -> mmap.mmap:
         """Memory for ``--discard``: the transfer, or a window of two equal slots."""
         window = self.args.discard_window
-        length = size if size <= window else window - window % 2
-        return mmap.mmap(-1, max(length, 1), flags=_populate(length, anonymous=True))
+        return self._mapped(size if size <= window else window - window % 2, None)
+
+    def _mapped(self, size: int, fd: int | None) -> mmap.mmap:
+        buf, prefault = map_region(size, fd)
+        if prefault is not None:
+            with self._lock:
+                self._prefaults[id(buf)] = prefault
+        return buf
 
     def _part(self, size: int) -> mmap.mmap:
         """A new part file of ``size`` bytes for the next output, mapped. Its number is
@@ -104,7 +99,7 @@ class Outputs:
         try:
             if size:
                 _reserve(fd, size, part)
-            m = mmap.mmap(fd, size, flags=_populate(size)) if size else mmap.mmap(-1, 1)
+            m = self._mapped(size, fd) if size else mmap.mmap(-1, 1)
         except BaseException:
             os.unlink(part)
             os.close(fd)
@@ -132,6 +127,9 @@ class Outputs:
         """
         with self._lock:
             entry = self.parts.pop(id(buf), None)
+            prefault = self._prefaults.pop(id(buf), None)
+        if prefault is not None:
+            prefault.stop()
         if keep:
             buf.flush()
         buf.close()
