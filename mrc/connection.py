@@ -243,6 +243,14 @@ class Connection:
         buffer (an mmap, say) can be closed."""
         self.qp.pd.deregister(region)
 
+    def close_region(self, region: MemoryRegion) -> None:
+        """Place nothing more into ``region``: from now on its bytes are final, so a hash of
+        them (the end-to-end verdict) still describes them once it is done, whoever else knows
+        the rkey. Later WRITEs of new data are dropped and counted (``region_closed``);
+        retransmissions of what it holds are still acknowledged. Stays registered until
+        :meth:`deregister`."""
+        region.close()
+
     # ---- work requests -----------------------------------------------------------------
 
     def post_write(
@@ -321,7 +329,8 @@ class Connection:
     @property
     def requested_size(self) -> int | None:
         """Receiver side: the bytes the peer asked us to allocate (``granted`` may be larger,
-        as no buffer is empty); None if it asked for none."""
+        as no buffer is empty, or smaller: a window it streams through); None if it asked for
+        none."""
         return self._requested_size
 
     # ---- progress and reporting --------------------------------------------------------
@@ -421,8 +430,11 @@ class Connection:
         await self.close()
 
 
-# ``region_factory(size, request)``: a writable buffer of at least ``size`` bytes for a sender
-# that asked for one; ``request`` is the hello's request object ({"size", "name"}).
+# ``region_factory(size, request)``: a writable buffer for a sender that asked for ``size``
+# bytes; ``request`` is the hello's request object ({"size", "name"}). At least ``size`` bytes,
+# or fewer: a window the sender streams through in rounds (mrc/rounds.py; mrc-recv --discard).
+# Called in a worker thread (a large region takes seconds to make, and the listener's other
+# connections keep moving meanwhile), so it must not touch the event loop.
 RegionFactory = Callable[[int, dict[str, object]], Buffer]
 # ``region_memory(size)``: how many of the bytes of a region ``region_factory`` makes for ``size``
 # are memory (counted against ``max_memory_bytes``); without it, all of them.
@@ -513,6 +525,7 @@ class Listener:
         self._admissions: dict[ControlChannel, Admission] = {}  # set-ups past the limits check
         self._setup_tasks: set[asyncio.Task[None]] = set()
         self._abort_tasks: set[asyncio.Task[None]] = set()
+        self._making: set[asyncio.Future[Buffer]] = set()  # region_factory calls running
         self._closing = False
         self.shared_regions: list[MemoryRegion] = []
         self._on_connection: list[Callable[[Connection], None]] = []
@@ -762,7 +775,7 @@ class Listener:
         for r in shared:
             pd.adopt(r)
         self._admit(control, request)  # the listener's limits, before anything is allocated
-        granted = self._grant(request, pd) if request is not None else None
+        granted = await self._grant(request, pd) if request is not None else None
         socks: list[socket.socket] = []
         attached: QueuePair | None = None
         try:
@@ -813,23 +826,42 @@ class Listener:
             requested_size=request.size if request is not None else None,
         )
 
-    def _grant(self, request: RegionRequest, pd: ProtectionDomain) -> MemoryRegion:
-        """Allocate (with ``region_factory``) and register the region a sender asked for."""
+    async def _grant(self, request: RegionRequest, pd: ProtectionDomain) -> MemoryRegion:
+        """Allocate (with ``region_factory``) and register the region a sender asked for.
+
+        The factory runs in a worker thread: making a large region (a file reserved on disk,
+        its pages faulted in) takes seconds, and other connections must keep moving meanwhile.
+        A set-up cancelled while it runs (its timeout, the listener closing) releases what it
+        makes once it is made; :meth:`close` waits for that."""
         if self.region_factory is None:
             raise MRCError("this receiver does not allocate memory on request")
-        buf: Buffer | None = None
+        made = asyncio.ensure_future(
+            asyncio.to_thread(self.region_factory, request.size, request.to_json())
+        )
+        self._making.add(made)
+        made.add_done_callback(self._making.discard)
         try:
-            buf = self.region_factory(request.size, request.to_json())
-            return pd.register(buf, Access.REMOTE_WRITE, request.name)
+            buf = await asyncio.shield(made)
+        except asyncio.CancelledError:
+            made.add_done_callback(self._release_late)
+            raise
         except MRCError:
-            self._release(buf)
             raise
         except (OSError, ValueError, TypeError, OverflowError, MemoryError) as exc:
-            self._release(buf)
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise MRCError(
                 f"cannot allocate the {request.size} bytes asked for: {reason}"
             ) from None
+        try:
+            return pd.register(buf, Access.REMOTE_WRITE, request.name)
+        except (ValueError, TypeError) as exc:
+            self._release(buf)
+            raise MRCError(f"cannot allocate the {request.size} bytes asked for: {exc}") from None
+
+    def _release_late(self, made: asyncio.Future[Buffer]) -> None:
+        """A region made for a set-up that was cancelled meanwhile: nobody will use it."""
+        if not made.cancelled() and made.exception() is None:
+            self._release(made.result())
 
     def _release(self, buf: Buffer | None) -> None:
         if buf is not None and self.region_release is not None:
@@ -846,6 +878,8 @@ class Listener:
             timer.cancel()
         self._start_timers.clear()
         await asyncio.gather(*self._setup_tasks, *self._abort_tasks, return_exceptions=True)
+        # regions still being made for set-ups just cancelled: released once made
+        await asyncio.gather(*self._making, return_exceptions=True)
         for conn in list(self._queue):  # never handed out: the listener's to free
             await self._discard(conn)
         for conn in list(self.connections):
@@ -888,7 +922,8 @@ async def listen(
     ``plane_addrs``: this host's address on each plane (one per NIC); data for plane p arrives
     there, and senders are told about them. Without it, one plane on whatever address the
     sender reached. ``region_factory(size, request)`` allocates memory for a sender that asks
-    for a region of ``size`` bytes (as mrc-recv does for a file); ``region_release(buffer)``
+    for a region of ``size`` bytes (as mrc-recv does for a file), in a worker thread, or
+    fewer bytes, a window to stream through (``RegionFactory``); ``region_release(buffer)``
     frees one the application never received (mrc-recv deletes the file). ``fabric``: an
     mrc-fabric topology; acknowledgements are then sprayed over its SRv6 paths (every spine of
     every plane).

@@ -24,29 +24,20 @@ import mmap
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from mrc.connection import Connection
 from mrc.errors import MRCError
-from mrc.transfer import (
-    CHUNK,
-    IDLE_TIMEOUT,
-    ROUND_IMM,
-    ROUND_MASK,
-    Stall,
-    TransferResult,
-    conclude,
-    reason,
-    sha256_of,
-)
-from mrc.transport.control import ControlError
-from mrc.transport.messages import Abort, MessageError, RoundDigest
+from mrc.rounds import Posted, end_round, send_rounds
+from mrc.stream import CHUNK, sha256_of
+from mrc.transfer import IDLE_TIMEOUT, Stall, TransferResult, conclude
 
 #: bytes per round (one slot; the receiver grants two)
 SLOT = 4 << 20
 #: rounds cycle through this many rotations of the random buffer; consecutive rounds of one
 #: slot (r and r + 2) always differ
 ROTATIONS = 4
+
+__all__ = ["ROTATIONS", "SLOT", "Posted", "RoundData", "send_timed"]
 
 
 class RoundData:
@@ -79,13 +70,32 @@ class RoundData:
         return h.hexdigest()
 
 
-@dataclass
-class Posted:
-    """Payload bytes handed to the QP so far: an upper bound that ``conn.bytes_acked`` (which
-    counts whole packets, the short last one of a WRITE and the empty WRITE_IMMs too) is clamped
-    to when progress is sampled."""
+class _TimedRounds:
+    """Rounds of ``data`` until ``deadline`` (at least one), each answered with its slot's
+    hash: the hash of the rotation it wrote."""
 
-    bytes: int = 0
+    def __init__(self, data: RoundData, deadline: float) -> None:
+        self.data = data
+        self.deadline = deadline
+
+    def more(self, sent: int) -> bool:
+        return sent == 0 or time.perf_counter() < self.deadline
+
+    def wake(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def post(self, conn: Connection, r: int) -> int:
+        region = conn.requested
+        assert region is not None
+        view = self.data.round(r)
+        base = (r % 2) * self.data.slot
+        for off in range(0, self.data.slot, CHUNK):
+            conn.post_write(view[off : off + CHUNK], region, base + off)
+        end_round(conn, r, base + self.data.slot)
+        return self.data.slot
+
+    async def expected(self, r: int) -> str:
+        return self.data.digests[r % ROTATIONS]
 
 
 async def send_timed(
@@ -104,71 +114,14 @@ async def send_timed(
     posted = posted if posted is not None else Posted()
     stall = Stall(idle_timeout, "nothing acknowledged by the receiver")
     start = time.perf_counter()
-    deadline = start + seconds
-    sent = checked = 0
-    peer_msg = asyncio.ensure_future(conn.recv_message())
-    try:
-        while True:
-            ending = sent > 0 and time.perf_counter() >= deadline
-            if ending and checked == sent:
-                break
-            if not ending and sent - checked < 2:
-                _post_round(conn, data, sent)
-                sent += 1
-                posted.bytes += data.slot
-                continue
-            wait = 0.1 if ending else min(0.1, max(deadline - time.perf_counter(), 0.0))
-            await asyncio.wait({peer_msg}, timeout=wait)
-            acked = conn.bytes_acked
-            if on_progress is not None:
-                on_progress(min(posted.bytes, acked))
-            stall.check(acked)
-            if peer_msg.done():
-                await _check_round(conn, data, checked, peer_msg.result())
-                checked += 1
-                peer_msg = asyncio.ensure_future(conn.recv_message())
-    except ControlError as exc:
-        peer_msg.cancel()
-        raise MRCError(f"lost the receiver: {exc}") from None
-    except BaseException:
-        peer_msg.cancel()
-        raise
+    plan = _TimedRounds(data, start + seconds)
+    sent, peer_msg = await send_rounds(conn, plan, posted, stall, on_progress)
     return await conclude(
         conn,
         peer_msg,
-        lambda: data.region_digest(sent),
+        lambda: asyncio.to_thread(data.region_digest, sent),
         sent * data.slot,
         start,
         stall,
         on_progress=on_progress,
     )
-
-
-def _post_round(conn: Connection, data: RoundData, r: int) -> None:
-    region = conn.requested
-    assert region is not None
-    view = data.round(r)
-    base = (r % 2) * data.slot
-    for off in range(0, data.slot, CHUNK):
-        conn.post_write(view[off : off + CHUNK], region, base + off)
-    conn.post_write(b"", region, base + data.slot, imm=ROUND_IMM | (r & ROUND_MASK))
-
-
-async def _check_round(
-    conn: Connection, data: RoundData, r: int, msg: dict[str, object] | None
-) -> None:
-    """The receiver's answer to round ``r``: its hash must be the one of what we wrote."""
-    if msg is None or msg.get("type") != "round":
-        raise MRCError(f"receiver gave up: {reason(msg)}")
-    try:
-        got = RoundDigest.from_json(msg)
-    except MessageError as exc:
-        raise MRCError(f"the receiver's round hash is unreadable: {exc}") from None
-    error = None
-    if got.round != r & ROUND_MASK:
-        error = f"the receiver answered round {got.round} where round {r} was due"
-    elif got.sha256 != data.digests[r % ROTATIONS]:
-        error = f"SHA-256 mismatch in round {r}: data placed differs from sent"
-    if error is not None:
-        await conn.send_message(Abort(error).to_json())
-        raise MRCError(error)

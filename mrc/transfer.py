@@ -11,6 +11,12 @@ writes round after round into them, each round ended by a zero-length WRITE_IMM 
 ``ROUND_IMM | round``; the receiver hashes the slot of every such round and answers with a
 ``RoundDigest`` the sender checks. Its ``DONE_IMM`` and verdict then cover the region as the
 last two rounds left it.
+
+A transfer larger than the region the receiver granted (mrc-recv ``--discard`` grants a window
+of two slots) goes through it the same way (mrc/rounds.py): the receiver hashes each round as
+it lands, keeping the SHA-256 of the whole stream so far, and answers with that; the verdict is
+the SHA-256 of everything sent. Neither side ever holds more than its window (or, sending, the
+source's own memory: a mapped file, or a generated stream of bounded size, mrc/stream.py).
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from mrc.connection import Connection
 from mrc.errors import MRCError
+from mrc.stream import CHUNK, BufferSource, Source, StreamHasher, sha256_of
 from mrc.transport.control import ControlError
 from mrc.transport.messages import Abort, Done, MessageError, Result, RoundDigest, StatValue
 
@@ -32,7 +39,6 @@ DONE_IMM = 0x4D524321  # "MRC!"
 #: a timed transfer's end of round ``r``: ``ROUND_IMM | (r mod 2^24)`` ("R" in the top byte)
 ROUND_IMM = 0x52000000
 ROUND_MASK = 0xFFFFFF
-CHUNK = 16 << 20
 RESULT_TIMEOUT = 30.0
 #: default for both sides: fail a transfer on which nothing moved for this long (a peer stopped
 #: with SIGSTOP keeps its TCP connection open, so only the data path can tell)
@@ -54,14 +60,6 @@ class Stall:
             self.last, self.since = progress, now
         elif now - self.since > self.limit:
             raise MRCError(f"{self.what} for {self.limit:g} s; giving up")
-
-
-def sha256_of(view: memoryview) -> str:
-    """SHA-256 in slices (hashlib releases the GIL for each, so this runs beside the loop)."""
-    h = hashlib.sha256()
-    for off in range(0, len(view), CHUNK):
-        h.update(view[off : off + CHUNK])
-    return h.hexdigest()
 
 
 @dataclass
@@ -88,34 +86,64 @@ async def send_buffer(
     """Write ``data`` into the region the receiver granted, then verify with the receiver.
 
     Fails when nothing is acknowledged for ``idle_timeout`` seconds."""
+    return await send_source(conn, BufferSource(data), on_progress, idle_timeout)
+
+
+async def send_source(
+    conn: Connection,
+    source: Source,
+    on_progress: Callable[[int], None] | None = None,
+    idle_timeout: float = IDLE_TIMEOUT,
+) -> TransferResult:
+    """Write ``source`` into the region the receiver granted (at least as large), hashing it
+    as the receiver acknowledges it, then verify with the receiver.
+
+    Fails when nothing is acknowledged for ``idle_timeout`` seconds."""
     region = conn.requested
-    if region is None or region.length < len(data):
+    n = source.size
+    if region is None or region.length < n:
         raise MRCError("the receiver did not grant a region large enough for the transfer")
-    n = len(data)
     start = time.perf_counter()
-    for off in range(0, n, CHUNK):
-        conn.post_write(data[off : off + CHUNK], region, off)
+    post_range(conn, source, 0, n, 0)
+    hasher = StreamHasher(source)
     peer_msg = asyncio.ensure_future(conn.recv_message())
     stall = Stall(idle_timeout, "nothing acknowledged by the receiver")
-    return await conclude(
-        conn, peer_msg, lambda: sha256_of(data), n, start, stall, on_progress=on_progress
-    )
+    try:
+        return await conclude(
+            conn, peer_msg, hasher.digest, n, start, stall, on_progress, follow=hasher.follow
+        )
+    finally:
+        hasher.cancel()
+
+
+def post_range(conn: Connection, source: Source, start: int, end: int, offset: int) -> None:
+    """Post WRITEs of bytes ``start..end`` of ``source`` to the requested region from
+    ``offset`` on, in WRITEs of at most ``CHUNK`` bytes."""
+    region = conn.requested
+    assert region is not None
+    for piece in source.pieces(start, end):
+        for off in range(0, len(piece), CHUNK):
+            part = piece[off : off + CHUNK]
+            conn.post_write(part, region, offset)
+            offset += len(part)
 
 
 async def conclude(
     conn: Connection,
     peer_msg: asyncio.Future[dict[str, object] | None],
-    digest_of: Callable[[], str],
+    digest_of: Callable[[], Awaitable[str]],
     n: int,
     start: float,
     stall: Stall,
     on_progress: Callable[[int], None] | None = None,
+    follow: Callable[[int], None] | None = None,
 ) -> TransferResult:
     """The sender's end of every transfer, once its data WRITEs are posted: the ``DONE_IMM``
     WRITE_IMM after them, the receiver watched meanwhile (``peer_msg``: its next side-channel
-    message, anything before the verdict means it gave up), then ``digest_of()`` (the SHA-256
-    the receiver's region must have, computed off the event loop) swapped for its verdict.
-    ``n``: the payload bytes the transfer moved."""
+    message, anything before the verdict means it gave up), then ``await digest_of()`` (the
+    SHA-256 of what the receiver must have, computed off the event loop) swapped for its
+    verdict. ``n``: the payload bytes the transfer moved; ``follow(acked)``: told the bytes
+    acknowledged so far while the WRITEs complete (a hasher paces itself with it)."""
     region = conn.requested
     assert region is not None
     done = conn.post_write(b"", region, region.length, imm=DONE_IMM)
@@ -126,6 +154,8 @@ async def conclude(
             acked = conn.bytes_acked
             if on_progress is not None:
                 on_progress(min(n, acked))
+            if follow is not None:
+                follow(acked)
             if not done.done():
                 stall.check(acked)
             if peer_msg.done() and not done.done():
@@ -135,9 +165,7 @@ async def conclude(
         except ConnectionError as exc:
             raise MRCError(str(exc)) from None
         seconds = time.perf_counter() - start
-        # hashed after the data is placed, while the receiver hashes too: hashing during the
-        # transfer would steal a core from the two endpoints on small machines
-        digest = await asyncio.to_thread(digest_of)
+        digest = await digest_of()
         await conn.send_message(Done(digest, n).to_json())
         reply = await asyncio.wait_for(peer_msg, RESULT_TIMEOUT)
     except (ControlError, TimeoutError) as exc:
@@ -187,16 +215,23 @@ async def receive_buffer(
     on_progress: Callable[[int], None] | None = None,
     commit: Callable[[], None] | None = None,
     idle_timeout: float = IDLE_TIMEOUT,
+    size: int | None = None,
 ) -> TransferResult:
     """Wait for the sender's DONE_IMM, hash what was placed, and swap verdicts.
 
+    ``size``: the bytes the sender sends (default: what it asked for, else ``len(view)``);
+    larger than ``view``, they come through it as a window, in rounds hashed as they land.
+    The granted region is closed before its bytes are hashed: nothing lands after the hash.
     ``commit()`` runs once the hashes match and before the verdict is sent (mrc-recv renames
     its output file there): if it raises :class:`MRCError` the verdict says so and the transfer
     fails on both sides. Fails when nothing is placed for ``idle_timeout`` seconds (before the
     first packet too: a sender that connects and never sends does not hold the receiver)."""
     start = time.perf_counter()
-    n = len(view)
-    imm = asyncio.ensure_future(_wait_done(conn, view))
+    if size is None:
+        size = conn.requested_size if conn.requested_size is not None else len(view)
+    hashes: _Hashes = _Stream(view, size) if size > len(view) else _Slots(view)
+    n = size
+    imm = asyncio.ensure_future(_wait_done(conn, hashes))
     msg = asyncio.ensure_future(conn.recv_message())
     either: set[asyncio.Future[Any]] = {imm, msg}
     stall = Stall(idle_timeout, "no data from the sender")
@@ -216,9 +251,11 @@ async def receive_buffer(
                     raise MRCError(f"sender gave up: {reason(early)}")
                 # the sender saw its WRITE_IMM acknowledged: the completion is imminent
                 await asyncio.wait_for(asyncio.shield(imm), 5.0)
-        imm.result()
+        rounds = imm.result()
         seconds = time.perf_counter() - start
-        digest = await asyncio.to_thread(sha256_of, view)
+        if conn.granted is not None:  # what is hashed is what stays: nothing lands after
+            conn.close_region(conn.granted)
+        digest = await hashes.final(rounds)
         done = await asyncio.wait_for(msg, RESULT_TIMEOUT)
     except (ControlError, TimeoutError) as exc:
         raise MRCError(f"sender did not finish: {exc or 'timed out'}") from None
@@ -244,11 +281,9 @@ async def receive_buffer(
         await conn.send_message(verdict.to_json())
     if on_progress is not None:
         on_progress(n)
-    rounds = imm.result()
     return TransferResult(
         ok=error is None,
-        # a timed transfer moved its rounds (each one slot, hashed here); others the region
-        bytes=rounds * (n // 2) if rounds else n,
+        bytes=hashes.moved(rounds),
         seconds=seconds,
         sha256=digest,
         peer_sha256=peer_sha,
@@ -267,10 +302,76 @@ def _stats(conn: Connection) -> dict[str, StatValue]:
     return out
 
 
-async def _wait_done(conn: Connection, view: memoryview) -> int:
-    """Wait for ``DONE_IMM``, answering every round of a timed transfer on the way with the
-    hash of its slot (the sender writes that slot again only after the answer); returns how
-    many rounds there were (0: not a timed transfer)."""
+class _Hashes(Protocol):
+    """What the receiver hashes: each round as it lands, and at the end."""
+
+    async def round(self, r: int) -> str: ...
+
+    async def final(self, rounds: int) -> str: ...
+
+    def moved(self, rounds: int) -> int: ...
+
+
+class _Slots:
+    """The region is the transfer: hashed at the end, and if the sender writes rounds (a
+    timed transfer) each slot too, as its round lands."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+        self.length = len(view)  # (the caller may release the view once it is hashed)
+        self.slot = self.length // 2
+
+    async def round(self, r: int) -> str:
+        if self.slot == 0 or self.length % 2:
+            raise MRCError(f"a timed transfer needs two equal slots, not {self.length} bytes")
+        part = self.view[(r % 2) * self.slot : (r % 2 + 1) * self.slot]
+        return await asyncio.to_thread(sha256_of, part)
+
+    async def final(self, rounds: int) -> str:
+        return await asyncio.to_thread(sha256_of, self.view)
+
+    def moved(self, rounds: int) -> int:
+        # a timed transfer moved its rounds (each one slot, hashed here); others the region
+        return rounds * self.slot if rounds else self.length
+
+
+class _Stream:
+    """The region is a window of two slots the sender streams ``size`` bytes through: round
+    ``r`` is bytes ``r * slot ..`` of the stream, in slot ``r % 2``; each is hashed into the
+    SHA-256 of the stream so far when it lands, and that is the answer to it."""
+
+    def __init__(self, view: memoryview, size: int) -> None:
+        self.view = view
+        self.size = size
+        self.slot = len(view) // 2
+        self.rounds = -(-size // self.slot) if self.slot else 0
+        self._sha = hashlib.sha256()
+
+    async def round(self, r: int) -> str:
+        if r >= self.rounds:
+            raise MRCError(f"round {r} of a transfer of {self.rounds} rounds")
+        n = min(self.slot, self.size - r * self.slot)
+        base = (r % 2) * self.slot
+        return await asyncio.to_thread(self._update, self.view[base : base + n])
+
+    def _update(self, part: memoryview) -> str:
+        self._sha.update(part)
+        return self._sha.copy().hexdigest()
+
+    async def final(self, rounds: int) -> str:
+        if rounds != self.rounds:
+            raise MRCError(
+                f"the sender ended after {rounds} of the {self.rounds} rounds of {self.size} bytes"
+            )
+        return self._sha.hexdigest()
+
+    def moved(self, rounds: int) -> int:
+        return self.size
+
+
+async def _wait_done(conn: Connection, hashes: _Hashes) -> int:
+    """Wait for ``DONE_IMM``, answering every round on the way with its hash (the sender
+    writes that slot again only after the answer); returns how many rounds there were."""
     rounds = 0
     while True:
         imm = await conn.next_immediate()
@@ -281,10 +382,6 @@ async def _wait_done(conn: Connection, view: memoryview) -> int:
         number = imm & ROUND_MASK
         if number != rounds & ROUND_MASK:
             raise MRCError(f"round {number} ended where round {rounds & ROUND_MASK} was due")
-        slot = len(view) // 2
-        if slot == 0 or len(view) % 2:
-            raise MRCError(f"a timed transfer needs two equal slots, not {len(view)} bytes")
-        part = view[(rounds % 2) * slot : (rounds % 2 + 1) * slot]
-        digest = await asyncio.to_thread(sha256_of, part)
+        digest = await hashes.round(rounds)
         await conn.send_message(RoundDigest(number, digest).to_json())
         rounds += 1

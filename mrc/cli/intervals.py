@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mrc.connection import Connection
-from mrc.timed import Posted
+from mrc.rounds import Posted
 from mrc.units import human_bytes, human_rate
 
 #: seconds between the samples the peak bandwidth is taken over

@@ -17,27 +17,23 @@ import mmap
 import os
 import secrets
 import stat
+import threading
 
+from mrc.cli.prefault import Prefault, map_region
 from mrc.errors import MRCError
 
-POPULATE_LIMIT = 4 << 30
+#: ``--discard``: a transfer larger than this comes through a window of this many bytes
+DISCARD_WINDOW = 64 << 20
 #: random bytes in a part file's name (PATH.<hex>.part)
 PART_TOKEN_BYTES = 4
 
 
-def _populate(size: int, anonymous: bool = False) -> int:
-    """mmap flags that fault the whole region in at registration, as RDMA memory registration
-    pins its pages: a page fault per arriving packet would otherwise cost about as much as the
-    rest of the receive path (docs/PERFORMANCE.md). Very large regions are left to fault
-    lazily rather than take that much memory up front."""
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS if anonymous else mmap.MAP_SHARED
-    if size <= POPULATE_LIMIT:
-        flags |= getattr(mmap, "MAP_POPULATE", 0)
-    return flags
-
-
 class Outputs:
     """Allocates the memory a sender asks for and owns the files behind it.
+
+    ``--discard`` grants at most a window of ``--discard-window`` bytes (two slots a larger
+    transfer streams through, each hashed as it lands: mrc/rounds.py), so memory does not grow
+    with the transfer.
 
     Each transfer gets its own part file, created new (``O_EXCL | O_NOFOLLOW``, mode 0600 until
     it is verified, then the umask's) next to its output with a random name, never reopened and
@@ -47,6 +43,9 @@ class Outputs:
     sender that never started) does not give back its ``{n}``, so no two transfers ever share an
     output name. Every part file not renamed into place is deleted, whatever ends the transfer
     (``remove_all`` runs on the way out, signals included).
+
+    The listener calls it in a worker thread (a large region takes seconds to make); what it
+    counts and the parts it owns are shared with the event loop's thread under ``_lock``.
     """
 
     def __init__(self, args: argparse.Namespace) -> None:
@@ -57,39 +56,68 @@ class Outputs:
         os.umask(self.umask)
         # id(mmap) -> (part file, final path, its descriptor: holds the part's lock)
         self.parts: dict[int, tuple[str, str, int]] = {}
+        # id(mmap) -> the thread faulting it in (large regions: mrc/cli/prefault.py)
+        self._prefaults: dict[int, Prefault] = {}
+        self._lock = threading.Lock()
 
     def __call__(self, size: int, request: dict[str, object]) -> mmap.mmap:
         if size > self.args.max_size:
             raise MRCError(f"transfer of {size} bytes exceeds --max-size {self.args.max_size}")
-        if self.granted >= self.args.count:
-            raise MRCError(f"this receiver takes {self.args.count} transfer(s) and has them all")
-        if self.args.discard:
-            self.granted += 1
-            return mmap.mmap(-1, max(size, 1), flags=_populate(size, anonymous=True))
-        path = self.args.out.replace("{n}", str(self.numbered + 1))
-        check_target(path, self.args.force)
-        fd, part = _create_part(path)
+        with self._lock:
+            if self.granted >= self.args.count:
+                raise MRCError(
+                    f"this receiver takes {self.args.count} transfer(s) and has them all"
+                )
+            self.granted += 1  # taken now: a hello beside this one sees it
+        try:
+            return self._window(size) if self.args.discard else self._part(size)
+        except BaseException:
+            with self._lock:
+                self.granted -= 1
+            raise
+
+    def _window(self, size: int) -> mmap.mmap:
+        """Memory for ``--discard``: the transfer, or a window of two equal slots."""
+        window = self.args.discard_window
+        return self._mapped(size if size <= window else window - window % 2, None)
+
+    def _mapped(self, size: int, fd: int | None) -> mmap.mmap:
+        buf, prefault = map_region(size, fd)
+        if prefault is not None:
+            with self._lock:
+                self._prefaults[id(buf)] = prefault
+        return buf
+
+    def _part(self, size: int) -> mmap.mmap:
+        """A new part file of ``size`` bytes for the next output, mapped. Its number is
+        taken once the part file exists (used from then on, whatever comes of it)."""
+        with self._lock:
+            path = self.args.out.replace("{n}", str(self.numbered + 1))
+            check_target(path, self.args.force)
+            fd, part = _create_part(path)
+            self.numbered += 1
         try:
             if size:
                 _reserve(fd, size, part)
-            m = mmap.mmap(fd, size, flags=_populate(size)) if size else mmap.mmap(-1, 1)
+            m = self._mapped(size, fd) if size else mmap.mmap(-1, 1)
         except BaseException:
             os.unlink(part)
             os.close(fd)
             raise
-        self.granted += 1
-        self.numbered += 1
-        self.parts[id(m)] = (part, path, fd)
+        with self._lock:
+            self.parts[id(m)] = (part, path, fd)
         return m
 
     def path_of(self, buf: mmap.mmap) -> str | None:
-        entry = self.parts.get(id(buf))
+        with self._lock:
+            entry = self.parts.get(id(buf))
         return entry[1] if entry else None
 
     def release(self, buf: object) -> None:
         """A set-up failed after its memory was made: free it and give the slot back."""
         assert isinstance(buf, mmap.mmap)
-        self.granted -= 1
+        with self._lock:
+            self.granted -= 1
         self.finish(buf, keep=False)
 
     def finish(self, buf: mmap.mmap, keep: bool) -> None:
@@ -97,7 +125,11 @@ class Outputs:
 
         Raises :class:`MRCError` when the file cannot be put in place (the part is deleted).
         """
-        entry = self.parts.pop(id(buf), None)
+        with self._lock:
+            entry = self.parts.pop(id(buf), None)
+            prefault = self._prefaults.pop(id(buf), None)
+        if prefault is not None:
+            prefault.stop()
         if keep:
             buf.flush()
         buf.close()
@@ -114,11 +146,12 @@ class Outputs:
             os.close(fd)
 
     def remove_all(self) -> None:
-        for part, _path, fd in self.parts.values():
+        with self._lock:
+            parts, self.parts = self.parts, {}
+        for part, _path, fd in parts.values():
             with contextlib.suppress(OSError):
                 os.unlink(part)
             os.close(fd)
-        self.parts.clear()
 
 
 def check_target(path: str, force: bool) -> None:

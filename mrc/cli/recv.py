@@ -32,11 +32,12 @@ from mrc.cli.common import (
     size_arg,
 )
 from mrc.cli.metricsopts import add_metrics_args, check_metrics_usage, start_metrics
-from mrc.cli.outputs import Outputs, check_target, stale_parts
+from mrc.cli.outputs import DISCARD_WINDOW, Outputs, check_target, stale_parts
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
 from mrc.connection import START_TIMEOUT, Connection, Listener, listen
 from mrc.core import fastpath
 from mrc.errors import MRCError
+from mrc.timed import SLOT
 from mrc.transfer import IDLE_TIMEOUT, receive_buffer
 from mrc.transport.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_GRANTED, DEFAULT_MAX_SETUPS
 from mrc.transport.memory import usable_memory
@@ -45,6 +46,8 @@ from mrc.units import SIZE_HELP, human_bytes, human_rate
 from mrc.wire import DEFAULT_PORT
 
 PROG = "mrc-recv"
+#: the smallest --discard-window: what a timed sender (mrc-send --time) asks for
+MIN_WINDOW = 2 * SLOT
 #: the counters mrc-recv prints with --json (declared with json=RECV, mrc/core/counters.py)
 RECEIVED = registry.in_json("recv")
 log = logging.getLogger(__name__)
@@ -78,7 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument(
         "--discard",
         action="store_true",
-        help="receive into memory, verify, and throw the data away",
+        help="receive into memory, verify, and throw the data away; a transfer larger than "
+        "--discard-window comes through a window of that size, hashed as it lands",
+    )
+    p.add_argument(
+        "--discard-window",
+        type=size_arg,
+        default=DISCARD_WINDOW,
+        metavar="SIZE",
+        help=f"with --discard, the most memory one transfer gets (default "
+        f"{DISCARD_WINDOW >> 20}M, at least {MIN_WINDOW >> 20}M): two slots a larger transfer "
+        "is written through, one while the other is hashed",
     )
     p.add_argument(
         "--count",
@@ -172,7 +185,10 @@ async def _one(conn: Connection, outputs: Outputs, args: argparse.Namespace, evl
     buf = cast(mmap.mmap, region.view.obj)  # _Outputs hands out nothing but mmaps
     path = outputs.path_of(buf)
     peer = conn.peer_host
-    log.info("transfer from %s: %s into %s", peer, human_bytes(size), path if path else "memory")
+    where = path if path else "memory"
+    if size > region.length:
+        where = f"a window of {human_bytes(region.length)}"
+    log.info("transfer from %s: %s into %s", peer, human_bytes(size), where)
     quiet = args.no_progress or args.quiet or args.json
     label = f"{peer} -> {path if path else 'memory'}"
     progress = Progress(size, label, False if quiet else None)
@@ -332,12 +348,14 @@ LIMIT_FLAGS = {
 
 def _region_memory(args: argparse.Namespace) -> Callable[[int], int]:
     """How much of a transfer's region is memory, counted against --max-memory: --discard
-    maps anonymous memory of the transfer's size. An --out file's pages belong to the page
+    maps anonymous memory of the transfer's size, or of its --discard-window when the
+    transfer is larger (mrc.cli.outputs.Outputs._window). An --out file's pages belong to the page
     cache: the kernel writes dirty ones back (holding a writer back beyond its dirty limits)
     and reclaims clean ones under pressure, so they are bounded by the disk space reserved for
     the file and --max-total, not by memory."""
     if args.discard:
-        return lambda size: size
+        window: int = args.discard_window
+        return lambda size: size if size <= window else window - window % 2
     return lambda _size: 0
 
 
@@ -359,6 +377,8 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             check_target(args.out, args.force)
         except MRCError as exc:
             parser.error(str(exc))
+    if args.discard_window < MIN_WINDOW:
+        parser.error(f"--discard-window: at least {MIN_WINDOW >> 20}M, not {args.discard_window}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -48,11 +48,13 @@ from mrc.connection import Connection, connect
 from mrc.core import fastpath
 from mrc.core.config import QPConfig
 from mrc.errors import MRCError
+from mrc.rounds import Posted, send_stream
 from mrc.security.packet import DATA_OVERHEAD
 from mrc.srv6.evroutes import largest_srh
-from mrc.timed import SLOT, Posted, RoundData, send_timed
+from mrc.stream import BufferSource, GeneratedSource, Source
+from mrc.timed import SLOT, RoundData, send_timed
 from mrc.topology.model import Topology
-from mrc.transfer import IDLE_TIMEOUT, TransferResult, send_buffer
+from mrc.transfer import IDLE_TIMEOUT, TransferResult
 from mrc.transport.sockets import IPV6_UDP_HEADERS
 from mrc.units import SIZE_HELP, human_bytes, human_rate
 from mrc.wire import DEFAULT_PORT
@@ -75,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--size",
         type=size_arg,
-        help=f"send N random bytes instead (64M, 1G...; {SIZE_HELP})",
+        help=f"send N bytes of generated random data instead (64M, 1G...; {SIZE_HELP}); "
+        "made from one 16 MiB random block, so memory and start-up stay the same for any N",
     )
     src.add_argument(
         "--time",
@@ -170,8 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load(args: argparse.Namespace) -> tuple[memoryview | RoundData, str]:
-    """What every stream sends: a file (mapped), --size random bytes, or --time's rounds."""
+def _load(args: argparse.Namespace) -> tuple[Source | RoundData, str]:
+    """What every stream sends: a file (mapped), --size bytes of a stream generated from a
+    bounded random block (memory and start-up time do not grow with N), or --time's rounds."""
     if args.time is not None:
         return RoundData(), f"<random rounds for {args.time:g} s>"
     if args.file is not None:
@@ -182,15 +186,11 @@ def _load(args: argparse.Namespace) -> tuple[memoryview | RoundData, str]:
         try:
             size = os.fstat(fd).st_size
             if size == 0:
-                return memoryview(b""), args.file
-            return memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ)), args.file
+                return BufferSource(memoryview(b"")), args.file
+            return BufferSource(memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ))), args.file
         finally:
             os.close(fd)
-    buf = mmap.mmap(-1, max(args.size, 1))
-    step = 1 << 22
-    for off in range(0, args.size, step):
-        buf[off : min(off + step, args.size)] = os.urandom(min(step, args.size - off))
-    return memoryview(buf)[: args.size], f"<{args.size} random bytes>"
+    return GeneratedSource(args.size), f"<{args.size} random bytes>"
 
 
 MAX_PARALLEL = 64
@@ -234,7 +234,7 @@ async def _main(args: argparse.Namespace) -> int:
     host = host_address(fabric, host)
     local = args.local or local_plane_addrs(fabric, args.fabric_host)
     data, label = _load(args)
-    size = 2 * data.slot if isinstance(data, RoundData) else len(data)
+    size = 2 * data.slot if isinstance(data, RoundData) else data.size
     evlog = EVLog(args.ev_log)
     log.info("connecting to [%s]:%d from %s", host, port, ", ".join(local or ["the default route"]))
     log.debug("QP config %s", config)
@@ -312,7 +312,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 async def _run(
-    args: argparse.Namespace, conns: list[Connection], data: memoryview | RoundData
+    args: argparse.Namespace, conns: list[Connection], data: Source | RoundData
 ) -> dict[str, Any]:
     """Send on every connection at once, sampled by a Meter; the totals of the streams."""
     posted = [Posted() for _ in conns]
@@ -327,7 +327,7 @@ async def _run(
     meter = Meter(meter_streams, args.interval, show)
     timed = isinstance(data, RoundData)
     quiet = args.no_progress or args.quiet or args.json or timed or bool(args.interval)
-    total = 0 if isinstance(data, RoundData) else len(conns) * len(data)
+    total = 0 if isinstance(data, RoundData) else len(conns) * data.size
     progress = Progress(total, "sending", False if quiet else None)
     done = [0] * len(conns)
 
@@ -339,8 +339,7 @@ async def _run(
         report = functools.partial(on_progress, i)
         if isinstance(data, RoundData):
             return await send_timed(conn, data, args.time, posted[i], args.idle_timeout, report)
-        posted[i].bytes = len(data)
-        return await send_buffer(conn, data, report, args.idle_timeout)
+        return await send_stream(conn, data, report, args.idle_timeout, posted[i])
 
     cpu0 = time.process_time()
     meter.start()

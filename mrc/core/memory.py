@@ -33,9 +33,18 @@ class MemoryRegion:
     view: memoryview
     name: str = ""
     writable: bool = False  # REMOTE_WRITE granted (a plain bool: checked per packet)
+    closed: bool = False  # close() was called: nothing is placed here any more
 
     def __post_init__(self) -> None:
         self.writable = bool(self.access & Access.REMOTE_WRITE)
+
+    def close(self) -> None:
+        """Place nothing here any more: what the region holds now is final, so that a hash of
+        it (an end-to-end verdict) still describes it when the hash is done. A WRITE of new
+        data to it is then dropped (``region_closed``, NACK code 2); a retransmission of one
+        it already holds is still acknowledged, so the writer's last ACK can be repaired."""
+        self.closed = True
+        self.writable = False
 
     def describe(self) -> dict[str, object]:
         """What a peer needs to write here (sent over the side channel)."""

@@ -119,8 +119,8 @@ class Responder:
             stats.dropped_by_reason["out_of_bounds"] += 1
             self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_port)
             return
-        if not region.writable:
-            stats.dropped_by_reason["no_access"] += 1
+        if not region.writable and not (region.closed and (seq <= cum or self._has(seq))):
+            stats.dropped_by_reason["region_closed" if region.closed else "no_access"] += 1
             self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_port)
             return
         stats.packets_received += 1

@@ -207,6 +207,7 @@ RECV_FLAGS = [
     "--listen",
     "--out",
     "--discard",
+    "--discard-window",
     "--count",
     "--evs",
     "--max-size",

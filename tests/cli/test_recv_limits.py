@@ -176,28 +176,49 @@ def _mem_total() -> int:
 
 def test_a_hello_without_a_key_cannot_take_the_machines_memory(mrc_tools, mrc_port) -> None:
     """Issue 21: each hello could make a --discard receiver map (and, up to 4 GiB, pre-fault)
-    what it asked for, up to 64 GiB together on a machine with 24. Now what --discard holds in
-    memory is bounded by --max-memory, by default a quarter of the machine's memory, and a
-    hello beyond it is refused before anything is mapped, naming the flag."""
-    half = _mem_total() // 2  # (refused before it is mapped: nothing this large is allocated)
+    what it asked for, up to 64 GiB together on a machine with 24. Now a transfer larger than
+    --discard-window is granted that window only (it streams through it), and what --discard
+    holds in memory is bounded by --max-memory, by default a quarter of the machine's memory:
+    a hello whose window does not fit is refused before anything is mapped, naming the flag."""
+    half = _mem_total() // 2  # never mapped: at most a window of it is
     recv = mrc_tools.start(
         "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--count", "2"
     )  # fmt: skip
     recv.wait_listening(mrc_port)
     stranger = RawPeer(mrc_port)
     try:
-        refused = stranger.hello(half)
-        assert refused["ok"] is False, refused
-        error = str(refused["error"])
-        assert error.startswith(f"cannot grant {half} bytes of memory: 0 of the "), error
-        assert error.endswith("bytes of memory this receiver grants at once are in use "
-                              "(--max-memory raises it)"), error  # fmt: skip
+        welcome = stranger.hello(half)
+        assert welcome["ok"] is True, welcome
+        regions = welcome["regions"]
+        assert isinstance(regions, list) and len(regions) == 1, welcome
+        assert regions[0]["length"] == 64 << 20, welcome  # the default --discard-window
     finally:
         stranger.close()
     # and a real transfer still fits
     sent = mrc_tools.run("mrc-send", "--size", "1M", "--to", f"[::1]:{mrc_port}")
     assert sent.returncode == 0, sent.describe()
     recv.kill()
+
+
+def test_a_window_beyond_max_memory_is_refused(mrc_tools, mrc_port) -> None:
+    recv = mrc_tools.start(
+        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--max-memory", "40M"
+    )  # fmt: skip
+    recv.wait_listening(mrc_port)
+    stranger = RawPeer(mrc_port)
+    try:
+        refused = stranger.hello(1 << 30)
+        assert refused["ok"] is False, refused
+        error = str(refused["error"])
+        window = 64 << 20  # the memory a 1 GiB transfer takes: its window, not its size
+        assert error.startswith(f"cannot grant {window} bytes of memory: 0 of the "), error
+        assert error.endswith("bytes of memory this receiver grants at once are in use "
+                              "(--max-memory raises it)"), error  # fmt: skip
+    finally:
+        stranger.close()
+    sent = mrc_tools.run("mrc-send", "--size", "1M", "--to", f"[::1]:{mrc_port}")
+    assert sent.returncode == 0, sent.describe()
+    assert recv.wait(30).returncode == 0
 
 
 def test_max_memory_above_the_machines_memory_is_a_usage_error(mrc_tools, mrc_port) -> None:

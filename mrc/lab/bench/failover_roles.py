@@ -84,7 +84,7 @@ def _mrc_config(args: argparse.Namespace) -> QPConfig:
 async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
     import mrc
     from mrc.lab.fabric import load_topology
-    from mrc.transfer import sha256_of
+    from mrc.stream import sha256_of
 
     topo = load_topology(args.fabric)
     addrs = _plane_addrs(topo, args.host)
