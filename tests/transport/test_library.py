@@ -124,8 +124,11 @@ async def test_write_imm_completions_in_posting_order() -> None:
         assert seen == [1000 + i for i in range(0, len(sizes), 2)]
         assert await asyncio.gather(*futs) == sizes
         assert buf[:total] == data
+        # a round of the spray gives each EV one burst (of one plane's share of the window,
+        # QPConfig.burst_batch): every EV carried data, or every burst went on its own EV
         used = sum(1 for e in conn.ev_report() if e["packets"])
-        assert used == 64
+        bursts = conn.counters()["bursts"]
+        assert used == min(64, bursts), (used, bursts)
 
 
 async def test_bidirectional_writes_into_the_senders_announced_region() -> None:
