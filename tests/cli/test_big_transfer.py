@@ -101,8 +101,11 @@ class Watched:
         )
 
 
-def test_256_mib_through_a_16_mib_window_in_bounded_memory(mrc_tools, mrc_port) -> None:
-    size = 256 * MiB
+def test_1_gib_through_a_16_mib_window_in_bounded_memory(mrc_tools, mrc_port) -> None:
+    """Each side stays under a quarter of what it moved. (With 256 MiB and a bound of half, a
+    full CI run once saw mrc-send peak at 128.7 MiB, against 84-86 MiB in every run alone:
+    a bound with room for that, and a transfer large enough that it still means something.)"""
+    size = 1024 * MiB
     recv = Watched(
         mrc_tools.argv(
             "mrc-recv",
@@ -115,7 +118,7 @@ def test_256_mib_through_a_16_mib_window_in_bounded_memory(mrc_tools, mrc_port) 
         send = Watched(
             mrc_tools.argv(
                 "mrc-send",
-                ["--size", "256M", "--to", f"[::1]:{mrc_port}", "--payload", "8192", "--json"],
+                ["--size", "1G", "--to", f"[::1]:{mrc_port}", "--payload", "8192", "--json"],
             )
         )
         (send_status, send_rss), (recv_status, recv_rss) = send.wait(), recv.wait()
@@ -125,10 +128,10 @@ def test_256_mib_through_a_16_mib_window_in_bounded_memory(mrc_tools, mrc_port) 
         assert out["ok"] and got["ok"]
         assert out["bytes"] == got["bytes"] == size
         assert out["sha256"] == out["sha256_receiver"] == got["sha256"] == got["sha256_sender"]
-        # neither side holds the transfer: each stays under half of what it moved
+        # neither side holds the transfer: each stays under a quarter of what it moved
         print(f"peak RSS: mrc-send {send_rss >> 20} MiB, mrc-recv {recv_rss >> 20} MiB")
-        assert send_rss < size // 2, f"mrc-send peaked at {send_rss >> 20} MiB"
-        assert recv_rss < size // 2, f"mrc-recv peaked at {recv_rss >> 20} MiB"
+        assert send_rss < size // 4, f"mrc-send peaked at {send_rss >> 20} MiB"
+        assert recv_rss < size // 4, f"mrc-recv peaked at {recv_rss >> 20} MiB"
     finally:
         for w in (send, recv):
             if w is not None:
