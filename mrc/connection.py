@@ -62,7 +62,7 @@ from mrc.transport.messages import (
     parse_reply,
 )
 from mrc.transport.sockets import ev_socket, family_of, udp_socket
-from mrc.wire import DEFAULT_PORT
+from mrc.wire import DEFAULT_PORT, MAX_PLANES
 
 if TYPE_CHECKING:
     from mrc.topology.model import Topology
@@ -895,6 +895,16 @@ class Listener:
         await self.close()
 
 
+def _check_planes(addrs: list[str] | None, name: str) -> None:
+    """At most :data:`mrc.wire.MAX_PLANES` planes: an ACK says which of them work in a
+    16-bit bitmap, and a 17th plane would always read as down."""
+    if addrs is not None and len(addrs) > MAX_PLANES:
+        raise MRCError(
+            f"{name}: at most {MAX_PLANES} planes (an ACK's port-state bitmap has "
+            f"{MAX_PLANES} bits), not {len(addrs)}"
+        )
+
+
 async def listen(
     host: str = "::",
     port: int = DEFAULT_PORT,
@@ -977,6 +987,7 @@ async def listen(
         raise MRCError(f"hello_timeout must be more than 0 s, not {hello_timeout!r}")
     if start_timeout is not None and not start_timeout > 0:
         raise MRCError(f"start_timeout must be None or more than 0 s, not {start_timeout!r}")
+    _check_planes(plane_addrs, "plane_addrs")
     addrs = [_resolve(a) for a in plane_addrs] if plane_addrs else []
     host = _resolve(host) if host not in ("", "::", "0.0.0.0") else (host or "::")
     tcp_hosts = addrs or [host]
@@ -1143,6 +1154,7 @@ async def connect(
     for region in regions or []:
         _adopt(core.pd, region)
     host = _resolve(host)
+    _check_planes(local_addrs, "local_addrs")
     locals_ = [_resolve(a) for a in local_addrs] if local_addrs else []
     # the UDP socket first: the hello then follows the TCP handshake at once (a listener whose
     # set-up slots are full lets a connection that has said nothing give way first)

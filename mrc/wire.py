@@ -84,6 +84,8 @@ BTH = struct.Struct("!BBHII")  # opcode, flags, pkey, (byte4<<24 | dest QP), (by
 DATA_HDR = struct.Struct("!BBHIIQII")  # BTH + RETH(va, rkey, dma length)
 DATA_IMM_HDR = struct.Struct("!BBHIIQIII")  # BTH + RETH + ImmDt
 ACK_PKT = struct.Struct("!BBHIIIIIQHH")  # BTH + AETH + ext(subject psn, base, bitmap, ev, ports)
+#: planes a connection may have: an ACK's Port State has a bit per plane, 16 of them
+MAX_PLANES = 16
 PROBE_PKT = struct.Struct("!BBHIIHHQ")  # BTH + probe ext(ev, flags, token)
 
 BTH_LEN = BTH.size  # 12

@@ -48,6 +48,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from mrc import wire
 from mrc.core.cepenalty import CEPenalties
 from mrc.core.config import EVConfig
 from mrc.core.counters import BOTH, CounterSpec, Source
@@ -219,6 +220,11 @@ class EVSet:
         if len(self.planes) != n:
             raise ValueError("need one plane per entropy value")
         self.nplanes = max(self.planes) + 1
+        if min(self.planes) < 0 or self.nplanes > wire.MAX_PLANES:
+            raise ValueError(
+                f"planes are numbered 0 .. {wire.MAX_PLANES - 1} (an ACK's port-state bitmap "
+                f"has {wire.MAX_PLANES} bits), not {min(self.planes)} .. {self.nplanes - 1}"
+            )
         self.routes: list[int] = []
         self._route_known: list[bool] = []
         self._plane_routes: list[list[int]] = []

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, NoReturn
 
+from mrc import wire
 from mrc.core.config import PSN_WINDOW_MAX, PSN_WINDOW_MIN
 from mrc.errors import MRCError
 from mrc.transport.control import ControlError
@@ -29,7 +30,7 @@ U32 = (1 << 32) - 1  # rkeys
 U64 = (1 << 64) - 1  # virtual addresses
 MAX_REGION_SIZE = 1 << 48  # bytes: region lengths and requested sizes (256 TiB)
 MAX_EVS = 65535  # EVs are distinct UDP source ports
-MAX_PLANES = 64  # addresses in ``addrs``
+MAX_PLANES = wire.MAX_PLANES  # addresses in ``addrs``: an ACK's port-state bits
 MAX_REGIONS = 1024  # regions announced in one message
 MAX_NAME = 1024  # characters of a region name
 MAX_TEXT = 4096  # characters of an error message

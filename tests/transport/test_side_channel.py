@@ -96,7 +96,7 @@ BAD_HELLOS = [
     (with_field("evs", "0"), "evs"),
     (with_field("addrs", '"::1"'), "addrs must be a list"),
     (with_field("addrs", '["not an address"]'), "addrs[0] must be an IP address"),
-    (with_field("addrs", json.dumps(["::1"] * 65)), "addrs must be a list of at most 64"),
+    (with_field("addrs", json.dumps(["::1"] * 17)), "addrs must be a list of at most 16"),
     (with_field("regions", '[{"name": "x", "rkey": -1, "addr": 0, "length": 1}]'), "rkey"),
     (with_field("regions", '[{"name": "x", "rkey": 1, "addr": 0}]'), "regions[0].length is"),
     (with_field("regions", '[{"name": 5, "rkey": 1, "addr": 0, "length": 1}]'), "name"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mrc import wire
 from mrc.errors import UsageError
 from mrc.units import parse_rate
 
@@ -14,7 +15,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_]{1,24}$")
 
 #: Upper bounds keep the addressing plan (see docs/FABRIC.md) and interface names valid and
 #: stop a typo from creating thousands of namespaces.
-MAX_PLANES = 64
+MAX_PLANES = wire.MAX_PLANES  # a connection's planes: the bits of an ACK's Port State
 MAX_SPINES = 64
 MAX_LEAVES = 64
 MAX_HOSTS = 256
