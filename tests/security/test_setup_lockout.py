@@ -63,11 +63,16 @@ class Unproven:
 @contextlib.asynccontextmanager
 async def hammered(listener: Listener, peers: int) -> AsyncIterator[list[int]]:
     """``peers`` unproven set-ups, each opened again as soon as the listener drops it; yields
-    a one-item list counting the set-ups opened."""
+    a one-item list counting the set-ups opened.
+
+    They stop on a flag, not only by being cancelled: Python 3.11's ``asyncio.wait_for`` can
+    lose a cancellation that comes as its inner read completes, and a peer that lost it opened
+    set-ups again and again and held the test (and a CI run) forever."""
     opened = [0]
+    stopping = False
 
     async def one() -> None:
-        while True:
+        while not stopping:
             try:
                 peer = await Unproven.open(listener.port)
             except OSError:
@@ -85,6 +90,7 @@ async def hammered(listener: Listener, peers: int) -> AsyncIterator[list[int]]:
     try:
         yield opened
     finally:
+        stopping = True
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
