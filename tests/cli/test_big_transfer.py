@@ -1,8 +1,11 @@
 """Transfers much larger than any buffer: mrc-send --size and mrc-recv --discard keep their
 memory bounded, and the first byte leaves as soon for 8 GiB as for 1 MiB.
 
-Each side's peak memory is the kernel's own account of the process (``ru_maxrss`` from
-``wait4``), not a sample; the first byte is when mrc-recv notes (``-v``) that data arrived.
+Each side's peak memory is the kernel's high-water mark of the process's own memory (VmHWM in
+/proc/PID/status), read until it exits. Not ``ru_maxrss`` from ``wait4``: exec keeps the
+high-water mark of the memory it replaces, so a child forked from a pytest process of 270 MiB
+reported 270 MiB whatever it used. The first byte is when mrc-recv notes (``-v``) that data
+arrived.
 """
 
 from __future__ import annotations
@@ -33,13 +36,29 @@ class Watched:
         self.stdout: list[str] = []
         self.stderr: list[tuple[float, str]] = []
         self._reaped: list[tuple[int, int]] = []  # (exit status, peak resident bytes)
+        self._peak = 0  # the latest VmHWM read, bytes
         self._changed = threading.Condition()
         self._readers = [
             threading.Thread(target=self._read, args=(self.proc.stdout, False), daemon=True),
             threading.Thread(target=self._read, args=(self.proc.stderr, True), daemon=True),
         ]
+        self._readers.append(threading.Thread(target=self._watch_memory, daemon=True))
         for reader in self._readers:
             reader.start()
+
+    def _watch_memory(self) -> None:
+        """VmHWM only grows; read it until the process has exited (then it is gone)."""
+        status = Path(f"/proc/{self.proc.pid}/status")
+        while True:
+            try:
+                text = status.read_text()
+            except OSError:
+                return
+            hwm = [line.split()[1] for line in text.splitlines() if line.startswith("VmHWM:")]
+            if not hwm:  # a zombie: its memory is gone, the last reading stands
+                return
+            self._peak = max(self._peak, int(hwm[0]) * 1024)
+            time.sleep(0.01)
 
     def _read(self, stream: IO[str], timed: bool) -> None:
         for line in stream:
@@ -76,8 +95,10 @@ class Watched:
             return reaped[0]
 
         def reap() -> None:
-            _pid, status, usage = os.wait4(self.proc.pid, 0)
-            reaped.append((os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024))
+            os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped
+            self._readers[-1].join()  # the memory watcher has seen the last of it
+            _pid, status = os.waitpid(self.proc.pid, 0)
+            reaped.append((os.waitstatus_to_exitcode(status), self._peak))
 
         reaper = threading.Thread(target=reap, daemon=True)
         reaper.start()
@@ -86,7 +107,7 @@ class Watched:
             self.kill()
             reaper.join()
         self.proc.returncode = reaped[0][0]
-        for reader in self._readers:
+        for reader in self._readers[:2]:
             reader.join(10)
         return reaped[0]
 
