@@ -149,6 +149,9 @@ class Requester:
         # packet so that its ACK (SACK evidence) repairs a lost tail without waiting for an RTO
         self._tlp_at: float | None = None
         self._tlps = 0  # tail loss probes sent since the last news (at most tlp_max)
+        # when an ACK last acknowledged something new: a packet sent after it that times out
+        # met a silent peer, not (known) a bad path (handle_timer)
+        self._progress_at = _NEG_INF
         self._probes = 0  # probes at the head of _retransmit, sent past the window
         self.health = config.ev_health
         # seq & _RING_MASK -> (seq << 16) | EV port of seq's latest transmission (-1: none)
@@ -553,8 +556,19 @@ class Requester:
         return top if tlp is None or top < tlp else tlp
 
     def handle_timer(self, now: float) -> None:
+        """Time out every packet whose deadline has passed.
+
+        A packet sent after the last ACK that acknowledged anything new met silence: the
+        peer (or every path) said nothing since it left, and that is no evidence against its
+        EV. Of those, the oldest is resent, as TCP resends one segment on an RTO, and the
+        rest wait for its answer (their deadlines join its backed-off one): resending every
+        packet of a silent window buried a peer that had only stalled under duplicates, whose
+        resend of the oldest then waited behind them past the next RTO, again and again
+        (a 0.3 s receiver stop on ::1 became a transfer that never ended)."""
         outstanding = self._outstanding
         limit = self.config.max_timeout_retries
+        silent_head: int | None = None
+        held: list[int] = []
         while not self.failed:
             top = self._live_top()
             if top is None or top > now:
@@ -564,6 +578,14 @@ class Requester:
             for seq in range(first, first + n):
                 pkt = outstanding.get(seq)
                 if pkt is None or pkt.deadline != deadline:
+                    continue
+                if pkt.sent_at >= self._progress_at:
+                    if silent_head is not None and seq > silent_head:
+                        held.append(seq)
+                        continue
+                    if silent_head is not None:
+                        held.append(silent_head)
+                    silent_head = seq
                     continue
                 pkt.timeouts += 1
                 if pkt.timeouts > limit:
@@ -579,10 +601,37 @@ class Requester:
                 self.cc.on_timeout(now)
                 if self.health:
                     self._blame(pkt.ev, pkt.sent_at, EVReason.TIMEOUT, now)
+        if silent_head is not None and not self.failed:
+            self._time_out_silence(silent_head, held, now)
         if self._tlp_at is not None and self._tlp_at <= now and not self.failed:
             self._tlp_at = None
             if outstanding:
                 self._tail_probe(now)
+
+    def _time_out_silence(self, head: int, held: list[int], now: float) -> None:
+        """The oldest packet that timed out in silence is resent (blaming no EV); the others
+        keep waiting, until its resend's backed-off deadline."""
+        pkt = self._outstanding[head]
+        pkt.timeouts += 1
+        if pkt.timeouts > self.config.max_timeout_retries:
+            self.fail(
+                f"retry budget exhausted: PSN {to_psn(self.initial_psn, head)} "
+                f"unacknowledged after {self.config.max_timeout_retries} timeouts "
+                "(peer unreachable or gone)"
+            )
+            return
+        pkt.deadline = _INF
+        self._retransmit.append(head)
+        self._waiting += 1
+        self.stats.retransmits_timeout += 1
+        self.stats.silent_timeouts += 1
+        self.cc.on_timeout(now)
+        # the resend's deadline, as _send_retransmissions will set it (it may go later)
+        wait = now + self.rtt.backed_off(pkt.timeouts)
+        outstanding = self._outstanding
+        for seq in held:
+            outstanding[seq].deadline = wait
+            heapq.heappush(self._deadlines, (wait, seq, 1))
 
     def _tail_probe(self, now: float) -> None:
         """The tail loss probe is due: resend the newest outstanding packet, past the window."""
@@ -683,6 +732,8 @@ class Requester:
             rtt_sample = self._ack_signals(subject, latest, subj, qpw, ev_port, now)
         acked, sacked, una = self._acknowledged(psnw, base, bitmap, subj_sent)
         newly, delivered = self._take_acked(chain(acked, sacked))
+        if newly:
+            self._progress_at = now
         news = max(delivered)
         if news != _NEG_INF:
             evs.delivered(delivered)

@@ -48,6 +48,11 @@ class QPStats:
         labels=(("cause", "timeout"),),
         json=SEND,
     )
+    silent_timeouts: int = counter(
+        "Of retransmits_timeout, those of a silent flight (nothing new acknowledged since the "
+        "packet left): only its oldest packet is resent, and no EV is blamed",
+        json=SEND,
+    )
     retransmits_sack: int = counter(
         "Retransmissions SACK evidence queued (later packets arrived)",
         metric=RETRANSMIT_TRIGGERS,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from mrc import wire
 from mrc.core import Access, ProtectionDomain, QPConfig, QueuePair, fastpath
-from mrc.core.events import Burst, datagrams_of
+from mrc.core.events import Burst, EVState, datagrams_of
 from mrc.lab.sim import Faults
 
 from .mrcsim_harness import RecordingNetwork, fuzz_settings, make_transfer, run_until
@@ -277,7 +277,10 @@ def test_headers_handed_out_are_never_written_again(pack: PackBurst) -> None:
     a.post_write(os.urandom(100 * 4096), addr, rkey)
     first = a.bursts_to_send(1.0)
     kept = [bytes(bufs[i]) for _ev, bufs, n, _seg in first for i in range(0, 2 * n, 2)]
-    a.handle_timer(1.0 + 10 * a.config.max_rto)  # every packet times out
+    # every packet times out, after an ACK of something new (as if the peer had answered
+    # since they left): else only the oldest of a silent flight would be resent
+    a.requester._progress_at = 1.5
+    a.handle_timer(1.0 + 10 * a.config.max_rto)
     assert a.stats.retransmits_timeout == 512
     resent: list[Burst] = []
     a.requester.bursts_to_send(2.0, resent)  # 512 retransmissions, one burst each
@@ -362,3 +365,23 @@ def test_a_seeded_simulator_run_sends_the_same_bytes_with_either_kernel(
     assert len(runs[0]) > 400
     digest = [hashlib.sha256(repr(r).encode()).hexdigest() for r in runs]
     assert digest[0] == digest[1]
+
+
+def test_a_silent_flight_resends_its_oldest_packet_only(pack: PackBurst) -> None:
+    """Nothing new acknowledged since the flight left (a peer that stopped, or every path
+    down): its timeouts are one event. The oldest packet is resent, no EV is blamed, and the
+    others wait for the resend's backed-off deadline (handle_timer)."""
+    a, _b, addr, rkey = _pair(burst=16, tlp_max=0)
+    a.post_write(os.urandom(100 * 64), addr, rkey)
+    a.bursts_to_send(1.0)
+    req = a.requester
+    assert len(req._outstanding) == 64
+    a.handle_timer(1.0 + 10 * a.config.max_rto)
+    assert a.stats.retransmits_timeout == a.stats.silent_timeouts == 1
+    assert list(req._retransmit) == [0]
+    assert set(a.evs.state) == {EVState.GOOD}  # nobody blamed
+    head_deadline = 1.0 + 10 * a.config.max_rto + req.rtt.backed_off(1)
+    assert {p.deadline for s, p in req._outstanding.items() if s} == {head_deadline}
+    resent: list[Burst] = []
+    req.bursts_to_send(1.0 + 10 * a.config.max_rto, resent)
+    assert len(resent) == 1 and a.stats.retransmits == 1
