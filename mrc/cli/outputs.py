@@ -28,6 +28,12 @@ DISCARD_WINDOW = 64 << 20
 PART_TOKEN_BYTES = 4
 
 
+def discard_bytes(size: int, window: int) -> int:
+    """The memory ``--discard`` maps for a transfer of ``size`` bytes: all of it, or, when
+    larger than ``window`` (``--discard-window``), a window of two equal slots."""
+    return size if size <= window else window - window % 2
+
+
 class Outputs:
     """Allocates the memory a sender asks for and owns the files behind it.
 
@@ -78,8 +84,7 @@ class Outputs:
 
     def _window(self, size: int) -> mmap.mmap:
         """Memory for ``--discard``: the transfer, or a window of two equal slots."""
-        window = self.args.discard_window
-        return self._mapped(size if size <= window else window - window % 2, None)
+        return self._mapped(discard_bytes(size, self.args.discard_window), None)
 
     def _mapped(self, size: int, fd: int | None) -> mmap.mmap:
         buf, prefault = map_region(size, fd)

@@ -32,7 +32,7 @@ from mrc.cli.common import (
     size_arg,
 )
 from mrc.cli.metricsopts import add_metrics_args, check_metrics_usage, start_metrics
-from mrc.cli.outputs import DISCARD_WINDOW, Outputs, check_target, stale_parts
+from mrc.cli.outputs import DISCARD_WINDOW, Outputs, check_target, discard_bytes, stale_parts
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
 from mrc.connection import START_TIMEOUT, Connection, Listener, listen
 from mrc.core import fastpath
@@ -349,13 +349,13 @@ LIMIT_FLAGS = {
 def _region_memory(args: argparse.Namespace) -> Callable[[int], int]:
     """How much of a transfer's region is memory, counted against --max-memory: --discard
     maps anonymous memory of the transfer's size, or of its --discard-window when the
-    transfer is larger (mrc.cli.outputs.Outputs._window). An --out file's pages belong to the page
+    transfer is larger (mrc.cli.outputs.discard_bytes). An --out file's pages belong to the page
     cache: the kernel writes dirty ones back (holding a writer back beyond its dirty limits)
     and reclaims clean ones under pressure, so they are bounded by the disk space reserved for
     the file and --max-total, not by memory."""
     if args.discard:
         window: int = args.discard_window
-        return lambda size: size if size <= window else window - window % 2
+        return lambda size: discard_bytes(size, window)
     return lambda _size: 0
 
 
