@@ -566,9 +566,7 @@ class Requester:
         resend of the oldest then waited behind them past the next RTO, again and again
         (a 0.3 s receiver stop on ::1 became a transfer that never ended)."""
         outstanding = self._outstanding
-        limit = self.config.max_timeout_retries
-        silent_head: int | None = None
-        held: list[int] = []
+        silent: list[int] = []  # judged together, after the others
         while not self.failed:
             top = self._live_top()
             if top is None or top > now:
@@ -580,19 +578,9 @@ class Requester:
                 if pkt is None or pkt.deadline != deadline:
                     continue
                 if pkt.sent_at >= self._progress_at:
-                    if silent_head is not None and seq > silent_head:
-                        held.append(seq)
-                        continue
-                    if silent_head is not None:
-                        held.append(silent_head)
-                    silent_head = seq
+                    silent.append(seq)
                     continue
-                pkt.timeouts += 1
-                if pkt.timeouts > limit:
-                    self.fail(
-                        f"retry budget exhausted: PSN {to_psn(self.initial_psn, seq)} "
-                        f"unacknowledged after {limit} timeouts (peer unreachable or gone)"
-                    )
+                if not self._count_timeout(seq, pkt):
                     return
                 pkt.deadline = _INF
                 self._retransmit.append(seq)
@@ -601,24 +589,31 @@ class Requester:
                 self.cc.on_timeout(now)
                 if self.health:
                     self._blame(pkt.ev, pkt.sent_at, EVReason.TIMEOUT, now)
-        if silent_head is not None and not self.failed:
-            self._time_out_silence(silent_head, held, now)
+        if silent and not self.failed:
+            self._time_out_silence(silent, now)
         if self._tlp_at is not None and self._tlp_at <= now and not self.failed:
             self._tlp_at = None
             if outstanding:
                 self._tail_probe(now)
 
-    def _time_out_silence(self, head: int, held: list[int], now: float) -> None:
-        """The oldest packet that timed out in silence is resent (blaming no EV); the others
-        keep waiting, until its resend's backed-off deadline."""
-        pkt = self._outstanding[head]
+    def _count_timeout(self, seq: int, pkt: _Packet) -> bool:
+        """One more timeout of ``pkt``; False (and the QP failed) past the retry budget."""
         pkt.timeouts += 1
-        if pkt.timeouts > self.config.max_timeout_retries:
+        limit = self.config.max_timeout_retries
+        if pkt.timeouts > limit:
             self.fail(
-                f"retry budget exhausted: PSN {to_psn(self.initial_psn, head)} "
-                f"unacknowledged after {self.config.max_timeout_retries} timeouts "
-                "(peer unreachable or gone)"
+                f"retry budget exhausted: PSN {to_psn(self.initial_psn, seq)} "
+                f"unacknowledged after {limit} timeouts (peer unreachable or gone)"
             )
+            return False
+        return True
+
+    def _time_out_silence(self, silent: list[int], now: float) -> None:
+        """Of the packets that timed out in silence, the oldest is resent (blaming no EV);
+        the others keep waiting, until its resend's backed-off deadline."""
+        head = min(silent)
+        pkt = self._outstanding[head]
+        if not self._count_timeout(head, pkt):
             return
         pkt.deadline = _INF
         self._retransmit.append(head)
@@ -629,9 +624,10 @@ class Requester:
         # the resend's deadline, as _send_retransmissions will set it (it may go later)
         wait = now + self.rtt.backed_off(pkt.timeouts)
         outstanding = self._outstanding
-        for seq in held:
-            outstanding[seq].deadline = wait
-            heapq.heappush(self._deadlines, (wait, seq, 1))
+        for seq in silent:
+            if seq != head:
+                outstanding[seq].deadline = wait
+                heapq.heappush(self._deadlines, (wait, seq, 1))
 
     def _tail_probe(self, now: float) -> None:
         """The tail loss probe is due: resend the newest outstanding packet, past the window."""
