@@ -580,13 +580,8 @@ class Requester:
                 if pkt.sent_at >= self._progress_at:
                     silent.append(seq)
                     continue
-                if not self._count_timeout(seq, pkt):
+                if not self._time_out(seq, pkt, now):
                     return
-                pkt.deadline = _INF
-                self._retransmit.append(seq)
-                self._waiting += 1
-                self.stats.retransmits_timeout += 1
-                self.cc.on_timeout(now)
                 if self.health:
                     self._blame(pkt.ev, pkt.sent_at, EVReason.TIMEOUT, now)
         if silent and not self.failed:
@@ -596,8 +591,9 @@ class Requester:
             if outstanding:
                 self._tail_probe(now)
 
-    def _count_timeout(self, seq: int, pkt: _Packet) -> bool:
-        """One more timeout of ``pkt``; False (and the QP failed) past the retry budget."""
+    def _time_out(self, seq: int, pkt: _Packet, now: float) -> bool:
+        """``pkt`` timed out once more: queued for a resend and told to the window law, or,
+        past the retry budget, the QP fails (False)."""
         pkt.timeouts += 1
         limit = self.config.max_timeout_retries
         if pkt.timeouts > limit:
@@ -606,6 +602,11 @@ class Requester:
                 f"unacknowledged after {limit} timeouts (peer unreachable or gone)"
             )
             return False
+        pkt.deadline = _INF
+        self._retransmit.append(seq)
+        self._waiting += 1
+        self.stats.retransmits_timeout += 1
+        self.cc.on_timeout(now)
         return True
 
     def _time_out_silence(self, silent: list[int], now: float) -> None:
@@ -613,14 +614,9 @@ class Requester:
         the others keep waiting, until its resend's backed-off deadline."""
         head = min(silent)
         pkt = self._outstanding[head]
-        if not self._count_timeout(head, pkt):
+        if not self._time_out(head, pkt, now):
             return
-        pkt.deadline = _INF
-        self._retransmit.append(head)
-        self._waiting += 1
-        self.stats.retransmits_timeout += 1
         self.stats.silent_timeouts += 1
-        self.cc.on_timeout(now)
         # the resend's deadline, as _send_retransmissions will set it (it may go later)
         wait = now + self.rtt.backed_off(pkt.timeouts)
         outstanding = self._outstanding
