@@ -4,10 +4,22 @@ A part of :class:`mrc.core.evset.EVSet` kept on its own: the EV set starts probi
 it retires it, stops when the EV is resurrected or denied, and decides what an answer or a
 silence means (docs/EV_HEALTH.md, transition #6 and "False retirements"). This keeps the
 clock of it: one probe every ``probe_interval`` per EV, at most one unanswered at a time, and
-a probe unanswered for ``probe_timeout`` breaks the streak.
+a probe unanswered for its timeout breaks the streak.
+
+The timeout is ``probe_timeout`` or three times the slowest recent probe round trip, whichever
+is longer, every reply teaching the round trip (its token carries its probe's send time), even
+one to a probe already given up. With
+a fixed 100 ms, a host whose queues held a second of packets (256 QPs into one receiver on
+loopback) took every probe for lost, so no retired EV came back, every one of them was probed
+again each 100 ms, and the probes and their replies filled the very queue that made them
+late: 20,000 probes a second, and transfers that failed (docs/EV_HEALTH.md, "Probes on a
+slow host").
 """
 
 from __future__ import annotations
+
+#: the longest a probe waits for its reply, however slow recent replies were (seconds)
+MAX_TIMEOUT = 2.0
 
 
 class EVProbes:
@@ -17,6 +29,7 @@ class EVProbes:
         self.next: dict[int, float] = {}  # EV being probed -> its next probe time
         self._sent: dict[int, float] = {}  # EV -> when its unanswered probe left
         self._ok: dict[int, int] = {}  # EV -> consecutive answered probes
+        self.rtt = 0.0  # the slowest recent probe round trip, decaying by 1/8 per sample
 
     def start(self, ev: int, now: float) -> None:
         """Probe ``ev`` from one interval after ``now``, its streak at 0."""
@@ -34,9 +47,10 @@ class EVProbes:
         due: list[int] = []
         silent: list[int] = []
         sent_at = self._sent
+        timeout = self.current_timeout()
         for ev, when in self.next.items():
             sent = sent_at.get(ev)
-            if sent is not None and sent + self.timeout <= now:  # as next_time
+            if sent is not None and sent + timeout <= now:  # as next_time
                 del sent_at[ev]
                 self._ok[ev] = 0
                 silent.append(ev)
@@ -47,6 +61,20 @@ class EVProbes:
             self.next[ev] = now + self.interval
             sent_at[ev] = now
         return due, silent
+
+    def current_timeout(self) -> float:
+        """How long a probe may go unanswered: ``timeout``, or 3 x the recent round trip (at
+        most MAX_TIMEOUT: a dead path's next probe, the one that finds it healed, waits for
+        the unanswered one to time out)."""
+        slow = 3.0 * self.rtt
+        if slow > MAX_TIMEOUT:
+            slow = MAX_TIMEOUT
+        return slow if slow > self.timeout else self.timeout
+
+    def sample(self, rtt: float) -> None:
+        """The round trip of one probe reply, of any EV, answered in time or not."""
+        old = self.rtt
+        self.rtt = rtt if rtt > old else old + (rtt - old) / 8
 
     def answered(self, ev: int) -> float | None:
         """A reply to ``ev``'s probe: when that probe left (None: no probe of it was out)."""
@@ -63,7 +91,7 @@ class EVProbes:
         if not self.next:
             return None
         sent = self._sent
-        timeout = self.timeout
+        timeout = self.current_timeout()
         return min(sent[ev] + timeout if ev in sent else when for ev, when in self.next.items())
 
     def probing(self, ev: int) -> bool:

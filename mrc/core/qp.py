@@ -263,10 +263,11 @@ class QueuePair:
                 self.stats.dropped_by_reason["probe_bad_token"] += 1
                 return
             self.stats.probes_answered += 1
+            rtt = ((int(now * 1e6) - sent) & _PROBE_TIME_MASK) / 1e6
+            self.evs.probes.sample(rtt)  # late or not: how long probes take now
             if self.evs.is_probing(ev):
                 self.evs.probe_answered(ev, now)  # a health probe of an ASSUMED_BAD EV
             else:
-                rtt = ((int(now * 1e6) - sent) & _PROBE_TIME_MASK) / 1e6
                 self._events.append(ProbeReplied(self.qpn, ev, rtt))
             return
         if self.remote_qpn is None:
