@@ -190,6 +190,14 @@ def _open_ev_sockets(
     except OSError as exc:
         for s in socks:
             s.close()
+        if exc.errno == errno.EADDRINUSE:
+            # every EV is a socket with a source port of its own: many QPs of many EVs each
+            # can use up the kernel's ephemeral ports (net.ipv4.ip_local_port_range)
+            raise MRCError(
+                f"cannot open EV sockets: no free local UDP port for EV {len(socks) + 1} of "
+                f"{count} (each EV takes a port of its own: use fewer EVs, e.g. mrc-send "
+                "--evs 16, or fewer QPs at once)"
+            ) from None
         raise MRCError(f"cannot open EV sockets: {exc.strerror or exc}") from None
     return socks, planes, labels
 

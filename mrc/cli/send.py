@@ -193,7 +193,7 @@ def _load(args: argparse.Namespace) -> tuple[Source | RoundData, str]:
     return GeneratedSource(args.size), f"<{args.size} random bytes>"
 
 
-MAX_PARALLEL = 64
+MAX_PARALLEL = 256
 
 DEFAULT_WINDOW = 512
 DEFAULT_PAYLOAD = 1400
@@ -259,10 +259,14 @@ async def _main(args: argparse.Namespace) -> int:
             except MRCError as exc:
                 if i == 0:
                     raise
-                raise MRCError(
-                    f"stream {i + 1} of {args.parallel}: {exc} (--parallel {args.parallel} "
-                    f"needs a receiver that takes {args.parallel} transfers: mrc-recv --count)"
-                ) from None
+                # the receiver's refusal of one stream too many is what --count raises
+                hint = (
+                    f" (--parallel {args.parallel} needs a receiver that takes "
+                    f"{args.parallel} transfers: mrc-recv --count)"
+                    if "refused by the receiver" in str(exc)
+                    else ""
+                )
+                raise MRCError(f"stream {i + 1} of {args.parallel}: {exc}{hint}") from None
             conns.append(conn)
             if metrics is not None:
                 metrics.exporter.watch_connection(conn)
