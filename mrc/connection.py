@@ -23,7 +23,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from mrc import counters as registry
 from mrc.core.config import QPConfig
@@ -157,6 +157,11 @@ def _route_ids(labels: list[str]) -> list[int]:
 def backup_count(active: int, planes: int) -> int:
     """Backup EVs opened beside ``active`` ones: a quarter more, at least one per plane."""
     return max(planes, active // 4)
+
+
+#: what the window laws of this process's QPs to one peer (its host, our addresses) share
+#: (WindowLaw.join): one small dict per peer for the life of the process
+_PEERS: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
 
 
 def _open_ev_sockets(
@@ -423,6 +428,7 @@ class Connection:
         if self._closed:
             return
         self._closed = True
+        self.qp.requester.cc.leave()
         self.control.close()
         self.endpoint.detach(self.qp.qpn)
         if self._owns_endpoint:
@@ -1250,6 +1256,7 @@ async def _client_setup(
             ev_routes=_route_ids(labels),
         )
         qp.connect(reply.qpn, reply.psn)
+        qp.requester.cc.join(_PEERS.setdefault((host, hello.addrs), {}))
         if protection is not None:
             qp.protect(protection)
         channel = endpoint.attach(qp, socks)

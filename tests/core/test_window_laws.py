@@ -148,6 +148,8 @@ def test_nscc_keeps_the_defaults_it_had_as_qpconfig_fields() -> None:
         "md_gain": 0.8,
         "max_md": 0.5,
         "ce_md": 0.125,
+        "shared_base": True,
+        "shared_target_packets": 4.0,
     }
     law = create("nscc", {}, QPConfig(payload_size=1000))
     assert isinstance(law, Nscc)

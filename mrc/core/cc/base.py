@@ -110,6 +110,17 @@ class WindowLaw:
         """A packet's retransmission timer fired (once per packet)."""
         self.on_loss(now)
 
+    def join(self, peers: dict[str, Any]) -> None:
+        """This QP's sender shares its host with other QPs to the same peer: ``peers`` is one
+        dict per (process, peer host), the same object for all of them, where a law may keep
+        what they measure in common (NSCC: the smallest round trip any of them saw). Called
+        once, before the first send, by the connection layer; a law that shares nothing
+        ignores it."""
+
+    def leave(self) -> None:
+        """The QP is closed: let go of what :meth:`join` shared (called at most once more
+        than it matters: a second call must do nothing)."""
+
     def counters(self) -> dict[str, int]:
         """The law's counters (:attr:`COUNTERS`) by name, as they stand."""
         return {spec.name: spec.read(self) for spec in self.COUNTERS}

@@ -91,6 +91,18 @@ class NsccParams:
     max_md: float = 0.5
     #: the decrease of a CE mark with the delay under target
     ce_md: float = 0.125
+    #: the base RTT is the smallest sample of every QP of this process to the same peer host,
+    #: not of this QP alone (WindowLaw.join). A QP that starts while others keep a queue
+    #: would otherwise take that queue for its path's own round trip, see no queueing, keep
+    #: its window while the others cut theirs, and finish first (docs/CONGESTION.md,
+    #: "Latecomers")
+    shared_base: bool = True
+    #: while other QPs of this process send to the same peer host (shared_base on), the
+    #: target is at least this many of the QP's own packets (as target_packets; 0: off).
+    #: N QPs with one target share one queue's worth of delay: without it, 16 QPs into one
+    #: host held windows of a packet each, and an ACK and a send for every packet cost the
+    #: host more than the bytes (docs/CONGESTION.md, "Latecomers")
+    shared_target_packets: float = 4.0
 
     def validate(self) -> None:
         """Raise ValueError, one line naming the parameter, for an impossible setting."""
@@ -100,6 +112,8 @@ class NsccParams:
             raise ValueError("cc.target_rtt_fraction must be between 0 and 4")
         if not 0 <= self.target_packets <= 64:
             raise ValueError("cc.target_packets must be between 0 and 64")
+        if not 0 <= self.shared_target_packets <= 64:
+            raise ValueError("cc.shared_target_packets must be between 0 and 64")
         if not self.target_delay <= self.target_max <= 1:
             raise ValueError("cc.target_max must be between cc.target_delay and 1 second")
         if self.initial_window < 1:
@@ -111,6 +125,17 @@ class NsccParams:
         for name in ("md_gain", "max_md", "ce_md"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"cc.{name} must be >= 0 and < 1")
+
+
+class PeerShare:
+    """What the NSCC windows of one process's QPs to one peer share: the smallest round trip
+    any of them saw (``value``), and how many of them are open (``members``)."""
+
+    __slots__ = ("value", "members")
+
+    def __init__(self) -> None:
+        self.value = _INF
+        self.members = 0
 
 
 class Nscc(WindowLaw):
@@ -160,6 +185,9 @@ class Nscc(WindowLaw):
         "ce_md",
         "cwnd",
         "floor_ceiling",
+        "share_base",
+        "shared_target_packets",
+        "shared",
         "base_rtt",
         "nack_rtt",
         "active_since",
@@ -202,6 +230,9 @@ class Nscc(WindowLaw):
         self.md_gain = params.md_gain
         self.max_md = params.max_md
         self.ce_md = params.ce_md
+        self.share_base = params.shared_base
+        self.shared_target_packets = params.shared_target_packets
+        self.shared: PeerShare | None = None  # what the QPs to this peer share (join)
         self.cwnd = float(mss * max(1, min(params.initial_window, cap_packets)))
         self.floor_ceiling = self.cwnd
         self.limit = 0  # the window in whole packets, what the requester compares against
@@ -303,14 +334,33 @@ class Nscc(WindowLaw):
 
     # ---- signals -----------------------------------------------------------------------
 
+    def join(self, peers: dict[str, object]) -> None:
+        if self.share_base and self.shared is None:
+            shared = peers.setdefault("nscc", PeerShare())
+            assert isinstance(shared, PeerShare)
+            shared.members += 1
+            self.shared = shared
+
+    def leave(self) -> None:
+        if self.shared is not None:
+            self.shared.members -= 1
+            self.shared = None
+
     def on_ack(self, now: float, acked: int, rtt: float | None, ce: bool) -> None:
         """An ACK acknowledged ``acked`` new payload bytes; ``rtt``: the sample its subject
         gave (None: none, e.g. a retransmitted subject), ``ce``: the subject carried CE."""
         if rtt is not None:
-            if rtt < self.base_rtt:
+            low = rtt
+            shared = self.shared
+            if shared is not None:
+                if rtt < shared.value:
+                    shared.value = rtt
+                else:
+                    low = shared.value  # another QP to this peer saw the path emptier
+            if low < self.base_rtt:
                 if self._next_adapt == _INF:
                     self._next_adapt = now  # the first time scale: quick adapt armed again
-                self.base_rtt = rtt
+                self.base_rtt = low
                 # the target follows the path: a fraction of its base RTT, never below the
                 # configured floor. On a long path a fixed sub-millisecond target is less than
                 # the queue spraying itself builds (a few packet times per bottleneck) and
@@ -436,8 +486,8 @@ class Nscc(WindowLaw):
             self.rate = rate
             if rate > self.best_rate:
                 self.best_rate = rate
-            if self.target_packets and rate > 0.0:
-                self._retarget()
+            if rate > 0.0 and (self.target_packets or self.shared is not None):
+                self._retarget()  # (a sharing QP's partners come and go)
 
     def _span(self, interval: float) -> float:
         """The time one packet takes at this window: a round trip, or more below a packet."""
@@ -445,8 +495,12 @@ class Nscc(WindowLaw):
 
     def _retarget(self) -> None:
         target = self.target_rtt_fraction * self.base_rtt
-        if self.target_packets and self.rate > 0.0:
-            own = self.target_packets * self.mss / self.rate
+        packets = self.target_packets
+        shared = self.shared
+        if shared is not None and shared.members > 1 and self.shared_target_packets > packets:
+            packets = self.shared_target_packets  # one of several QPs to this peer
+        if packets and self.rate > 0.0:
+            own = packets * self.mss / self.rate
             if own > self.target_max:
                 own = self.target_max
             if own > target:
