@@ -13,7 +13,7 @@ import pytest
 
 from mrc.core import QPConfig
 from mrc.core.cc import create
-from mrc.core.cc.nscc import Nscc
+from mrc.core.cc.nscc import Nscc, PeerShare
 
 MSS = 1400
 
@@ -82,4 +82,4 @@ def test_a_qp_joins_once() -> None:
     law.join(peers)
     law.leave()
     share = peers["nscc"]
-    assert getattr(share, "members") == 0
+    assert isinstance(share, PeerShare) and share.members == 0
