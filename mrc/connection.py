@@ -1256,7 +1256,6 @@ async def _client_setup(
             ev_routes=_route_ids(labels),
         )
         qp.connect(reply.qpn, reply.psn)
-        qp.requester.cc.join(_PEERS.setdefault((host, hello.addrs), {}))
         if protection is not None:
             qp.protect(protection)
         channel = endpoint.attach(qp, socks)
@@ -1264,6 +1263,8 @@ async def _client_setup(
         for s in socks:
             s.close()
         raise
+    # only once nothing can fail: Connection.close is what leaves the group again
+    qp.requester.cc.join(_PEERS.setdefault((host, hello.addrs), {}))
     return Connection(
         endpoint,
         channel,

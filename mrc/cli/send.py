@@ -55,6 +55,7 @@ from mrc.stream import BufferSource, GeneratedSource, Source
 from mrc.timed import SLOT, RoundData, send_timed
 from mrc.topology.model import Topology
 from mrc.transfer import IDLE_TIMEOUT, TransferResult
+from mrc.transport.messages import Refused
 from mrc.transport.sockets import IPV6_UDP_HEADERS
 from mrc.units import SIZE_HELP, human_bytes, human_rate
 from mrc.wire import DEFAULT_PORT
@@ -263,7 +264,7 @@ async def _main(args: argparse.Namespace) -> int:
                 hint = (
                     f" (--parallel {args.parallel} needs a receiver that takes "
                     f"{args.parallel} transfers: mrc-recv --count)"
-                    if "refused by the receiver" in str(exc)
+                    if isinstance(exc, Refused)
                     else ""
                 )
                 raise MRCError(f"stream {i + 1} of {args.parallel}: {exc}{hint}") from None

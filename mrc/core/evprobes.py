@@ -8,12 +8,11 @@ a probe unanswered for its timeout breaks the streak.
 
 The timeout is ``probe_timeout`` or three times the slowest recent probe round trip, whichever
 is longer, every reply teaching the round trip (its token carries its probe's send time), even
-one to a probe already given up. With
-a fixed 100 ms, a host whose queues held a second of packets (256 QPs into one receiver on
-loopback) took every probe for lost, so no retired EV came back, every one of them was probed
-again each 100 ms, and the probes and their replies filled the very queue that made them
-late: 20,000 probes a second, and transfers that failed (docs/EV_HEALTH.md, "Probes on a
-slow host").
+one to a probe already given up. With a fixed 100 ms, a host whose queues held a second of
+packets (256 QPs into one receiver on loopback) took every probe for lost, so no retired EV
+came back, every one of them was probed again each 100 ms, and the probes and their replies
+filled the very queue that made them late: 20,000 probes a second, and transfers that failed
+(docs/EV_HEALTH.md, "Probes on a slow host").
 """
 
 from __future__ import annotations

@@ -50,7 +50,11 @@ class MessageError(ControlError):
     """A side-channel message that does not follow the schema; the message names the field."""
 
 
-class RefusedForNow(MRCError):
+class Refused(MRCError):
+    """A listener refused a set-up (its reason is in the message)."""
+
+
+class RefusedForNow(Refused):
     """A listener refused a set-up for now (it gave way to a newer connection while the
     set-up slots were full): trying again at once may well succeed."""
 
@@ -469,9 +473,10 @@ class Refusal:
         return out
 
     def exception(self) -> MRCError:
-        """What a sender raises for it: :class:`RefusedForNow` if it may try again."""
+        """What a sender raises for it: :class:`Refused`, :class:`RefusedForNow` if it may try
+        again."""
         text = f"connection refused by the receiver: {self.error}"
-        return RefusedForNow(text) if self.retry else MRCError(text)
+        return RefusedForNow(text) if self.retry else Refused(text)
 
 
 def parse_reply(obj: object) -> Welcome | Refusal:
