@@ -344,10 +344,15 @@ def versioned(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def json_text(obj: dict[str, Any], indent: int | None = None) -> str:
+    """One JSON object as ``--json`` prints it, stamped by :func:`versioned`."""
+    return json.dumps(versioned(obj), indent=indent)
+
+
 def emit_json(obj: dict[str, Any], indent: int | None = None) -> None:
     """Print one JSON object on stdout, stamped by :func:`versioned`: every command's and tool's
-    ``--json`` goes through here, so none forgets the version."""
-    print(json.dumps(versioned(obj), indent=indent), flush=True)
+    ``--json`` goes through here (or :func:`json_text`), so none forgets the version."""
+    print(json_text(obj, indent), flush=True)
 
 
 def run_main(prog: str, body: Callable[[], int], interrupted: str = "interrupted") -> int:

@@ -22,15 +22,16 @@ from mrc.cli.common import (
     add_key_args,
     add_logging_args,
     configure_logging,
-    emit_json,
     endpoint_arg,
     float_between,
+    json_text,
     load_key,
     parse_endpoint,
     positive_int,
     run_command,
     size_arg,
 )
+from mrc.cli.lineout import LineWriter
 from mrc.cli.metricsopts import add_metrics_args, check_metrics_usage, start_metrics
 from mrc.cli.outputs import DISCARD_WINDOW, Outputs, check_target, discard_bytes, stale_parts
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
@@ -175,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _one(conn: Connection, outputs: Outputs, args: argparse.Namespace, evlog: EVLog) -> bool:
+async def _one(
+    conn: Connection, outputs: Outputs, args: argparse.Namespace, evlog: EVLog, lines: LineWriter
+) -> bool:
     region = conn.granted
     if region is None:
         await conn.close()
@@ -244,15 +247,18 @@ async def _one(conn: Connection, outputs: Outputs, args: argparse.Namespace, evl
         "dropped_by_reason": stats["dropped_by_reason"],
         "error": None if ok else error,
     }
+    # written off the event loop (mrc.cli.lineout): a reader slow to drain a pipe must not
+    # stall the transfers still running
     if args.json:
-        emit_json(out)
+        lines.put(sys.stdout, json_text(out))
     elif ok and result is not None:
-        print(
+        lines.put(
+            sys.stdout,
             f"ok: received {human_bytes(result.bytes)} from {peer} in {result.seconds:.3f} s "
-            f"({human_rate(result.goodput_bps)}); sha256 {result.sha256[:16]}... verified"
+            f"({human_rate(result.goodput_bps)}); sha256 {result.sha256[:16]}... verified",
         )
     if not ok:  # with --json too: every failure is one line on stderr
-        print(f"{PROG}: error: transfer from {peer} failed: {error}", file=sys.stderr)
+        lines.put(sys.stderr, f"{PROG}: error: transfer from {peer} failed: {error}")
     return ok
 
 
@@ -311,6 +317,7 @@ async def _main(args: argparse.Namespace) -> int:
     log.info("listening on %s", ", ".join(f"[{h}]:{listener.port}" for h in hosts))
     failures = 0
     tasks = []
+    lines = LineWriter()
     try:
         for _ in range(args.count):
             try:
@@ -319,7 +326,7 @@ async def _main(args: argparse.Namespace) -> int:
                 conn = await listener.accept(args.timeout, started=True)
             except TimeoutError:
                 raise MRCError(f"no sender connected within {args.timeout:g} s") from None
-            tasks.append(asyncio.ensure_future(_one(conn, outputs, args, evlog)))
+            tasks.append(asyncio.ensure_future(_one(conn, outputs, args, evlog, lines)))
         for ok in await asyncio.gather(*tasks):
             failures += 0 if ok else 1
     except asyncio.CancelledError:
@@ -335,6 +342,7 @@ async def _main(args: argparse.Namespace) -> int:
             await metrics.close()
         outputs.remove_all()
         evlog.close()
+        lines.close()  # every transfer is over: waiting on a slow reader stalls nothing now
     return 1 if failures else 0
 
 
