@@ -169,7 +169,9 @@ async def conclude(
         await conn.send_message(Done(digest, n).to_json())
         reply = await asyncio.wait_for(peer_msg, RESULT_TIMEOUT)
     except (ControlError, TimeoutError) as exc:
-        raise MRCError(f"no verdict from the receiver: {exc or 'timed out'}") from None
+        # a TimeoutError says nothing of itself (its str is empty)
+        why = str(exc) or f"none within {RESULT_TIMEOUT:g} s of the last byte"
+        raise MRCError(f"no verdict from the receiver: {why}") from None
     finally:
         if not peer_msg.done():
             peer_msg.cancel()
