@@ -37,7 +37,7 @@ IDLE = 1  # seconds of silence after which a receiver stops
 TCP_CHUNK = 1 << 20
 
 
-def _udp6_counters() -> dict[str, int]:
+def udp6_counters() -> dict[str, int]:
     """This namespace's Udp6 counters from /proc/net/snmp6 (receive-buffer drops etc.)."""
     out: dict[str, int] = {}
     with contextlib.suppress(OSError), open("/proc/net/snmp6") as f:
@@ -94,7 +94,7 @@ def udp_recv(port: int, size: int, duration: float, wait: float, gro: bool) -> i
     if first is None:
         _emit({"error": f"no datagram within {wait:g} s"})
         return 1
-    before = _udp6_counters()
+    before = udp6_counters()
     t0 = now = time.perf_counter()
     end = t0 + duration
     count = 1
@@ -116,7 +116,7 @@ def udp_recv(port: int, size: int, duration: float, wait: float, gro: bool) -> i
         now = time.perf_counter() - IDLE
         stopped_early = True
     seconds = now - t0
-    after = _udp6_counters()
+    after = udp6_counters()
     _emit(
         {
             "received": count,
