@@ -54,13 +54,15 @@ class _Sample:
 
 def _sample(streams: list[Stream], now: float, final: list[int] | None = None) -> _Sample:
     done = final if final is not None else [s.progress() for s in streams]
-    stats = [s.conn.stats() for s in streams]
+    # the two counters straight from each QP's stats: Connection.stats() reads every counter
+    # (about 65 us), ten times a second for each of up to 256 streams
+    stats = [s.conn.qp.stats for s in streams]
     return _Sample(
         now,
         sum(done),
-        sum(int(st["retransmits"]) for st in stats),  # type: ignore[call-overload]
+        sum(st.retransmits for st in stats),
         # retransmissions a trimmed-packet NACK queued: one per trim the receiver reported
-        sum(int(st["retransmits_nack"]) for st in stats),  # type: ignore[call-overload]
+        sum(st.retransmits_nack for st in stats),
     )
 
 
