@@ -152,6 +152,8 @@ class Requester:
         # when an ACK last acknowledged something new: a packet sent after it that times out
         # met a silent peer, not (known) a bad path (handle_timer)
         self._progress_at = _NEG_INF
+        # when an ACK was last believed, news or not: what a failure reports the peer did
+        self._heard_at = _NEG_INF
         self._probes = 0  # probes at the head of _retransmit, sent past the window
         self.health = config.ev_health
         # seq & _RING_MASK -> (seq << 16) | EV port of seq's latest transmission (-1: none)
@@ -599,7 +601,7 @@ class Requester:
         if pkt.timeouts > limit:
             self.fail(
                 f"retry budget exhausted: PSN {to_psn(self.initial_psn, seq)} "
-                f"unacknowledged after {limit} timeouts (peer unreachable or gone)"
+                f"unacknowledged after {limit} timeouts; {self._what_was_heard(now)}"
             )
             return False
         pkt.deadline = _INF
@@ -608,6 +610,27 @@ class Requester:
         self.stats.retransmits_timeout += 1
         self.cc.on_timeout(now)
         return True
+
+    def _what_was_heard(self, now: float) -> str:
+        """What the peer's side of the QP showed before it failed, for the failure's message:
+        "gone" is a guess the sender cannot make (a receiver too busy to answer in time, or
+        one whose ACKs take a path that drops, look the same from here)."""
+        refused = sum(
+            self.stats.dropped_by_reason.get(k, 0) for k in ("ack_not_sent", "ack_wrong_ev")
+        )
+        why = f", and {refused} ACKs were refused as not ours" if refused else ""
+        if self._heard_at == _NEG_INF:
+            return f"no ACK ever came back (peer unreachable, not answering, or gone{why})"
+        told = f"{self._snd_una} packets acknowledged in all{why}"
+        last = f"the last ACK came {now - self._heard_at:.1f} s ago"
+        if self._heard_at <= self._progress_at:
+            return f"{last} ({told})"
+        news = (
+            f"{now - self._progress_at:.1f} s ago"
+            if self._progress_at != _NEG_INF
+            else "never acknowledged anything new"
+        )
+        return f"{last}, the last that acknowledged anything new {news} ({told})"
 
     def _time_out_silence(self, silent: list[int], now: float) -> None:
         """Of the packets that timed out in silence, the oldest is resent (blaming no EV);
@@ -707,6 +730,7 @@ class Requester:
             is_nack, subj_seq, subject, ev_port, psnw, bitmap, ports
         ):
             return
+        self._heard_at = now
         subj_sent = self.recovery.subject_sent_at(
             subj_seq, latest.sent_at if latest is not None else None
         )

@@ -24,7 +24,7 @@ from mrc.core.qp import QueuePair
 from mrc.security.packet import DATA_OVERHEAD as _SEAL_OVERHEAD
 from mrc.transport import ecn as _ecn
 from mrc.transport import gso
-from mrc.transport.sockets import datagram_room
+from mrc.transport.sockets import datagram_room, rcvbuf_drops
 
 # The core's clock: CLOCK_MONOTONIC with microsecond resolution. (uvloop's loop.time() has
 # millisecond resolution, which would round every send time, RTT sample and reordering window.)
@@ -100,6 +100,8 @@ class QPChannel:
                 fits,
             )
             self.gso_error = f"payload too large for the path MTU (at most {fits} bytes fits)"
+        # the kernel's receive-buffer drops when the QP started: a failure says how many more
+        self.drops_at_start = rcvbuf_drops()
         # called with every EV state transition (Connection.on_ev_change sets it)
         self.on_ev_event: Callable[[EVStateChanged], None] | None = None
         # called once, when this QP first takes a datagram (not one it dropped): how a
@@ -109,6 +111,12 @@ class QPChannel:
     def fail(self, reason: str) -> None:
         if self.error is not None:
             return
+        drops = rcvbuf_drops()
+        if drops is not None and self.drops_at_start is not None and drops > self.drops_at_start:
+            reason += (
+                f"; meanwhile this host's kernel dropped {drops - self.drops_at_start} UDP "
+                "datagrams for lack of socket receive-buffer room (all sockets together)"
+            )
         self.error = reason
         self.error_event.set()
         for fut in self.pending.values():

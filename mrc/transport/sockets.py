@@ -24,6 +24,24 @@ RCVBUF = 16 << 20
 SNDBUF = 4 << 20
 
 
+def udp6_counters() -> dict[str, int]:
+    """This namespace's Udp6 counters from /proc/net/snmp6 ({} if unreadable)."""
+    out: dict[str, int] = {}
+    with contextlib.suppress(OSError), open("/proc/net/snmp6") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 2 and parts[0].startswith("Udp6"):
+                out[parts[0]] = int(parts[1])
+    return out
+
+
+def rcvbuf_drops() -> int | None:
+    """Datagrams this namespace's kernel dropped for lack of room in a UDP socket's receive
+    buffer, all sockets together (None: unknown). A QP that fails reports how many more there
+    were meanwhile: evidence of a host too busy to read, not of a peer gone."""
+    return udp6_counters().get("Udp6RcvbufErrors")
+
+
 def _grow_buffer(sock: socket.socket, force: int, plain: int, size: int) -> None:
     """Ask for a big buffer; as root the FORCE variant ignores net.core.[rw]mem_max."""
     try:

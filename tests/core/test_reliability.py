@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 
 import pytest
@@ -113,6 +114,37 @@ def test_default_budget_gives_up_in_bounded_time() -> None:
     bound = cfg.initial_rto + cfg.max_timeout_retries * cfg.max_rto
     assert net.now <= bound + 1e-6
     assert "retry budget exhausted" in fail.reason
+
+
+def test_a_failure_says_whether_the_peer_ever_answered() -> None:
+    """Seen on an earlier main: 64 QPs into one busy receiver failed with "peer unreachable
+    or gone" while the peer was alive and had acknowledged most of the data. The message now
+    says what the QP heard: no ACK ever, or when the last one came and how much it had."""
+    net = RecordingNetwork(5, Faults(loss=1.0))
+    net.add_host("a")
+    net.add_host("b")
+    qa, qb = net.connect("a", "b", evs=4, config=_budget_config(2))
+    t = make_transfer(net, "a", "b", qa, qb, [10_000], 5)
+    t.post(0, 0, b"x" * 5000)
+    assert net.run(max_time=100.0)
+    (fail,) = failures(net)
+    assert "no ACK ever came back" in fail.reason and "gone" in fail.reason
+
+    net = RecordingNetwork(6, Faults())
+    net.add_host("a")
+    net.add_host("b")
+    qa, qb = net.connect("a", "b", evs=4, config=_budget_config(2))
+    t = make_transfer(net, "a", "b", qa, qb, [200_000], 6)
+    t.post(0, 0, b"y" * 100_000)
+    assert net.run(until=lambda: qa.requester.acked_packets >= 20, max_time=100.0)
+    net.faults.loss = 1.0  # the peer stops answering after 20 packets or more
+    t.post(0, 100_000, b"z" * 50_000)
+    assert net.run(max_time=net.now + 100.0)
+    (fail,) = failures(net)
+    assert "no ACK ever" not in fail.reason
+    got = re.search(r"the last ACK came ([0-9.]+) s ago \((\d+) packets acknowledged", fail.reason)
+    assert got is not None, fail.reason
+    assert float(got[1]) > 0 and int(got[2]) == qa.requester.acked_packets >= 20
 
 
 def test_budget_counts_per_packet_not_per_connection() -> None:

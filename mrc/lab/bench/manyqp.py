@@ -42,8 +42,8 @@ from mrc.lab.harness.fabric import unwind_on_sigterm
 from mrc.lab.harness.hosts import tool_path, wait_listening
 from mrc.lab.harness.machine import loadavg, machine_info
 from mrc.lab.harness.output import last_json, last_line
-from mrc.lab.harness.peers import udp6_counters
 from mrc.lab.harness.stats import median
+from mrc.transport.sockets import udp6_counters
 from mrc.units import human_bytes
 
 TOOL = "bench_manyqp"

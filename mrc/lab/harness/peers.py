@@ -28,24 +28,13 @@ import time
 from collections.abc import Callable
 
 from mrc.transport.gso import SOL_UDP, UDP_GRO, UDP_SEGMENT
-from mrc.transport.sockets import SO_RCVBUFFORCE, SO_SNDBUFFORCE
+from mrc.transport.sockets import SO_RCVBUFFORCE, SO_SNDBUFFORCE, udp6_counters
 
 RCVBUF = 64 << 20
 SNDBUF = 4 << 20
 CHUNK = 256  # sends or receives per tight inner loop between clock checks
 IDLE = 1  # seconds of silence after which a receiver stops
 TCP_CHUNK = 1 << 20
-
-
-def udp6_counters() -> dict[str, int]:
-    """This namespace's Udp6 counters from /proc/net/snmp6 (receive-buffer drops etc.)."""
-    out: dict[str, int] = {}
-    with contextlib.suppress(OSError), open("/proc/net/snmp6") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) == 2 and parts[0].startswith("Udp6"):
-                out[parts[0]] = int(parts[1])
-    return out
 
 
 def _emit(obj: dict[str, object]) -> None:
