@@ -41,8 +41,8 @@ _NEG_INF = float("-inf")
 #: ``_sent_ring`` remembers, for this many of the latest sequence numbers, the EV port of each
 #: one's latest transmission: enough to recognise the genuine ACK of a packet acknowledged
 #: moments ago (the other SACKs of one flush share a subject that the first one acknowledged).
-#: ``_resent_ports`` keeps the ports of the earlier transmissions of the packets resent among
-#: them, and is pruned to that span once it holds twice as many entries.
+#: ``_resent_ports`` keeps the ports (and send times) of the earlier transmissions of the packets
+#: resent among them, and is pruned to that span once it holds twice as many entries.
 _RING = 1 << 12
 _RING_MASK = _RING - 1
 _BECN = wire.BTH_BECN << 24
@@ -160,7 +160,7 @@ class Requester:
         self._sent_ring = [-1] * _RING
         # seq -> EV ports of its transmissions before the latest, for packets resent: an ACK
         # echoing one of them answers a copy that arrived after all (_believed)
-        self._resent_ports: dict[int, tuple[int, ...]] = {}
+        self._resent_ports: dict[int, tuple[tuple[int, float], ...]] = {}
         # the EV of the burst being sent and how many more new packets it takes
         self._burst_ev = 0
         self._burst_left = 0
@@ -278,7 +278,7 @@ class Requester:
             if pkt.deadline == _INF:
                 self._waiting -= 1
                 rtx_limit -= 1
-            self._note_resent(seq, evs.ports[pkt.ev])
+            self._note_resent(seq, evs.ports[pkt.ev], pkt.sent_at)
             if probe and pkt.probed is not None:
                 # the probe goes through the same NIC queue as what it probes (else it may
                 # overtake it there, and its arriving first would prove nothing), on
@@ -300,13 +300,14 @@ class Requester:
                 held = True
         return held
 
-    def _note_resent(self, seq: int, port: int) -> None:
-        """``seq`` goes out again: remember ``port``, its transmission until now, so that the
-        ACK of that copy, should it arrive after all, is still believed (``_believed``).
+    def _note_resent(self, seq: int, port: int, sent_at: float) -> None:
+        """``seq`` goes out again: remember ``port`` and ``sent_at``, its transmission until
+        now, so that the ACK of that copy, should it arrive after all, is still believed
+        (``_believed``) and gives that copy's round trip (``_earlier_copy_rtt``).
         Entries older than the ring's span are dropped when the table outgrows twice it:
         their ACKs are refused as not sent anyway."""
         resent = self._resent_ports
-        resent[seq] = resent.get(seq, ()) + (port,)
+        resent[seq] = resent.get(seq, ()) + ((port, sent_at),)
         if len(resent) > 2 * _RING:
             floor = self._next_seq - _RING
             for old in [s for s in resent if s < floor]:
@@ -823,7 +824,7 @@ class Requester:
             (subj_seq << 16) | ev_port
         ):
             return True  # acknowledged moments ago, on the EV this ACK echoes
-        elif ev_port in self._resent_ports.get(subj_seq, ()):
+        elif any(port == ev_port for port, _t in self._resent_ports.get(subj_seq, ())):
             stats.acks_earlier_copy += 1  # the answer to a copy from before a resend
             return True
         else:
@@ -854,11 +855,12 @@ class Requester:
                 marked = latest.ev if latest is not None else evs.index_of_port[ev_port]
                 evs.marked(marked, now, self._ce_memory(), self.config.ecn_steering)
         if latest is None:
-            if subject is not None:
-                # a copy from before the latest resend arrived: whatever that resend probed
-                # was not (all) lost, and the round trip is not the latest copy's
-                subject.probed = None
-            return None
+            if subject is None:
+                return None
+            # a copy from before the latest resend arrived: whatever that resend probed was
+            # not (all) lost, and the round trip is that copy's
+            subject.probed = None
+            return self._earlier_copy_rtt(subj, ev_port, now)
         if latest.probed is not None:
             self._probe_answered(latest, bool(subj & _SUBJECT_DUP), now)
         if latest.ambiguous or subj & _SUBJECT_DUP:
@@ -867,6 +869,27 @@ class Requester:
         self.rtt.sample(rtt_sample)
         if evs.steering is not None:
             evs.plane_rtt(evs.planes[latest.ev], rtt_sample, now)
+        return rtt_sample
+
+    def _earlier_copy_rtt(self, subj: int, ev_port: int, now: float) -> float | None:
+        """The round trip of the earlier copy of a packet still in flight that an ACK answers
+        (it echoes that copy's EV), as a sample, when no other copy went on that EV.
+
+        Karn's rule withholds the samples of retransmitted packets because an ACK could answer
+        any copy; ours names the copy by its EV. A timeout that was only a late ACK (a receiver
+        whose queue grew faster than the RTO followed) is resent, and without these samples
+        the RTO never learned the longer round trip: 256 QPs into one busy receiver had every
+        packet resent by timeout and tail loss probe, again and again, the RTO stuck at what
+        an idle receiver had taught it (docs/PROTOCOL.md, "Retransmission timeout")."""
+        if subj & _SUBJECT_DUP:
+            return None
+        seq = to_seq(self.initial_psn, subj & wire.PSN_MASK, self._snd_una)
+        sent = [t for port, t in self._resent_ports.get(seq, ()) if port == ev_port]
+        if len(sent) != 1:
+            return None
+        self.stats.rtt_earlier_copy += 1
+        rtt_sample = now - sent[0]
+        self.rtt.sample(rtt_sample)
         return rtt_sample
 
     def _acknowledged(

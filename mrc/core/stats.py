@@ -84,6 +84,11 @@ class QPStats:
         "probe of a packet that was only queued, or a resend overtaken by the ACK it awaited)",
         json=SEND,
     )
+    rtt_earlier_copy: int = counter(
+        "RTT samples taken from the ACK of a copy sent before the latest resend of its subject "
+        "(the ACK names the copy by its EV; the RTO learns a round trip a timeout fell short of)",
+        json=SEND,
+    )
     acks_sent: int = counter("ACKs (SACKs) sent to the peer", metric="mrc_qp_sent_acks", json=RECV)
     nacks_sent: int = counter("NACKs sent to the peer", metric="mrc_qp_sent_nacks", json=RECV)
     trims_seen: int = counter(

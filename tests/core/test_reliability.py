@@ -147,6 +147,35 @@ def test_a_failure_says_whether_the_peer_ever_answered() -> None:
     assert float(got[1]) > 0 and int(got[2]) == qa.requester.acked_packets >= 20
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_the_rto_learns_a_round_trip_that_grew_past_it(seed: int) -> None:
+    """Seen on an earlier main: 256 QPs into one busy receiver, whose socket queue held tens
+    of milliseconds, timed out nearly every packet and resent it, again and again (one run in
+    three: 166,000 timeouts for 192,000 packets, 200 s instead of 22). The ACKs that came
+    answered the first copies, and Karn's rule took no RTT sample from them, so the RTO stayed
+    at what an idle receiver had taught it. An ACK names its copy by the EV it echoes: the
+    first copy's round trip is a sample, and the RTO follows the longer round trip."""
+    net = RecordingNetwork(seed, Faults())
+    net.add_host("a")
+    net.add_host("b")
+    cfg = QPConfig(payload_size=1000, max_outstanding=32, cc="fixed")
+    qa, qb = net.connect("a", "b", evs=8, config=cfg)
+    t = make_transfer(net, "a", "b", qa, qb, [2_000_000], seed)
+    rng = random.Random(seed)
+    t.post(0, 0, rng.randbytes(1_000_000))
+    assert net.run(until=lambda: qa.requester.acked_packets >= 200, max_time=100)
+    assert qa.requester.rtt.rto == cfg.min_rto  # an idle path: the floor
+    before = qa.stats.retransmits_timeout
+    net.faults.delay = 0.15  # a round trip of 0.3 s: six times the RTO
+    t.post(0, 1_000_000, rng.randbytes(300_000))
+    assert run_until(net, [t], max_time=1000)
+    t.check_final()
+    # before: 749-2,067 timeouts for these 300 packets, the RTO at 0.05-0.17 s at the end
+    assert qa.stats.retransmits_timeout - before < 100
+    assert qa.stats.rtt_earlier_copy > 0
+    assert qa.requester.rtt.rto >= 0.3
+
+
 def test_budget_counts_per_packet_not_per_connection() -> None:
     """Progress resets nothing to fail on: 20% loss over many packets must not exhaust a
     budget of 12 timeouts even though hundreds of timeouts happen in total."""
