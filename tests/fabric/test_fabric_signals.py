@@ -233,8 +233,15 @@ def _ms(values: list[float], q: float) -> float:
     return round(values[min(len(values) - 1, int(q * len(values)))] * 1000, 3)
 
 
-def measure(topo: Topology, port: int) -> dict:
-    """One incast with taps at leaf p0l0 (host ports in, spine port out) and at h0."""
+#: trimmed headers a measurement wants before it compares medians
+MIN_TRIMMED = 21
+#: incasts a measurement may run to collect them
+MAX_ROUNDS = 4
+
+
+def _one_incast(topo: Topology, port: int) -> tuple[dict[str, list[float]], list[float]]:
+    """One incast with taps at leaf p0l0 (host ports in, spine port out) and at h0: the
+    router sojourns of the packets it forwarded and h0's NACK round trips."""
     leaf = topo.netns_of("p0l0")
     tap = Tap([(leaf, "h0"), (leaf, "h1"), (leaf, "s0"), (topo.netns_of("h0"), "p0")])
     tap.open()
@@ -249,8 +256,24 @@ def measure(topo: Topology, port: int) -> dict:
     check_complete(run, topo, 8 << 20)
     soj = router_sojourns(tap, ingress={0, 1}, egress=2)
     h0 = Tap(tap.ports[3:], [f for f in tap.frames if f[0] == 3])
-    rtts = nack_rtts(h0)
+    return soj, nack_rtts(h0)
+
+
+def measure(topo: Topology, port: int) -> dict:
+    """Router sojourns and NACK round trips of incasts, run until MIN_TRIMMED headers were
+    trimmed (at most MAX_ROUNDS). On a busy machine the two senders start further apart and
+    one incast may trim only a few packets: more incasts, not a weaker assertion."""
+    soj: dict[str, list[float]] = {"whole": [], "trimmed": []}
+    rtts: list[float] = []
+    rounds = 0
+    while rounds < MAX_ROUNDS and len(soj["trimmed"]) < MIN_TRIMMED:
+        one, more = _one_incast(topo, port + 100 * rounds)
+        rounds += 1
+        for k in soj:
+            soj[k] += one[k]
+        rtts += more
     return {
+        "rounds": rounds,
         "whole": len(soj["whole"]),
         "trimmed": len(soj["trimmed"]),
         "whole_sojourn_ms_p50": _ms(soj["whole"], 0.5),
