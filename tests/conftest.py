@@ -35,11 +35,21 @@ def netns_skip_reason() -> str | None:
 @pytest.fixture
 def two_hosts() -> Iterator[TwoHosts]:
     """Hosts A and B joined by two veth links (planes): A=fd00:<p+1>::1, B=fd00:<p+1>::2."""
+    yield from _two_hosts(9000)
+
+
+@pytest.fixture
+def two_hosts_1500() -> Iterator[TwoHosts]:
+    """As two_hosts, with Ethernet's usual MTU of 1500 on both links."""
+    yield from _two_hosts(1500)
+
+
+def _two_hosts(mtu: int) -> Iterator[TwoHosts]:
     reason = netns_skip_reason()
     if reason is not None:
         pytest.skip(reason)
     prefix = f"mrct{os.getpid()}-{next(_ns_counter)}"
-    hosts = TwoHosts(prefix, links=2)
+    hosts = TwoHosts(prefix, links=2, mtu=mtu)
     try:
         hosts.create()
         _pin_neighbours(hosts)

@@ -56,7 +56,7 @@ from mrc.timed import SLOT, RoundData, send_timed
 from mrc.topology.model import Topology
 from mrc.transfer import IDLE_TIMEOUT, TransferResult
 from mrc.transport.messages import Refused
-from mrc.transport.sockets import IPV6_UDP_HEADERS
+from mrc.transport.sockets import IPV6_UDP_HEADERS, path_room
 from mrc.units import SIZE_HELP, human_bytes, human_rate
 from mrc.wire import DEFAULT_PORT
 
@@ -121,10 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         metavar="BYTES",
-        help=f"payload bytes per packet (default {DEFAULT_PAYLOAD}, or "
-        f"{DEFAULT_PAYLOAD - DATA_OVERHEAD} with a key, so that protected packets are "
-        f"no larger; with --fabric, up to {FABRIC_PAYLOAD} as the fabric's MTU allows: "
-        "1380 at MTU 1500; 8192 or more for jumbo/loopback)",
+        help=f"payload bytes per packet (default: the most that fits the path MTU, up to "
+        f"{FABRIC_PAYLOAD}: 1420 at MTU 1500, 1380 on a fabric of MTU 1500 (its routing "
+        f"header), {FABRIC_PAYLOAD} on loopback and jumbo links; {DEFAULT_PAYLOAD} where the "
+        f"MTU is unknown; {DATA_OVERHEAD} less with a key, so that protected packets are no "
+        "larger; -v says what was picked and why)",
     )
     p.add_argument(
         "--window",
@@ -198,28 +199,49 @@ MAX_PARALLEL = 256
 
 DEFAULT_WINDOW = 512
 DEFAULT_PAYLOAD = 1400
-#: the payload with ``--fabric`` where the MTU leaves room: a jumbo fabric carries 8 KiB in one
-#: datagram, and 1400-byte packets there leave 8% of every link to headers
+#: the payload where the path's MTU leaves room (a jumbo fabric, loopback): 8 KiB in one
+#: datagram, where 1400-byte packets leave 8% of every link to headers and cost six times the
+#: per-packet work
 FABRIC_PAYLOAD = 8192
 
 
-def _default_payload(args: argparse.Namespace, fabric: Topology | None) -> int:
-    """The payload when ``--payload`` is not given: DEFAULT_PAYLOAD (less the seal's overhead
-    with a key); on a fabric whose MTU is known, FABRIC_PAYLOAD cut to what fits that MTU with
-    its longest routing header (fragmented datagrams cost half the goodput, and small ones
-    their headers' share; docs/PROTOCOL.md, "Sizes")."""
+def _default_payload(
+    args: argparse.Namespace, fabric: Topology | None, host: str, port: int
+) -> tuple[int, str]:
+    """The payload when ``--payload`` is not given, and why: FABRIC_PAYLOAD cut to what fits
+    the path's MTU (with a fabric, its MTU and longest routing header; else the route to
+    ``host`` from each --from address, as the kernel reports it) less the seal's overhead with
+    a key; DEFAULT_PAYLOAD where the MTU is unknown. Fragmented datagrams cost half the
+    goodput, and small ones their headers' share and a packet's work each (docs/PROTOCOL.md,
+    "Sizes")."""
     seal = DATA_OVERHEAD if args.key_file else 0
-    payload = DEFAULT_PAYLOAD - seal
+    room: int | None = None
     if fabric is not None and fabric.mtu > 0:
-        room = fabric.mtu - IPV6_UDP_HEADERS - largest_srh(fabric) - wire.DATA_IMM_HDR_LEN - seal
-        payload = min(FABRIC_PAYLOAD - seal, max(room, 64))
+        room = fabric.mtu - IPV6_UDP_HEADERS - largest_srh(fabric)
+        why = f"fabric MTU {fabric.mtu}"
+    elif fabric is None:
+        rooms = [path_room(host, port, a) for a in (args.local or [None])]
+        if rooms and None not in rooms:
+            room = min(r for r in rooms if r is not None)
+            why = f"path MTU {room + IPV6_UDP_HEADERS} to {host}"
+    if room is None:
+        return DEFAULT_PAYLOAD - seal, "path MTU unknown"
+    payload = min(FABRIC_PAYLOAD, room - wire.DATA_IMM_HDR_LEN) - seal
+    return max(payload, 64), why
+
+
+def _payload(args: argparse.Namespace, fabric: Topology | None, host: str, port: int) -> int:
+    """--payload, or the default for this path (said with -v)."""
+    if args.payload is not None:
+        return int(args.payload)
+    payload, why = _default_payload(args, fabric, host, port)
+    log.info("payload %d bytes per packet (%s; --payload to choose)", payload, why)
     return payload
 
 
-def _config(args: argparse.Namespace, fabric: Topology | None = None) -> QPConfig:
+def _config(args: argparse.Namespace, payload: int) -> QPConfig:
     """The QP settings the flags ask for; raises ValueError (bad usage) if impossible."""
     window = args.window or DEFAULT_WINDOW
-    payload = args.payload if args.payload is not None else _default_payload(args, fabric)
     config = QPConfig(payload_size=payload, burst=args.burst, cc=args.cc)
     apply_settings(with_window(config, window), args.qp)
     config.validate()
@@ -230,9 +252,9 @@ async def _main(args: argparse.Namespace) -> int:
     host, port = parse_endpoint(args.to)
     key = load_key(args)
     fabric = load_fabric(args.fabric, args.fabric_host)
-    config = _config(args, fabric)
-    args.payload = config.payload_size
     host = host_address(fabric, host)
+    config = _config(args, _payload(args, fabric, host, port))
+    args.payload = config.payload_size
     local = args.local or local_plane_addrs(fabric, args.fabric_host)
     data, label = _load(args)
     size = 2 * data.slot if isinstance(data, RoundData) else data.size
@@ -380,8 +402,8 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     check_metrics_usage(parser, args)
     if args.parallel > MAX_PARALLEL:
         parser.error(f"--parallel: at most {MAX_PARALLEL} streams, not {args.parallel}")
-    try:
-        _config(args)
+    try:  # the flags alone (the path's default payload is in range whatever it is)
+        _config(args, args.payload if args.payload is not None else DEFAULT_PAYLOAD)
     except ValueError as exc:
         parser.error(str(exc))
 

@@ -99,6 +99,21 @@ def ev_socket(local: str, peer: tuple[str, int], srh: bytes | None = None) -> so
     return sock
 
 
+def path_room(host: str, port: int, local: str | None = None) -> int | None:
+    """:func:`datagram_room` of the route to ``(host, port)`` (from ``local``, if given),
+    asked of a socket connected for the purpose: no datagram is sent. None where the kernel
+    does not say, or there is no route."""
+    family = family_of(host)
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            if local is not None:
+                sock.bind((local, 0))
+            sock.connect((host, port))
+            return datagram_room(sock)
+    except OSError:
+        return None
+
+
 def datagram_room(sock: socket.socket) -> int | None:
     """The largest UDP payload a connected EV socket sends without IP fragmentation: its path
     MTU less the IPv6 and UDP headers and its sticky routing header (SRH), if any; None where

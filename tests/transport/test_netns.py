@@ -22,6 +22,18 @@ def rx_bytes(ns: str) -> dict[str, int]:
     return {i["ifname"]: i["stats64"]["rx"]["bytes"] for i in json.loads(res.stdout)}
 
 
+def _fragments_made(ns: str) -> int:
+    """Ip6FragCreates of ``ns``: fragments its kernel made of datagrams too big for a link."""
+    res = subprocess.run(
+        ["ip", "netns", "exec", ns, "cat", "/proc/net/snmp6"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    counters = dict(line.split() for line in res.stdout.splitlines() if line.strip())
+    return int(counters["Ip6FragCreates"])
+
+
 def test_64mib_over_two_planes(two_hosts, mrc_tools) -> None:
     h = two_hosts
     planes = [h.link_names(p)[1] for p in range(2)]  # B's end of each link
@@ -86,3 +98,35 @@ def test_64mib_over_two_planes(two_hosts, mrc_tools) -> None:
     assert sum(got.values()) >= 64 * MiB, (got, s["data_packets"])
     for ifname in planes:
         assert got[ifname] >= 0.3 * sum(got.values()), (got, s["retransmits"])
+
+
+def test_the_default_payload_fits_the_path_mtu(two_hosts_1500, mrc_tools) -> None:
+    """Without --payload, mrc-send asks the kernel for the path MTU of each plane's route and
+    sends the largest payload that fits the smallest (8 KiB at most), and says so with -v:
+    1500 - 40 (IPv6) - 8 (UDP) - 32 (MRC headers) = 1420 bytes, no datagram fragmented."""
+    h = two_hosts_1500
+    recv = mrc_tools.start(
+        "mrc-recv",
+        *("--listen", f"[{h.b_addrs[0]}]:{PORT}", "--listen", f"[{h.b_addrs[1]}]:{PORT}"),
+        *("--discard", "--json"),
+        ns=h.b,
+    )
+    recv.wait_listening(PORT)
+    frags = _fragments_made(h.a)
+    send = mrc_tools.run(
+        "mrc-send",
+        *("--size", "4M", "--to", f"[{h.b_addrs[0]}]:{PORT}"),
+        *("--from", h.a_addrs[0], "--from", h.a_addrs[1], "--json", "-v"),
+        ns=h.a,
+        timeout=60,
+    )
+    r = recv.wait(30)
+    assert send.returncode == 0, send.describe()
+    assert r.returncode == 0, r.describe()
+    s, rv = send.json, r.json
+    assert s["payload"] == 1500 - 40 - 8 - 32 == 1420
+    assert "payload 1420 bytes per packet (path MTU 1500 to" in send.stderr, send.stderr
+    assert s["sha256"] == s["sha256_receiver"] == rv["sha256"] and rv["bytes"] == 4 * MiB
+    # datagrams that fit go whole: the sender's kernel cut none into fragments
+    assert "exceed what the path MTU leaves" not in send.stderr
+    assert _fragments_made(h.a) == frags
