@@ -17,16 +17,21 @@ from mrc.core.config import QPConfig
 HOST = "::1"
 
 
-async def test_retry_budget_exhausted_is_one_error_and_no_asyncio_warnings() -> None:
-    loop = asyncio.get_running_loop()
-    reported: list[dict[str, object]] = []
-    loop.set_exception_handler(lambda _loop, ctx: reported.append(ctx))
+async def _impatient_pair() -> tuple[mrc.Listener, mrc.Connection]:
+    """A listener with an "inbox" and a QP to it that gives up after two short timeouts."""
     listener = await mrc.listen(HOST, 0)
     listener.register(bytearray(1 << 20), name="inbox")
     cfg = QPConfig(
         payload_size=1024, initial_rto=0.01, min_rto=0.01, max_rto=0.02, max_timeout_retries=2
     )
-    conn = await mrc.connect(HOST, listener.port, evs=4, config=cfg)
+    return listener, await mrc.connect(HOST, listener.port, evs=4, config=cfg)
+
+
+async def test_retry_budget_exhausted_is_one_error_and_no_asyncio_warnings() -> None:
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, ctx: reported.append(ctx))
+    listener, conn = await _impatient_pair()
     try:
         peer = await listener.accept(timeout=5)
         # the receiver's QP goes away (as if its process froze): nothing is acknowledged again
@@ -69,12 +74,7 @@ async def test_a_failure_names_the_kernel_drops_seen_meanwhile() -> None:
     """Seen on an earlier main: 64 QPs into one receiver failed blaming a peer that was alive
     while the kernel dropped 152,753 datagrams for lack of receive-buffer room. A QP that
     fails now says how many the kernel dropped while it ran (and what it heard)."""
-    listener = await mrc.listen(HOST, 0)
-    listener.register(bytearray(1 << 20), name="inbox")
-    cfg = QPConfig(
-        payload_size=1024, initial_rto=0.01, min_rto=0.01, max_rto=0.02, max_timeout_retries=2
-    )
-    conn = await mrc.connect(HOST, listener.port, evs=4, config=cfg)
+    listener, conn = await _impatient_pair()
     try:
         peer = await listener.accept(timeout=5)
         region = conn.remote["inbox"]

@@ -22,6 +22,18 @@ def rx_bytes(ns: str) -> dict[str, int]:
     return {i["ifname"]: i["stats64"]["rx"]["bytes"] for i in json.loads(res.stdout)}
 
 
+def _receiver_on_both_planes(h, mrc_tools):  # noqa: ANN001, ANN202
+    """mrc-recv --discard in B, listening on its address in each plane, ready."""
+    recv = mrc_tools.start(
+        "mrc-recv",
+        *("--listen", f"[{h.b_addrs[0]}]:{PORT}", "--listen", f"[{h.b_addrs[1]}]:{PORT}"),
+        *("--discard", "--json"),
+        ns=h.b,
+    )
+    recv.wait_listening(PORT)
+    return recv
+
+
 def _fragments_made(ns: str) -> int:
     """Ip6FragCreates of ``ns``: fragments its kernel made of datagrams too big for a link."""
     res = subprocess.run(
@@ -37,17 +49,7 @@ def _fragments_made(ns: str) -> int:
 def test_64mib_over_two_planes(two_hosts, mrc_tools) -> None:
     h = two_hosts
     planes = [h.link_names(p)[1] for p in range(2)]  # B's end of each link
-    recv = mrc_tools.start(
-        "mrc-recv",
-        "--listen",
-        f"[{h.b_addrs[0]}]:{PORT}",
-        "--listen",
-        f"[{h.b_addrs[1]}]:{PORT}",
-        "--discard",
-        "--json",
-        ns=h.b,
-    )
-    recv.wait_listening(PORT)
+    recv = _receiver_on_both_planes(h, mrc_tools)
     before = rx_bytes(h.b)
     send = mrc_tools.run(
         "mrc-send",
@@ -105,13 +107,7 @@ def test_the_default_payload_fits_the_path_mtu(two_hosts_1500, mrc_tools) -> Non
     sends the largest payload that fits the smallest (8 KiB at most), and says so with -v:
     1500 - 40 (IPv6) - 8 (UDP) - 32 (MRC headers) = 1420 bytes, no datagram fragmented."""
     h = two_hosts_1500
-    recv = mrc_tools.start(
-        "mrc-recv",
-        *("--listen", f"[{h.b_addrs[0]}]:{PORT}", "--listen", f"[{h.b_addrs[1]}]:{PORT}"),
-        *("--discard", "--json"),
-        ns=h.b,
-    )
-    recv.wait_listening(PORT)
+    recv = _receiver_on_both_planes(h, mrc_tools)
     frags = _fragments_made(h.a)
     send = mrc_tools.run(
         "mrc-send",
