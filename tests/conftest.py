@@ -198,27 +198,36 @@ class Running:
             time.sleep(0.01)
 
     def wait_listening(self, port: int, timeout: float = 10.0) -> None:
-        """Wait until the process has a TCP socket listening on ``port`` (in its namespace:
-        /proc/PID/net shows the namespace of the process). mrc-recv opens its UDP sockets
-        before the TCP side channel, so this means it is ready."""
-        deadline = time.monotonic() + timeout
-        want = f":{port:04X} "
-        while time.monotonic() < deadline:
+        """Wait until the process has a TCP socket listening on ``port`` (see
+        :func:`wait_listening`)."""
+        if not wait_listening(self.proc, port, timeout):
             if self.proc.poll() is not None:
-                res = self.wait()
-                pytest.fail(f"exited before listening: {res.describe()}")
-            for name in ("tcp6", "tcp"):
-                try:
-                    lines = Path(f"/proc/{self.proc.pid}/net/{name}").read_text().splitlines()
-                except OSError:
-                    continue
-                for line in lines[1:]:
-                    cols = line.split()
-                    if len(cols) > 3 and (cols[1] + " ").endswith(want) and cols[3] == "0A":
-                        return
-            time.sleep(0.01)
-        self.kill()
-        pytest.fail(f"{' '.join(self.argv)} not listening on port {port} after {timeout} s")
+                pytest.fail(f"exited before listening: {self.wait().describe()}")
+            self.kill()
+            pytest.fail(f"{' '.join(self.argv)} not listening on port {port} after {timeout} s")
+
+
+def wait_listening(proc: subprocess.Popen, port: int, timeout: float = 10.0) -> bool:  # type: ignore[type-arg]
+    """Wait until ``proc`` has a TCP socket listening on ``port`` (in its namespace:
+    /proc/PID/net shows the namespace of the process); False if it exited or the time ran
+    out. mrc-recv opens its UDP sockets before the TCP side channel, so this means it is
+    ready."""
+    deadline = time.monotonic() + timeout
+    want = f":{port:04X} "
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        for name in ("tcp6", "tcp"):
+            try:
+                lines = Path(f"/proc/{proc.pid}/net/{name}").read_text().splitlines()
+            except OSError:
+                continue
+            for line in lines[1:]:
+                cols = line.split()
+                if len(cols) > 3 and (cols[1] + " ").endswith(want) and cols[3] == "0A":
+                    return True
+        time.sleep(0.01)
+    return False
 
 
 class MrcTools:

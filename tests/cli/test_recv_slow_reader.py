@@ -14,7 +14,7 @@ import os
 import subprocess
 import threading
 
-from conftest import BIN
+from conftest import BIN, wait_listening
 
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in the module only from Python 3.10 on Linux
 
@@ -38,6 +38,7 @@ def test_results_nobody_reads_yet_do_not_stall_later_transfers(mrc_tools, mrc_po
     os.close(write_end)
     got: list[bytes] = []
     try:
+        assert wait_listening(recv, mrc_port, timeout=60), "mrc-recv did not start listening"
         first = mrc_tools.run(
             "mrc-send",
             *("--to", f"[::1]:{mrc_port}", "--parallel", str(streams), "--size", small),
