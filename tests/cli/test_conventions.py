@@ -158,7 +158,8 @@ def test_failure_is_still_one_error_line(mrc_tools, mrc_port: int, flag: str | N
     assert res.returncode == 1, res.describe()
     lines = res.stderr.splitlines()
     assert lines[-1].startswith("mrc-send: error: ") and "refused" in lines[-1], lines
-    assert len(lines) == (2 if flag == "-v" else 1), lines  # -v: "info: connecting to ..."
+    # -v: "info: payload ... (path MTU ...)", "info: connecting to ..."
+    assert len(lines) == (3 if flag == "-v" else 1), lines
     assert res.stdout == ""
 
 

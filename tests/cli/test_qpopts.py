@@ -100,7 +100,7 @@ def test_mrc_send_takes_qp_and_refuses_a_bad_one_in_one_line() -> None:
     args = build_parser().parse_args(
         ["--size", "1M", "--to", "[::1]:1", "--window", "8192", "--qp", "probe_interval=0.01"]
     )
-    cfg = _config(args)
+    cfg = _config(args, 1400)
     assert (cfg.probe_interval, cfg.max_outstanding, cfg.psn_window) == (0.01, 8192, 32768)
     line = _usage_error(str(BIN / "mrc-send"), "--size", "1M", "--to", "[::1]:1", "--qp", "x=1")
     assert line.startswith("mrc-send: error: argument --qp: unknown QP setting 'x'")
