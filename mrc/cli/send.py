@@ -220,9 +220,10 @@ def _default_payload(
         room = fabric.mtu - IPV6_UDP_HEADERS - largest_srh(fabric)
         why = f"fabric MTU {fabric.mtu}"
     elif fabric is None:
-        rooms = [path_room(host, port, a) for a in (args.local or [None])]
-        if rooms and None not in rooms:
-            room = min(r for r in rooms if r is not None)
+        wanted = args.local or [None]
+        rooms = [r for r in (path_room(host, port, a) for a in wanted) if r is not None]
+        if len(rooms) == len(wanted):  # every plane's route known
+            room = min(rooms)
             why = f"path MTU {room + IPV6_UDP_HEADERS} to {host}"
     if room is None:
         return DEFAULT_PAYLOAD - seal, "path MTU unknown"

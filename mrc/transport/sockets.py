@@ -25,9 +25,10 @@ SNDBUF = 4 << 20
 
 
 def udp6_counters() -> dict[str, int]:
-    """This namespace's Udp6 counters from /proc/net/snmp6 ({} if unreadable)."""
+    """The Udp6 counters of the calling thread's network namespace ({} if unreadable):
+    thread-self, so a thread that entered another namespace reads that one's."""
     out: dict[str, int] = {}
-    with contextlib.suppress(OSError), open("/proc/net/snmp6") as f:
+    with contextlib.suppress(OSError), open("/proc/thread-self/net/snmp6") as f:
         for line in f:
             parts = line.split()
             if len(parts) == 2 and parts[0].startswith("Udp6"):

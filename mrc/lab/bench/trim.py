@@ -31,7 +31,7 @@ from mrc.lab.harness.envelope import envelope
 from mrc.lab.harness.fabric import fabric, unwind_on_sigterm
 from mrc.lab.harness.machine import loadavg, machine_info
 from mrc.transport.gso import SOL_UDP, UDP_SEGMENT
-from mrc.transport.sockets import SO_RCVBUFFORCE, SO_TIMESTAMPNS
+from mrc.transport.sockets import SO_RCVBUFFORCE, SO_TIMESTAMPNS, udp6_counters
 from mrc.units import parse_rate
 
 PORT = 7400
@@ -70,12 +70,8 @@ def _drops(topo: Topology) -> dict[str, int]:
 
 def _rcvbuf_errors(topo: Topology) -> int:
     """Udp6RcvbufErrors in the receiver's namespace: datagrams its socket had no room for."""
-    with netns.entered(topo.netns_of(DST)), open("/proc/thread-self/net/snmp6") as f:
-        for line in f:
-            key, _, value = line.partition(" ")
-            if key == "Udp6RcvbufErrors":
-                return int(value)
-    return 0
+    with netns.entered(topo.netns_of(DST)):
+        return udp6_counters().get("Udp6RcvbufErrors", 0)
 
 
 def _trims(topo: Topology) -> int:
