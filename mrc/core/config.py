@@ -88,6 +88,9 @@ class QPConfig(EVConfig):
     psn_window: int = 16384
     ack_every: int = 16
     ack_delay: float = 0.0005
+    # the ACKs that fall due while one receive batch is taken in go out as one, at its end,
+    # unless this many packets arrived unacknowledged (1: each at once, as it falls due)
+    ack_batch_max: int = 64
     initial_rto: float = 0.1
     min_rto: float = 0.05
     max_rto: float = 1.0
@@ -155,6 +158,8 @@ class QPConfig(EVConfig):
             raise ValueError("burst_spread must be at least 1")
         if self.ack_every < 1:
             raise ValueError("ack_every must be at least 1")
+        if self.ack_batch_max < 1:
+            raise ValueError("ack_batch_max must be at least 1")
         if self.tlp_max < 0:
             raise ValueError("tlp_max must be >= 0")
         from mrc.core.cc.registry import params_of  # (the laws import this module)

@@ -64,6 +64,12 @@ class Responder:
         # the ACKs about the latest arrival go twice (a duplicate, or a tail loss probe)
         self._subject_twice = False
         self._ack_deadline: float | None = None
+        # an ACK fell due (ack_every arrivals, or AckReq): it is built when the QP is next
+        # asked for datagrams, so that the ACKs falling due within one receive batch go
+        # out as one, about the batch's latest arrival (_note_arrival)
+        self._ack_due = False
+        # the count of _pending at which the next ACK falls due
+        self._next_due = config.ack_every
         self._out: list[Datagram] = []
         # block -> (reverse EV, send time) of the last SACK reporting it
         self._sack_ev: dict[int, tuple[int, float]] = {}
@@ -220,11 +226,16 @@ class Responder:
         as for a single arrival)."""
         blocks = self._blocks
         dirty = self._dirty
-        ack_every = self.config.ack_every
+        ack_batch_max = self.config.ack_batch_max
         hi = self._hi
         i = 0
         while i < count:
-            stop = min(count, i + max(ack_every - self._pending, 1))
+            # the next arrival that changes what is owed: the one that makes an ACK due, or,
+            # with one due already, the one that makes it go at once
+            owed = self._next_due
+            if self._ack_due and ack_batch_max < owed:
+                owed = ack_batch_max
+            stop = min(count, i + max(owed - self._pending, 1))
             force = False
             j = i
             while j < stop:
@@ -280,18 +291,33 @@ class Responder:
         twice: bool = False,
     ) -> None:
         """ACK bookkeeping for ``count`` arrivals, the latest ``seq`` (the blocks of the
-        others are already in ``_dirty``): an ACK now if one is due, else by the delay.
-        ``dup``: ``seq`` had arrived before (the ACK says so: wire.ACK_SUBJECT_DUP), and its
-        ACKs go twice, as those of a tail loss probe (``twice``) do."""
+        others are already in ``_dirty``). An ACK falls due at an AckReq (``force``) and at
+        every ``ack_every``-th arrival after the last ACK or due point, as each would have
+        been sent alone; it goes with the QP's next datagrams, so that the ACKs that fall
+        due within one receive batch go out as one, about the batch's latest arrival. It goes
+        at once for ``ack_batch_max`` unacknowledged arrivals, and where its own subject
+        matters: CE (the mark is blamed on the EV the ACK echoes), a duplicate (``dup``:
+        the ACK says so, wire.ACK_SUBJECT_DUP) and a tail loss probe (``twice``: the ACKs of
+        both go twice). Nothing due: an ACK after the delay."""
         self._pending += count
         self._dirty.add(seq >> 6)
         self._subject = (seq, src_port)
         self._subject_dup = dup
         self._subject_twice = dup or twice
-        if force or self._pending >= self.config.ack_every:
-            self.flush(now)
+        pending = self._pending
+        cfg = self.config
+        if force or pending >= self._next_due:
+            self._next_due = pending + cfg.ack_every
+            if self._subject_twice or self._subject_ce or pending >= cfg.ack_batch_max:
+                self.flush(now)
+            else:
+                self._ack_due = True
+                self._ack_deadline = now  # for a caller that asks the timer first
+        elif self._ack_due:
+            if pending >= cfg.ack_batch_max:
+                self.flush(now)
         elif self._ack_deadline is None:
-            self._ack_deadline = now + self.config.ack_delay
+            self._ack_deadline = now + cfg.ack_delay
 
     # ---- output ------------------------------------------------------------------------
 
@@ -371,6 +397,8 @@ class Responder:
         self._pending = 0
         self._dirty.clear()
         self._ack_deadline = None
+        self._ack_due = False
+        self._next_due = self.config.ack_every
 
     def _nack(self, code: int, seq: int, src_port: int) -> None:
         if self.remote_qpn is None:
@@ -381,7 +409,7 @@ class Responder:
 
     def datagrams_to_send(self, now: float, out: list[Datagram]) -> None:
         if self._ack_deadline is not None and now >= self._ack_deadline:
-            self.flush(now)
+            self.flush(now)  # the delay ran out, or an ACK fell due (_note_arrival)
         if self._out:
             out.extend(self._out)
             self._out.clear()

@@ -169,11 +169,13 @@ def _trains(seed: int, mr: MemoryRegion, count: int) -> list[Train]:
 class Receiver:
     """An endpoint with two connected QPs over one registered region."""
 
-    def __init__(self, pd: ProtectionDomain, ack_every: int) -> None:
+    def __init__(self, pd: ProtectionDomain, ack_every: int, ack_batch_max: int = 64) -> None:
         self.core = EndpointCore(pd)
         self.qps = {}
         for qpn in (QPN, OTHER_QPN):
-            cfg = QPConfig(payload_size=P, ack_every=ack_every, psn_window=WINDOW)
+            cfg = QPConfig(
+                payload_size=P, ack_every=ack_every, ack_batch_max=ack_batch_max, psn_window=WINDOW
+            )
             qp = QueuePair(qpn, pd, list(range(5000, 5008)), None, cfg)
             qp.connect(PEER_QPN, IPSN)
             self.core.add(qp)
@@ -450,11 +452,12 @@ def test_mrc_native_0_forces_the_python_kernel() -> None:
 
 
 def test_train_acks_keep_ack_every_ackreq_and_ce(rx_impl: str) -> None:
-    """What a train's ACKs must say on their own (not only as the single path says it):
-    an ACK per ``ack_every`` arrivals, one at once for an AckReq'd segment, BECN when the
-    subject carried CE, and the rest after the ACK delay."""
+    """What a train's ACKs must say on their own (not only as the single path says it),
+    each ACK sent as it falls due (``ack_batch_max=1``): an ACK per ``ack_every`` arrivals,
+    one at once for an AckReq'd segment, BECN when the subject carried CE, and the rest
+    after the ACK delay."""
     pd, mr, _region = _kernel_setup()
-    rx = Receiver(pd, 16)
+    rx = Receiver(pd, 16, ack_batch_max=1)
     segs = [_segment(mr, s, b"a" * P) for s in range(40)]
     segs[5] = _segment(mr, 5, b"a" * P, ackreq=True)
     segs[21] = _segment(mr, 21, b"a" * P, marks=wire.BTH_FECN)
@@ -469,3 +472,47 @@ def test_train_acks_keep_ack_every_ackreq_and_ce(rx_impl: str) -> None:
     last = [wire.parse_ack(d) for _q, _ev, d in rx.out[len(acks) :]]
     assert [(a.subject_psn, a.ack_psn) for a in last] == [(to_psn(IPSN, 39), to_psn(IPSN, 39))]
     assert rx.qps[QPN].responder.fast_placed == 40
+
+
+def test_acks_due_within_one_batch_go_out_as_one(rx_impl: str) -> None:
+    """The ACKs that fall due while one batch is taken in (here a train) go out as one
+    when the QP is next asked, about the batch's latest arrival; one whose subject
+    carried CE goes at once (the mark is blamed on the EV it echoes). Fewer ACKs is what
+    a receiver that falls behind its sender needs most (docs/PROTOCOL.md, section 6)."""
+    pd, mr, _region = _kernel_setup()
+    rx = Receiver(pd, 16)  # ack_batch_max 64, the default
+    segs = [_segment(mr, s, b"a" * P) for s in range(100)]
+    segs[5] = _segment(mr, 5, b"a" * P, ackreq=True)
+    segs[21] = _segment(mr, 21, b"a" * P, marks=wire.BTH_FECN)
+    assert rx.core.receive_train(memoryview(b"".join(segs[:40])), S, 1, 0.0) == {QPN: 40}
+    assert rx.qps[QPN].get_timer() == 0.0  # an ACK is due now, for a caller that asks
+    rx.drain(0.0)
+    acks = [wire.parse_ack(d) for _q, _ev, d in rx.out]
+    # due at 5 (AckReq), at 21 (16 later, with CE: at once), at 37: sent as 39's
+    assert [(a.subject_psn, a.ack_psn) for a in acks] == [
+        (to_psn(IPSN, 21), to_psn(IPSN, 21)),
+        (to_psn(IPSN, 39), to_psn(IPSN, 39)),
+    ]
+    assert [bool(d[4] & wire.BTH_BECN) for _q, _ev, d in rx.out] == [True, False]
+    assert rx.qps[QPN].get_timer() is None  # nothing waits for the delay
+    # 60 more in one train: due at 55 and 71, then 64 unacknowledged arrivals at 103, which
+    # is past the train: one flush again, its ACK sent for each 64-PSN block it reports
+    rx.core.receive_train(memoryview(b"".join(segs[40:100])), S, 1, 0.001)
+    rx.drain(0.001)
+    later = [wire.parse_ack(d) for _q, _ev, d in rx.out[2:]]
+    assert [(a.subject_psn, a.sack_base) for a in later] == [
+        (to_psn(IPSN, 99), to_psn(IPSN, 0)),
+        (to_psn(IPSN, 99), to_psn(IPSN, 64)),
+    ]
+
+
+def test_a_long_batch_still_acks_every_ack_batch_max_arrivals(rx_impl: str) -> None:
+    """Coalescing is bounded: a batch longer than ``ack_batch_max`` gets an ACK at that
+    many arrivals, so that a sender's window does not wait for the whole batch."""
+    pd, mr, _region = _kernel_setup()
+    rx = Receiver(pd, 4, ack_batch_max=10)
+    segs = [_segment(mr, s, b"a" * P) for s in range(25)]
+    assert rx.core.receive_train(memoryview(b"".join(segs)), S, 1, 0.0) == {QPN: 25}
+    rx.drain(0.0)
+    subjects = [wire.parse_ack(d).subject_psn for _q, _ev, d in rx.out]
+    assert subjects == [to_psn(IPSN, s) for s in (9, 19, 24)]
