@@ -3,7 +3,8 @@
  * pack_burst() writes the headers of a burst of data packets (fastpath.py_pack_burst is the
  * reference; tests/core/test_pack_burst.py checks both against wire.pack_data).
  *
- * place_train() walks a GRO train, and for every segment that is a plain WRITE ONLY the
+ * place_train() walks a GRO train (each segment's datagram after `skip` bytes of it: a
+ * protected segment unsealed in place), and for every segment that is a plain WRITE ONLY the
  * responder expects (this QP, this rkey, untrimmed, unprotected, full length, in bounds, new,
  * inside the PSN window) copies the payload into the region and reports the segment's sequence
  * number and marks. It stops at the first segment that is anything else: Python's general path
@@ -76,17 +77,18 @@ static int as_u32(PyObject *o, uint32_t *out, const char *what)
 static PyObject *place_train(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 14) {
-        PyErr_Format(PyExc_TypeError, "place_train takes 14 arguments (%zd given)", nargs);
+    if (nargs != 14 && nargs != 15) {
+        PyErr_Format(PyExc_TypeError, "place_train takes 14 or 15 arguments (%zd given)", nargs);
         return NULL;
     }
     Py_ssize_t off = PyLong_AsSsize_t(args[1]);
     Py_ssize_t seg = PyLong_AsSsize_t(args[2]);
-    if ((off == -1 || seg == -1) && PyErr_Occurred())
+    Py_ssize_t skip = nargs == 15 ? PyLong_AsSsize_t(args[14]) : 0;
+    if ((off == -1 || seg == -1 || skip == -1) && PyErr_Occurred())
         return NULL;
-    if (seg <= 0 || off < 0) {
+    if (seg <= 0 || off < 0 || skip < 0) {
         PyErr_SetString(PyExc_ValueError,
-                        "segment size must be positive and the offset not negative");
+                        "segment size must be positive and the offset and skip not negative");
         return NULL;
     }
     uint32_t qpn, rkey, initial_psn;
@@ -149,15 +151,15 @@ static PyObject *place_train(PyObject *module, PyObject *const *args, Py_ssize_t
 
     while (o < n && placed < cap) {
         Py_ssize_t size = n - o < seg ? n - o : seg;
-        if (size < HDR_LEN)
+        if (size - skip < HDR_LEN)
             break;
-        const unsigned char *h = data + o;
+        const unsigned char *h = data + o + skip;
         uint32_t qpw = be32(h + 4), psnw = be32(h + 8);
         uint64_t va = be64(h + 12);
         uint32_t key = be32(h + 20), length = be32(h + 24);
         if (h[0] != OP_WRITE || (h[1] & 0x0F) != TVER || (qpw & 0xFFFFFFu) != qpn ||
             (h[4] & BTH_TRIMMED) || (h[8] & BTH_SECURE) || key != rkey ||
-            (uint64_t)length != (uint64_t)(size - HDR_LEN))
+            (uint64_t)length != (uint64_t)(size - skip - HDR_LEN))
             break;
         if (va < region_addr)
             break;
@@ -315,9 +317,23 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* What the kernels can do, for mrc.core.fastpath to tell a stale build from this one:
+ * 2 = place_train takes `skip` (protected trains). */
+#define KERNEL_VERSION 2
+
+static int exec_module(PyObject *m)
+{
+    return PyModule_AddIntConstant(m, "KERNEL_VERSION", KERNEL_VERSION);
+}
+
+static PyModuleDef_Slot slots[] = {
+    {Py_mod_exec, exec_module},
+    {0, NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "mrc._native", "The native batch kernels of mrc.core.fastpath.",
-    0, methods, NULL, NULL, NULL, NULL,
+    0, methods, slots, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__native(void)

@@ -18,10 +18,13 @@ reference and the fallback. ``MRC_NATIVE=0`` in the environment forces the Pytho
 :data:`NATIVE` says which one :data:`place_train` is.
 
 Arguments of ``place_train(view, off, seg, qpn, rkey, region, region_addr, initial_psn, cum,
-hi, window, blocks, seqs, marks)``:
+hi, window, blocks, seqs, marks[, skip])``:
 
 * ``view``: the received bytes; the train's segments are ``seg`` bytes each from byte ``off``
   (``seg`` > 0; the last segment may be shorter).
+* ``skip`` (default 0): each segment's datagram starts this many bytes into it. A protected
+  train unsealed in place (integrity mode) has each datagram's headers moved up to its
+  payload, over the security block and payload ICV: ``skip`` is their length.
 * ``qpn``, ``rkey``: the destination QP and the rkey a segment must carry; ``region`` and
   ``region_addr``: the writable buffer of that rkey and its virtual address.
 * ``initial_psn``, ``cum``, ``window``: the peer's initial PSN, the responder's cumulative
@@ -84,6 +87,7 @@ if TYPE_CHECKING:  # array is generic only for type checkers before Python 3.12
             dict[int, int],
             array[int],
             bytearray,
+            int,
         ],
         tuple[int, int, int],
     ]
@@ -107,10 +111,11 @@ def py_place_train(
     blocks: dict[int, int],
     seqs: array[int],
     marks: bytearray,
+    skip: int = 0,
 ) -> tuple[int, int, int]:
     """The reference implementation (see the module docstring); ``mrc._native`` mirrors it."""
-    if seg <= 0 or off < 0:
-        raise ValueError("segment size must be positive and the offset not negative")
+    if seg <= 0 or off < 0 or skip < 0:
+        raise ValueError("segment size must be positive and the offset and skip not negative")
     n = len(view)
     cap = min(len(seqs), len(marks))
     region_len = len(region)
@@ -121,10 +126,10 @@ def py_place_train(
     o = off
     while o < n and placed < cap:
         end = min(o + seg, n)
-        size = end - o
+        size = end - o - skip
         if size < _HDR_LEN:
             break
-        (op, flags, _pkey, qpw, psnw, va, key, length) = unpack(view, o)
+        (op, flags, _pkey, qpw, psnw, va, key, length) = unpack(view, o + skip)
         if (
             op != _OP_WRITE
             or flags & 0x0F != wire.MRC_TVER
@@ -149,7 +154,7 @@ def py_place_train(
                 break
         else:
             hi = seq
-        region[offset : offset + length] = view[o + _HDR_LEN : end]
+        region[offset : offset + length] = view[o + skip + _HDR_LEN : end]
         seqs[placed] = seq
         marks[placed] = (MARK_FECN if qpw & (wire.BTH_FECN << 24) else 0) | (
             MARK_ACKREQ if psnw & (wire.BTH_ACKREQ << 24) else 0
@@ -228,7 +233,11 @@ def _native() -> ModuleType | None:
 _module = _native()
 #: the C kernels, or None where they were not built (or MRC_NATIVE=0); getattr: an extension
 #: built from an older mrc/_native.c (before pack_burst) still serves place_train
-native_place_train: PlaceTrain | None = getattr(_module, "place_train", None)
+native_place_train: PlaceTrain | None = (
+    getattr(_module, "place_train", None)
+    if getattr(_module, "KERNEL_VERSION", 0) >= 2  # older builds take no skip
+    else None
+)
 native_pack_burst: PackBurst | None = getattr(_module, "pack_burst", None)
 #: True when :data:`place_train` and :data:`pack_burst` are the C kernels
 NATIVE = native_place_train is not None and native_pack_burst is not None

@@ -26,7 +26,7 @@ from mrc.core.evset import EVSet
 from mrc.core.memory import ProtectionDomain
 from mrc.core.planesteer import PlaneSteering
 from mrc.core.requester import Requester
-from mrc.core.responder import Responder
+from mrc.core.responder import TRAIN_CAP, Responder
 from mrc.core.stats import QPStats
 from mrc.errors import MRCError
 
@@ -65,6 +65,11 @@ class Protection(Protocol):
     ) -> tuple[bytes, bytes | memoryview]: ...
 
     def unseal(self, data: memoryview, hdr_len: int, is_data: bool) -> memoryview: ...
+
+    #: where ``unseal`` leaves a whole data packet of a writable buffer in place (its
+    #: headers moved up to the payload): the bytes before them, a constant. 0: it does not
+    #: (encrypt mode decrypts into a new buffer), and trains go datagram by datagram
+    in_place_skip: int
 
 
 class QueuePair:
@@ -195,6 +200,10 @@ class QueuePair:
         elif data[8] & _BTH_SECURE:
             self.stats.dropped_by_reason["security_unsupported"] += 1
             return
+        self._receive_plain(data, src_port, now)
+
+    def _receive_plain(self, data: memoryview, src_port: int, now: float) -> None:
+        """Handle one datagram as the unprotected protocol carries it."""
         op = data[0]
         if op in (_OP_WRITE, _OP_WRITE_IMM):
             if self.remote_qpn is None:
@@ -219,13 +228,72 @@ class QueuePair:
         Plain WRITEs of an unprotected, connected QP go to the kernel
         (``Responder.on_data_train``); the first segment it does not take goes through
         :meth:`receive_datagram` like any lone datagram, so its fate is the same either way.
+        A protected QP whose unsealing works in place (integrity mode) unseals its WRITEs
+        first (:meth:`_receive_sealed_train`); in encrypt mode every segment goes alone.
         """
-        if self.protection is None and self.remote_qpn is not None:
-            placed = self.responder.on_data_train(view, off, seg, src_port, now)
-            if placed:
-                return placed
+        if self.remote_qpn is not None:
+            if self.protection is None:
+                placed = self.responder.on_data_train(view, off, seg, src_port, now)
+                if placed:
+                    return placed
+            elif self.protection.in_place_skip and not view.readonly:
+                return self._receive_sealed_train(view, off, seg, src_port, now)
         self.receive_datagram(view[off : off + seg], src_port, now)
         return 1
+
+    def _receive_sealed_train(
+        self, view: memoryview, off: int, seg: int, src_port: int, now: float
+    ) -> int:
+        """:meth:`receive_train` for a protected QP whose unsealing works in place: the
+        segments from ``off`` that are WRITEs naming this QP are unsealed one by one (each
+        checked and its counter taken exactly as alone), then the train kernel places them,
+        reading each datagram ``in_place_skip`` bytes into its segment. Any it does not
+        take, and one that unsealed to something else (a trimmed packet), take the general
+        path in their unsealed form. Returns how many segments were handled (at least 1)."""
+        assert self.protection is not None
+        skip = self.protection.in_place_skip
+        n = len(view)
+        qpn = self.qpn
+        o = off
+        whole = 0  # segments from off unsealed in place
+        odd: memoryview | None = None  # the one after them, unsealed to another form
+        dropped = 0  # 1: the one after them did not unseal (dropped and counted)
+        while o < n and whole < TRAIN_CAP:
+            end = min(o + seg, n)
+            if (
+                end - o < skip + wire.DATA_HDR_LEN
+                or view[o] != _OP_WRITE
+                or view[o + 1] & 0x0F != wire.MRC_TVER  # the endpoint's check, as for each
+                or (view[o + 5] << 16) | (view[o + 6] << 8) | view[o + 7] != qpn
+            ):
+                break
+            plain = self._unseal(view[o:end])
+            if plain is None:  # dropped and counted
+                if not whole:
+                    return 1
+                dropped = 1
+                break
+            if len(plain) != end - o - skip:
+                odd = plain
+                break
+            o = end
+            whole += 1
+        if not whole and odd is None:
+            self.receive_datagram(view[off : off + seg], src_port, now)
+            return 1
+        # the in-place segments end at o: the kernel must not read past them
+        train = view[:o]
+        pos = off
+        while pos < o:
+            placed = self.responder.on_data_train(train, pos, seg, src_port, now, skip)
+            pos += placed * seg
+            if pos < o:  # the kernel stopped at this one: the general path takes it
+                self._receive_plain(train[pos + skip : min(pos + seg, o)], src_port, now)
+                pos += seg
+        if odd is not None:
+            self._receive_plain(odd, src_port, now)
+            return whole + 1
+        return whole + dropped
 
     def _unseal(self, data: memoryview) -> memoryview | None:
         """The unprotected form of a protected datagram, or None (dropped and counted)."""

@@ -173,18 +173,23 @@ class Responder:
         elif cfg.ev_health:
             self.evs.lost(ev, now, EVReason.ACK_LOST, plane_evidence=False)
 
-    def on_data_train(self, view: memoryview, off: int, seg: int, src_port: int, now: float) -> int:
+    def on_data_train(
+        self, view: memoryview, off: int, seg: int, src_port: int, now: float, skip: int = 0
+    ) -> int:
         """Place the common-case segments of a GRO train (``seg`` bytes each) from byte
         ``off`` with the train kernel; returns how many, from the first on, it placed.
+        ``skip``: each segment's datagram starts that many bytes into it (a protected
+        train unsealed in place, ``QueuePair.receive_train``).
 
         It stops at the first segment that is not a plain new WRITE under the rkey of the
         first one (fastpath.py says exactly which): the caller gives that one to
         :meth:`on_data`, which counts, drops or NACKs it, then calls this again after it. A
         placed segment is recorded exactly as :meth:`on_data` records one.
         """
-        if len(view) - off < wire.DATA_HDR_LEN or view[off] != _OP_WRITE:
+        h = off + skip
+        if len(view) - h < wire.DATA_HDR_LEN or view[h] != _OP_WRITE:
             return 0
-        rkey = int.from_bytes(view[off + 20 : off + 24], "big")
+        rkey = int.from_bytes(view[h + 20 : h + 24], "big")
         region = self.pd.lookup(rkey)
         if region is None or not region.writable:
             return 0
@@ -203,6 +208,7 @@ class Responder:
             self._blocks,
             self._seqs,
             self._marks,
+            skip,
         )
         if placed:
             stats = self.stats

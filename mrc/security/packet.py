@@ -273,6 +273,10 @@ class Protection:
         self.mode = mode
         self.sealer = Sealer(send, mode)
         self.opener = Opener(receive, mode)
+        #: integrity mode unseals a whole data packet in place, its headers moved up to the
+        #: payload over the security block and payload ICV (Opener.unseal): trains of them
+        #: go to the train kernel (QueuePair.receive_train)
+        self.in_place_skip = DATA_OVERHEAD if mode is Mode.INTEGRITY else 0
 
     def seal(
         self, headers: bytes, payload: bytes | memoryview, is_data: bool

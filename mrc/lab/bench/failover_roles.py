@@ -123,9 +123,11 @@ async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
     # the segments of GRO trains that the train kernel placed (the rest went to on_data)
     orig_train = resp.on_data_train
 
-    def on_data_train(view: memoryview, off: int, seg: int, src_port: int, now: float) -> int:
+    def on_data_train(
+        view: memoryview, off: int, seg: int, src_port: int, now: float, skip: int = 0
+    ) -> int:
         before = stats.bytes_placed
-        placed = orig_train(view, off, seg, src_port, now)
+        placed = orig_train(view, off, seg, src_port, now, skip)
         d = stats.bytes_placed - before
         if d:
             per_port[src_port] = per_port.get(src_port, 0) + d
