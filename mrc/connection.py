@@ -61,6 +61,7 @@ from mrc.transport.messages import (
     Welcome,
     parse_reply,
 )
+from mrc.transport.ports import PortRange, RangeExhausted
 from mrc.transport.sockets import ev_socket, family_of, udp_socket
 from mrc.wire import DEFAULT_PORT, MAX_PLANES
 
@@ -165,10 +166,11 @@ _PEERS: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
 
 
 def _open_ev_sockets(
-    count: int, routes: list[list[EVRoute]], peer_port: int
+    count: int, routes: list[list[EVRoute]], peer_port: int, ports: PortRange | None = None
 ) -> tuple[list[socket.socket], list[int], list[str]]:
     """``count`` EV sockets: EV i is on plane i mod P and takes that plane's paths in turn,
-    so EVs are spread evenly over planes first and over paths (spines) within a plane."""
+    so EVs are spread evenly over planes first and over paths (spines) within a plane.
+    ``ports``: their source ports from that range (mrc.transport.ports)."""
     socks: list[socket.socket] = []
     planes: list[int] = []
     labels: list[str] = []
@@ -180,7 +182,7 @@ def _open_ev_sockets(
             options = routes[plane]
             route = options[(i // nplanes) % len(options)]
             for _attempt in range(64):
-                sock = ev_socket(route.local, (route.remote, peer_port), route.srh)
+                sock = ev_socket(route.local, (route.remote, peer_port), route.srh, ports, used)
                 sport = sock.getsockname()[1]
                 if sport not in used:
                     break
@@ -192,6 +194,14 @@ def _open_ev_sockets(
             socks.append(sock)
             planes.append(plane)
             labels.append(route.label)
+    except RangeExhausted:
+        for s in socks:
+            s.close()
+        raise MRCError(
+            f"cannot open EV sockets: no free UDP port in the range {ports} for EV "
+            f"{len(socks) + 1} of {count} (a connection takes a port per EV, backups "
+            "included, and a sender one more: widen --ports, or use fewer EVs or QPs)"
+        ) from None
     except OSError as exc:
         for s in socks:
             s.close()
@@ -513,8 +523,10 @@ class Listener:
         key: bytes | None = None,
         require_encrypt: bool = False,
         region_memory: RegionMemory | None = None,
+        ports: PortRange | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.ports = ports  # the EV sockets' source ports (mrc.transport.ports)
         self.key = key
         self.require_encrypt = require_encrypt
         self.region_release = region_release
@@ -793,7 +805,7 @@ class Listener:
         socks: list[socket.socket] = []
         attached: QueuePair | None = None
         try:
-            socks, planes, labels = _open_ev_sockets(total, routes, hello.udp_port)
+            socks, planes, labels = _open_ev_sockets(total, routes, hello.udp_port, self.ports)
             qp = QueuePair(
                 _new_qpn(core),
                 pd,
@@ -940,8 +952,11 @@ async def listen(
     start_timeout: float | None = START_TIMEOUT,
     key: bytes | None = None,
     require_encrypt: bool = False,
+    ports: PortRange | None = None,
 ) -> Listener:
     """Listen for MRC connections: UDP on ``port`` and the TCP side channel on the same port.
+    ``ports``: the source ports of every connection's EV sockets come from this range (the
+    ACKs leave from them), and port 0 picks a listening port from it (docs/CLUSTER.md).
 
     ``plane_addrs``: this host's address on each plane (one per NIC); data for plane p arrives
     there, and senders are told about them. Without it, one plane on whatever address the
@@ -1023,8 +1038,12 @@ async def listen(
         socks: list[socket.socket] = []
         try:
             for h in udp_hosts:
-                socks.append(udp_socket(h, want))
+                socks.append(udp_socket(h, want, ports=ports))
                 want = socks[0].getsockname()[1]
+        except RangeExhausted as exc:
+            for s in socks:
+                s.close()
+            raise MRCError(f"cannot listen: {exc}") from None
         except OSError as exc:
             for s in socks:
                 s.close()
@@ -1060,6 +1079,7 @@ async def listen(
         hello_timeout=hello_timeout,
         start_timeout=start_timeout,
         region_memory=region_memory,
+        ports=ports,
     )
     return listener
 
@@ -1133,6 +1153,7 @@ async def connect(
     key: bytes | None = None,
     encrypt: bool = False,
     wait: float = 0.0,
+    ports: PortRange | None = None,
 ) -> Connection:
     """Connect a QP to a listener at ``host``:``port``.
 
@@ -1146,6 +1167,8 @@ async def connect(
     ``remote``). ``timeout`` bounds the TCP connect and the wait for the listener's answer.
     ``wait``: for up to this many seconds, a refused or unroutable connect is tried again (the
     receiver, say a container started beside this one, may still be starting); 0 fails at once.
+    ``ports``: every UDP socket of the connection (the one ACKs arrive on, and each EV's) is
+    bound to a port of this range, for a firewall (mrc.transport.ports, docs/CLUSTER.md).
 
     ``key``: the listener's pre-shared key; both sides prove they hold it, and every datagram
     of the connection is then authenticated, its payload also encrypted with ``encrypt``.
@@ -1159,6 +1182,11 @@ async def connect(
         raise MRCError(f"at most {MAX_EVS} EVs (one UDP source port each), not {evs}")
     if request_size is not None and not 0 <= request_size <= MAX_REGION_SIZE:
         raise MRCError(f"cannot request a region of {request_size} bytes (0..{MAX_REGION_SIZE})")
+    if ports is not None and len(ports) < evs + 1:
+        raise MRCError(
+            f"the port range {ports} (--ports) holds {len(ports)} ports; a connection of "
+            f"{evs} EVs needs at least {evs + 1} (one per EV, and the sender's receive port)"
+        )
     cfg = config or QPConfig()
     try:
         cfg.validate()
@@ -1173,7 +1201,9 @@ async def connect(
     # the UDP socket first: the hello then follows the TCP handshake at once (a listener whose
     # set-up slots are full lets a connection that has said nothing give way first)
     try:
-        rx = udp_socket(_any_address(host), 0)
+        rx = udp_socket(_any_address(host), 0, ports=ports)
+    except RangeExhausted as exc:
+        raise MRCError(f"cannot open the UDP socket for ACKs: {exc}") from None
     except OSError as exc:
         raise MRCError(f"cannot open a UDP socket: {exc.strerror or exc}") from None
     endpoint = Endpoint(core, [rx])
@@ -1197,7 +1227,7 @@ async def connect(
             )
             try:
                 return await _client_setup(
-                    endpoint, control, host, hello, cfg, timeout, fabric, key, request
+                    endpoint, control, host, hello, cfg, timeout, fabric, key, request, ports
                 )
             except RefusedForNow:
                 control.close()
@@ -1223,9 +1253,10 @@ async def _client_setup(
     fabric: Topology | None,
     key: bytes | None = None,
     request: RegionRequest | None = None,
+    ports: PortRange | None = None,
 ) -> Connection:
     """Say hello (and prove the key; encrypting, then send ``request`` sealed), check all of
-    the answer, then open the EV sockets and attach the QP."""
+    the answer, then open the EV sockets (from ``ports``, if given) and attach the QP."""
     protection = None
     try:
         await control.send(hello.to_json())
@@ -1243,7 +1274,7 @@ async def _client_setup(
     pairs = _plane_pairs(list(hello.addrs), list(reply.addrs) or [host])
     evs = hello.evs or 1
     total = evs + backup_count(evs, len(pairs))
-    socks, planes, labels = _open_ev_sockets(total, _routes(pairs, fabric), reply.udp_port)
+    socks, planes, labels = _open_ev_sockets(total, _routes(pairs, fabric), reply.udp_port, ports)
     try:
         qp = QueuePair(
             hello.qpn,

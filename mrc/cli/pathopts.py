@@ -1,4 +1,5 @@
-"""Options mrc-send and mrc-recv share about paths: fabric topologies, denied EVs, EV log."""
+"""Options mrc-send and mrc-recv share about paths: fabric topologies, denied EVs, EV log,
+the UDP port range."""
 
 from __future__ import annotations
 
@@ -10,12 +11,30 @@ from typing import IO, TYPE_CHECKING
 from mrc.connection import Connection
 from mrc.core.events import EVStateChanged
 from mrc.errors import MRCError, UsageError
+from mrc.transport.ports import PortRange
 
 if TYPE_CHECKING:
     from mrc.topology.model import Topology
 
 
+def port_range(text: str) -> PortRange:
+    """``--ports LO-HI``."""
+    try:
+        return PortRange.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_path_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ports",
+        type=port_range,
+        metavar="LO-HI",
+        help="bind every UDP socket of a connection to a port of this range, for a host "
+        "firewall: the sender's receive port and each EV's source port on both ends "
+        "(a connection takes one port per EV, backups included, and a sender one more; "
+        "docs/CLUSTER.md). Default: ports the kernel picks from its ephemeral range",
+    )
     p.add_argument(
         "--fabric",
         metavar="NAME|FILE",

@@ -295,6 +295,7 @@ async def _main(args: argparse.Namespace) -> int:
         region_memory=_region_memory(args),
         limit_hints=LIMIT_FLAGS,
         start_timeout=args.start_timeout,
+        ports=args.ports,
     )
     try:
         metrics = await start_metrics(args)

@@ -279,6 +279,7 @@ async def _main(args: argparse.Namespace) -> int:
                     key=key,
                     encrypt=args.encrypt,
                     wait=args.wait,
+                    ports=args.ports,
                 )
             except MRCError as exc:
                 if i == 0:

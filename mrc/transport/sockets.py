@@ -10,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
+from collections.abc import Container
 
 from mrc.srv6.srh import IPV6_RTHDR
 from mrc.transport.ecn import mark_ect0
+from mrc.transport.ports import PortRange, RangeExhausted, bind_in_range
 
 SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
@@ -60,8 +62,17 @@ def family_of(host: str) -> socket.AddressFamily:
         return socket.AF_INET6
 
 
-def udp_socket(host: str, port: int, rcvbuf: int = RCVBUF, sndbuf: int = SNDBUF) -> socket.socket:
-    """A non-blocking UDP socket bound to (host, port); raises OSError with the reason."""
+def udp_socket(
+    host: str,
+    port: int,
+    rcvbuf: int = RCVBUF,
+    sndbuf: int = SNDBUF,
+    ports: PortRange | None = None,
+    avoid: Container[int] = (),
+) -> socket.socket:
+    """A non-blocking UDP socket bound to (host, port); raises OSError with the reason.
+    Port 0 with ``ports``: a free port of that range other than those in ``avoid``
+    (:class:`~mrc.transport.ports.RangeExhausted` if there is none)."""
     fam = family_of(host)
     sock = socket.socket(fam, socket.SOCK_DGRAM)
     try:
@@ -69,15 +80,24 @@ def udp_socket(host: str, port: int, rcvbuf: int = RCVBUF, sndbuf: int = SNDBUF)
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         _grow_buffer(sock, SO_RCVBUFFORCE, socket.SO_RCVBUF, rcvbuf)
         _grow_buffer(sock, SO_SNDBUFFORCE, socket.SO_SNDBUF, sndbuf)
-        sock.bind((host, port))
+        if port == 0 and ports is not None:
+            bind_in_range(sock, host, ports, avoid)
+        else:
+            sock.bind((host, port))
         sock.setblocking(False)
-    except OSError:
+    except (OSError, RangeExhausted):
         sock.close()
         raise
     return sock
 
 
-def ev_socket(local: str, peer: tuple[str, int], srh: bytes | None = None) -> socket.socket:
+def ev_socket(
+    local: str,
+    peer: tuple[str, int],
+    srh: bytes | None = None,
+    ports: PortRange | None = None,
+    avoid: Container[int] = (),
+) -> socket.socket:
     """A socket with its own source port, connected to ``peer``: one EV.
 
     ``srh``: a Segment Routing Header to put on every packet (sticky IPV6_RTHDR, the only way
@@ -87,8 +107,10 @@ def ev_socket(local: str, peer: tuple[str, int], srh: bytes | None = None) -> so
     congestion as CE instead of only trimming or dropping (docs/PROTOCOL.md 3.1). Always on:
     a sticky option costs nothing per packet, and a window that ignores BECN (``cc="fixed"``)
     loses nothing by it.
+
+    ``ports``: its source port from that range, none of ``avoid`` (mrc.transport.ports).
     """
-    sock = udp_socket(local, 0, rcvbuf=1 << 16, sndbuf=SNDBUF)
+    sock = udp_socket(local, 0, rcvbuf=1 << 16, sndbuf=SNDBUF, ports=ports, avoid=avoid)
     try:
         mark_ect0(sock)
         if srh is not None:

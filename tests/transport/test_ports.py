@@ -1,0 +1,116 @@
+"""--ports: every UDP socket of a connection inside a range a host firewall lets through.
+
+Both hosts get an ip6tables policy that drops every UDP datagram in or out except those to or
+from the range (and the receiver's listening port): a transfer with --ports on both ends
+completes, verified, without one datagram meeting the drop rules, while a socket outside the
+range is refused by the same rules (they really are in force).
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.netns
+
+PORT = 4791  # the receiver's listening port (TCP side channel and UDP)
+RANGE = (20000, 20399)  # outside the kernel's ephemeral range (32768-60999)
+MiB = 1 << 20
+
+
+def _ip6tables(ns: str, *args: str) -> str:
+    res = subprocess.run(
+        ["ip", "netns", "exec", ns, "ip6tables", "-w", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return res.stdout
+
+
+def _firewall(ns: str) -> None:
+    """UDP in to the range or PORT and out of them; every other UDP datagram dropped."""
+    lo, hi = RANGE
+    for chain, way in (("INPUT", "--dport"), ("OUTPUT", "--sport")):
+        _ip6tables(ns, "-A", chain, "-p", "udp", way, f"{lo}:{hi}", "-j", "ACCEPT")
+        _ip6tables(ns, "-A", chain, "-p", "udp", way, str(PORT), "-j", "ACCEPT")
+        _ip6tables(ns, "-A", chain, "-p", "udp", "-j", "DROP")
+
+
+def _dropped(ns: str) -> int:
+    """Packets the DROP rules of ``ns`` have met, both chains."""
+    total = 0
+    for chain in ("INPUT", "OUTPUT"):
+        for line in _ip6tables(ns, "-L", chain, "-n", "-v", "-x").splitlines():
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == "DROP":
+                total += int(fields[0])
+    return total
+
+
+def test_a_transfer_keeps_to_the_port_range(two_hosts, mrc_tools) -> None:
+    if shutil.which("ip6tables") is None:
+        pytest.skip("no ip6tables")
+    h = two_hosts
+    for ns in (h.a, h.b):
+        _firewall(ns)
+    ports = f"{RANGE[0]}-{RANGE[1]}"
+    recv = mrc_tools.start(
+        "mrc-recv",
+        *("--listen", f"[{h.b_addrs[0]}]:{PORT}", "--listen", f"[{h.b_addrs[1]}]:{PORT}"),
+        *("--discard", "--json", "--ports", ports),
+        ns=h.b,
+    )
+    recv.wait_listening(PORT)
+    send = mrc_tools.run(
+        "mrc-send",
+        *("--size", "16M", "--to", f"[{h.b_addrs[0]}]:{PORT}"),
+        *("--from", h.a_addrs[0], "--from", h.a_addrs[1], "--ports", ports, "--json"),
+        ns=h.a,
+        timeout=60,
+    )
+    r = recv.wait(30)
+    assert send.returncode == 0, send.describe()
+    assert r.returncode == 0, r.describe()
+    s, rv = send.json, r.json
+    assert s["sha256"] == s["sha256_receiver"] == rv["sha256"] and rv["bytes"] == 16 * MiB
+    sports = [e["sport"] for e in s["evs"]]
+    assert len(sports) == len(set(sports)) >= 128
+    assert all(RANGE[0] <= p <= RANGE[1] for p in sports), sports
+    assert s["retransmits"] == 0  # nothing was lost to the firewall either
+    assert _dropped(h.a) == _dropped(h.b) == 0
+
+    # the rules are in force: a datagram from a port outside the range does not get out
+    code = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n"
+        f"s.bind(('{h.a_addrs[0]}', {RANGE[1] + 1}))\n"
+        "try:\n"
+        f"    s.sendto(b'x', ('{h.b_addrs[0]}', {PORT}))\n"
+        "except PermissionError:\n"
+        "    print('refused')\n"
+    )
+    res = subprocess.run(
+        ["ip", "netns", "exec", h.a, "python3", "-c", code], capture_output=True, text=True
+    )
+    assert res.stdout.strip() == "refused", res.stderr
+    assert _dropped(h.a) == 1
+
+
+def test_a_range_too_small_for_the_evs_is_one_line(mrc_tools) -> None:
+    """Refused before connecting: the range cannot hold the EVs and the receive port."""
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+        probe.bind(("::1", 0))
+        port = probe.getsockname()[1]  # nobody listens there: the check comes first
+    res = mrc_tools.run(
+        "mrc-send",
+        *("--size", "1M", "--to", f"[::1]:{port}", "--ports", "20000-20009", "--evs", "16"),
+    )
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines() == [
+        "mrc-send: error: the port range 20000-20009 (--ports) holds 10 ports; a "
+        "connection of 16 EVs needs at least 17 (one per EV, and the sender's receive port)"
+    ], res.stderr
