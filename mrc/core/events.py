@@ -100,6 +100,7 @@ class EVReason(Enum):
     SEND_ERROR = "send error: {detail}"  # detail: the OS error text
     ACK_LOST = "ACK lost: data arrived twice"  # receiver side: a SACK on this EV was lost
     PLANE_DOWN = "plane {plane} down: {detail} losses in a row"  # detail: the streak
+    LINK_DOWN = "plane {plane} down: {detail}"  # detail: whose NIC lost its link
     ROUTE_DOWN = "route down: {detail} of its EVs lost packets"  # detail: how many
     REPLACES = "replaces EV {detail}"  # a backup joins the rotation; detail: the EV it replaces
     RESURRECTED = "resurrected: {detail} probes answered"  # detail: the answered probes

@@ -90,6 +90,8 @@ _TRANSITIONS: dict[tuple[EVState, EVReason], EVState] = {
     (_SKIP, _R.ROUTE_DOWN): _BAD,
     (_GOOD, _R.PLANE_DOWN): _BAD,  # 5: active or backup
     (_SKIP, _R.PLANE_DOWN): _BAD,
+    (_GOOD, _R.LINK_DOWN): _BAD,  # 5'': the plane's NIC lost its link (the transport saw it)
+    (_SKIP, _R.LINK_DOWN): _BAD,
     (_BAD, _R.RESURRECTED): _GOOD,  # 6: active again, or back to the pool
     (_GOOD, _R.DENIED): _DENIED,  # 7
     (_SKIP, _R.DENIED): _DENIED,
@@ -618,7 +620,7 @@ class EVSet:
         if plane_evidence:
             self.loss_streak[plane] += 1
         if self.loss_streak[plane] >= self.config.plane_dead_losses and not self.plane_down[plane]:
-            self.set_plane_down(plane, now, self.loss_streak[plane])
+            self.set_plane_down(plane, now, EVReason.PLANE_DOWN, str(self.loss_streak[plane]))
             return
         if self.state[ev] not in (EVState.GOOD, EVState.SKIP) or not self.active[ev]:
             return
@@ -696,27 +698,37 @@ class EVSet:
         if was_active:
             self._replace(ev, now)
 
-    def set_plane_down(self, plane: int, now: float, losses: int) -> None:
-        """Our own verdict: ``plane`` is dead after ``losses`` losses in a row; every EV of it
-        (backups included) becomes ASSUMED_BAD and is probed."""
+    def set_plane_down(
+        self, plane: int, now: float, reason: EVReason = EVReason.PLANE_DOWN, detail: str = ""
+    ) -> bool:
+        """Our own verdict: ``plane`` is dead, after losses in a row (``PLANE_DOWN``, the
+        streak in ``detail``) or because its NIC lost its link (``LINK_DOWN``); every EV of
+        it (backups included) becomes ASSUMED_BAD and is probed. Returns whether the plane
+        was up until now."""
         if self.plane_down[plane]:
-            return
+            return False
         self.plane_down[plane] = True
         self.planes_lost += 1
         if self.steering is not None:
             self.steering.forget(plane)
         for ev in range(len(self.ports)):
             if self.planes[ev] == plane and self.state[ev] in (EVState.GOOD, EVState.SKIP):
-                self._retire(ev, now, EVReason.PLANE_DOWN, str(losses))
+                self._retire(ev, now, reason, detail)
         self._refresh_plane(plane)
+        return True
 
-    def set_peer_planes(self, port_state: int) -> None:
-        """The peer's port-state bitmap (bit p set: its plane p works)."""
+    def set_peer_planes(self, port_state: int) -> list[int]:
+        """The peer's port-state bitmap (bit p set: its plane p works); returns the planes
+        it says went down just now."""
+        went_down = []
         for plane in range(self.nplanes):
             down = not (port_state >> plane) & 1
             if down != self.peer_plane_down[plane]:
                 self.peer_plane_down[plane] = down
                 self._refresh_plane(plane)
+                if down:
+                    went_down.append(plane)
+        return went_down
 
     def port_state(self) -> int:
         """Our port-state bitmap for SACKs: bit p clear when plane p is down here."""

@@ -172,6 +172,20 @@ class QueuePair:
         """Operator denylist: EV ``ev`` is never used again (state DENIED)."""
         self.evs.deny(ev, now)
 
+    def link_down(
+        self, plane: int, now: float, whose: str = "this host's NIC lost its link"
+    ) -> bool:
+        """Our NIC of ``plane`` lost its link (the transport watches link state, where it
+        can): the plane is out at once instead of after losses, its EVs probed until it
+        answers again, the peer told in the port-state bitmap of our next ACKs, and what was
+        in flight on it resent on the other planes, also when send errors or losses took the
+        plane out a moment before (the link is proof they were lost). Returns whether that
+        changed anything (False: EV health off, no such plane, or nothing left to do)."""
+        if not self.config.ev_health or not 0 <= plane < self.evs.nplanes:
+            return False
+        changed = self.evs.set_plane_down(plane, now, EVReason.LINK_DOWN, whose)
+        return self.requester.resend_plane(plane) > 0 or changed
+
     def send_failed(self, ev: int, now: float, reason: str) -> None:
         """The transport could not send on ``ev`` (e.g. its NIC is down): that is a loss."""
         if self.config.ev_health:

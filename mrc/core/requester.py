@@ -736,7 +736,8 @@ class Requester:
             subj_seq, latest.sent_at if latest is not None else None
         )
         if self.health and (ports != 0xFFFF or any(evs.peer_plane_down)):
-            evs.set_peer_planes(ports)
+            for plane in evs.set_peer_planes(ports):
+                self.resend_plane(plane)
         if now >= evs.pen_next:
             evs.lift_penalties(now)
         rtt_sample: float | None = None
@@ -815,7 +816,8 @@ class Requester:
             # but a forgery of it can only steer our packets between planes.
             stats.sacks += 1
             if self.health:
-                evs.set_peer_planes(ports)
+                for plane in evs.set_peer_planes(ports):
+                    self.resend_plane(plane)
             return False
         nxt = self._next_seq
         if subject is None and (not 0 <= subj_seq < nxt or nxt - subj_seq > _RING):
@@ -975,6 +977,26 @@ class Requester:
         while wrs and wrs[0].last_seq >= 0 and wrs[0].last_seq < una:
             wr = wrs.popleft()
             self._emit(WriteCompleted(self.qpn, wr.wr_id, len(wr.view)))
+
+    def resend_plane(self, plane: int) -> int:
+        """Everything in flight on ``plane`` is lost: its NIC, ours or the peer's, lost its
+        link. Queued for resending (on EVs of other planes) at once, instead of after SACK
+        evidence, a tail loss probe or a timeout; no EV is blamed (the plane is out already)
+        and the window is not cut (no queue overflowed). Returns how many were queued.
+
+        Without keys a forged port-state bitmap can make this happen once per forged
+        transition: at most a window of packets sent twice, as any forged NACK may cause."""
+        planes = self.evs.planes
+        retransmit = self._retransmit
+        n = 0
+        for seq, pkt in self._outstanding.items():
+            if pkt.deadline != _INF and planes[pkt.ev] == plane:
+                pkt.deadline = _INF  # queued: its deadline entry is dead
+                retransmit.append(seq)
+                n += 1
+        self._waiting += n
+        self.stats.retransmits_link += n
+        return n
 
     def _on_losses(self, lost: list[tuple[int, _Packet, bool]], now: float) -> None:
         """Resend packets the loss detector found lost; retire the EVs it blames."""

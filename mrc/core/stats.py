@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from mrc.core.counters import RECV, SEND, Source, counter, counters_of
 
-#: the Prometheus family of the four ``retransmits_*`` causes (label ``cause``)
+#: the Prometheus family of the five ``retransmits_*`` causes (label ``cause``)
 RETRANSMIT_TRIGGERS = "mrc_qp_retransmit_triggers"
 
 
@@ -59,6 +59,13 @@ class QPStats:
         labels=(("cause", "sack"),),
         json=SEND,
     )
+    retransmits_link: int = counter(
+        "Retransmissions of what was in flight on a plane when its NIC (ours, or the peer's, "
+        "as its port-state bitmap said) lost its link",
+        metric=RETRANSMIT_TRIGGERS,
+        labels=(("cause", "link"),),
+        json=SEND,
+    )
     retransmits_tlp: int = counter(
         "Tail loss probes: the newest packet sent again after a silence",
         metric=RETRANSMIT_TRIGGERS,
@@ -71,8 +78,8 @@ class QPStats:
         json=SEND,
     )
     retransmits_cancelled: int = counter(
-        "Retransmissions queued (by one of the four causes) that an ACK covered before they "
-        "went out again: retransmits + retransmits_cancelled == the four causes' sum"
+        "Retransmissions queued (by one of the five causes) that an ACK covered before they "
+        "went out again: retransmits + retransmits_cancelled == the five causes' sum"
     )
     nacks: int = counter("NACKs received from the peer", metric="mrc_qp_received_nacks", json=SEND)
     nacks_ignored: int = counter("NACKs received and not acted on (in dropped_by_reason too)")

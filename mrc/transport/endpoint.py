@@ -24,6 +24,7 @@ from mrc.core.qp import QueuePair
 from mrc.security.packet import DATA_OVERHEAD as _SEAL_OVERHEAD
 from mrc.transport import ecn as _ecn
 from mrc.transport import gso
+from mrc.transport.linkstate import PlaneLinks, plane_interfaces
 from mrc.transport.sockets import datagram_room, rcvbuf_drops
 
 # The core's clock: CLOCK_MONOTONIC with microsecond resolution. (uvloop's loop.time() has
@@ -164,6 +165,9 @@ class Endpoint:
         self._meta_space = space  # 0: plain recvfrom_into, no control messages
         for sock in listen_sockets:
             self.loop.add_reader(sock.fileno(), self._on_readable, sock)
+        # the link state of the QPs' plane NICs: a plane whose NIC goes down is out at once
+        self.links = PlaneLinks(self.loop, self._link_down)
+        self.links_down = 0  # QP planes taken out because their NIC lost its link
 
     @property
     def port(self) -> int:
@@ -177,11 +181,25 @@ class Endpoint:
         self.core.add(qp)
         ch = QPChannel(qp, ev_sockets)
         self.channels[qp.qpn] = ch
+        if qp.config.ev_health:
+            self.links.add(qp.qpn, qp.evs.nplanes, plane_interfaces(qp.evs.planes, ev_sockets))
         return ch
+
+    def _link_down(self, qpn: int, plane: int, index: int) -> None:
+        """Plane ``plane`` of QP ``qpn`` runs on interface ``index``, which lost its link."""
+        ch = self.channels.get(qpn)
+        if ch is None or not ch.qp.link_down(plane, _clock(), "this host's NIC lost its link"):
+            return
+        self.links_down += 1
+        _log.warning(
+            "QP %d: plane %d is out: its NIC (interface #%d) lost its link", qpn, plane, index
+        )
+        self._pump(ch)
 
     def detach(self, qpn: int) -> None:
         ch = self.channels.pop(qpn, None)
         self.core.remove(qpn)
+        self.links.remove(qpn)
         if ch is not None:
             for s in ch.ev_sockets:
                 with contextlib.suppress(ValueError, OSError):
@@ -410,6 +428,7 @@ class Endpoint:
             self._timer.cancel()
         for qpn in list(self.channels):
             self.detach(qpn)
+        self.links.close()
         for sock in self.listen_sockets:
             with contextlib.suppress(ValueError, OSError):
                 self.loop.remove_reader(sock.fileno())

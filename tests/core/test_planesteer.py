@@ -54,7 +54,7 @@ def test_a_plane_that_goes_down_and_back_starts_afresh() -> None:
         evs.plane_rtt(0, 0.004, i * 0.004)
         evs.plane_rtt(1, 0.0015, i * 0.004)
     assert st.weights[0] == 0.25
-    evs.set_plane_down(0, 1.0, 8)
+    evs.set_plane_down(0, 1.0, detail="8")
     assert st.weights == [1.0, 1.0] and st.delay[0] is None
 
 

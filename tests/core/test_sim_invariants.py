@@ -168,7 +168,11 @@ def check_run(mix: Mix, net: RecordingNetwork, transfers: list[Transfer]) -> Non
         assert sorted(last_ev) == list(range(st.data_packets_sent))  # no gaps, no extras
         # every resend has one cause; a resend an ACK made unnecessary is counted as cancelled
         assert st.retransmits + st.retransmits_cancelled == (
-            st.retransmits_nack + st.retransmits_timeout + st.retransmits_sack + st.retransmits_tlp
+            st.retransmits_nack
+            + st.retransmits_timeout
+            + st.retransmits_sack
+            + st.retransmits_tlp
+            + st.retransmits_link
         )
 
         # retransmissions are bounded by what the faults can explain
