@@ -413,10 +413,22 @@ class Connection:
     # ---- paths -------------------------------------------------------------------------
 
     def deny_ev(self, ev: int) -> None:
-        """Never use EV ``ev`` (an index of :meth:`ev_report`) again: state DENIED."""
+        """Stop using EV ``ev`` (an index of :meth:`ev_report`): state DENIED, until
+        :meth:`allow_ev`."""
+        self._check_ev(ev)
+        self.qp.deny_ev(ev, time.monotonic())
+
+    def allow_ev(self, ev: int) -> bool:
+        """Use a denied EV again once its probes are answered (it is ASSUMED_BAD until
+        then); False if it was not denied."""
+        self._check_ev(ev)
+        allowed = self.qp.allow_ev(ev, time.monotonic())
+        self.endpoint.kick(self.qp.qpn)  # its first probe goes now, not at the next timer
+        return allowed
+
+    def _check_ev(self, ev: int) -> None:
         if not 0 <= ev < len(self.qp.evs.ports):
             raise ValueError(f"no EV {ev} (this connection has {len(self.qp.evs.ports)})")
-        self.qp.deny_ev(ev, time.monotonic())
 
     def on_ev_change(self, callback: Callable[[EVStateChanged], None] | None) -> None:
         """Call ``callback(event)`` with every EV state transition of this connection, the

@@ -105,6 +105,7 @@ class EVReason(Enum):
     REPLACES = "replaces EV {detail}"  # a backup joins the rotation; detail: the EV it replaces
     RESURRECTED = "resurrected: {detail} probes answered"  # detail: the answered probes
     DENIED = "denied by operator"
+    ALLOWED = "allowed again by operator: probed before use"
 
     def describe(self, detail: str = "", plane: int = 0) -> str:
         """The phrase for this reason, as ``--ev-log`` and the demos print it."""

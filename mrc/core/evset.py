@@ -97,6 +97,7 @@ _TRANSITIONS: dict[tuple[EVState, EVReason], EVState] = {
     (_SKIP, _R.DENIED): _DENIED,
     (_BAD, _R.DENIED): _DENIED,
     (_DENIED, _R.DENIED): _DENIED,  # denying twice changes nothing
+    (_DENIED, _R.ALLOWED): _BAD,  # 8: probed, and back through #6 once it answers
 }
 
 ChangeCallback = Callable[[EVStateChanged], None]
@@ -697,6 +698,17 @@ class EVSet:
         self._transition(ev, EVReason.DENIED, now, active=False)
         if was_active:
             self._replace(ev, now)
+
+    def allow(self, ev: int, now: float) -> bool:
+        """Undo :meth:`deny`: the EV is probed like one assumed bad and returns to use (the
+        rotation or its plane's backups) once ``resurrect_after`` probes are answered, so a
+        path that broke while it was denied is not sprayed on blind. Returns False (and
+        changes nothing) for an EV that is not denied."""
+        if self.state[ev] != EVState.DENIED:
+            return False
+        self._transition(ev, EVReason.ALLOWED, now, active=False)
+        self.probes.start(ev, now)
+        return True
 
     def set_plane_down(
         self, plane: int, now: float, reason: EVReason = EVReason.PLANE_DOWN, detail: str = ""

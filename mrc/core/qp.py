@@ -169,8 +169,13 @@ class QueuePair:
         self.stats.probes_sent += 1
 
     def deny_ev(self, ev: int, now: float = 0.0) -> None:
-        """Operator denylist: EV ``ev`` is never used again (state DENIED)."""
+        """Operator denylist: EV ``ev`` is not used (state DENIED) until :meth:`allow_ev`."""
         self.evs.deny(ev, now)
+
+    def allow_ev(self, ev: int, now: float = 0.0) -> bool:
+        """Undo :meth:`deny_ev`: EV ``ev`` is probed, and used again once it answers
+        (ASSUMED_BAD, then GOOD); False if it was not denied."""
+        return self.evs.allow(ev, now)
 
     def link_down(
         self, plane: int, now: float, whose: str = "this host's NIC lost its link"

@@ -105,12 +105,38 @@ def test_impossible_transitions_raise() -> None:
     assert evs.state[1] is EVState.DENIED  # unchanged
 
 
-def test_every_state_can_be_denied_and_nothing_leaves_denied() -> None:
+def test_every_state_can_be_denied_and_only_the_operator_lets_one_out() -> None:
     for state in EVState:
         assert _TRANSITIONS[(state, EVReason.DENIED)] is EVState.DENIED
-    assert {new for (old, _r), new in _TRANSITIONS.items() if old is EVState.DENIED} == {
-        EVState.DENIED
+    assert {(r, new) for (old, r), new in _TRANSITIONS.items() if old is EVState.DENIED} == {
+        (EVReason.DENIED, EVState.DENIED),
+        (EVReason.ALLOWED, EVState.ASSUMED_BAD),
     }
+
+
+def test_an_allowed_ev_is_probed_before_it_is_used_again() -> None:
+    """mrc_ctl's MODIFY_EV_STATE goes both ways: a denied EV may be allowed again. It is not
+    sprayed on blind (its path may have broken meanwhile): probed as one assumed bad, then
+    GOOD once ``resurrect_after`` probes are answered."""
+    evs, log = _evset(resurrect_after=2)
+    evs.deny(1, 0.5)  # active: a backup of its plane takes its place
+    assert not evs.allow(3, 0.6)  # not denied: nothing happens
+    assert evs.allow(1, 1.0)
+    assert not evs.allow(1, 1.0)  # once is enough
+    assert evs.state[1] is EVState.ASSUMED_BAD and not evs.usable[1]
+    t = 1.0
+    for _ in range(2):
+        t += 0.5
+        assert 1 in evs.probes_due(t)
+        evs.probe_answered(1, t + 0.001)
+    assert evs.state[1] is EVState.GOOD
+    mine = [(e.old_label, e.new_label, e.reason_text) for e in log if e.ev == 1]
+    assert mine == [
+        ("GOOD", "DENIED", "denied by operator"),
+        ("DENIED", "ASSUMED_BAD", "allowed again by operator: probed before use"),
+        ("ASSUMED_BAD", "GOOD (backup)", "resurrected: 2 probes answered"),
+    ]
+    assert evs.assumed_bad == 0  # the operator's word is no loss
 
 
 def test_deliveries_reset_the_loss_streak_and_mark_the_plane_alive() -> None:

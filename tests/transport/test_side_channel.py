@@ -338,6 +338,16 @@ async def test_connection_public_api() -> None:
             # the core's event, passed through as it is (delivered with the next packets)
             assert events and all(isinstance(e, EVStateChanged) for e in events)
             assert 3 in [getattr(e, "ev", None) for e in events]  # (a backup may step in too)
+            # allowed again: probed over the real sockets, and GOOD once its probes answer
+            back = asyncio.Event()
+            conn.on_ev_change(
+                lambda e: back.set() if e.ev == 3 and e.new_label != "ASSUMED_BAD" else None
+            )
+            assert conn.allow_ev(3) and not conn.allow_ev(3)
+            with pytest.raises(ValueError, match="no EV 99"):
+                conn.allow_ev(99)
+            await asyncio.wait_for(back.wait(), 10)
+            assert str(conn.ev_report()[3]["state"]).startswith("GOOD")
             assert conn.bytes_acked >= 100_000
             assert peer.bytes_placed == 100_000
             assert peer.granted is not None
