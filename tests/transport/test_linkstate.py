@@ -20,7 +20,7 @@ import subprocess
 import time
 
 import pytest
-from transport.test_netns import rx_bytes
+from transport.test_netns import finish, receiver_on_both_planes, rx_bytes, send_over_both_planes
 
 from mrc.transport.linkstate import (
     IFF_LOWER_UP,
@@ -32,8 +32,6 @@ from mrc.transport.linkstate import (
     interface_of,
     parse_link_messages,
 )
-
-PORT = 4791
 
 
 def _msg(kind: int, index: int, flags: int, pad_to: int = 0) -> bytes:
@@ -81,19 +79,8 @@ def test_a_nic_that_loses_its_link_takes_its_plane_out_on_both_ends(
 ) -> None:
     h = two_hosts
     send_log, recv_log = tmp_path / "send.jsonl", tmp_path / "recv.jsonl"
-    recv = mrc_tools.start(
-        "mrc-recv",
-        *("--listen", f"[{h.b_addrs[0]}]:{PORT}", "--listen", f"[{h.b_addrs[1]}]:{PORT}"),
-        *("--discard", "--json", "--ev-log", str(recv_log)),
-        ns=h.b,
-    )
-    recv.wait_listening(PORT)
-    send = mrc_tools.start(
-        "mrc-send",
-        *("--time", "3", "--to", f"[{h.b_addrs[0]}]:{PORT}"),
-        *("--from", h.a_addrs[0], "--from", h.a_addrs[1], "--json", "--ev-log", str(send_log)),
-        ns=h.a,
-    )
+    recv = receiver_on_both_planes(h, mrc_tools, "--ev-log", str(recv_log))
+    send = send_over_both_planes(h, mrc_tools, "--time", "3", "--ev-log", str(send_log))
     # down with the link once plane 1 carries data (an event, not a fixed sleep)
     b_end = h.link_names(1)[1]
     start = rx_bytes(h.b)[b_end]
@@ -103,9 +90,7 @@ def test_a_nic_that_loses_its_link_takes_its_plane_out_on_both_ends(
         assert send.proc.poll() is None, "the sender ended before plane 1 carried data"
         time.sleep(0.02)
     subprocess.run(["ip", "-n", h.b, "link", "set", "dev", b_end, "down"], check=True)
-    s_res, r_res = send.wait(60), recv.wait(30)
-    assert s_res.returncode == 0, s_res.describe()
-    assert r_res.returncode == 0, r_res.describe()
+    s_res, r_res = finish(send, recv)
     s, rv = s_res.json, r_res.json
     assert s["ok"] is True and rv["ok"] is True
     assert s["sha256"] == s["sha256_receiver"] == rv["sha256"]

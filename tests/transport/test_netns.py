@@ -22,16 +22,35 @@ def rx_bytes(ns: str) -> dict[str, int]:
     return {i["ifname"]: i["stats64"]["rx"]["bytes"] for i in json.loads(res.stdout)}
 
 
-def _receiver_on_both_planes(h, mrc_tools):  # noqa: ANN001, ANN202
-    """mrc-recv --discard in B, listening on its address in each plane, ready."""
+def receiver_on_both_planes(h, mrc_tools, *extra: str):  # noqa: ANN001, ANN202
+    """mrc-recv --discard --json in B, listening on its address in each plane, ready;
+    ``extra``: more of its options."""
     recv = mrc_tools.start(
         "mrc-recv",
         *("--listen", f"[{h.b_addrs[0]}]:{PORT}", "--listen", f"[{h.b_addrs[1]}]:{PORT}"),
-        *("--discard", "--json"),
+        *("--discard", "--json", *extra),
         ns=h.b,
     )
     recv.wait_listening(PORT)
     return recv
+
+
+def send_over_both_planes(h, mrc_tools, *args: str):  # noqa: ANN001, ANN202
+    """mrc-send --json from A to B over both planes with ``args``, started (not awaited)."""
+    return mrc_tools.start(
+        "mrc-send",
+        *("--to", f"[{h.b_addrs[0]}]:{PORT}", "--from", h.a_addrs[0], "--from", h.a_addrs[1]),
+        *("--json", *args),
+        ns=h.a,
+    )
+
+
+def finish(send, recv):  # noqa: ANN001, ANN202
+    """Both ends' JSON, once both ended well."""
+    s, r = send.wait(60), recv.wait(30)
+    assert s.returncode == 0, s.describe()
+    assert r.returncode == 0, r.describe()
+    return s, r
 
 
 def _fragments_made(ns: str) -> int:
@@ -49,7 +68,7 @@ def _fragments_made(ns: str) -> int:
 def test_64mib_over_two_planes(two_hosts, mrc_tools) -> None:
     h = two_hosts
     planes = [h.link_names(p)[1] for p in range(2)]  # B's end of each link
-    recv = _receiver_on_both_planes(h, mrc_tools)
+    recv = receiver_on_both_planes(h, mrc_tools)
     before = rx_bytes(h.b)
     send = mrc_tools.run(
         "mrc-send",
@@ -107,18 +126,9 @@ def test_the_default_payload_fits_the_path_mtu(two_hosts_1500, mrc_tools) -> Non
     sends the largest payload that fits the smallest (8 KiB at most), and says so with -v:
     1500 - 40 (IPv6) - 8 (UDP) - 32 (MRC headers) = 1420 bytes, no datagram fragmented."""
     h = two_hosts_1500
-    recv = _receiver_on_both_planes(h, mrc_tools)
+    recv = receiver_on_both_planes(h, mrc_tools)
     frags = _fragments_made(h.a)
-    send = mrc_tools.run(
-        "mrc-send",
-        *("--size", "4M", "--to", f"[{h.b_addrs[0]}]:{PORT}"),
-        *("--from", h.a_addrs[0], "--from", h.a_addrs[1], "--json", "-v"),
-        ns=h.a,
-        timeout=60,
-    )
-    r = recv.wait(30)
-    assert send.returncode == 0, send.describe()
-    assert r.returncode == 0, r.describe()
+    send, r = finish(send_over_both_planes(h, mrc_tools, "--size", "4M", "-v"), recv)
     s, rv = send.json, r.json
     assert s["payload"] == 1500 - 40 - 8 - 32 == 1420
     assert "payload 1420 bytes per packet (path MTU 1500 to" in send.stderr, send.stderr

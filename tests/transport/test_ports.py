@@ -13,10 +13,11 @@ import socket
 import subprocess
 
 import pytest
+from transport.test_netns import PORT, finish, receiver_on_both_planes, send_over_both_planes
 
 pytestmark = pytest.mark.netns
 
-PORT = 4791  # the receiver's listening port (TCP side channel and UDP)
+
 RANGE = (20000, 20399)  # outside the kernel's ephemeral range (32768-60999)
 MiB = 1 << 20
 
@@ -58,23 +59,8 @@ def test_a_transfer_keeps_to_the_port_range(two_hosts, mrc_tools) -> None:
     for ns in (h.a, h.b):
         _firewall(ns)
     ports = f"{RANGE[0]}-{RANGE[1]}"
-    recv = mrc_tools.start(
-        "mrc-recv",
-        *("--listen", f"[{h.b_addrs[0]}]:{PORT}", "--listen", f"[{h.b_addrs[1]}]:{PORT}"),
-        *("--discard", "--json", "--ports", ports),
-        ns=h.b,
-    )
-    recv.wait_listening(PORT)
-    send = mrc_tools.run(
-        "mrc-send",
-        *("--size", "16M", "--to", f"[{h.b_addrs[0]}]:{PORT}"),
-        *("--from", h.a_addrs[0], "--from", h.a_addrs[1], "--ports", ports, "--json"),
-        ns=h.a,
-        timeout=60,
-    )
-    r = recv.wait(30)
-    assert send.returncode == 0, send.describe()
-    assert r.returncode == 0, r.describe()
+    recv = receiver_on_both_planes(h, mrc_tools, "--ports", ports)
+    send, r = finish(send_over_both_planes(h, mrc_tools, "--size", "16M", "--ports", ports), recv)
     s, rv = send.json, r.json
     assert s["sha256"] == s["sha256_receiver"] == rv["sha256"] and rv["bytes"] == 16 * MiB
     sports = [e["sport"] for e in s["evs"]]
