@@ -1,0 +1,43 @@
+"""tools/sim_scale.py: one step of a workload on H simulated hosts, timed; every QP
+completes, the JSON says so, and sizes the simulator cannot hold are skipped with the reason."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "sim_scale.py"
+
+
+def _run(*args: str) -> dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, str(TOOL), "--json", "--size", "65536", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    result: dict[str, object] = json.loads(out.stdout)
+    return result
+
+
+def test_every_qp_of_a_step_completes_and_is_counted() -> None:
+    out = _run("--hosts", "4,20", "--workload", "ring", "--evs", "4")
+    rows = out["results"]
+    assert isinstance(rows, list) and [r["hosts"] for r in rows] == [4, 20]
+    for r in rows:
+        assert r["complete"] is True and r["qps"] == r["hosts"]
+        assert r["packets"] >= r["qps"] * 8  # 64 KiB in 8 KiB packets each
+        assert r["events"] > r["packets"] and r["simulated_s"] > 0
+    a2a = _run("--hosts", "5", "--workload", "alltoall", "--evs", "4")["results"]
+    assert isinstance(a2a, list) and a2a[0]["qps"] == 20 and a2a[0]["complete"] is True
+
+
+def test_sizes_beyond_the_simulator_are_skipped_with_the_reason() -> None:
+    rows = _run("--hosts", "3000", "--workload", "ring", "--evs", "16")["results"]
+    assert isinstance(rows, list)
+    assert rows[0]["qps"] == 3000 and "96000 EVs" in str(rows[0]["skipped"])
+    rows = _run("--hosts", "200", "--workload", "alltoall", "--max-qps", "1000")["results"]
+    assert isinstance(rows, list) and rows[0]["skipped"] == "more than 1000 QPs"
