@@ -22,11 +22,11 @@ QPs would exceed ``--max-qps`` is reported as skipped, with the QPs it would nee
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time
 
+from mrc.cli.common import emit_json
 from mrc.core import QPConfig, QueuePair
 from mrc.core.events import Event, WriteCompleted
 from mrc.lab.sim import Faults, SimNetwork
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     if args.json:
         config = {k: v for k, v in vars(args).items() if k != "json"}
-        print(json.dumps({"tool": "sim_scale", "config": config, "results": results}, indent=2))
+        emit_json({"tool": "sim_scale", "config": config, "results": results}, indent=2)
     return 0
 
 
