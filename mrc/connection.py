@@ -279,7 +279,8 @@ class Connection:
     def post_write(
         self, data: Buffer, region: RemoteRegion, offset: int = 0, imm: int | None = None
     ) -> asyncio.Future[int]:
-        """Post a WRITE (WRITE_IMM with ``imm``); the future resolves when it is placed.
+        """Post a WRITE (WRITE_IMM with ``imm``); the future resolves when it is placed, or
+        fails with a :class:`~mrc.errors.WriteError` saying how the write ended.
 
         ``data`` is sent from where it lies, without copying: keep it unchanged until then.
         """
@@ -300,11 +301,10 @@ class Connection:
     async def write(
         self, data: Buffer, region: RemoteRegion, offset: int = 0, imm: int | None = None
     ) -> int:
-        """WRITE and wait until every byte is acknowledged; returns the byte count."""
-        try:
-            return await self.post_write(data, region, offset, imm)
-        except ConnectionError as exc:
-            raise MRCError(str(exc)) from None
+        """WRITE and wait until every byte is acknowledged; returns the byte count. A write
+        that will not complete raises :class:`~mrc.errors.WriteError`, its ``status`` saying
+        how it ended (remote access error, retry exceeded, flushed...)."""
+        return await self.post_write(data, region, offset, imm)
 
     async def next_immediate(self, timeout: float | None = None) -> int:
         """The immediate value of the next WRITE_IMM completed in order by the peer."""

@@ -33,3 +33,14 @@ class FabricError(MRCError):
 class AgentError(MRCError):
     """An ``mrc-bench`` agent failed a request or died. Separate because the coordinator counts
     such a failure against one step (and reconnects) instead of ending the run."""
+
+
+class WriteError(MRCError):
+    """A posted write that will not complete. ``status`` is how it ended, the phrase of a
+    :class:`mrc.core.events.WCStatus` ("remote access error", "retry exceeded", "flushed"...),
+    as a verbs work completion reports it per work request: the write whose packet made the
+    QP fail carries the cause, every other one still pending was flushed."""
+
+    def __init__(self, message: str, status: str = "flushed") -> None:
+        super().__init__(message)
+        self.status = status

@@ -15,7 +15,9 @@ from mrc.core.events import (
     ImmediateReceived,
     ProbeReplied,
     QPFailed,
+    WCStatus,
     WriteCompleted,
+    WriteFailed,
 )
 from mrc.core.memory import Access, MemoryRegion, ProtectionDomain
 from mrc.core.qp import QueuePair
@@ -36,5 +38,7 @@ __all__ = [
     "QPFailed",
     "QPStats",
     "QueuePair",
+    "WCStatus",
     "WriteCompleted",
+    "WriteFailed",
 ]

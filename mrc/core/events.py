@@ -52,6 +52,28 @@ class ImmediateReceived(Event):
     imm: int
 
 
+class WCStatus(Enum):
+    """How a work request ended, as a verbs work completion says it (``mrc.h``'s status):
+    the value is the phrase shown for it."""
+
+    SUCCESS = "success"
+    REMOTE_ACCESS_ERROR = "remote access error"  # the peer refused its rkey, bounds or access
+    REMOTE_OPERATION_ERROR = "remote operation error"  # any other NAK (e.g. PSN out of window)
+    RETRY_EXCEEDED = "retry exceeded"  # a packet of it ran out of timeouts or trims
+    FLUSHED = "flushed"  # the QP failed for another work request before this one completed
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFailed(Event):
+    """A posted WRITE / WRITE_IMM will not complete: ``status`` says why (the one whose packet
+    made the QP fail has the cause; every other one still pending is FLUSHED), ``reason`` is
+    the QP's one-line failure. Emitted for each, in posting order, before :class:`QPFailed`."""
+
+    wr_id: int
+    status: WCStatus
+    reason: str
+
+
 @dataclass(frozen=True, slots=True)
 class QPFailed(Event):
     """The QP is in error and will send nothing more; ``reason`` is one human-readable line."""

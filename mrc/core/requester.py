@@ -26,7 +26,9 @@ from mrc.core.events import (
     Event,
     EVReason,
     QPFailed,
+    WCStatus,
     WriteCompleted,
+    WriteFailed,
     datagrams_of,
 )
 from mrc.core.evset import EVSet
@@ -602,7 +604,8 @@ class Requester:
         if pkt.timeouts > limit:
             self.fail(
                 f"retry budget exhausted: PSN {to_psn(self.initial_psn, seq)} "
-                f"unacknowledged after {limit} timeouts; {self._what_was_heard(now)}"
+                f"unacknowledged after {limit} timeouts; {self._what_was_heard(now)}",
+                pkt.wr,
             )
             return False
         pkt.deadline = _INF
@@ -690,10 +693,28 @@ class Requester:
             self._tlps += 1
         self._arm_tlp(now)
 
-    def fail(self, reason: str) -> None:
-        if not self.failed:
-            self.failed = True
-            self._emit(QPFailed(self.qpn, reason))
+    def fail(
+        self,
+        reason: str,
+        cause: _WorkRequest | None = None,
+        status: WCStatus = WCStatus.RETRY_EXCEEDED,
+    ) -> None:
+        """The QP is in error: every work request not yet completed ends with a
+        :class:`WriteFailed`, in posting order (``cause``, the one whose packet failed, with
+        ``status``; the others FLUSHED), then :class:`QPFailed`."""
+        if self.failed:
+            return
+        self.failed = True
+        seen: set[int] = set()
+        for wr in (*self._inflight_wrs, *self._queue):  # a WR being segmented is in both
+            if id(wr) in seen:
+                continue
+            seen.add(id(wr))
+            why = status if wr is cause else WCStatus.FLUSHED
+            self._emit(WriteFailed(self.qpn, wr.wr_id, why, reason))
+        self._inflight_wrs.clear()
+        self._queue.clear()
+        self._emit(QPFailed(self.qpn, reason))
 
     # ---- acknowledgements --------------------------------------------------------------
 
@@ -1047,7 +1068,7 @@ class Requester:
         if code in _TRIM_CODES:
             pkt.nacks += 1
             if pkt.nacks > self.config.max_nack_retries:
-                self.fail(f"PSN {to_psn(self.initial_psn, seq)} trimmed {pkt.nacks} times")
+                self.fail(f"PSN {to_psn(self.initial_psn, seq)} trimmed {pkt.nacks} times", pkt.wr)
                 return
             if pkt.deadline != _INF:  # not already queued for retransmission
                 pkt.deadline = _INF
@@ -1065,9 +1086,19 @@ class Requester:
             wr = pkt.wr
             self.fail(
                 f"remote access error: rkey {wr.rkey:#x} refused a write of {pkt.length} bytes "
-                f"at {wr.remote_addr + pkt.offset:#x} (outside the region or no write access)"
+                f"at {wr.remote_addr + pkt.offset:#x} (outside the region or no write access)",
+                wr,
+                WCStatus.REMOTE_ACCESS_ERROR,
             )
         elif code == wire.NackCode.PSN_SEQUENCE_ERROR:
-            self.fail("peer reports PSN out of window (QP state mismatch)")
+            self.fail(
+                "peer reports PSN out of window (QP state mismatch)",
+                pkt.wr,
+                WCStatus.REMOTE_OPERATION_ERROR,
+            )
         else:
-            self.fail(f"peer rejected the request (NAK code {code})")
+            self.fail(
+                f"peer rejected the request (NAK code {code})",
+                pkt.wr,
+                WCStatus.REMOTE_OPERATION_ERROR,
+            )

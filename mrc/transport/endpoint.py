@@ -19,8 +19,16 @@ from collections.abc import Callable
 
 from mrc import wire
 from mrc.core.endpoint import EndpointCore
-from mrc.core.events import EVStateChanged, ImmediateReceived, QPFailed, WriteCompleted
+from mrc.core.events import (
+    EVStateChanged,
+    ImmediateReceived,
+    QPFailed,
+    WCStatus,
+    WriteCompleted,
+    WriteFailed,
+)
 from mrc.core.qp import QueuePair
+from mrc.errors import WriteError
 from mrc.security.packet import DATA_OVERHEAD as _SEAL_OVERHEAD
 from mrc.transport import ecn as _ecn
 from mrc.transport import gso
@@ -103,26 +111,38 @@ class QPChannel:
             self.gso_error = f"payload too large for the path MTU (at most {fits} bytes fits)"
         # the kernel's receive-buffer drops when the QP started: a failure says how many more
         self.drops_at_start = rcvbuf_drops()
+        self._explained: tuple[str, str] | None = None  # explain()'s last (reason, text)
         # called with every EV state transition (Connection.on_ev_change sets it)
         self.on_ev_event: Callable[[EVStateChanged], None] | None = None
         # called once, when this QP first takes a datagram (not one it dropped): how a
         # listener learns that a sender it welcomed has started (Listener's start_timeout)
         self.on_first_datagram: Callable[[], None] | None = None
 
-    def fail(self, reason: str) -> None:
-        if self.error is not None:
-            return
+    def explain(self, reason: str) -> str:
+        """``reason`` (the core's one line for a QP failure) with what this host's kernel
+        dropped while the QP ran; the same text every time for one failure (its failed
+        writes, then the QP)."""
+        if self._explained is not None and self._explained[0] == reason:
+            return self._explained[1]
+        text = reason
         drops = rcvbuf_drops()
         if drops is not None and self.drops_at_start is not None and drops > self.drops_at_start:
-            reason += (
+            text += (
                 f"; meanwhile this host's kernel dropped {drops - self.drops_at_start} UDP "
                 "datagrams for lack of socket receive-buffer room (all sockets together)"
             )
+        self._explained = (reason, text)
+        return text
+
+    def fail(self, reason: str) -> None:
+        if self.error is not None:
+            return
+        reason = self.explain(reason)
         self.error = reason
         self.error_event.set()
         for fut in self.pending.values():
             if not fut.done():
-                fut.set_exception(ConnectionError(reason))
+                fut.set_exception(WriteError(reason, WCStatus.FLUSHED.value))
                 # marked retrieved: the failure reaches the application through whichever
                 # write it awaits (and ``error``); the other pending writes' futures must not
                 # each print "Future exception was never retrieved" when collected
@@ -385,6 +405,11 @@ class Endpoint:
                 fut = ch.pending.pop(ev.wr_id, None)
                 if fut is not None and not fut.done():
                     fut.set_result(ev.length)
+            elif isinstance(ev, WriteFailed):
+                fut = ch.pending.pop(ev.wr_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(WriteError(ch.explain(ev.reason), ev.status.value))
+                    fut.exception()  # retrieved: as for QPChannel.fail
             elif isinstance(ev, ImmediateReceived):
                 ch.imms.put_nowait(ev.imm)
             elif isinstance(ev, QPFailed):

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mrc import wire
-from mrc.core import Access, EndpointCore, QPConfig, QPFailed, QueuePair
+from mrc.core import Access, EndpointCore, QPConfig, QPFailed, QueuePair, WCStatus, WriteFailed
 from mrc.core.psn import to_psn, to_seq
 from mrc.lab.sim import Faults
 
@@ -247,8 +247,10 @@ def test_forged_remote_access_nack_does_not_fail_sender() -> None:
     # control: had it come from the EV the packet really used, the NACK is believed
     _forge_and_bounce(qa, qb, cb, hdr, qa.evs.ports[ev])
     assert qa.failed
-    event = qa.next_event()
-    assert isinstance(event, QPFailed) and "remote access error" in event.reason
+    write_failed, failed = qa.next_event(), qa.next_event()
+    assert isinstance(write_failed, WriteFailed)
+    assert write_failed.status is WCStatus.REMOTE_ACCESS_ERROR
+    assert isinstance(failed, QPFailed) and "remote access error" in failed.reason
     assert buf == bytearray(1000)
 
 
