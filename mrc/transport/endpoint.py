@@ -201,7 +201,7 @@ class Endpoint:
         self.core.add(qp)
         ch = QPChannel(qp, ev_sockets)
         self.channels[qp.qpn] = ch
-        if qp.config.ev_health:
+        if qp.config.ev_health and qp.evs.nplanes > 1:  # one plane has nowhere else to go
             self.links.add(qp.qpn, qp.evs.nplanes, plane_interfaces(qp.evs.planes, ev_sockets))
         return ch
 

@@ -134,14 +134,19 @@ class LinkWatcher:
 
 def plane_interfaces(planes: list[int], sockets: list[socket.socket]) -> dict[int, int]:
     """Interface index -> plane, for the EV sockets of one QP (EV i on ``planes[i]``, bound
-    to its plane's local address): the interfaces whose link state decides a plane."""
+    to its plane's local address): the interfaces whose link state decides a plane. One
+    lookup per plane, not per EV: a plane's EVs share its address."""
     out: dict[int, int] = {}
+    looked: set[int] = set()
     for plane, sock in zip(planes, sockets, strict=False):
+        if plane in looked or sock.family != socket.AF_INET6:
+            continue
+        looked.add(plane)
         try:
             address = sock.getsockname()[0]
         except OSError:
             continue
-        index = interface_of(address) if sock.family == socket.AF_INET6 else None
+        index = interface_of(address)
         if index is not None:
             out.setdefault(index, plane)
     return out

@@ -9,6 +9,7 @@ from pathlib import Path
 import jsonschema
 
 from mrc.transfer import IDLE_TIMEOUT
+from mrc.transport.sockets import udp6_counters
 
 EVS = 8  # few EVs, so "connected" is a clear jump in the number of open sockets
 
@@ -43,7 +44,20 @@ def _start_pair(mrc_tools, port: int):
     # both sides have their EV sockets only once the connection is set up
     send.wait_sockets(EVS + 2)
     recv.wait_sockets(recv_base + EVS + 1)
+    # and the transfer has started: data and ACKs cross loopback. A sender killed before its
+    # first datagram is one the receiver never took (its listener drops it at the start
+    # timeout, silently) and waits on for another, until --timeout: seen once in CI
+    _wait_for_datagrams(4)
     return recv, send
+
+
+def _wait_for_datagrams(count: int) -> None:
+    """Until this namespace's kernel has delivered ``count`` more UDP datagrams."""
+    start = udp6_counters().get("Udp6InDatagrams", 0)
+    deadline = time.monotonic() + 30
+    while udp6_counters().get("Udp6InDatagrams", 0) < start + count:
+        assert time.monotonic() < deadline, "no datagram crossed loopback in 30 s"
+        time.sleep(0.005)
 
 
 def test_sender_dies_mid_transfer(mrc_tools, mrc_port: int) -> None:
