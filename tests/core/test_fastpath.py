@@ -193,6 +193,15 @@ class Receiver:
             while (e := qp.next_event()) is not None:
                 self.events.append(e)
 
+    def feed(self, view: memoryview, seg: int, port: int, now: float, mode: str) -> None:
+        """One receive of ``seg``-byte segments: as a train ("train") or one datagram at a
+        time ("single"), as the two paths the comparisons hold to the same observations."""
+        if mode == "train":
+            self.core.receive_train(view, seg, port, now)
+        else:
+            for off in range(0, max(len(view), 1), seg):
+                self.core.receive_datagram(view[off : off + seg], port, now)
+
     def observed(self, region: bytearray) -> dict[str, object]:
         return {
             "region": hashlib.sha256(region).hexdigest(),
@@ -234,12 +243,7 @@ def _run(
     trains = _trains(seed, mr, 150)
     for i, train in enumerate(_mutate(trains, seed) if mutate else trains):
         view = memoryview(bytearray(train.data))
-        port = 6000 + i % 5
-        if mode == "train":
-            rx.core.receive_train(view, S, port, now)
-        else:
-            for off in range(0, max(len(view), 1), S):
-                rx.core.receive_datagram(view[off : off + S], port, now)
+        rx.feed(view, S, 6000 + i % 5, now, mode)
         now += 0.0003  # every other train lets the ACK delay run out
         rx.drain(now)
     assert rx.core.unaccounted() == 0

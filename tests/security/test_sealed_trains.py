@@ -74,12 +74,7 @@ def _run(seed: int, mode: str, mutate: bool, security: Mode) -> tuple[dict[str, 
     now = 1.0
     for i, train in enumerate(_trains(seed, mr, 120)):
         view = memoryview(bytearray(_seal_train(train, sealer, flips)))
-        port = 6000 + i % 5
-        if mode == "train":
-            rx.core.receive_train(view, S2, port, now)
-        else:
-            for off in range(0, max(len(view), 1), S2):
-                rx.core.receive_datagram(view[off : off + S2], port, now)
+        rx.feed(view, S2, 6000 + i % 5, now, mode)
         now += 0.0003
         rx.drain(now)
     assert rx.core.unaccounted() == 0
