@@ -53,10 +53,9 @@ class ImmediateReceived(Event):
 
 
 class WCStatus(Enum):
-    """How a work request ended, as a verbs work completion says it (``mrc.h``'s status):
-    the value is the phrase shown for it."""
+    """How a work request that did not complete ended, as a verbs work completion says it
+    (``mrc.h``'s status; success is :class:`WriteCompleted`): the value is its phrase."""
 
-    SUCCESS = "success"
     REMOTE_ACCESS_ERROR = "remote access error"  # the peer refused its rkey, bounds or access
     REMOTE_OPERATION_ERROR = "remote operation error"  # any other NAK (e.g. PSN out of window)
     RETRY_EXCEEDED = "retry exceeded"  # a packet of it ran out of timeouts or trims

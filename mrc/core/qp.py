@@ -177,9 +177,7 @@ class QueuePair:
         (ASSUMED_BAD, then GOOD); False if it was not denied."""
         return self.evs.allow(ev, now)
 
-    def link_down(
-        self, plane: int, now: float, whose: str = "this host's NIC lost its link"
-    ) -> bool:
+    def link_down(self, plane: int, now: float) -> bool:
         """Our NIC of ``plane`` lost its link (the transport watches link state, where it
         can): the plane is out at once instead of after losses, its EVs probed until it
         answers again, the peer told in the port-state bitmap of our next ACKs, and what was
@@ -188,7 +186,9 @@ class QueuePair:
         changed anything (False: EV health off, no such plane, or nothing left to do)."""
         if not self.config.ev_health or not 0 <= plane < self.evs.nplanes:
             return False
-        changed = self.evs.set_plane_down(plane, now, EVReason.LINK_DOWN, whose)
+        changed = self.evs.set_plane_down(
+            plane, now, EVReason.LINK_DOWN, "this host's NIC lost its link"
+        )
         return self.requester.resend_plane(plane) > 0 or changed
 
     def send_failed(self, ev: int, now: float, reason: str) -> None:

@@ -187,7 +187,6 @@ class Endpoint:
             self.loop.add_reader(sock.fileno(), self._on_readable, sock)
         # the link state of the QPs' plane NICs: a plane whose NIC goes down is out at once
         self.links = PlaneLinks(self.loop, self._link_down)
-        self.links_down = 0  # QP planes taken out because their NIC lost its link
 
     @property
     def port(self) -> int:
@@ -202,15 +201,14 @@ class Endpoint:
         ch = QPChannel(qp, ev_sockets)
         self.channels[qp.qpn] = ch
         if qp.config.ev_health and qp.evs.nplanes > 1:  # one plane has nowhere else to go
-            self.links.add(qp.qpn, qp.evs.nplanes, plane_interfaces(qp.evs.planes, ev_sockets))
+            self.links.add(qp.qpn, plane_interfaces(qp.evs.planes, ev_sockets))
         return ch
 
     def _link_down(self, qpn: int, plane: int, index: int) -> None:
         """Plane ``plane`` of QP ``qpn`` runs on interface ``index``, which lost its link."""
         ch = self.channels.get(qpn)
-        if ch is None or not ch.qp.link_down(plane, _clock(), "this host's NIC lost its link"):
+        if ch is None or not ch.qp.link_down(plane, _clock()):
             return
-        self.links_down += 1
         _log.warning(
             "QP %d: plane %d is out: its NIC (interface #%d) lost its link", qpn, plane, index
         )

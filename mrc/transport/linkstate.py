@@ -132,11 +132,11 @@ class LinkWatcher:
         self._sock.close()
 
 
-def plane_interfaces(planes: list[int], sockets: list[socket.socket]) -> dict[int, int]:
-    """Interface index -> plane, for the EV sockets of one QP (EV i on ``planes[i]``, bound
-    to its plane's local address): the interfaces whose link state decides a plane. One
-    lookup per plane, not per EV: a plane's EVs share its address."""
-    out: dict[int, int] = {}
+def plane_interfaces(planes: list[int], sockets: list[socket.socket]) -> dict[int, list[int]]:
+    """Interface index -> the planes on it, for the EV sockets of one QP (EV i on
+    ``planes[i]``, bound to its plane's local address): the interfaces whose link state
+    decides a plane. One lookup per plane, not per EV: a plane's EVs share its address."""
+    out: dict[int, list[int]] = {}
     looked: set[int] = set()
     for plane, sock in zip(planes, sockets, strict=False):
         if plane in looked or sock.family != socket.AF_INET6:
@@ -148,7 +148,7 @@ def plane_interfaces(planes: list[int], sockets: list[socket.socket]) -> dict[in
             continue
         index = interface_of(address)
         if index is not None:
-            out.setdefault(index, plane)
+            out.setdefault(index, []).append(plane)
     return out
 
 
@@ -163,20 +163,21 @@ class PlaneLinks:
     ) -> None:
         self._loop = loop
         self._on_down = on_down
-        self._by_index: dict[int, dict[int, int]] = {}  # interface -> {qpn: plane}
+        self._by_index: dict[int, dict[int, list[int]]] = {}  # interface -> {qpn: planes}
         self._watcher: LinkWatcher | None = None
         self._tried = False
 
-    def add(self, qpn: int, nplanes: int, interfaces: dict[int, int]) -> None:
-        if nplanes < 2 or not interfaces:
+    def add(self, qpn: int, interfaces: dict[int, list[int]]) -> None:
+        """Watch ``interfaces`` (:func:`plane_interfaces`) for QP ``qpn``."""
+        if not interfaces:
             return
         if not self._tried:
             self._tried = True
             self._watcher = LinkWatcher.open(self._loop, self._changed)
         if self._watcher is None:
             return
-        for index, plane in interfaces.items():
-            self._by_index.setdefault(index, {})[qpn] = plane
+        for index, planes in interfaces.items():
+            self._by_index.setdefault(index, {})[qpn] = planes
 
     def remove(self, qpn: int) -> None:
         for users in self._by_index.values():
@@ -186,12 +187,15 @@ class PlaneLinks:
         users = self._by_index.get(index)
         if not users:
             return
-        name = _name_of(index)
         if usable:
-            _log.info("%s has its link again: its planes return once their probes answer", name)
+            _log.info(
+                "%s has its link again: its planes return once their probes answer",
+                _name_of(index),
+            )
             return
-        for qpn, plane in list(users.items()):
-            self._on_down(qpn, plane, index)
+        for qpn, planes in list(users.items()):
+            for plane in planes:
+                self._on_down(qpn, plane, index)
 
     def close(self) -> None:
         if self._watcher is not None:
