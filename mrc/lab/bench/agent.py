@@ -32,7 +32,8 @@ import struct
 import subprocess
 import sys
 import traceback
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mrc.errors import MRCError
@@ -123,6 +124,7 @@ class MrcTransport(Transport):
             evs=int(opts["listener_evs"]),
             config=self._config(opts),
             fabric=a.topo,
+            ports=a.ports,
         )
         self.listener.register(a.inbox, name="inbox")
         return {"port": self.listener.port}
@@ -147,10 +149,10 @@ class MrcTransport(Transport):
         cfg = self._config(opts)
         # the side channel (set-up only) goes over the last plane: the plane a link_down
         # condition breaks is plane 0, and a re-connect must not depend on it
-        side = int(opts.get("side_plane", a.topo.planes - 1))
+        side = int(opts.get("side_plane", a.planes - 1))
 
         async def one(dst: int) -> None:
-            host = a.topo.hosts[dst].nics[side].address
+            host = a.peers[dst].addrs[side]
             conn = await mrc.connect(
                 host,
                 MRC_PORT,
@@ -159,6 +161,7 @@ class MrcTransport(Transport):
                 config=cfg,
                 fabric=a.topo,
                 timeout=float(opts.get("timeout", 10.0)),
+                ports=a.ports,
             )
             if "inbox" not in conn.remote:
                 raise MRCError(f"h{dst} did not announce its inbox")
@@ -166,7 +169,7 @@ class MrcTransport(Transport):
             self.out[dst] = conn
 
         await asyncio.gather(*(one(d) for d in peers if d not in self.out))
-        by_addr = {h.nics[0].address: h.index for h in a.topo.hosts}
+        by_addr = {p.addrs[0]: p.index for p in a.peers}
         deadline = now() + float(opts.get("timeout", 10.0))
         while any(s not in self.inbound for s in expect):
             left = deadline - now()
@@ -270,6 +273,7 @@ class StreamTransport(Transport):
         self.inbound_event = asyncio.Event()
         self.hdr = bytearray(HDR.size)
         self.base = _snmp_tcp()
+        self.added_endpoints: list[str] = []
 
     def _socket(self) -> socket.socket:
         s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, self.proto)
@@ -279,16 +283,37 @@ class StreamTransport(Transport):
         return s
 
     def _mptcp_setup(self) -> list[str]:
-        """Set the in-kernel path manager up (see :func:`mptcp_setup_commands`)."""
+        """Set the in-kernel path manager up (see :func:`mptcp_setup_commands`). On a shared
+        host (a launched rank on a real machine) the host's own endpoints stay, and the ones
+        added here are removed again at close."""
         if self.agent.mptcp_ready:
             return ["path manager set up by the coordinator"]
+        shared = self.agent.shared_host
         done = []
-        for cmd in mptcp_setup_commands(self.agent.host):
+        for cmd in mptcp_setup_commands(self.agent.nics, flush=not shared):
             r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
+                if shared and cmd[3] == "add" and "exists" in r.stderr.lower():
+                    continue  # the host announces this address already
                 raise MRCError(f"{' '.join(cmd)}: {r.stderr.strip() or r.returncode}")
+            if cmd[3] == "add":
+                self.added_endpoints.append(cmd[4])
             done.append(" ".join(cmd))
         return done
+
+    def _mptcp_remove_added(self) -> None:
+        """Delete the endpoints :meth:`_mptcp_setup` added (by the ids ``ip mptcp`` shows)."""
+        if not self.added_endpoints:
+            return
+        show = subprocess.run(["ip", "mptcp", "endpoint", "show"], capture_output=True, text=True)
+        for line in show.stdout.splitlines():
+            words = line.split()
+            if words and words[0] in self.added_endpoints and "id" in words:
+                eid = words[words.index("id") + 1]
+                subprocess.run(
+                    ["ip", "mptcp", "endpoint", "delete", "id", eid], capture_output=True
+                )
+        self.added_endpoints.clear()
 
     async def listen(self, opts: dict[str, Any]) -> dict[str, Any]:
         info: dict[str, Any] = {}
@@ -348,7 +373,7 @@ class StreamTransport(Transport):
             s.bind((a.addrs[0], 0))
             try:
                 await asyncio.wait_for(
-                    loop.sock_connect(s, (a.topo.hosts[dst].nics[0].address, self.port)), timeout
+                    loop.sock_connect(s, (a.peers[dst].addrs[0], self.port)), timeout
                 )
                 await loop.sock_sendall(s, HELLO.pack(a.me))
             except (OSError, TimeoutError) as exc:
@@ -369,7 +394,7 @@ class StreamTransport(Transport):
         info: dict[str, Any] = {}
         if self.proto == IPPROTO_MPTCP:
             # wait (briefly) until each connection has its extra subflows: one per other plane
-            want = a.topo.planes - 1
+            want = a.planes - 1
             until = now() + float(opts.get("subflow_wait", 3.0))
             while now() < until and any((mptcp_subflows(s) or 0) < want for s in self.out.values()):
                 await asyncio.sleep(0.02)
@@ -420,27 +445,91 @@ class StreamTransport(Transport):
         if self.lsock is not None:
             self.lsock.close()
             self.lsock = None
+        if self.proto == IPPROTO_MPTCP and self.agent.shared_host:
+            self._mptcp_remove_added()
 
 
 # ---- the agent ---------------------------------------------------------------------------
 
 
-class Agent:
-    def __init__(self, args: argparse.Namespace) -> None:
-        from mrc.lab.fabric import load_topology
+@dataclass(frozen=True)
+class PlaneNic:
+    """One of a host's plane NICs: what MPTCP's path manager is set up with."""
 
-        self.topo = load_topology(args.fabric)
-        self.me = args.index
-        self.host = self.topo.hosts[self.me]
-        self.addrs = [n.address for n in sorted(self.host.nics, key=lambda n: n.plane)]
-        self.slot = args.max_size
-        self.mptcp_ready = bool(getattr(args, "mptcp_ready", False))
-        self.pool = make_pool(args.seed, self.me, args.max_size)
+    plane: int
+    nic: str
+    address: str
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A host of the run: its index (the rank, when launched), a name for messages, and its
+    address on each plane in plane order."""
+
+    index: int
+    name: str
+    addrs: tuple[str, ...]
+
+
+class Agent:
+    """The work of one host: its transports, its data pool and the inbox peers write into.
+
+    ``peers`` are every host of the run in index order (``me`` among them); ``topo`` is an
+    mrc-fabric or real-network topology when there is one (MRC's EVs then take its SRv6
+    paths), None between plain hosts."""
+
+    def __init__(
+        self,
+        me: int,
+        peers: list[Peer],
+        nics: list[PlaneNic],
+        topo: Any,
+        max_size: int,
+        seed: int,
+        mptcp_ready: bool = False,
+        ports: Any = None,
+        shared_host: bool = False,
+    ) -> None:
+        self.topo = topo
+        self.me = me
+        self.peers = peers
+        self.name = peers[me].name
+        self.nics = nics
+        self.addrs = list(peers[me].addrs)
+        self.planes = len(self.addrs)
+        self.ports = ports  # mrc.transport.ports.PortRange or None
+        #: a launched rank's host is the user's own: leave its MPTCP endpoints alone
+        self.shared_host = shared_host
+        self.slot = max_size
+        self.mptcp_ready = mptcp_ready
+        self.pool = make_pool(seed, self.me, max_size)
         self.pool_view = memoryview(self.pool)
-        self.inbox = bytearray(self.slot * len(self.topo.hosts))
+        self.inbox = bytearray(self.slot * len(peers))
         self.inbox_view = memoryview(self.inbox)
         self.transports: dict[str, Transport] = {}
         self.last: dict[str, Any] = {}  # the last step: k, sends, recvs (for verify)
+
+    @classmethod
+    def on_fabric(cls, args: argparse.Namespace) -> Agent:
+        """Host ``args.index`` of the mrc-fabric ``args.fabric`` (the coordinator's agents)."""
+        from mrc.lab.fabric import load_topology
+
+        topo = load_topology(args.fabric)
+        peers = [
+            Peer(h.index, h.name, tuple(n.address for n in sorted(h.nics, key=lambda n: n.plane)))
+            for h in topo.hosts
+        ]
+        host = topo.hosts[args.index]
+        nics = [PlaneNic(n.plane, n.nic, n.address) for n in host.nics]
+        return cls(
+            args.index,
+            peers,
+            nics,
+            topo,
+            args.max_size,
+            args.seed,
+            bool(getattr(args, "mptcp_ready", False)),
+        )
 
     def transport(self, name: str, create: bool = False) -> Transport:
         t = self.transports.get(name)
@@ -465,7 +554,7 @@ class Agent:
     async def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op = msg.get("op")
         if op == "ping":
-            return {"host": self.host.name, "addrs": self.addrs, "pid": os.getpid()}
+            return {"host": self.name, "addrs": self.addrs, "pid": os.getpid()}
         if op == "listen":
             return await self.transport(msg["transport"], create=True).listen(msg.get("opts", {}))
         if op == "connect":
@@ -538,6 +627,102 @@ class Agent:
         self.transports.clear()
 
 
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+async def serve_lines(
+    reader: asyncio.StreamReader,
+    reply: Callable[[dict[str, Any]], None],
+    handle: Handler,
+    out_of_turn: frozenset[str] = frozenset(),
+) -> bool:
+    """Answer one JSON request per line from ``reader`` with ``handle``, in turn, until the
+    stream ends (False) or an ``exit`` request (True). Errors go back as ``{"ok": false,
+    "error": ...}``. Requests whose op is in ``out_of_turn`` run beside the others (a fault
+    command must not wait for the step it interrupts); their replies carry their ids."""
+
+    async def answer(msg: dict[str, Any]) -> None:
+        try:
+            result = await handle(msg)
+            reply({"id": msg.get("id"), "ok": True, **result})
+        except (MRCError, OSError, TimeoutError, KeyError, ValueError, TypeError) as exc:
+            reply({"id": msg.get("id"), "ok": False, "error": str(exc) or type(exc).__name__})
+        except Exception as exc:  # noqa: BLE001 - report, keep serving
+            log(traceback.format_exc())
+            reply(
+                {
+                    "id": msg.get("id"),
+                    "ok": False,
+                    "error": f"internal error: {type(exc).__name__}: {exc}",
+                }
+            )
+
+    if not out_of_turn:  # the agents of the built-in mode: strictly in turn
+        while True:
+            msg = await _next_request(reader, reply)
+            if msg is None:
+                return False
+            if msg.get("op") == "exit":
+                reply({"id": msg.get("id"), "ok": True})
+                return True
+            await answer(msg)
+
+    # in-turn requests go through one worker while this loop keeps reading, so an out-of-turn
+    # request is read (and run) even while a long step is being answered
+    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    async def in_turn() -> None:
+        while (msg := await queue.get()) is not None:
+            await answer(msg)
+
+    loop = asyncio.get_running_loop()
+    worker = loop.create_task(in_turn())
+    aside: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            msg = await _next_request(reader, reply)
+            if msg is None:
+                return False
+            if msg.get("op") == "exit":  # whatever still runs is abandoned (finally below)
+                reply({"id": msg.get("id"), "ok": True})
+                return True
+            if msg.get("op") in out_of_turn:
+                task = loop.create_task(answer(msg))
+                aside.add(task)
+                task.add_done_callback(aside.discard)
+            else:
+                queue.put_nowait(msg)
+    finally:
+        for task in (worker, *aside):
+            task.cancel()
+        await asyncio.gather(worker, *aside, return_exceptions=True)
+
+
+async def _next_request(
+    reader: asyncio.StreamReader, reply: Callable[[dict[str, Any]], None]
+) -> dict[str, Any] | None:
+    """The next request object from ``reader`` (malformed lines answered and skipped), or
+    None when the stream ends or breaks."""
+    import json
+
+    while True:
+        try:
+            line = await reader.readline()
+        except (ConnectionError, ValueError):  # a reset, or a line past the reader's limit
+            return None
+        if not line:
+            return None
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            reply({"error": "bad request line"})
+            continue
+        if not isinstance(msg, dict):
+            reply({"error": "a request is a JSON object"})
+            continue
+        return msg
+
+
 async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 24)
@@ -549,40 +734,13 @@ async def serve(args: argparse.Namespace) -> int:
         out.flush()
 
     try:
-        agent = Agent(args)
+        agent = Agent.on_fabric(args)
     except Exception as exc:  # noqa: BLE001 - one line to the coordinator
         reply({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
-    reply({"ready": True, "host": agent.host.name, "pid": os.getpid()})
+    reply({"ready": True, "host": agent.name, "pid": os.getpid()})
     try:
-        while True:
-            line = await reader.readline()
-            if not line:
-                break
-            try:
-                import json
-
-                msg = json.loads(line)
-            except ValueError:
-                reply({"error": "bad request line"})
-                continue
-            if msg.get("op") == "exit":
-                reply({"id": msg.get("id")})
-                break
-            try:
-                result = await agent.handle(msg)
-                reply({"id": msg.get("id"), "ok": True, **result})
-            except (MRCError, OSError, TimeoutError, KeyError, ValueError) as exc:
-                reply({"id": msg.get("id"), "ok": False, "error": str(exc) or type(exc).__name__})
-            except Exception as exc:  # noqa: BLE001 - report, keep serving
-                log(traceback.format_exc())
-                reply(
-                    {
-                        "id": msg.get("id"),
-                        "ok": False,
-                        "error": f"internal error: {type(exc).__name__}: {exc}",
-                    }
-                )
+        await serve_lines(reader, reply, agent.handle)
     finally:
         await agent.close()
     return 0

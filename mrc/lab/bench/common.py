@@ -16,13 +16,26 @@ import random
 import socket
 import subprocess
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
 
 from mrc.errors import MRCError
 from mrc.wire import DEFAULT_PORT
 
 if TYPE_CHECKING:
-    from mrc.topology.model import Host, Topology
+    from mrc.topology.model import Topology
+
+
+class PlaneNicLike(Protocol):
+    """A host's NIC in one plane (``HostNic`` of a topology, or a launched rank's own)."""
+
+    @property
+    def plane(self) -> int: ...
+    @property
+    def nic(self) -> str: ...
+    @property
+    def address(self) -> str: ...
+
 
 TRANSPORTS = ("mrc", "tcp", "mptcp")
 WORKLOADS = ("alltoall", "ring", "incast", "pair")
@@ -80,23 +93,24 @@ def mptcp_subflows(sock: socket.socket) -> int | None:
     return info[0] if info else None
 
 
-def mptcp_setup_commands(host: Host, announce: bool = True) -> list[list[str]]:
-    """``ip mptcp`` commands for ``host``'s namespace: the in-kernel path manager accepts up to
-    8 subflows and, with ``announce``, announces the host's other planes' addresses (ADD_ADDR).
+def mptcp_setup_commands(
+    nics: Iterable[PlaneNicLike], announce: bool = True, flush: bool = True
+) -> list[list[str]]:
+    """``ip mptcp`` commands for a host with plane NICs ``nics``: the in-kernel path manager
+    accepts up to 8 subflows and, with ``announce``, announces the host's other planes'
+    addresses (ADD_ADDR).
 
     A peer then opens one subflow per announced address from its own address in that plane (the
     kernel picks the source by route), so every plane gets a subflow. Client-side 'subflow'
     endpoints would pair plane-p sources with the peer's plane-0 address, which no plane but 0
-    can route."""
-    cmds = [
-        ["ip", "mptcp", "endpoint", "flush"],
-        ["ip", "mptcp", "limits", "set", "subflow", "8", "add_addr_accepted", "8"],
-    ]
+    can route. ``flush=False`` keeps the endpoints already there (a real host's own)."""
+    cmds = [["ip", "mptcp", "endpoint", "flush"]] if flush else []
+    cmds += [["ip", "mptcp", "limits", "set", "subflow", "8", "add_addr_accepted", "8"]]
     if announce:
         cmds += [
             ["ip", "mptcp", "endpoint", "add", nic.address, "dev", nic.nic, "signal"]
-            for nic in host.nics
-            if nic.plane != 0
+            for nic in nics
+            if nic.plane != 0 and nic.nic
         ]
     return cmds
 
@@ -105,7 +119,7 @@ def setup_mptcp_outside(topo: Topology, node: str, announce: bool = True) -> Non
     """Run :func:`mptcp_setup_commands` for host ``node`` from this process, as root, with
     ``ip -n NETNS``: a host container's user may not configure MPTCP itself."""
     ns = topo.netns_of(node)
-    for cmd in mptcp_setup_commands(topo.host(node), announce):
+    for cmd in mptcp_setup_commands(topo.host(node).nics, announce):
         done = subprocess.run(["ip", "-n", ns, *cmd[1:]], capture_output=True, text=True)
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -146,16 +146,81 @@ class StepResult:
     mismatches: int = 0
 
 
-class Agent:
-    """One agent process and its pipes."""
+class AgentLink:
+    """One agent and the line-per-message channel to it: requests out, replies back in turn.
 
-    def __init__(self, index: int, proc: asyncio.subprocess.Process, log_path: str) -> None:
+    Subclasses say how lines travel (an agent process's pipes, a launched rank's TCP control
+    connection) and why an agent is gone."""
+
+    def __init__(self, index: int) -> None:
         self.index = index
-        self.proc = proc
-        self.log_path = log_path
         self._next_id = 0
         self._lock = asyncio.Lock()
         self.dead = False
+
+    def log_tail(self, lines: int = 5) -> str:
+        return ""
+
+    async def _write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    async def _readline(self) -> bytes:
+        raise NotImplementedError
+
+    def _gone(self) -> bool:
+        return self.dead
+
+    async def exit_reason(self) -> str:
+        return "agent gone"
+
+    async def read_reply(self, timeout: float) -> dict[str, Any]:
+        import json
+
+        try:
+            line = await asyncio.wait_for(self._readline(), timeout)
+        except TimeoutError:
+            raise AgentError(f"h{self.index}: agent did not answer in {timeout:g} s") from None
+        except (ConnectionError, OSError, ValueError):  # a reset, or a line past the limit
+            line = b""
+        if not line:
+            self.dead = True
+            raise AgentError(f"h{self.index}: {await self.exit_reason()}")
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            raise AgentError(f"h{self.index}: agent said {line[:120]!r}")
+        return reply
+
+    async def request(self, msg: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+        if self._gone():
+            self.dead = True
+            raise AgentError(f"h{self.index}: {await self.exit_reason()}")
+        async with self._lock:
+            self._next_id += 1
+            msg = {"id": self._next_id, **msg}
+            try:
+                await self._write(dumps(msg))
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                self.dead = True
+                raise AgentError(f"h{self.index}: {await self.exit_reason()}") from None
+            reply = await self.read_reply(timeout)
+        if not reply.get("ok"):
+            raise AgentError(f"h{self.index}: {msg['op']} failed: {reply.get('error')}")
+        return reply
+
+    async def stop(self) -> None:
+        return None
+
+
+class Agent(AgentLink):
+    """One agent process and its pipes."""
+
+    def __init__(self, index: int, proc: asyncio.subprocess.Process, log_path: str) -> None:
+        super().__init__(index)
+        self.proc = proc
+        self.log_path = log_path
 
     def log_tail(self, lines: int = 5) -> str:
         try:
@@ -165,22 +230,17 @@ class Agent:
             return ""
         return " | ".join(t.strip() for t in tail)
 
-    async def read_reply(self, timeout: float) -> dict[str, Any]:
-        import json
+    async def _write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        await self.proc.stdin.drain()
 
+    async def _readline(self) -> bytes:
         assert self.proc.stdout is not None
-        try:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
-        except TimeoutError:
-            raise AgentError(f"h{self.index}: agent did not answer in {timeout:g} s") from None
-        if not line:
-            self.dead = True
-            raise AgentError(f"h{self.index}: {await self.exit_reason()}")
-        try:
-            reply: dict[str, Any] = json.loads(line)
-            return reply
-        except ValueError:
-            raise AgentError(f"h{self.index}: agent said {line[:120]!r}") from None
+        return await self.proc.stdout.readline()
+
+    def _gone(self) -> bool:
+        return self.dead or self.proc.returncode is not None
 
     async def exit_reason(self) -> str:
         with contextlib.suppress(TimeoutError):
@@ -195,25 +255,6 @@ class Agent:
         )
         tail = self.log_tail()
         return why + (f" ({tail})" if tail else "")
-
-    async def request(self, msg: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
-        if self.dead or self.proc.returncode is not None:
-            self.dead = True
-            raise AgentError(f"h{self.index}: {await self.exit_reason()}")
-        async with self._lock:
-            self._next_id += 1
-            msg = {"id": self._next_id, **msg}
-            assert self.proc.stdin is not None
-            try:
-                self.proc.stdin.write(dumps(msg))
-                await self.proc.stdin.drain()
-            except (BrokenPipeError, ConnectionResetError):
-                self.dead = True
-                raise AgentError(f"h{self.index}: {await self.exit_reason()}") from None
-            reply = await self.read_reply(timeout)
-        if not reply.get("ok"):
-            raise AgentError(f"h{self.index}: {msg['op']} failed: {reply.get('error')}")
-        return reply
 
     async def stop(self) -> None:
         proc = self.proc
@@ -369,7 +410,7 @@ class Bench:
         )
         return agents
 
-    async def stop_agents(self, agents: list[Agent]) -> None:
+    async def stop_agents(self, agents: Sequence[AgentLink]) -> None:
         await asyncio.gather(*(a.stop() for a in agents), return_exceptions=True)
         for a in agents:
             if a in self.agents:
@@ -408,7 +449,11 @@ class Bench:
         }
 
     async def setup_transport(
-        self, agents: list[Agent], transport: str, pairs: set[tuple[int, int]], condition: str
+        self,
+        agents: Sequence[AgentLink],
+        transport: str,
+        pairs: set[tuple[int, int]],
+        condition: str,
     ) -> dict[str, Any]:
         opts = self._transport_opts(condition)
         await asyncio.gather(
@@ -440,13 +485,13 @@ class Bench:
             info["window"] = self.cfg.window_for(condition)
         return info
 
-    async def close_transport(self, agents: list[Agent], transport: str) -> None:
+    async def close_transport(self, agents: Sequence[AgentLink], transport: str) -> None:
         await asyncio.gather(
             *(a.request({"op": "close", "transport": transport}) for a in agents),
             return_exceptions=True,
         )
 
-    async def stats(self, agents: list[Agent], transport: str) -> dict[str, Any]:
+    async def stats(self, agents: Sequence[AgentLink], transport: str) -> dict[str, Any]:
         replies = await asyncio.gather(
             *(a.request({"op": "stats", "transport": transport}) for a in agents),
             return_exceptions=True,
@@ -467,7 +512,11 @@ class Bench:
     # ---- steps ------------------------------------------------------------------------
 
     async def run_step(
-        self, agents: list[Agent], transport: str, tlist: list[Transfer], verify: bool = True
+        self,
+        agents: Sequence[AgentLink],
+        transport: str,
+        tlist: list[Transfer],
+        verify: bool = True,
     ) -> StepResult:
         k = self.k.get(transport, 1)
         self.k[transport] = k + 1
@@ -529,23 +578,41 @@ class Bench:
                 res.ok = False
         return res
 
-    async def _fault(self, topo: Any, delay: float, marks: dict[str, float]) -> None:
-        """Down the configured link ``delay`` s from now, heal it ``outage`` s later."""
+    def fault_label(self) -> str:
+        """What the link_down condition takes away, for messages and the row's ``fault``."""
+        return "-".join(self.cfg.fail_link)
+
+    async def break_link(self, topo: Any) -> None:
         from mrc.lab.fabric import Fabric
 
         a, b = self.cfg.fail_link
+        await asyncio.to_thread(Fabric.link, topo, a, b, False)
+
+    async def heal_link(self, topo: Any) -> None:
+        from mrc.lab.fabric import Fabric
+
+        a, b = self.cfg.fail_link
+        await asyncio.to_thread(Fabric.link, topo, a, b, True)
+
+    def link_rate_bps(self, topo: Any) -> int | None:
+        """The bottleneck rate the ideal step time is computed from (None: unshaped)."""
+        return int(topo.links[0].rate_bps) if topo.links and topo.links[0].rate_bps else None
+
+    async def _fault(self, topo: Any, delay: float, marks: dict[str, float]) -> None:
+        """Take the configured link away ``delay`` s from now, heal it ``outage`` s later."""
+        what = self.fault_label()
         try:
             await asyncio.sleep(delay)
             marks["down"] = now()
-            await asyncio.to_thread(Fabric.link, topo, a, b, False)
-            self.progress(f"  link {a}-{b} DOWN")
+            await self.break_link(topo)
+            self.progress(f"  {what} DOWN")
             await asyncio.sleep(self.cfg.outage)
         finally:
             if "down" in marks:
                 # always heal, even if the series was cut short
-                await asyncio.shield(asyncio.to_thread(Fabric.link, topo, a, b, True))
+                await asyncio.shield(self.heal_link(topo))
                 marks["up"] = now()
-                self.progress(f"  link {a}-{b} UP (healed)")
+                self.progress(f"  {what} UP (healed)")
 
     def _loss_drops(self, topo: Any) -> int | None:
         router = self.cfg.loss_link[0]
@@ -568,7 +635,7 @@ class Bench:
 
     async def run_series(
         self,
-        agents: list[Agent],
+        agents: Sequence[AgentLink],
         topo: Any,
         condition: str,
         workload: str,
@@ -636,7 +703,11 @@ class Bench:
         return row
 
     async def _recover(
-        self, agents: list[Agent], transport: str, pairs: set[tuple[int, int]], condition: str
+        self,
+        agents: Sequence[AgentLink],
+        transport: str,
+        pairs: set[tuple[int, int]],
+        condition: str,
     ) -> None:
         """After a failed step the connections may hold half a transfer: set them up anew."""
         await self.close_transport(agents, transport)
@@ -674,7 +745,7 @@ class Bench:
         ok_steps = [s for s in steps if s.ok]
         busy = sum(s.seconds for s in ok_steps)
         verified = sum(s.verified for s in steps)
-        ideal = ideal_seconds(tlist, cfg.planes, topo.links[0].rate_bps if topo.links else None)
+        ideal = ideal_seconds(tlist, cfg.planes, self.link_rate_bps(topo))
         row: dict[str, Any] = {
             "workload": workload,
             "condition": condition,
@@ -701,7 +772,7 @@ class Bench:
         if "down" in marks:
             down, up = marks["down"], marks.get("up")
             row["fault"] = {
-                "link": "-".join(cfg.fail_link),
+                "link": self.fault_label(),
                 "down_s": round(down - started, 4),
                 "up_s": round(up - started, 4) if up is not None else None,
                 "outage_ms": round((up - down) * 1e3, 1) if up is not None else None,
@@ -768,44 +839,49 @@ class Bench:
             f"{link.a}-{link.b} (ip6tables FORWARD in {router})"
         )
 
-    async def run_condition(self, condition: str, i: int) -> None:
+    async def run_workloads(self, agents: Sequence[AgentLink], topo: Any, condition: str) -> None:
+        """Set every transport up between ``agents``, apply ``condition``, and run each of its
+        workloads as a series of steps over each transport (rows into ``self.rows``)."""
         cfg = self.cfg
+        workloads = cfg.workloads_for(condition)
+        pairs = {
+            (t.src, t.dst)
+            for w in workloads
+            for t in transfers(w, cfg.hosts, cfg.size, cfg.pair_size)
+        }
+        infos = {}
+        for transport in cfg.transports:
+            infos[transport] = await self.setup_transport(agents, transport, pairs, condition)
+            self.progress(
+                f"{transport}: {len(pairs)} connections up"
+                + (f" {infos[transport]}" if infos[transport] else "")
+            )
+        if condition == "lossy":
+            await self.apply_loss(topo)
+        for workload in workloads:
+            for transport in cfg.transports:
+                row = await self.run_series(
+                    agents, topo, condition, workload, transport, infos[transport], pairs
+                )
+                self.rows.append(row)
+                self.progress(
+                    f"== {condition} {workload} {transport}: P50 {row['p50_ms']} ms,"
+                    f" P100 {row['p100_ms']} ms, failed {row['failed_steps']}/"
+                    f"{row['steps']}, verified {row['bytes_verified']}/"
+                    f"{row['bytes_expected']} B"
+                )
+
+    async def run_condition(self, condition: str, i: int) -> None:
         why = self.condition_unavailable(condition)
         if why:
             self.skipped.append({"condition": condition, "reason": why})
             self.progress(f"skipping condition {condition}: {why}")
             return
-        workloads = cfg.workloads_for(condition)
         topo = await self.fabric_up(condition, i)
         agents: list[Agent] = []
         try:
             agents = await self.start_agents(topo)
-            pairs = {
-                (t.src, t.dst)
-                for w in workloads
-                for t in transfers(w, cfg.hosts, cfg.size, cfg.pair_size)
-            }
-            infos = {}
-            for transport in cfg.transports:
-                infos[transport] = await self.setup_transport(agents, transport, pairs, condition)
-                self.progress(
-                    f"{transport}: {len(pairs)} connections up"
-                    + (f" {infos[transport]}" if infos[transport] else "")
-                )
-            if condition == "lossy":
-                await self.apply_loss(topo)
-            for workload in workloads:
-                for transport in cfg.transports:
-                    row = await self.run_series(
-                        agents, topo, condition, workload, transport, infos[transport], pairs
-                    )
-                    self.rows.append(row)
-                    self.progress(
-                        f"== {condition} {workload} {transport}: P50 {row['p50_ms']} ms,"
-                        f" P100 {row['p100_ms']} ms, failed {row['failed_steps']}/"
-                        f"{row['steps']}, verified {row['bytes_verified']}/"
-                        f"{row['bytes_expected']} B"
-                    )
+            await self.run_workloads(agents, topo, condition)
         finally:
             await self.stop_agents(agents)
             await self.fabric_down(topo.name)

@@ -115,10 +115,81 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _what_to_run(p)
     _fabric_args(p)
+    _launched_args(p)
     _mrc_args(p)
     _condition_args(p)
     _output_args(p)
     return p
+
+
+def _comma_list(text: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("an empty list")
+    return items
+
+
+def _launched_args(p: argparse.ArgumentParser) -> None:
+    """One rank of a job a launcher started on each host (mrc/lab/bench/launched.py)."""
+    from mrc.cli.pathopts import port_range
+    from mrc.lab.bench.rendezvous import LAUNCHERS
+
+    g = p.add_argument_group(
+        "launched job (one process per host, started by mpiexec, srun or torchrun;"
+        " docs/CLUSTER.md). No fabric is built: the launcher's hosts are the hosts"
+    )
+    g.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        help="this process is one rank of a launched job: mpi (mpi4py: rank 0 broadcasts its"
+        " control address), env (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun sets"
+        " them), slurm (SLURM_PROCID, SLURM_NTASKS; MASTER_ADDR or the first node), auto."
+        " Rank 0 prints the results; the others print nothing on stdout",
+    )
+    g.add_argument(
+        "--nics",
+        type=_comma_list,
+        metavar="IF,IF",
+        help="this host's plane NICs in plane order (their first global IPv6 address each)",
+    )
+    g.add_argument(
+        "--addrs", type=_comma_list, metavar="A,B", help="this host's plane addresses in order"
+    )
+    g.add_argument(
+        "--fabric",
+        metavar="NAME|FILE",
+        help="an mrc-fabric or real-fabric topology: this host's planes are those of its host"
+        " in it (the one whose addresses are local), and MRC takes its SRv6 paths",
+    )
+    g.add_argument(
+        "--control-addr",
+        metavar="ADDR",
+        help="mpi: the address rank 0 announces for the control connections (default: its"
+        " plane addresses, last plane first)",
+    )
+    g.add_argument(
+        "--rendezvous-timeout",
+        type=_seconds,
+        default=120.0,
+        help="how long rank 0 waits for the others, and they for it (default 120 s)",
+    )
+    g.add_argument(
+        "--fault-cmd",
+        metavar="CMD",
+        help="link_down: a shell command that takes a plane away, run by --fault-rank on its"
+        " own host; $MRC_NIC0.. and $MRC_ADDR0.. name its planes (e.g. 'ip link set $MRC_NIC0"
+        " down', which needs root there)",
+    )
+    g.add_argument("--heal-cmd", metavar="CMD", help="link_down: the command that brings it back")
+    g.add_argument(
+        "--fault-rank", type=int_at_least(0), default=0, help="the rank that runs them (default 0)"
+    )
+    g.add_argument(
+        "--ports",
+        type=port_range,
+        metavar="LO-HI",
+        help="bind MRC's UDP sockets to this range, for a host firewall (docs/CLUSTER.md)",
+    )
 
 
 def _what_to_run(p: argparse.ArgumentParser) -> None:
@@ -343,6 +414,11 @@ def validate(cfg: BenchConfig) -> None:
             raise UsageError(f"--loss-link {a}-{b}: the first node must be a router of this fabric")
     if ("trim" in cfg.conditions) and not cfg.rate:
         raise UsageError("the trim condition needs a shaped fabric (--rate)")
+    validate_qp(cfg)
+
+
+def validate_qp(cfg: BenchConfig) -> None:
+    """Every condition's MRC QP settings build a valid QPConfig (else a one-line reason)."""
     for condition in cfg.conditions:
         try:
             apply_settings(QPConfig(), cfg.qp_settings(condition)).validate()
@@ -379,19 +455,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.launcher:
+        return _launched_main(args)
+    for name in ("nics", "addrs", "fabric", "control_addr", "fault_cmd", "heal_cmd", "ports"):
+        if getattr(args, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(
+                f"{flag} is for a launched run (--launcher); this run builds its fabric"
+            )
     cfg = config_from_args(args)
     validate(cfg)
     if os.geteuid() != 0:
         raise MRCError("needs root (network namespaces, veth links, tc); run it as root")
-    if args.plots:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise MRCError("--plots needs matplotlib (pip install matplotlib)") from None
-    from mrc.lab.bench.coordinator import Bench, config_dict
-    from mrc.lab.bench.report import aims, plots, table
-    from mrc.lab.harness.envelope import envelope
-    from mrc.lab.harness.machine import loadavg, machine_info
+    _check_plots(args)
+    from mrc.lab.bench.coordinator import Bench
+    from mrc.lab.harness.machine import loadavg
 
     progress = progress_printer()
     load_start = loadavg()
@@ -412,16 +490,42 @@ def _main(args: argparse.Namespace) -> int:
         raise
     finally:
         bench.cleanup_sync()  # whatever the loop could not remove (idempotent)
+    return _report(args, bench, load_start, t0, progress, {})
+
+
+def _check_plots(args: argparse.Namespace) -> None:
+    if args.plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise MRCError("--plots needs matplotlib (pip install matplotlib)") from None
+
+
+def _report(
+    args: argparse.Namespace,
+    bench: Bench,
+    load_start: tuple[float, float, float],
+    t0: float,
+    progress: Callable[[str], None],
+    extra: dict[str, object],
+) -> int:
+    """The run's JSON document, table and plots (``extra``: more top-level keys)."""
+    from mrc.lab.bench.coordinator import config_dict
+    from mrc.lab.bench.report import aims, plots, table
+    from mrc.lab.harness.envelope import envelope
+    from mrc.lab.harness.machine import machine_info
+
     doc = envelope(
         PROG,
         machine_info(load_start),
         {
             "format": 1,
-            "config": config_dict(cfg),
+            "config": config_dict(bench.cfg),
             "duration_s": round(time.monotonic() - t0, 1),
             "results": bench.rows,
             "aims": aims(bench.rows),
             "skipped": bench.skipped,
+            **extra,
         },
     )
     md = table(doc)
@@ -441,6 +545,86 @@ def _main(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     progress(f"done in {doc['duration_s']} s")
     return 0
+
+
+# options that shape the fabric mrc-bench builds, which a launched run does not build
+_FABRIC_ONLY = (
+    "hosts",
+    "planes",
+    "spines",
+    "leaves",
+    "mtu",
+    "host_image",
+    "fail_link",
+    "loss",
+    "loss_link",
+    "incast_window",
+)
+
+
+def _launched_main(args: argparse.Namespace) -> int:
+    """One rank of a launched job (mrc/lab/bench/launched.py); rank 0 reports."""
+    from mrc.lab.bench.launched import LAUNCHED_CONDITIONS, LaunchOptions, run_rank
+    from mrc.lab.bench.planes import find
+    from mrc.lab.bench.rendezvous import rendezvous
+    from mrc.lab.harness.machine import loadavg
+    from mrc.transport.loop import run
+    from mrc.units import parse_rate
+
+    for name in _FABRIC_ONLY:
+        if getattr(args, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(
+                f"{flag} does not apply to a launched run: the launcher's hosts are the hosts"
+            )
+    bad = [c for c in args.conditions or [] if c not in LAUNCHED_CONDITIONS]
+    if bad:
+        raise UsageError(
+            f"a launched run has the conditions {', '.join(LAUNCHED_CONDITIONS)};"
+            f" {', '.join(bad)} need mrc-bench's own fabric"
+        )
+    if (args.fault_cmd is None) != (args.heal_cmd is None):
+        raise UsageError("--fault-cmd and --heal-cmd go together")
+    if args.conditions and "link_down" in args.conditions and args.fault_cmd is None:
+        raise UsageError("link_down in a launched run needs --fault-cmd and --heal-cmd")
+    rate = args.rate
+    args.rate = None
+    cfg = config_from_args(args)
+    cfg.rate = None
+    if args.conditions is None:
+        cfg.conditions = ["clean"] + (["link_down"] if args.fault_cmd else [])
+    validate_qp(cfg)
+    _check_plots(args)
+    rate_bps = parse_rate(rate) if rate and rate.lower() not in ("none", "0") else None
+    opts = LaunchOptions(
+        rendezvous_timeout=args.rendezvous_timeout,
+        control_addr=args.control_addr,
+        fault_cmd=args.fault_cmd,
+        heal_cmd=args.heal_cmd,
+        fault_rank=args.fault_rank,
+        rate_bps=rate_bps,
+        rate_text=rate if rate_bps else None,
+        payload_given=args.payload is not None,
+        transports_given=args.transports is not None,
+        ports=args.ports,
+    )
+    rv = rendezvous(args.launcher)
+    if opts.fault_rank >= rv.world:
+        raise UsageError(f"--fault-rank {opts.fault_rank}: there are only {rv.world} ranks")
+    planes = find(args.nics, args.addrs, args.fabric)
+    progress = progress_printer() if rv.rank == 0 else log.debug
+    load_start = loadavg()
+    t0 = time.monotonic()
+    try:
+        done = run(run_rank(rv, planes, cfg, opts, progress))
+    except MRCError as exc:
+        if rv.rank:
+            exc.args = (f"rank {rv.rank}: {exc}",)
+        raise
+    if done is None:
+        return 0
+    bench, info = done
+    return _report(args, bench, load_start, t0, progress, {"launch": info})
 
 
 if __name__ == "__main__":
