@@ -66,6 +66,41 @@ def _leftover_ranks(marker: str) -> list[str]:
     return found
 
 
+def _start_env_ranks(
+    topo: Topology, port: int, bench_args: list[str], prefix: tuple[str, ...] = ()
+) -> list[subprocess.Popen]:
+    """One rank per host with torchrun's variables, rank 0 at h0's last-plane address."""
+    master = topo.hosts[0].nics[-1].address
+    procs = []
+    for h in range(HOSTS):
+        env = {
+            **os.environ,
+            "RANK": str(h),
+            "WORLD_SIZE": str(HOSTS),
+            "MASTER_ADDR": master,
+            "MASTER_PORT": str(port),
+        }
+        bench = [str(BIN / "mrc-bench"), "--launcher", "env", "--fabric", topo.name]
+        procs.append(
+            subprocess.Popen(
+                _rank_cmd(topo, h, *prefix, *bench, *bench_args),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    return procs
+
+
+def _kill_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def _check_rows(doc: dict, conditions: set[str]) -> dict:
     jsonschema.validate(doc, SCHEMA)
     cfg = doc["config"]
@@ -158,50 +193,15 @@ def test_env_rendezvous_without_privileges_leaves_mptcp_out_and_verifies_the_res
     """torchrun's variables, one process per host started by hand; the ranks lack
     CAP_NET_ADMIN, as an ordinary user's would, so MPTCP is left out with the reason."""
     with running_fabric(_spec()) as topo:
-        master = topo.hosts[0].nics[-1].address
-        drop = ["setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin"]
-        procs = []
-        for h in range(HOSTS):
-            env = {
-                **os.environ,
-                "RANK": str(h),
-                "WORLD_SIZE": str(HOSTS),
-                "MASTER_ADDR": master,
-                "MASTER_PORT": "29518",
-            }
-            cmd = _rank_cmd(
-                topo,
-                h,
-                *drop,
-                str(BIN / "mrc-bench"),
-                "--launcher",
-                "env",
-                "--fabric",
-                topo.name,
-                "--quick",
-                "--json",
-                "--workloads",
-                "alltoall,pair",
-            )
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    start_new_session=True,
-                )
-            )
+        drop = ("setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin")
+        args = ["--quick", "--json", "--workloads", "alltoall,pair"]
+        procs = _start_env_ranks(topo, 29518, args, drop)
         outs = []
         try:
             for p in procs:
                 outs.append(p.communicate(timeout=240))
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            _kill_all(procs)
         for h, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
             assert p.returncode == 0, f"rank {h}: {err[-2000:]}"
             if h:
@@ -222,45 +222,8 @@ def test_a_rank_that_dies_ends_the_job_with_one_line_and_no_rank_left() -> None:
     """Rank 2 is killed while the steps run: rank 0 says which rank went away and exits 1;
     every other rank exits instead of waiting for a coordinator that has given up."""
     with running_fabric(_spec()) as topo:
-        master = topo.hosts[0].nics[-1].address
-        procs = []
-        for h in range(HOSTS):
-            env = {
-                **os.environ,
-                "RANK": str(h),
-                "WORLD_SIZE": str(HOSTS),
-                "MASTER_ADDR": master,
-                "MASTER_PORT": "29519",
-            }
-            cmd = _rank_cmd(
-                topo,
-                h,
-                str(BIN / "mrc-bench"),
-                "--launcher",
-                "env",
-                "--fabric",
-                topo.name,
-                "--workloads",
-                "alltoall",
-                "--transports",
-                "mrc",
-                "--steps",
-                "1000",
-                "--size",
-                "64K",
-                "--pair-size",
-                "64K",
-            )
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    start_new_session=True,
-                )
-            )
+        args = ["--workloads", "alltoall", "--transports", "mrc", "--steps", "1000"]
+        procs = _start_env_ranks(topo, 29519, args + ["--size", "64K", "--pair-size", "64K"])
         try:
             # wait until rank 0 reports steps, then kill rank 2 (and what it started)
             assert procs[0].stderr is not None
@@ -275,10 +238,7 @@ def test_a_rank_that_dies_ends_the_job_with_one_line_and_no_rank_left() -> None:
             os.killpg(procs[2].pid, signal.SIGKILL)
             results = [p.communicate(timeout=120) for p in procs]
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            _kill_all(procs)
         rc0, err0 = procs[0].returncode, results[0][1].strip().splitlines()
         assert rc0 == 1, err0[-5:]
         assert err0[-1].startswith("mrc-bench: error: ") and "rank 2" in err0[-1], err0[-3:]
