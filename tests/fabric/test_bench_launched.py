@@ -129,6 +129,10 @@ def _check_ranks(doc: dict, topo: Topology, launcher: str) -> None:
         want = [n.address for n in sorted(host.nics, key=lambda n: n.plane)]
         assert r["addrs"] == want, "each rank found its own host's planes"
     assert launch["refused_hellos"] == 0
+    # one machine, one CLOCK_MONOTONIC: the measured offsets are 0 within their error bound
+    assert sorted(launch["clocks"]) == [str(r) for r in range(1, HOSTS)]
+    for clock in launch["clocks"].values():
+        assert abs(clock["offset_ms"]) <= clock["rtt_ms"] / 2 + 0.01, clock
     assert doc["config"]["hosts"] == HOSTS and doc["config"]["planes"] == 2
 
 

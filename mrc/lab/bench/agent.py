@@ -554,7 +554,7 @@ class Agent:
     async def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op = msg.get("op")
         if op == "ping":
-            return {"host": self.name, "addrs": self.addrs, "pid": os.getpid()}
+            return {"host": self.name, "addrs": self.addrs, "pid": os.getpid(), "now": now()}
         if op == "listen":
             return await self.transport(msg["transport"], create=True).listen(msg.get("opts", {}))
         if op == "connect":

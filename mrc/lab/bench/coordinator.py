@@ -557,7 +557,7 @@ class Bench:
                     continue
                 raise r
             errors.extend(f"h{h} {e}" for e in r.get("errors", []))
-            times.extend(float(t) for t in r.get("done", {}).values())
+            times.extend(self.local_time(h, float(t)) for t in r.get("done", {}).values())
         ok = not errors and len(times) == 2 * len(tlist)
         t_end = max(times) if ok else now()
         res = StepResult(ok, t_end - t0, t0, t_end, errors)
@@ -593,6 +593,11 @@ class Bench:
 
         a, b = self.cfg.fail_link
         await asyncio.to_thread(Fabric.link, topo, a, b, True)
+
+    def local_time(self, host: int, t: float) -> float:
+        """Host ``host``'s clock reading ``t`` on this process's clock. Every agent here shares
+        the machine's CLOCK_MONOTONIC (namespaces do not virtualise it)."""
+        return t
 
     def link_rate_bps(self, topo: Any) -> int | None:
         """The bottleneck rate the ideal step time is computed from (None: unshaped)."""

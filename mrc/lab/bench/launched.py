@@ -404,6 +404,7 @@ class LaunchedBench(Bench):
         super().__init__(cfg, progress)
         self.links = links
         self.opts = opts
+        self.offsets: dict[int, float] = {}  # rank -> its clock minus rank 0's (seconds)
 
     def condition_unavailable(self, condition: str) -> str | None:
         if condition not in LAUNCHED_CONDITIONS:
@@ -423,6 +424,31 @@ class LaunchedBench(Bench):
 
     def link_rate_bps(self, topo: Any) -> int | None:
         return self.opts.rate_bps
+
+    def local_time(self, host: int, t: float) -> float:
+        return t - self.offsets.get(host, 0.0)
+
+    async def measure_clocks(self, samples: int = 8) -> dict[int, dict[str, float]]:
+        """Each rank's CLOCK_MONOTONIC offset from rank 0's, so completion times from other
+        hosts compare with rank 0's step start: ``samples`` pings each, the offset taken from
+        the one with the shortest round trip (its midpoint), whose half is the error bound."""
+        out: dict[int, dict[str, float]] = {}
+        for link in self.links[1:]:
+            best: tuple[float, float] | None = None
+            for _ in range(samples):
+                t0 = time.monotonic()
+                reply = await link.request({"op": "ping"}, 10.0)
+                t1 = time.monotonic()
+                offset = float(reply["now"]) - (t0 + t1) / 2
+                if best is None or t1 - t0 < best[0]:
+                    best = (t1 - t0, offset)
+            assert best is not None
+            self.offsets[link.index] = best[1]
+            out[link.index] = {
+                "offset_ms": round(best[1] * 1e3, 3),
+                "rtt_ms": round(best[0] * 1e3, 3),
+            }
+        return out
 
     async def run(self) -> None:
         for condition in self.cfg.conditions:
@@ -496,6 +522,7 @@ async def coordinate(
         startup = time.monotonic() - t0
         progress(f"{rv.world} ranks ready in {startup:.2f} s")
         bench = LaunchedBench(cfg, progress, links, opts)
+        clocks = await bench.measure_clocks()
         await bench.run()
         info = {
             "launcher": rv.launcher,
@@ -509,6 +536,7 @@ async def coordinate(
                 for h in hellos
             ],
             "startup_s": round(startup, 3),
+            "clocks": {str(r): c for r, c in clocks.items()},
             "control_port": port,
             "refused_hellos": len(gathering.refused),
             "left_out": skipped_transports,
