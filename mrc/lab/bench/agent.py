@@ -32,7 +32,7 @@ import struct
 import subprocess
 import sys
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ from mrc.lab.bench.common import (
     MPTCP_PORT,
     MRC_PORT,
     TCP_PORT,
+    PlaneNicLike,
     dumps,
     make_pool,
     mptcp_setup_commands,
@@ -482,7 +483,7 @@ class Agent:
         self,
         me: int,
         peers: list[Peer],
-        nics: list[PlaneNic],
+        nics: Sequence[PlaneNicLike],
         topo: Any,
         max_size: int,
         seed: int,
@@ -519,12 +520,10 @@ class Agent:
             Peer(h.index, h.name, tuple(n.address for n in sorted(h.nics, key=lambda n: n.plane)))
             for h in topo.hosts
         ]
-        host = topo.hosts[args.index]
-        nics = [PlaneNic(n.plane, n.nic, n.address) for n in host.nics]
         return cls(
             args.index,
             peers,
-            nics,
+            topo.hosts[args.index].nics,
             topo,
             args.max_size,
             args.seed,
@@ -657,23 +656,13 @@ async def serve_lines(
                 }
             )
 
-    if not out_of_turn:  # the agents of the built-in mode: strictly in turn
-        while True:
-            msg = await _next_request(reader, reply)
-            if msg is None:
-                return False
-            if msg.get("op") == "exit":
-                reply({"id": msg.get("id"), "ok": True})
-                return True
-            await answer(msg)
-
     # in-turn requests go through one worker while this loop keeps reading, so an out-of-turn
     # request is read (and run) even while a long step is being answered
-    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
     async def in_turn() -> None:
-        while (msg := await queue.get()) is not None:
-            await answer(msg)
+        while True:
+            await answer(await queue.get())
 
     loop = asyncio.get_running_loop()
     worker = loop.create_task(in_turn())

@@ -108,6 +108,12 @@ class BenchConfig:
         base = [f"payload_size={self.payload}", f"max_outstanding={window}", f"cc={self.cc}"]
         return base + self.qp
 
+    def payload_for_mtu(self) -> int:
+        """The payload that fits ``mtu``: IPv6 40 + SRH with two segments 40 + UDP 8 + MRC
+        header 32 = 120 bytes of headers, rounded down to 8 bytes with room to spare; 8 KiB at
+        most."""
+        return max(64, min(8192, (self.mtu - 128) // 8 * 8))
+
     def max_size(self) -> int:
         return max(self.size, self.pair_size)
 
@@ -876,11 +882,16 @@ class Bench:
                     f"{row['bytes_expected']} B"
                 )
 
-    async def run_condition(self, condition: str, i: int) -> None:
+    def skip(self, condition: str) -> bool:
+        """Whether ``condition`` cannot run here (recorded in ``skipped``, with the reason)."""
         why = self.condition_unavailable(condition)
         if why:
             self.skipped.append({"condition": condition, "reason": why})
             self.progress(f"skipping condition {condition}: {why}")
+        return why is not None
+
+    async def run_condition(self, condition: str, i: int) -> None:
+        if self.skip(condition):
             return
         topo = await self.fabric_up(condition, i)
         agents: list[Agent] = []

@@ -51,7 +51,6 @@ class LaunchOptions:
     heal_cmd: str | None = None
     fault_rank: int = 0
     rate_bps: int | None = None  # the planes' link rate, for the ideal step time
-    rate_text: str | None = None  # the same as given (--rate)
     payload_given: bool = False  # --payload on the command line: else from the NICs' MTU
     transports_given: bool = False
     ports: Any = None  # mrc.transport.ports.PortRange
@@ -452,10 +451,7 @@ class LaunchedBench(Bench):
 
     async def run(self) -> None:
         for condition in self.cfg.conditions:
-            why = self.condition_unavailable(condition)
-            if why:
-                self.skipped.append({"condition": condition, "reason": why})
-                self.progress(f"skipping condition {condition}: {why}")
+            if self.skip(condition):
                 continue
             try:
                 await self.run_workloads(self.links, None, condition)
@@ -464,13 +460,10 @@ class LaunchedBench(Bench):
                     await self.close_transport(self.links, transport)
 
 
-def _payload(cfg: BenchConfig, hellos: list[dict[str, Any]]) -> int:
-    """The largest payload every plane's MTU carries (IPv6 + SRH of two segments + UDP + MRC
-    header = 120 bytes, rounded as the built-in fabric does), at most 8 KiB."""
+def _smallest_mtu(hellos: list[dict[str, Any]]) -> int:
+    """The smallest MTU of every rank's plane NICs (1500 where none was readable)."""
     mtus = [m for h in hellos for m in h.get("mtus") or [] if isinstance(m, int)]
-    mtu = min(mtus) if mtus else 1500
-    cfg.mtu = mtu
-    return max(64, min(8192, (mtu - 128) // 8 * 8))
+    return min(mtus) if mtus else 1500
 
 
 async def coordinate(
@@ -505,9 +498,9 @@ async def coordinate(
             counts = ", ".join(f"rank {h['rank']}: {len(h['addrs'])}" for h in hellos)
             raise UsageError(f"the ranks have different numbers of planes ({counts})")
         cfg.hosts, cfg.planes, cfg.spines, cfg.leaves = rv.world, planes.pop(), 0, 0
-        cfg.rate = opts.rate_text
+        cfg.mtu = _smallest_mtu(hellos)
         if not opts.payload_given:
-            cfg.payload = _payload(cfg, hellos)
+            cfg.payload = cfg.payload_for_mtu()
         if "mptcp" in cfg.transports and not all(h.get("net_admin") for h in hellos):
             who = ", ".join(str(h["rank"]) for h in hellos if not h.get("net_admin"))
             why = f"ranks {who} lack CAP_NET_ADMIN, which MPTCP's path manager needs (root has it)"

@@ -385,8 +385,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.payload is not None:
         cfg.payload = args.payload
     else:
-        # IPv6 40 + SRH with two segments 40 + UDP 8 + MRC header 32 = 120 bytes of headers
-        cfg.payload = min(8192, (cfg.mtu - 128) // 8 * 8)
+        cfg.payload = cfg.payload_for_mtu()
     return cfg
 
 
@@ -457,12 +456,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(args: argparse.Namespace) -> int:
     if args.launcher:
         return _launched_main(args)
-    for name in ("nics", "addrs", "fabric", "control_addr", "fault_cmd", "heal_cmd", "ports"):
-        if getattr(args, name) is not None:
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(
-                f"{flag} is for a launched run (--launcher); this run builds its fabric"
-            )
+    _refuse(args, _LAUNCHED_ONLY, "is for a launched run (--launcher); this run builds its fabric")
     cfg = config_from_args(args)
     validate(cfg)
     if os.geteuid() != 0:
@@ -547,6 +541,17 @@ def _report(
     return 0
 
 
+# options of a launched run only
+_LAUNCHED_ONLY = ("nics", "addrs", "fabric", "control_addr", "fault_cmd", "heal_cmd", "ports")
+
+
+def _refuse(args: argparse.Namespace, names: Sequence[str], why: str) -> None:
+    """A usage error for the first of ``names`` given on the command line."""
+    for name in names:
+        if getattr(args, name) is not None:
+            raise UsageError(f"--{name.replace('_', '-')} {why}")
+
+
 # options that shape the fabric mrc-bench builds, which a launched run does not build
 _FABRIC_ONLY = (
     "hosts",
@@ -571,12 +576,9 @@ def _launched_main(args: argparse.Namespace) -> int:
     from mrc.transport.loop import run
     from mrc.units import parse_rate
 
-    for name in _FABRIC_ONLY:
-        if getattr(args, name) is not None:
-            flag = "--" + name.replace("_", "-")
-            raise UsageError(
-                f"{flag} does not apply to a launched run: the launcher's hosts are the hosts"
-            )
+    _refuse(
+        args, _FABRIC_ONLY, "does not apply to a launched run: the launcher's hosts are the hosts"
+    )
     bad = [c for c in args.conditions or [] if c not in LAUNCHED_CONDITIONS]
     if bad:
         raise UsageError(
@@ -587,23 +589,20 @@ def _launched_main(args: argparse.Namespace) -> int:
         raise UsageError("--fault-cmd and --heal-cmd go together")
     if args.conditions and "link_down" in args.conditions and args.fault_cmd is None:
         raise UsageError("link_down in a launched run needs --fault-cmd and --heal-cmd")
-    rate = args.rate
-    args.rate = None
     cfg = config_from_args(args)
-    cfg.rate = None
+    if args.rate is None:
+        cfg.rate = None  # unknown: no ideal step time (the built-in fabric's default is moot)
     if args.conditions is None:
         cfg.conditions = ["clean"] + (["link_down"] if args.fault_cmd else [])
     validate_qp(cfg)
     _check_plots(args)
-    rate_bps = parse_rate(rate) if rate and rate.lower() not in ("none", "0") else None
     opts = LaunchOptions(
         rendezvous_timeout=args.rendezvous_timeout,
         control_addr=args.control_addr,
         fault_cmd=args.fault_cmd,
         heal_cmd=args.heal_cmd,
         fault_rank=args.fault_rank,
-        rate_bps=rate_bps,
-        rate_text=rate if rate_bps else None,
+        rate_bps=parse_rate(cfg.rate) if cfg.rate else None,
         payload_given=args.payload is not None,
         transports_given=args.transports is not None,
         ports=args.ports,
