@@ -83,6 +83,7 @@ class _Packet:
         "retransmitted",
         "ambiguous",
         "probed",
+        "silenced",
     )
 
     def __init__(
@@ -113,6 +114,10 @@ class _Packet:
         # a tail loss probe's transmissions before it, as (ev, sent_at), until an ACK of the
         # probe tells whether they were lost (docs/EV_HEALTH.md, "Evidence of loss"); None
         self.probed: list[tuple[int, float]] | None = None
+        # this transmission timed out in a silence of the whole peer and was left to wait
+        # for the oldest one's resend (``_time_out_silence``): its loss is no evidence
+        # against its EV or plane, however it is found later
+        self.silenced = False
 
 
 class Requester:
@@ -146,7 +151,9 @@ class Requester:
         self._deadlines: list[tuple[float, int, int]] = []
         self._retransmit: deque[int] = deque()
         self.recovery = LossDetector(config.reorder_min, config.reorder_srtt_fraction)
-        self.losses_unblamed = 0  # SACK-detected losses not held against their EV
+        # losses not held against their EV: SACK evidence the detector did not trust, and
+        # any loss of a transmission that met a silence of the whole peer (``silenced``)
+        self.losses_unblamed = 0
         # tail loss probe: when no ACK has come for a while, resend the newest outstanding
         # packet so that its ACK (SACK evidence) repairs a lost tail without waiting for an RTO
         self._tlp_at: float | None = None
@@ -292,6 +299,7 @@ class Requester:
             if probe or not pkt.nacked:
                 pkt.ambiguous = True  # the copy before this one may still be on its way
             pkt.nacked = False  # a new transmission: it may be NACKed once more
+            pkt.silenced = False
             pkt.sent_at = now
             pkt.deadline = deadline = now + self.rtt.backed_off(pkt.timeouts)
             heapq.heappush(self._deadlines, (deadline, seq, 1))
@@ -569,7 +577,13 @@ class Requester:
         rest wait for its answer (their deadlines join its backed-off one): resending every
         packet of a silent window buried a peer that had only stalled under duplicates, whose
         resend of the oldest then waited behind them past the next RTO, again and again
-        (a 0.3 s receiver stop on ::1 became a transfer that never ended)."""
+        (a 0.3 s receiver stop on ::1 became a transfer that never ended).
+
+        A packet that times out after the peer answered again is resent with the rest, but
+        blamed only if something sent after it was acknowledged: one left waiting in a
+        silence (``silenced``), or sent just before the peer stopped answering, was lost to
+        the stop (a stalled receiver's socket overflows), not to its path; blamed, eight
+        of them took a single plane down after a 0.3 s receiver stop."""
         outstanding = self._outstanding
         silent: list[int] = []  # judged together, after the others
         while not self.failed:
@@ -587,7 +601,11 @@ class Requester:
                     continue
                 if not self._time_out(seq, pkt, now):
                     return
-                if self.health:
+                if pkt.silenced or pkt.sent_at >= self.recovery.latest:
+                    # nothing sent after it was acknowledged: the peer may have gone quiet
+                    # just after answering what came before it (a stopped receiver)
+                    self.losses_unblamed += 1
+                elif self.health:
                     self._blame(pkt.ev, pkt.sent_at, EVReason.TIMEOUT, now)
         if silent and not self.failed:
             self._time_out_silence(silent, now)
@@ -649,7 +667,9 @@ class Requester:
         outstanding = self._outstanding
         for seq in silent:
             if seq != head:
-                outstanding[seq].deadline = wait
+                waiting = outstanding[seq]
+                waiting.silenced = True
+                waiting.deadline = wait
                 heapq.heappush(self._deadlines, (wait, seq, 1))
 
     def _tail_probe(self, now: float) -> None:
@@ -1030,7 +1050,7 @@ class Requester:
             self.stats.retransmits_sack += 1
             if not self.health:
                 continue
-            if blame:
+            if blame and not pkt.silenced:
                 self._blame(pkt.ev, pkt.sent_at, EVReason.SACK_LOSS, now)
             else:
                 self.losses_unblamed += 1

@@ -717,3 +717,43 @@ def test_denied_evs_are_never_used_even_when_everything_else_fails() -> None:
     # denials were reported as events
     den = [e for e in run.ev_events("a") if e.new is EVState.DENIED]
     assert {e.ev for e in den} == denied
+
+
+def test_a_stalled_receivers_overflow_is_no_evidence_against_a_path() -> None:
+    """A receiver stops reading for 0.3 s (SIGSTOP, a preempted host): its socket holds what
+    arrived first, the kernel drops the rest, and after the resume the held packets are
+    answered at once. The dropped ones met a silence of the whole peer, so when they time
+    out (or SACK shows them lost) after the answers resumed, nothing is blamed.
+
+    Seen on ::1 (tests/transport/test_peer_stall.py, about 1 run in 5): those late timeouts
+    were taken as losses of their EVs, 8 in a row took the only plane down, and the sender
+    sprayed on EVs it believed dead until probes brought them back."""
+    T1, T2, HELD = 0.02, 0.32, 24
+    arrived: list[float] = []
+    sender_ports: set[int] = set()
+
+    def overflow(sport: int, data: bytes, now: float) -> bool:
+        if not T1 <= now < T2 or sport not in sender_ports or data[0] not in DATA_OPS:
+            return False
+        arrived.append(now)
+        return len(arrived) > HELD  # the socket buffer is full: the kernel drops it
+
+    def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
+        sender_ports.update(qa.evs.ports)
+        # what reaches the stopped receiver waits in its socket until it runs again
+        net.extra_delay = lambda sport, now: (
+            T2 - now if T1 <= now < T2 and sport in sender_ports else 0.0
+        )
+
+    run = run_transfer(
+        seed=5, size=3_000_000, active=16, backups=4, planes=1, drop=Drop(extra=overflow),
+        setup=setup, max_outstanding=64,
+    )  # fmt: skip
+    check_invariants(run)
+    qa = run.qa
+    assert len(arrived) > HELD  # the stall overflowed the receiver's socket
+    assert qa.stats.silent_timeouts >= 1
+    assert qa.requester.losses_unblamed > 0  # the overflow was found lost, blaming nothing
+    retired = [e for e in run.ev_events("a") if e.new is EVState.ASSUMED_BAD]
+    assert retired == [], retired[:3]
+    assert qa.evs.planes_lost == 0
