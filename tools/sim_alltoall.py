@@ -83,6 +83,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "acks_refused": sum(s.dropped_by_reason["ack_wrong_ev"] for s in stats),
         "duplicates": sum(qb.stats.duplicates for qb in receivers),
         "acks_lost": sum(1 for host in net.hosts.values() for e in host.events if _ack_lost(e)),
+        "reverse_probes_lost": sum(
+            1 for host in net.hosts.values() for e in host.events if _reverse_probe_lost(e)
+        ),
         "route_down_transitions": sum(
             1 for host in net.hosts.values() for e in host.events if _route_down(e)
         ),
@@ -95,6 +98,10 @@ def _route_down(event: object) -> bool:
 
 def _ack_lost(event: object) -> bool:
     return isinstance(event, EVStateChanged) and event.reason is EVReason.ACK_LOST
+
+
+def _reverse_probe_lost(event: object) -> bool:
+    return isinstance(event, EVStateChanged) and event.reason is EVReason.REVERSE_PROBE
 
 
 def line(args: argparse.Namespace, out: dict[str, object]) -> str:

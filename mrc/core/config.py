@@ -36,6 +36,11 @@ class EVConfig:
     probe_timeout: float = 0.1
     resurrect_after: int = 3
     plane_dead_losses: int = 8
+    # reverse EVs (mrc/core/revprobes.py): while a side only receives, every interval the
+    # EVs of each plane that last carried its ACKs (this many per plane) are probed; an
+    # unanswered probe retires the EV (0 for either: off)
+    reverse_probe_interval: float = 0.005
+    reverse_probes_per_plane: int = 1
     # CE penalties (docs/EV_HEALTH.md, "CE penalties"): an EV whose packet came back CE-marked
     # sits out of the rotation for max(ecn_penalty_min, ecn_penalty_rtts x srtt) after its
     # latest mark; at most ecn_penalty_max_fraction of a plane's active EVs at once (more: the
@@ -71,6 +76,10 @@ class EVConfig:
             raise ValueError("ecn_penalty_min must be between 0 and 10 seconds")
         if not 0 <= self.ecn_penalty_max_fraction < 1:
             raise ValueError("ecn_penalty_max_fraction must be >= 0 and < 1")
+        if not 0 <= self.reverse_probe_interval <= 10:
+            raise ValueError("reverse_probe_interval must be between 0 and 10 seconds")
+        if not 0 <= self.reverse_probes_per_plane <= 64:
+            raise ValueError("reverse_probes_per_plane must be between 0 and 64")
 
 
 @dataclass(slots=True)

@@ -120,6 +120,7 @@ class EVReason(Enum):
     PROBE_LOSS = "lost: its tail loss probe arrived first"  # the probe's ACK: not a duplicate
     SEND_ERROR = "send error: {detail}"  # detail: the OS error text
     ACK_LOST = "ACK lost: data arrived twice"  # receiver side: a SACK on this EV was lost
+    REVERSE_PROBE = "reverse probe unanswered"  # receiver side: its ACK path is probed
     PLANE_DOWN = "plane {plane} down: {detail} losses in a row"  # detail: the streak
     LINK_DOWN = "plane {plane} down: {detail}"  # detail: whose NIC lost its link
     ROUTE_DOWN = "route down: {detail} of its EVs lost packets"  # detail: how many

@@ -85,6 +85,8 @@ _TRANSITIONS: dict[tuple[EVState, EVReason], EVState] = {
     (_SKIP, _R.SEND_ERROR): _BAD,
     (_GOOD, _R.ACK_LOST): _BAD,
     (_SKIP, _R.ACK_LOST): _BAD,
+    (_GOOD, _R.REVERSE_PROBE): _BAD,
+    (_SKIP, _R.REVERSE_PROBE): _BAD,
     (_GOOD, _R.REPLACES): _GOOD,  # 4: a backup joins the rotation
     (_GOOD, _R.ROUTE_DOWN): _BAD,  # 5': every EV of a route that lost EVs (active or backup)
     (_SKIP, _R.ROUTE_DOWN): _BAD,
@@ -253,6 +255,7 @@ class EVSet:
         self._rng = random.Random(seed)
         self._order: list[int] = []  # the round being sprayed
         self._pos = 0
+        self._reply_pos = 0  # next_reply's own cursor in _order
         self._skipped: list[int] = []  # trimmed this round
         self._skipped_prev: list[int] = []  # trimmed last round: sit out this one too
         self._now = 0.0  # time of the latest evidence, for transitions found while spraying
@@ -412,6 +415,23 @@ class EVSet:
             self._pos = pos + 1
             if usable[ev]:
                 return ev
+
+    def next_reply(self) -> int:
+        """The EV for a probe reply: the rotation's order, on a cursor of its own. The
+        peer's probes arrive when it chooses (reverse probes every few ms while we send):
+        taken from :meth:`next`, each reply would shift which EV, and so which plane, every
+        later burst of our data lands on."""
+        order = self._order
+        usable = self.usable
+        for _ in range(len(order)):
+            pos = self._reply_pos + 1
+            if pos >= len(order):
+                pos = 0
+            self._reply_pos = pos
+            ev = order[pos]
+            if usable[ev]:
+                return ev
+        return self.next()
 
     def next_beside(self, ev: int) -> int:
         """The next EV of ``ev``'s plane that is not ``ev`` and, where routes are known, not

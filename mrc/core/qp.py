@@ -27,6 +27,7 @@ from mrc.core.memory import ProtectionDomain
 from mrc.core.planesteer import PlaneSteering
 from mrc.core.requester import Requester
 from mrc.core.responder import TRAIN_CAP, Responder
+from mrc.core.revprobes import ReverseProbes
 from mrc.core.stats import QPStats
 from mrc.errors import MRCError
 
@@ -122,6 +123,7 @@ class QueuePair:
         self.pd = pd  # the regions peers of this QP may write into
         self.responder = Responder(self.config, qpn, self.evs, pd, self.stats, emit)
         self._control: list[Datagram] = []
+        self.reverse = ReverseProbes(cfg.reverse_probe_interval, cfg.reverse_probes_per_plane)
         self._announced_ports = 0xFFFF
         self.remote_qpn: int | None = None
         self.protection: Protection | None = None
@@ -355,6 +357,8 @@ class QueuePair:
             if self.evs.is_probing(ev):
                 self.evs.probe_answered(ev, now)  # a health probe of an ASSUMED_BAD EV
             else:
+                if self.reverse.answered(ev):
+                    self.stats.reverse_probes_answered += 1
                 self._events.append(ProbeReplied(self.qpn, ev, rtt))
             return
         if self.remote_qpn is None:
@@ -362,7 +366,7 @@ class QueuePair:
             return
         self.stats.probes_received += 1
         pkt = wire.pack_probe(self.remote_qpn, psnw, ev_port, token, reply=True)
-        self._control.append((self.evs.next(), pkt, b""))
+        self._control.append((self.evs.next_reply(), pkt, b""))
 
     def datagrams_to_send(self, now: float) -> list[Datagram]:
         """What :meth:`bursts_to_send` sends, datagram by datagram (the simulator, tests)."""
@@ -375,6 +379,8 @@ class QueuePair:
         if self.config.ev_health and self.remote_qpn is not None and not self.failed:
             for ev in self.evs.probes_due(now):
                 self.send_probe(ev, now)
+            if self.reverse.enabled:
+                self._probe_reverse(now)
             state = self.evs.port_state()
             if state != self._announced_ports:
                 # a plane of ours went down or came back: tell the peer at once (SACKs carry
@@ -384,7 +390,12 @@ class QueuePair:
         if self._control:
             control.extend(self._control)
             self._control.clear()
+        acks_from = len(control)
         self.responder.datagrams_to_send(now, control)
+        if self.reverse.enabled and len(control) > acks_from:
+            planes = self.evs.planes
+            for ev, _hdr, _payload in control[acks_from:]:
+                self.reverse.ack_sent(ev, planes[ev], now)
         out: list[Burst] = [
             (ev, [hdr, payload], 1, len(hdr) + len(payload)) for ev, hdr, payload in control
         ]
@@ -392,6 +403,22 @@ class QueuePair:
         if self.protection is not None and out:
             out = [sealed for burst in out for sealed in self._seal(burst)]
         return out
+
+    def _probe_reverse(self, now: float) -> None:
+        """Probe the reverse EVs that are due (see :mod:`mrc.core.revprobes`), and take an
+        unanswered probe for the loss it is."""
+        only_receiving = self.requester.in_flight == 0
+        due, lost = self.reverse.due(now, only_receiving, self.evs.probes.rtt)
+        for ev, sent in lost:
+            self.stats.reverse_probes_lost += 1
+            self.evs.lost(ev, now, EVReason.REVERSE_PROBE, plane_evidence=False, sent_at=sent)
+        usable = self.evs.usable
+        for ev in due:
+            if not usable[ev]:  # out of the rotation since its ACK: the health probes' now
+                self.reverse.forget(ev)
+                continue
+            self.send_probe(ev, now)
+            self.stats.reverse_probes_sent += 1
 
     def _seal(self, burst: Burst) -> list[Burst]:
         """The protected form of a burst: one burst if its sealed datagrams still make one
@@ -413,6 +440,10 @@ class QueuePair:
         probe = None
         if self.config.ev_health and self.remote_qpn is not None and not self.failed:
             probe = self.evs.next_probe_time()
+            if self.reverse.enabled:
+                rev = self.reverse.next_time(self.evs.probes.rtt)
+                if rev is not None and (probe is None or rev < probe):
+                    probe = rev
         times = [
             t
             for t in (self.requester.get_timer(), self.responder.get_timer(), probe)

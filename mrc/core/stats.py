@@ -122,6 +122,19 @@ class QPStats:
     probes_sent: int = counter("EV probes sent", metric="mrc_qp_sent_probes")
     probes_answered: int = counter("Probe replies taken (for an EV of ours)")
     probes_received: int = counter("Probes from the peer, answered")
+    reverse_probes_sent: int = counter(
+        "Probes of reverse EVs (the paths of our ACKs) sent while only receiving; "
+        "also counted in probes_sent",
+        metric="mrc_qp_sent_reverse_probes",
+        json=RECV,
+    )
+    reverse_probes_answered: int = counter("Reverse EV probes answered (also in probes_answered)")
+    reverse_probes_lost: int = counter(
+        "Reverse EVs retired: their probes went unanswered twice in a row while others "
+        "were answered (reason: reverse probe unanswered)",
+        metric="mrc_qp_reverse_probe_losses",
+        json=RECV,
+    )
     ack_beyond_sent: int = counter(
         "ACKs reporting PSNs beyond what was sent (clamped, see the requester)"
     )

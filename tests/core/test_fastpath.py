@@ -173,8 +173,14 @@ class Receiver:
         self.core = EndpointCore(pd)
         self.qps = {}
         for qpn in (QPN, OTHER_QPN):
+            # no reverse probes: these tests pin every datagram the receiver sends, and
+            # seconds pass between drains (tests/core/test_revprobes.py has the probes)
             cfg = QPConfig(
-                payload_size=P, ack_every=ack_every, ack_batch_max=ack_batch_max, psn_window=WINDOW
+                payload_size=P,
+                ack_every=ack_every,
+                ack_batch_max=ack_batch_max,
+                psn_window=WINDOW,
+                reverse_probe_interval=0.0,
             )
             qp = QueuePair(qpn, pd, list(range(5000, 5008)), None, cfg)
             qp.connect(PEER_QPN, IPSN)

@@ -147,8 +147,14 @@ PROVOKING = 4
 def test_injected_garbage_is_dropped_and_counted(seed: int, faults: Faults) -> None:
     net, t = _setup(seed, faults)
     qa, qb = t.qp, t.peer
-    # let a third of the data land, then inject everything at once, mid-transfer
-    assert net.run(lambda: qb.stats.bytes_placed > 60_000, max_time=50)
+
+    # let a third of the data land, then inject everything at once, mid-transfer, at a
+    # moment the receiver's next PSN is in flight (what _garbage forges NACKs about)
+    def ready() -> bool:
+        nxt = qb.responder.received_through + 1
+        return qb.stats.bytes_placed > 60_000 and nxt in qa.requester._outstanding
+
+    assert net.run(ready, max_time=50)
     assert not qa.idle
     inj, want = _garbage(net, t)
     for host, data, sport in inj:
@@ -464,6 +470,7 @@ def test_unknown_rkey_is_dropped_like_an_unknown_qp() -> None:
     (ev, hdr, payload) = qa.datagrams_to_send(0.0)[0]
     cb.receive_datagram(memoryview(hdr + bytes(payload)), qa.evs.ports[ev], 0.0)
     qb.datagrams_to_send(1.0)  # the ACK of the genuine packet
+    qb.datagrams_to_send(1.5)  # and the reverse probe of its EV, a round later
     state = (qb.responder.received_through, dict(qb.responder._blocks), qb.stats.as_dict())
     events = []
     bad = (mr.rkey ^ 0x00010000) or 1

@@ -345,11 +345,12 @@ def _trace_digest(seed: int, fabric: Fabric | None = None) -> str:
 #: blaming a loss on its path (fewer EVs retired), and when a tail loss probe that arrives
 #: first began to prove the probed transmission lost, and when the ACK of a copy sent before a
 #: resend began to be believed and a duplicate soon after its SACK to retire no ACK EV, and when
-#: tail loss probes began to carry P (their ACKs go twice). What they guard: the default network
+#: tail loss probes began to carry P (their ACKs go twice), and when receivers began to probe
+#: their reverse EVs (replies on a cursor of their own). What they guard: the default network
 #: and an ideal fabric give one and the same trace, and it changes only with the protocol
 _DEFAULT_DIGESTS = {
-    1: "b24f57f4fd6e7f793f7625325e1a209bfb4b880566e2bcbe1b8317ddda18e230",
-    2: "9ce28581eafa9bf7b920ee332e27e8305ea1f5fa85b143f910f1472a1115dc86",
+    1: "21874a5af298948df5254f59776f5f157fba0f01ef5301e6d6df170935795f08",
+    2: "199517f5b629d921a1cbcda998881adf0e6758797dad1fdd24abac29edf48443",
 }
 
 
