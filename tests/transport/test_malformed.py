@@ -376,7 +376,8 @@ async def test_unknown_rkey_and_out_of_window_psn_get_no_answer() -> None:
             if rkey != region.rkey:
                 forger.send(wire.pack_data(peer.qpn, psn, region.addr, rkey, 8, 1, 7) + b"e" * 8)
         forger.send(wire.pack_data(peer.qpn, far, region.addr, region.rkey, 8, 1, 7) + b"e" * 8)
-        await until(lambda: received(peer) - before == 201, "forgeries not received")
+        # (at least: the answers to the receiver's reverse probes arrive meanwhile)
+        await until(lambda: received(peer) - before >= 201, "forgeries not received")
         drops = peer.stats()["dropped_by_reason"]
         assert drops == {"bad_rkey": 200, "psn_out_of_window": 1}
         assert (qp.stats.acks_sent, qp.stats.nacks_sent) == sent_before
