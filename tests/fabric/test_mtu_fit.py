@@ -62,9 +62,14 @@ def test_the_default_payload_fits_the_fabric_mtu_with_its_srh(fab1500, mrc_tools
     assert srh == 40  # two segments: the spine and the destination
     s, rv, _err = _transfer(fab1500, mrc_tools, 4801)
     assert s["payload"] == 1500 - 40 - 8 - srh - wire.DATA_IMM_HDR_LEN == 1380
-    # nothing lost: no retransmission, no EV retired, every datagram arrived once
-    assert s["retransmits"] == 0 and s["evs_assumed_bad"] == 0, s
-    assert rv["duplicates"] == 0 and rv["packets_received"] == s["data_packets"]
+    # nothing lost: no retransmission but tail loss probes, no EV retired, every datagram
+    # arrived once. A probe may still fire when a busy core stalls the receiver for a few
+    # milliseconds (2 runs in 12 here, with or without reverse probes); its ACK then shows
+    # the original had arrived (losses_tlp 0) and its copy arrives as a duplicate
+    assert s["retransmits"] == s["retransmits_tlp"] and s["losses_tlp"] == 0, s
+    assert s["evs_assumed_bad"] == 0, s
+    assert rv["packets_received"] - rv["duplicates"] == s["data_packets"], (s, rv)
+    assert rv["duplicates"] <= s["retransmits_tlp"], (s, rv)
 
 
 def test_a_payload_too_large_for_the_mtu_is_fragmented_not_lost(fab1500, mrc_tools) -> None:  # type: ignore[no-untyped-def]
