@@ -251,6 +251,7 @@ class Connection:
         self._requested_size = requested_size
         self._owns_endpoint = owns_endpoint
         self._closed = False
+        self._imm_futures: set[asyncio.Future[int]] = set()  # WRITE_IMMs not yet ended
         # run once by close(): how a listener hears that a connection ended (limits, lists)
         self._close_hooks: list[Callable[[], None]] = []
 
@@ -280,7 +281,9 @@ class Connection:
         self, data: Buffer, region: RemoteRegion, offset: int = 0, imm: int | None = None
     ) -> asyncio.Future[int]:
         """Post a WRITE (WRITE_IMM with ``imm``); the future resolves when it is placed, or
-        fails with a :class:`~mrc.errors.WriteError` saying how the write ended.
+        fails with a :class:`~mrc.errors.WriteError` saying how the write ended. With
+        ``QPConfig.max_imm_outstanding`` WRITE_IMMs not yet ended, one more raises
+        :class:`~mrc.errors.TooManyImmediates` (:meth:`write` waits instead).
 
         ``data`` is sent from where it lies, without copying: keep it unchanged until then.
         """
@@ -295,6 +298,9 @@ class Connection:
         fut: asyncio.Future[int] = self.endpoint.loop.create_future()
         wr_id = self.qp.post_write(data, region.addr + offset, region.rkey, imm)
         self.channel.pending[wr_id] = fut
+        if imm is not None:
+            self._imm_futures.add(fut)
+            fut.add_done_callback(self._imm_futures.discard)
         self.endpoint.kick(self.qp.qpn)
         return fut
 
@@ -303,8 +309,15 @@ class Connection:
     ) -> int:
         """WRITE and wait until every byte is acknowledged; returns the byte count. A write
         that will not complete raises :class:`~mrc.errors.WriteError`, its ``status`` saying
-        how it ended (remote access error, retry exceeded, flushed...)."""
-        return await self.post_write(data, region, offset, imm)
+        how it ended (remote access error, retry exceeded, flushed...). A WRITE_IMM first
+        waits while ``QPConfig.max_imm_outstanding`` of them are not yet ended."""
+        if imm is not None:
+            cap = self.qp.config.max_imm_outstanding
+            while len(self._imm_futures) >= cap and self.channel.error is None:
+                await asyncio.wait(set(self._imm_futures), return_when=asyncio.FIRST_COMPLETED)
+        # shielded: a caller that gives up on the write (a timeout) leaves it counted until
+        # it really ends, as the QP counts it
+        return await asyncio.shield(self.post_write(data, region, offset, imm))
 
     async def next_immediate(self, timeout: float | None = None) -> int:
         """The immediate value of the next WRITE_IMM completed in order by the peer."""

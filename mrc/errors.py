@@ -44,3 +44,9 @@ class WriteError(MRCError):
     def __init__(self, message: str, status: str = "flushed") -> None:
         super().__init__(message)
         self.status = status
+
+
+class TooManyImmediates(MRCError):
+    """A WRITE_IMM posted while ``QPConfig.max_imm_outstanding`` of them are not yet
+    completed (mrc.h's MRC_QP_MAX_WIMM). ``Connection.write`` waits for room instead; a
+    caller of the sans-IO ``post_write`` must wait for a completion itself."""

@@ -95,6 +95,9 @@ class QPConfig(EVConfig):
     payload_size: int = 1400
     max_outstanding: int = 512
     psn_window: int = 16384
+    # WRITE_IMMs posted and not yet completed (mrc.h's MRC_QP_MAX_WIMM): one more is refused
+    # by post_write, and awaited by Connection.write
+    max_imm_outstanding: int = 256
     ack_every: int = 16
     ack_delay: float = 0.0005
     # the ACKs that fall due while one receive batch is taken in go out as one, at its end,
@@ -159,6 +162,10 @@ class QPConfig(EVConfig):
             raise ValueError(f"psn_window must be between {PSN_WINDOW_MIN} and {PSN_WINDOW_MAX}")
         if self.max_outstanding > self.psn_window:
             raise ValueError("max_outstanding cannot exceed psn_window")
+        if not 1 <= self.max_imm_outstanding <= 1 << 20:
+            raise ValueError(
+                f"max_imm_outstanding must be 1..{1 << 20}, not {self.max_imm_outstanding}"
+            )
         if self.burst is not None and not 1 <= self.burst <= MAX_BURST:
             raise ValueError(f"burst must be 1..{MAX_BURST} packets, not {self.burst}")
         if not 0 < self.burst_delay_fraction <= 4:

@@ -36,6 +36,7 @@ from mrc.core.psn import to_psn, to_seq
 from mrc.core.recovery import LossDetector
 from mrc.core.rtt import RttEstimator
 from mrc.core.stats import QPStats
+from mrc.errors import TooManyImmediates
 
 _INF = float("inf")
 _NEG_INF = float("-inf")
@@ -140,6 +141,7 @@ class Requester:
         self.remote_qpn: int | None = None
         self.failed = False
         self._next_wr_id = 1
+        self.imms_outstanding = 0  # WRITE_IMMs posted and not completed nor failed
         self._queue: deque[_WorkRequest] = deque()  # not yet fully segmented
         self._inflight_wrs: deque[_WorkRequest] = deque()  # segmented, not yet completed
         self._offset = 0  # next byte to segment in _queue[0]
@@ -203,8 +205,16 @@ class Requester:
         view = memoryview(data)  # type: ignore[arg-type]
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
-        if imm is not None and not 0 <= imm < (1 << 32):
-            raise ValueError("immediate data must fit in 32 bits")
+        if imm is not None:
+            if not 0 <= imm < (1 << 32):
+                raise ValueError("immediate data must fit in 32 bits")
+            cap = self.config.max_imm_outstanding
+            if self.imms_outstanding >= cap:
+                raise TooManyImmediates(
+                    f"{cap} WRITE_IMMs are outstanding already (max_imm_outstanding): "
+                    "wait for one to complete"
+                )
+            self.imms_outstanding += 1
         if wr_id is None:
             wr_id = self._next_wr_id
             self._next_wr_id += 1
@@ -730,6 +740,8 @@ class Requester:
             if id(wr) in seen:
                 continue
             seen.add(id(wr))
+            if wr.imm is not None:
+                self.imms_outstanding -= 1
             why = status if wr is cause else WCStatus.FLUSHED
             self._emit(WriteFailed(self.qpn, wr.wr_id, why, reason))
         self._inflight_wrs.clear()
@@ -1017,6 +1029,8 @@ class Requester:
         una = self._snd_una
         while wrs and wrs[0].last_seq >= 0 and wrs[0].last_seq < una:
             wr = wrs.popleft()
+            if wr.imm is not None:
+                self.imms_outstanding -= 1
             self._emit(WriteCompleted(self.qpn, wr.wr_id, len(wr.view)))
 
     def resend_plane(self, plane: int) -> int:

@@ -8,7 +8,10 @@ remote operation error), every other one is FLUSHED. Seeded simulator runs.
 
 from __future__ import annotations
 
+import pytest
+
 from mrc.core import QPConfig, QPFailed, WCStatus, WriteCompleted, WriteFailed
+from mrc.errors import TooManyImmediates
 from mrc.lab.sim import Faults, SimNetwork
 
 REGION = 200_000
@@ -64,3 +67,38 @@ def test_retries_exhausted_fail_the_write_of_the_packet_and_flush_the_rest() -> 
     assert [s for _wr, s in failed].count(WCStatus.RETRY_EXCEEDED.value) == 1
     assert failed[0] == (wrs[0], "retry exceeded")  # the oldest packet's write ran out
     assert {s for _wr, s in failed[1:]} == {"flushed"}
+
+
+def test_write_imms_beyond_the_cap_are_refused_until_one_completes() -> None:
+    """mrc.h caps the WRITE_IMMs a QP has outstanding (MRC_QP_MAX_WIMM): here
+    ``max_imm_outstanding``. One more is refused with a line that says so; plain WRITEs
+    are not counted; a completion makes room again."""
+    net, qa, mr = _pair(max_imm_outstanding=3)
+    imms = [qa.post_write(bytes(1_000), mr.addr + i * 1_000, mr.rkey, imm=i) for i in range(3)]
+    plain = qa.post_write(bytes(1_000), mr.addr + 10_000, mr.rkey)
+    with pytest.raises(TooManyImmediates, match=r"^3 WRITE_IMMs are outstanding already"):
+        qa.post_write(bytes(1_000), mr.addr + 20_000, mr.rkey, imm=9)
+    assert qa.requester.imms_outstanding == 3
+    assert net.run(lambda: len(_ends(net)) == 4, max_time=5)
+    assert [wr for _k, wr, _s in _ends(net)] == [*imms, plain]
+    assert qa.requester.imms_outstanding == 0
+    again = qa.post_write(bytes(1_000), mr.addr + 20_000, mr.rkey, imm=9)
+    assert net.run(lambda: len(_ends(net)) == 5, max_time=5)
+    assert _ends(net)[-1] == ("done", again, "success")
+
+
+def test_failed_write_imms_give_their_room_back() -> None:
+    net, qa, mr = _pair(
+        max_imm_outstanding=2, max_timeout_retries=1, initial_rto=0.01, min_rto=0.01
+    )
+    for i in range(2):
+        qa.post_write(bytes(1_000), mr.addr + i * 1_000, mr.rkey, imm=i)
+    net.faults.dead_evs.update(qa.evs.ports)
+    assert net.run(lambda: qa.failed, max_time=30)
+    assert [s for k, _wr, s in _ends(net) if k == "failed"] == ["retry exceeded", "flushed"]
+    assert qa.requester.imms_outstanding == 0
+
+
+def test_the_cap_is_checked() -> None:
+    with pytest.raises(ValueError, match="max_imm_outstanding must be 1.."):
+        QPConfig(max_imm_outstanding=0).validate()
