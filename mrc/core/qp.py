@@ -379,7 +379,8 @@ class QueuePair:
         if self.config.ev_health and self.remote_qpn is not None and not self.failed:
             for ev in self.evs.probes_due(now):
                 self.send_probe(ev, now)
-            if self.reverse.enabled:
+            at = self.reverse.due_at
+            if at is not None and now >= at:
                 self._probe_reverse(now)
             state = self.evs.port_state()
             if state != self._announced_ports:
@@ -440,10 +441,9 @@ class QueuePair:
         probe = None
         if self.config.ev_health and self.remote_qpn is not None and not self.failed:
             probe = self.evs.next_probe_time()
-            if self.reverse.enabled:
-                rev = self.reverse.next_time(self.evs.probes.rtt)
-                if rev is not None and (probe is None or rev < probe):
-                    probe = rev
+            rev = self.reverse.due_at
+            if rev is not None and (probe is None or rev < probe):
+                probe = rev
         times = [
             t
             for t in (self.requester.get_timer(), self.responder.get_timer(), probe)

@@ -36,13 +36,15 @@ class ReverseProbes:
         self._missed: dict[int, int] = {}  # EV -> its probes unanswered in a row, so far
         self._round: float | None = None  # the next round, None while no ACK was sent
         self._answered_sent = float("-inf")  # the latest send time of an answered probe
+        self._wait = 2 * interval  # the probe timeout as of the latest due()
+        self.enabled = interval > 0 and per_plane > 0
+        # when due() has something to do next (a round, or a probe's timeout as of the
+        # latest due()), None for nothing: what the QP checks per batch and arms its timer
+        # for, so that nothing here runs per datagram
+        self.due_at: float | None = None
         self.sent = 0  # reverse probes sent
         self.lost = 0  # reverse probes unanswered while others were answered (counted misses)
         self.silent = 0  # reverse probes that went unanswered in a silence of the peer
-
-    @property
-    def enabled(self) -> bool:
-        return self.interval > 0 and self.per_plane > 0
 
     def ack_sent(self, ev: int, plane: int, now: float) -> None:
         """An ACK left on ``ev``: it is among the reverse EVs to probe next round."""
@@ -50,7 +52,15 @@ class ReverseProbes:
         used.pop(ev, None)
         used[ev] = None  # the most recent last
         if self._round is None:
-            self._round = now + self.interval
+            self._round = at = now + self.interval
+            if self.due_at is None or at < self.due_at:
+                self.due_at = at
+
+    def _refresh(self) -> None:
+        times = [t + self._wait for t in self._sent.values()]
+        if self._round is not None:
+            times.append(self._round)
+        self.due_at = min(times) if times else None
 
     def timeout(self, probe_rtt: float) -> float:
         return max(2 * self.interval, 3 * probe_rtt)
@@ -63,7 +73,7 @@ class ReverseProbes:
         its send time (each reported once)."""
         lost: list[tuple[int, float]] = []
         if self._sent:
-            wait = self.timeout(probe_rtt)
+            wait = self._wait = self.timeout(probe_rtt)
             # the same sum as next_time's: "now - wait" may round the other way, and a
             # timer that stays due would then fire at the same instant for ever
             late = [(ev, sent) for ev, sent in self._sent.items() if sent + wait <= now]
@@ -81,6 +91,7 @@ class ReverseProbes:
                     lost.append((ev, sent))
         due: list[int] = []
         if self._round is None or now < self._round:
+            self._refresh()
             return due, lost
         if only_receiving:
             due.extend(ev for ev in self._missed if ev not in self._sent)
@@ -97,6 +108,7 @@ class ReverseProbes:
         self.sent += len(due)
         self._used.clear()
         self._round = None  # the next ACK starts the next round
+        self._refresh()
         return due, lost
 
     def answered(self, ev: int) -> bool:
@@ -107,12 +119,14 @@ class ReverseProbes:
         self._missed.pop(ev, None)
         if sent > self._answered_sent:
             self._answered_sent = sent
+        self._refresh()
         return True
 
     def forget(self, ev: int) -> None:
         """``ev`` left the rotation: its probe, if any, is the health probes' business now."""
         self._sent.pop(ev, None)
         self._missed.pop(ev, None)
+        self._refresh()
 
     def next_time(self, probe_rtt: float) -> float | None:
         times = [t + self.timeout(probe_rtt) for t in self._sent.values()]

@@ -112,6 +112,8 @@ def test_a_due_timer_is_always_served() -> None:
         rp.due(timer, True, RTT)
         after = rp.next_time(RTT)
         assert after is None or after > timer
+        # the cached time the QP checks per batch and arms its timer for, likewise
+        assert rp.due_at == after
 
 
 def _dead_ack_path(interval: float) -> tuple[list[EVStateChanged], int, int]:
