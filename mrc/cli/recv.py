@@ -35,8 +35,9 @@ from mrc.cli.lineout import LineWriter
 from mrc.cli.metricsopts import add_metrics_args, check_metrics_usage, start_metrics
 from mrc.cli.outputs import DISCARD_WINDOW, Outputs, check_target, discard_bytes, stale_parts
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
+from mrc.cli.qpopts import add_qp_arg, apply_settings
 from mrc.connection import START_TIMEOUT, Connection, Listener, listen
-from mrc.core import fastpath
+from mrc.core import QPConfig, fastpath
 from mrc.errors import MRCError
 from mrc.timed import SLOT
 from mrc.transfer import IDLE_TIMEOUT, receive_buffer
@@ -164,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up if no sender connects and starts sending within this time",
     )
     add_path_args(p)
+    add_qp_arg(
+        p, ", for every QP this receiver accepts (the sender's hello still sets the PSN window)"
+    )
     add_metrics_args(p, "the counters of every transfer (and of the listener)")
     p.add_argument("--json", action="store_true", help="print one JSON object per transfer")
     p.add_argument(
@@ -278,6 +282,7 @@ async def _main(args: argparse.Namespace) -> int:
         port,
         plane_addrs=plane_addrs,
         evs=args.evs,
+        config=args.config,
         region_factory=outputs,
         region_release=outputs.release,
         fabric=fabric,
@@ -388,6 +393,13 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             parser.error(str(exc))
     if args.discard_window < MIN_WINDOW:
         parser.error(f"--discard-window: at least {MIN_WINDOW >> 20}M, not {args.discard_window}")
+    args.config = None
+    if args.qp:
+        try:
+            args.config = apply_settings(QPConfig(), args.qp)
+            args.config.validate()
+        except ValueError as exc:
+            parser.error(f"--qp: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -229,6 +229,7 @@ RECV_FLAGS = [
     "--deny",
     "--ev-log",
     "--ports",
+    "--qp",
     "--key-file",
     "--encrypt",
     "--version",

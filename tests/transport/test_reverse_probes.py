@@ -60,3 +60,31 @@ def test_a_receiver_retires_the_ack_paths_that_died_and_only_those(
     assert all(DEAD[0] <= c["sport"] <= DEAD[1] for c in probed), probed
     assert rv["reverse_probes_lost"] == len(probed)
     assert rv["reverse_probes_sent"] > rv["reverse_probes_lost"]
+
+
+@pytest.mark.parametrize("interval", ["0", None])
+def test_mrc_recv_takes_the_probe_interval_from_qp(mrc_tools, mrc_port, interval) -> None:  # type: ignore[no-untyped-def]
+    """The knob is the receiver's: ``mrc-recv --qp reverse_probe_interval=0`` sends none."""
+    extra = ("--qp", f"reverse_probe_interval={interval}") if interval is not None else ()
+    recv = mrc_tools.start(
+        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--json", *extra
+    )  # fmt: skip
+    recv.wait_listening(mrc_port)
+    send = mrc_tools.start(
+        "mrc-send", "--to", f"[::1]:{mrc_port}", "--size", "128M", "--json", "--no-progress"
+    )  # fmt: skip
+    s, r = send.wait(60), recv.wait(30)
+    assert s.returncode == 0 and r.returncode == 0, s.describe() + r.describe()
+    assert s.json["sha256"] == r.json["sha256"]
+    if interval is None:
+        assert r.json["reverse_probes_sent"] > 0
+    else:
+        assert r.json["reverse_probes_sent"] == 0
+
+
+def test_a_bad_qp_setting_of_mrc_recv_is_one_line(mrc_tools) -> None:  # type: ignore[no-untyped-def]
+    res = mrc_tools.run("mrc-recv", "--listen", "[::1]:1", "--discard", "--qp", "max_outstanding=0")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "mrc-recv: error: --qp: max_outstanding must be at least 1 (see mrc-recv --help)"
+    ], res.stderr
