@@ -57,10 +57,14 @@ class ReverseProbes:
                 self.due_at = at
 
     def _refresh(self) -> None:
-        times = [t + self._wait for t in self._sent.values()]
+        self.due_at = self._earliest(self._wait)
+
+    def _earliest(self, wait: float) -> float | None:
+        """The next round or the first probe timeout (after ``wait``), None for neither."""
+        times = [t + wait for t in self._sent.values()]
         if self._round is not None:
             times.append(self._round)
-        self.due_at = min(times) if times else None
+        return min(times) if times else None
 
     def timeout(self, probe_rtt: float) -> float:
         return max(2 * self.interval, 3 * probe_rtt)
@@ -74,7 +78,7 @@ class ReverseProbes:
         lost: list[tuple[int, float]] = []
         if self._sent:
             wait = self._wait = self.timeout(probe_rtt)
-            # the same sum as next_time's: "now - wait" may round the other way, and a
+            # the same sum as _earliest's: "now - wait" may round the other way, and a
             # timer that stays due would then fire at the same instant for ever
             late = [(ev, sent) for ev, sent in self._sent.items() if sent + wait <= now]
             for ev, sent in late:
@@ -129,7 +133,5 @@ class ReverseProbes:
         self._refresh()
 
     def next_time(self, probe_rtt: float) -> float | None:
-        times = [t + self.timeout(probe_rtt) for t in self._sent.values()]
-        if self._round is not None:
-            times.append(self._round)
-        return min(times) if times else None
+        """:attr:`due_at` as it would be with the timeout of ``probe_rtt``."""
+        return self._earliest(self.timeout(probe_rtt))
