@@ -38,6 +38,7 @@ from mrc.srv6.evroutes import EVRoute, fabric_routes, plain_routes
 from mrc.transport import auth
 from mrc.transport.control import MAX_LINE, ControlChannel, ControlError
 from mrc.transport.endpoint import Endpoint, QPChannel
+from mrc.transport.evsockets import EVSockets, open_ev_sockets
 from mrc.transport.limits import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_GRANTED,
@@ -62,7 +63,7 @@ from mrc.transport.messages import (
     parse_reply,
 )
 from mrc.transport.ports import PortRange, RangeExhausted
-from mrc.transport.sockets import ev_socket, family_of, udp_socket
+from mrc.transport.sockets import family_of, udp_socket
 from mrc.wire import DEFAULT_PORT, MAX_PLANES
 
 if TYPE_CHECKING:
@@ -163,58 +164,6 @@ def backup_count(active: int, planes: int) -> int:
 #: what the window laws of this process's QPs to one peer (its host, our addresses) share
 #: (WindowLaw.join): one small dict per peer for the life of the process
 _PEERS: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
-
-
-def _open_ev_sockets(
-    count: int, routes: list[list[EVRoute]], peer_port: int, ports: PortRange | None = None
-) -> tuple[list[socket.socket], list[int], list[str]]:
-    """``count`` EV sockets: EV i is on plane i mod P and takes that plane's paths in turn,
-    so EVs are spread evenly over planes first and over paths (spines) within a plane.
-    ``ports``: their source ports from that range (mrc.transport.ports)."""
-    socks: list[socket.socket] = []
-    planes: list[int] = []
-    labels: list[str] = []
-    used: set[int] = set()
-    nplanes = len(routes)
-    try:
-        for i in range(count):
-            plane = i % nplanes
-            options = routes[plane]
-            route = options[(i // nplanes) % len(options)]
-            for _attempt in range(64):
-                sock = ev_socket(route.local, (route.remote, peer_port), route.srh, ports, used)
-                sport = sock.getsockname()[1]
-                if sport not in used:
-                    break
-                # the same port on another plane's address: EVs are told apart by port alone
-                sock.close()
-            else:
-                raise OSError("could not find distinct source ports for every EV")
-            used.add(sport)
-            socks.append(sock)
-            planes.append(plane)
-            labels.append(route.label)
-    except RangeExhausted:
-        for s in socks:
-            s.close()
-        raise MRCError(
-            f"cannot open EV sockets: no free UDP port in the range {ports} for EV "
-            f"{len(socks) + 1} of {count} (a connection takes a port per EV, backups "
-            "included, and a sender one more: widen --ports, or use fewer EVs or QPs)"
-        ) from None
-    except OSError as exc:
-        for s in socks:
-            s.close()
-        if exc.errno == errno.EADDRINUSE:
-            # every EV is a socket with a source port of its own: many QPs of many EVs each
-            # can use up the kernel's ephemeral ports (net.ipv4.ip_local_port_range)
-            raise MRCError(
-                f"cannot open EV sockets: no free local UDP port for EV {len(socks) + 1} of "
-                f"{count} (each EV takes a port of its own: use fewer EVs, e.g. mrc-send "
-                "--evs 16, or fewer QPs at once)"
-            ) from None
-        raise MRCError(f"cannot open EV sockets: {exc.strerror or exc}") from None
-    return socks, planes, labels
 
 
 class Connection:
@@ -408,7 +357,8 @@ class Connection:
         return registry.read(self.qp, self.channel)
 
     def ev_report(self) -> list[dict[str, object]]:
-        """One row per EV: index, source port, plane, route, packets sent on it, state."""
+        """One row per EV: index, 32-bit value and its source port and flow label bits,
+        plane, route, packets sent on it, state."""
         rows: list[dict[str, object]] = []
         for row in self.qp.ev_report():
             r: dict[str, object] = dict(row)
@@ -440,8 +390,8 @@ class Connection:
         return allowed
 
     def _check_ev(self, ev: int) -> None:
-        if not 0 <= ev < len(self.qp.evs.ports):
-            raise ValueError(f"no EV {ev} (this connection has {len(self.qp.evs.ports)})")
+        if not 0 <= ev < len(self.qp.evs.values):
+            raise ValueError(f"no EV {ev} (this connection has {len(self.qp.evs.values)})")
 
     def on_ev_change(self, callback: Callable[[EVStateChanged], None] | None) -> None:
         """Call ``callback(event)`` with every EV state transition of this connection, the
@@ -827,24 +777,24 @@ class Listener:
             pd.adopt(r)
         self._admit(control, request)  # the listener's limits, before anything is allocated
         granted = await self._grant(request, pd) if request is not None else None
-        socks: list[socket.socket] = []
+        evsocks: EVSockets | None = None
         attached: QueuePair | None = None
         try:
-            socks, planes, labels = _open_ev_sockets(total, routes, hello.udp_port, self.ports)
+            evsocks = open_ev_sockets(total, routes, hello.udp_port, self.ports, cfg.source_ports)
             qp = QueuePair(
                 _new_qpn(core),
                 pd,
-                [s.getsockname()[1] for s in socks],
-                planes,
+                evsocks.values,
+                evsocks.planes,
                 cfg,
                 secrets.randbits(24),
                 active_evs=active,
-                ev_routes=_route_ids(labels),
+                ev_routes=_route_ids(evsocks.routes),
             )
             qp.connect(hello.qpn, hello.psn)
             if protection is not None:
                 qp.protect(protection)
-            channel = self.endpoint.attach(qp, socks)
+            channel = self.endpoint.attach(qp, evsocks)
             attached = qp  # from here on the endpoint owns the EV sockets
             welcome = Welcome(
                 qpn=qp.qpn,
@@ -854,11 +804,12 @@ class Listener:
                 regions=tuple(_describe(r) for r in ([granted] if granted else []) + shared),
             )
             await control.send(welcome.to_json())
+            assert evsocks is not None  # (for the type checker: opened above)
         except BaseException:
             if attached is not None:
                 self.endpoint.detach(attached.qpn)
-            for s in socks:
-                s.close()
+            if evsocks is not None:
+                evsocks.close()
             if granted is not None:
                 buf = granted.view.obj  # (deregister releases the view, and .obj with it)
                 pd.deregister(granted)
@@ -872,7 +823,7 @@ class Listener:
             requested=None,
             owns_endpoint=False,
             peer_addrs=hello.addrs,
-            routes=labels,
+            routes=evsocks.routes,
             granted=granted,
             requested_size=request.size if request is not None else None,
         )
@@ -1185,7 +1136,8 @@ async def connect(
     ``fabric``: an mrc-fabric topology; each plane's EVs are then spread over its SRv6 paths
     (one per spine), each EV socket carrying its path as a sticky Segment Routing Header.
 
-    ``evs`` entropy values (UDP source ports) are spread evenly over the planes: plane p pairs
+    ``evs`` entropy values (32 bits: a UDP source port, one socket per route, and an IPv6 flow
+    label, mrc/transport/evsockets.py) are spread evenly over the planes: plane p pairs
     ``local_addrs[p]`` with the listener's p-th plane address. ``request_size`` asks the
     listener to allocate a region of that size for us (it appears first in ``remote``).
     ``regions``: memory of ours the listener may write into (announced in the hello; its
@@ -1204,13 +1156,15 @@ async def connect(
     if evs < 1:
         raise MRCError("need at least one EV")
     if evs > MAX_EVS:
-        raise MRCError(f"at most {MAX_EVS} EVs (one UDP source port each), not {evs}")
+        raise MRCError(
+            f"at most {MAX_EVS} EVs (with their backups, a 16-bit flow label each), not {evs}"
+        )
     if request_size is not None and not 0 <= request_size <= MAX_REGION_SIZE:
         raise MRCError(f"cannot request a region of {request_size} bytes (0..{MAX_REGION_SIZE})")
-    if ports is not None and len(ports) < evs + 1:
+    if ports is not None and len(ports) < 2:
         raise MRCError(
-            f"the port range {ports} (--ports) holds {len(ports)} ports; a connection of "
-            f"{evs} EVs needs at least {evs + 1} (one per EV, and the sender's receive port)"
+            f"the port range {ports} (--ports) holds {len(ports)} port; a connection needs at "
+            "least 2 (an EV socket per route, and the sender's receive port)"
         )
     cfg = config or QPConfig()
     try:
@@ -1299,25 +1253,26 @@ async def _client_setup(
     pairs = _plane_pairs(list(hello.addrs), list(reply.addrs) or [host])
     evs = hello.evs or 1
     total = evs + backup_count(evs, len(pairs))
-    socks, planes, labels = _open_ev_sockets(total, _routes(pairs, fabric), reply.udp_port, ports)
+    evsocks = open_ev_sockets(
+        total, _routes(pairs, fabric), reply.udp_port, ports, cfg.source_ports
+    )
     try:
         qp = QueuePair(
             hello.qpn,
             endpoint.core.pd,
-            [s.getsockname()[1] for s in socks],
-            planes,
+            evsocks.values,
+            evsocks.planes,
             cfg,
             hello.psn,
             active_evs=evs,
-            ev_routes=_route_ids(labels),
+            ev_routes=_route_ids(evsocks.routes),
         )
         qp.connect(reply.qpn, reply.psn)
         if protection is not None:
             qp.protect(protection)
-        channel = endpoint.attach(qp, socks)
+        channel = endpoint.attach(qp, evsocks)
     except BaseException:
-        for s in socks:
-            s.close()
+        evsocks.close()
         raise
     # only once nothing can fail: Connection.close is what leaves the group again
     qp.requester.cc.join(_PEERS.setdefault((host, hello.addrs), {}))
@@ -1329,5 +1284,5 @@ async def _client_setup(
         requested=reply.regions[0] if reply.regions else None,
         owns_endpoint=True,
         peer_addrs=reply.addrs,
-        routes=labels,
+        routes=evsocks.routes,
     )

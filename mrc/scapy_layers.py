@@ -9,7 +9,9 @@ layouts are docs/PROTOCOL.md sections 3.1-3.5 and 11, the same as :mod:`mrc.wire
   L, ACK request A, security block present S), then by opcode:
 * :class:`MRCRETH` (RDMA WRITE; with :class:`MRCImmDt` after it for WRITE with immediate),
   :class:`MRCAck` (AETH and the SACK extension: subject PSN, SACK base and bitmap, echoed EV,
-  port state) or :class:`MRCProbe` (EV, flags, token);
+  port state, reserved) or :class:`MRCProbe` (EV, flags, reserved, token). An EV is 32 bits:
+  the UDP source port in the high 16 and the flow label bits in the low 16
+  (:func:`mrc.wire.ev_value`); ``ev_port`` and ``ev_label`` split it;
 * :class:`MRCSecurity` when S is set: key id, counter, header ICV. What follows it is the payload
   with its ICV, first (integrity mode) or last (encrypt mode); the packet alone cannot tell.
 
@@ -25,7 +27,6 @@ try:
         ByteEnumField,
         IntField,
         LongField,
-        ShortField,
         ThreeBytesField,
         X3BytesField,
         XByteField,
@@ -39,7 +40,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(f"mrc.scapy_layers needs scapy (pip install scapy): {exc}") from None
 
-from mrc.wire import DEFAULT_PORT, NackCode, Opcode
+from mrc.wire import DEFAULT_PORT, NackCode, Opcode, ev_parts
 
 _OPCODES = {op.value: op.name for op in Opcode}
 _DATA = (Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_IMM)
@@ -143,8 +144,9 @@ class MRCAck(Packet):
         BitField("subject_psn", 0, 24),
         IntField("sack_base", 0),
         XLongField("bitmap", 0),
-        ShortField("ev", 0),
+        XIntField("ev", 0),  # 32-bit EV: UDP source port << 16 | flow label bits
         XShortField("port_state", 0xFFFF),
+        XShortField("reserved", 0),
     ]
 
     def guess_payload_class(self, payload: bytes) -> type[Packet]:
@@ -165,6 +167,16 @@ class MRCAck(Packet):
         except ValueError:
             return code
 
+    @property
+    def ev_port(self) -> int:
+        """The UDP source port part of the echoed EV (its high 16 bits)."""
+        return ev_parts(int(self.ev))[0]
+
+    @property
+    def ev_label(self) -> int:
+        """The flow label part of the echoed EV (its low 16 bits)."""
+        return ev_parts(int(self.ev))[1]
+
     def sacked_psns(self) -> list[int]:
         """PSNs the bitmap says arrived (bit i: ``sack_base + i``, modulo 2**24)."""
         base, bits = int(self.sack_base), int(self.bitmap)
@@ -173,17 +185,32 @@ class MRCAck(Packet):
     def mysummary(self) -> str:
         code = self.nak_code
         what = "ACK" if code is None else f"NAK {code.name if isinstance(code, NackCode) else code}"
-        return f"{what} subject={self.subject_psn} ev={self.ev}"
+        return f"{what} subject={self.subject_psn} ev={self.ev_port}/{self.ev_label:#x}"
 
 
 class MRCProbe(Packet):
     """An EV probe or its reply. The probe sequence number is the BTH's PSN."""
 
     name = "MRC probe"
-    fields_desc = [ShortField("ev", 0), XShortField("flags", 0), XLongField("token", 0)]
+    fields_desc = [
+        XIntField("ev", 0),  # 32-bit EV: UDP source port << 16 | flow label bits
+        XShortField("flags", 0),
+        XShortField("reserved", 0),
+        XLongField("token", 0),
+    ]
 
     def guess_payload_class(self, payload: bytes) -> type[Packet]:
         return _after_headers(self)
+
+    @property
+    def ev_port(self) -> int:
+        """The UDP source port part of the EV (its high 16 bits)."""
+        return ev_parts(int(self.ev))[0]
+
+    @property
+    def ev_label(self) -> int:
+        """The flow label part of the EV (its low 16 bits)."""
+        return ev_parts(int(self.ev))[1]
 
     @property
     def tag(self) -> int:

@@ -8,7 +8,7 @@ Design choices (the reasons are in PROTOCOL.md, "Deviations"):
   RETH whose DMA length is the length of *this packet's* payload. A receiver can place it on
   arrival in any order, and a packet whose payload was trimmed in the network is recognised by
   the UDP payload being shorter than the header says. Standard RoCEv2 dissectors decode it.
-* ACK, SACK and NACK share one layout: BTH + AETH + a 20-byte MRC ACK extension holding the
+* ACK, SACK and NACK share one layout: BTH + AETH + a 24-byte MRC ACK extension holding the
   SACK bitmap and the echoed entropy value (EV).
 * PROBE and PROBE_REPLY use opcodes from the manufacturer-specific range.
 
@@ -30,6 +30,23 @@ MRC_TVER = 0
 
 #: P_Key we send; receivers do not check it (MRC has one partition per fabric).
 DEFAULT_PKEY = 0xFFFF
+
+#: An entropy value (EV) is 32 bits, MRC's "structured" format (mrc_ctl's STEV): the UDP
+#: source port in the high 16 and the low 16 bits of the IPv6 flow label in the low 16. Where
+#: the flow label is not carried (IPv4) those bits are 0 and the port alone tells EVs apart.
+EV_LABEL_BITS = 16
+EV_LABEL_MASK = (1 << EV_LABEL_BITS) - 1
+
+
+def ev_value(port: int, label: int) -> int:
+    """The 32-bit EV of a datagram from UDP source ``port`` with IPv6 flow label ``label``."""
+    return (port << EV_LABEL_BITS) | (label & EV_LABEL_MASK)
+
+
+def ev_parts(ev: int) -> tuple[int, int]:
+    """(UDP source port, flow label bits) of a 32-bit EV: the inverse of :func:`ev_value`."""
+    return ev >> EV_LABEL_BITS, ev & EV_LABEL_MASK
+
 
 PSN_BITS = 24
 PSN_MASK = (1 << PSN_BITS) - 1
@@ -83,16 +100,17 @@ AETH_NAK_BASE = 0x60
 BTH = struct.Struct("!BBHII")  # opcode, flags, pkey, (byte4<<24 | dest QP), (byte8<<24 | PSN)
 DATA_HDR = struct.Struct("!BBHIIQII")  # BTH + RETH(va, rkey, dma length)
 DATA_IMM_HDR = struct.Struct("!BBHIIQIII")  # BTH + RETH + ImmDt
-ACK_PKT = struct.Struct("!BBHIIIIIQHH")  # BTH + AETH + ext(subject psn, base, bitmap, ev, ports)
+#: BTH + AETH + ext(subject psn, sack base, bitmap, ev, port state, reserved)
+ACK_PKT = struct.Struct("!BBHIIIIIQIHH")
 #: planes a connection may have: an ACK's Port State has a bit per plane, 16 of them
 MAX_PLANES = 16
-PROBE_PKT = struct.Struct("!BBHIIHHQ")  # BTH + probe ext(ev, flags, token)
+PROBE_PKT = struct.Struct("!BBHIIIHHQ")  # BTH + probe ext(ev, flags, reserved, token)
 
 BTH_LEN = BTH.size  # 12
 DATA_HDR_LEN = DATA_HDR.size  # 28
 DATA_IMM_HDR_LEN = DATA_IMM_HDR.size  # 32
-ACK_LEN = ACK_PKT.size  # 36
-PROBE_LEN = PROBE_PKT.size  # 24
+ACK_LEN = ACK_PKT.size  # 40
+PROBE_LEN = PROBE_PKT.size  # 28
 
 _FLAGS1 = MRC_TVER & 0x0F
 
@@ -126,7 +144,7 @@ def pack_ack(
     ``ack_psn``: every PSN up to and including it has arrived (cumulative).
     ``subject_psn``: the packet that triggered this ACK, or the PSN a NACK is about.
     ``sack_base``/``bitmap``: bit i set means PSN ``sack_base + i`` has arrived.
-    ``ev``: the entropy value (UDP source port) the subject packet arrived on.
+    ``ev``: the entropy value the subject packet arrived on, all 32 bits (:func:`ev_value`).
     """
     return ACK_PKT.pack(
         Opcode.ACKNOWLEDGE,
@@ -140,13 +158,14 @@ def pack_ack(
         bitmap,
         ev,
         port_state,
+        0,
     )
 
 
 def pack_probe(qpn: int, seq: int, ev: int, token: int, reply: bool) -> bytes:
     """A connectionless EV probe (or its reply, which echoes ``ev`` and ``token``)."""
     op = Opcode.PROBE_REPLY if reply else Opcode.PROBE
-    return PROBE_PKT.pack(op, _FLAGS1, DEFAULT_PKEY, qpn, seq & PSN_MASK, ev, 0, token)
+    return PROBE_PKT.pack(op, _FLAGS1, DEFAULT_PKEY, qpn, seq & PSN_MASK, ev, 0, 0, token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +193,7 @@ class Ack:
 
 def parse_ack(data: bytes | memoryview) -> Ack:
     """Decode an ACK-family packet; raises struct.error if it is too short."""
-    (_op, _f, _pk, qpw, psnw, aeth, subj, base, bm, ev, ports) = ACK_PKT.unpack_from(data)
+    (_op, _f, _pk, qpw, psnw, aeth, subj, base, bm, ev, ports, _r) = ACK_PKT.unpack_from(data)
     return Ack(
         qpw & QPN_MASK,
         psnw & PSN_MASK,

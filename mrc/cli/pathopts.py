@@ -8,6 +8,7 @@ import json
 import time
 from typing import IO, TYPE_CHECKING
 
+from mrc import wire
 from mrc.connection import Connection
 from mrc.core.events import EVStateChanged
 from mrc.errors import MRCError, UsageError
@@ -31,9 +32,10 @@ def add_path_args(p: argparse.ArgumentParser) -> None:
         type=port_range,
         metavar="LO-HI",
         help="bind every UDP socket of a connection to a port of this range, for a host "
-        "firewall: the sender's receive port and each EV's source port on both ends "
-        "(a connection takes one port per EV, backups included, and a sender one more; "
-        "docs/CLUSTER.md). Default: ports the kernel picks from its ephemeral range",
+        "firewall: the sender's receive port and the EV sockets' source ports on both ends "
+        "(a connection takes one port per route and --qp source_ports, per EV over IPv4, "
+        "and a sender one more; docs/CLUSTER.md). Default: ports the kernel picks from its "
+        "ephemeral range",
     )
     p.add_argument(
         "--fabric",
@@ -141,7 +143,8 @@ def apply_denies(conn: Connection, denies: list[str]) -> int:
 
 
 class EVLog:
-    """JSON lines, one per EV transition: time since start, EV, port, plane, route, states."""
+    """JSON lines, one per EV transition: time since start, EV (index, 32-bit value, its port
+    and flow label bits), plane, route, states."""
 
     def __init__(self, path: str | None) -> None:
         self.start = time.monotonic()
@@ -168,7 +171,9 @@ class EVLog:
                         "role": role,
                         "qpn": ev.qpn,
                         "ev": ev.ev,
-                        "sport": ev.sport,
+                        "value": ev.value,
+                        "sport": ev.value >> wire.EV_LABEL_BITS,
+                        "label": ev.value & wire.EV_LABEL_MASK,
                         "plane": ev.plane,
                         "route": routes[ev.ev] if routes else "direct",
                         "from": ev.old_label,

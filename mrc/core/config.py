@@ -82,6 +82,10 @@ class EVConfig:
             raise ValueError("reverse_probes_per_plane must be between 0 and 64")
 
 
+#: source ports per route a QP may open (QPConfig.source_ports)
+MAX_SOURCE_PORTS = 1024
+
+
 @dataclass(slots=True)
 class QPConfig(EVConfig):
     """Everything a QP needs to know that is not negotiated with the peer.
@@ -142,6 +146,11 @@ class QPConfig(EVConfig):
     # the law's parameters, by the names of its Params fields (NSCC: mrc.core.cc.NsccParams);
     # what is not given takes the law's default. Text form: --qp cc.NAME=VALUE
     cc_params: dict[str, float | int | bool] = field(default_factory=dict)
+    # UDP source ports (one socket each) per route, on IPv6: the EVs of a route share them and
+    # differ by IPv6 flow label (an EV is 32 bits, port and label: docs/PROTOCOL.md section 2).
+    # Raise it where switches hash the UDP ports but not the flow label. Over IPv4, where no
+    # flow label is carried, every EV has a port of its own whatever this says
+    source_ports: int = 1
 
     @property
     def burst_max(self) -> int:
@@ -172,6 +181,10 @@ class QPConfig(EVConfig):
             raise ValueError("burst_delay_fraction must be > 0 and <= 4")
         if self.burst_spread < 1:
             raise ValueError("burst_spread must be at least 1")
+        if not 1 <= self.source_ports <= MAX_SOURCE_PORTS:
+            raise ValueError(
+                f"source_ports must be 1..{MAX_SOURCE_PORTS} per route, not {self.source_ports}"
+            )
         if self.ack_every < 1:
             raise ValueError("ack_every must be at least 1")
         if self.ack_batch_max < 1:

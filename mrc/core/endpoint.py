@@ -30,16 +30,14 @@ class EndpointCore:
         if qp is not None:
             self._retired += qp.stats.taken() + sum(qp.stats.dropped_by_reason.values())
 
-    def receive_datagram(self, data: memoryview, src_port: int, now: float) -> QueuePair | None:
+    def receive_datagram(self, data: memoryview, src_ev: int, now: float) -> QueuePair | None:
         """Route one datagram to its QP; returns that QP, or None if it was dropped here."""
         qp = self._route(data)
         if qp is not None:
-            qp.receive_datagram(data, src_port, now)
+            qp.receive_datagram(data, src_ev, now)
         return qp
 
-    def receive_train(
-        self, view: memoryview, seg: int, src_port: int, now: float
-    ) -> dict[int, int]:
+    def receive_train(self, view: memoryview, seg: int, src_ev: int, now: float) -> dict[int, int]:
         """Receive a GRO train: consecutive datagrams of ``seg`` bytes (the last may be
         shorter) from one source port; ``seg`` 0 or at least ``len(view)``: one datagram.
         Returns the QPs that were given datagrams, by number, with how many each.
@@ -58,7 +56,7 @@ class EndpointCore:
             if qp is None:
                 off += seg
             else:
-                taken = qp.receive_train(view, off, seg, src_port, now)
+                taken = qp.receive_train(view, off, seg, src_ev, now)
                 self.datagrams_received += taken - 1  # _route counted the first
                 touched[qp.qpn] = touched.get(qp.qpn, 0) + taken
                 off += taken * seg

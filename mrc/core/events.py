@@ -136,7 +136,8 @@ class EVReason(Enum):
 
 @dataclass(frozen=True, slots=True)
 class EVStateChanged(Event):
-    """Entropy value ``ev`` (source port ``sport``, plane ``plane``) went ``old`` -> ``new``.
+    """Entropy value ``ev`` (32-bit wire value ``value``, plane ``plane``) went ``old`` ->
+    ``new``.
 
     ``old_backup``/``new_backup``: the EV was / is GOOD but waiting in the backup pool (a
     backup joining the rotation is GOOD -> GOOD with ``old_backup`` set). ``detail``: the
@@ -145,7 +146,7 @@ class EVStateChanged(Event):
 
     time: float
     ev: int
-    sport: int
+    value: int
     plane: int
     old: EVState
     new: EVState

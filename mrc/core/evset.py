@@ -182,7 +182,7 @@ class EVTransitionError(MRCError, RuntimeError):
 class EVSet:
     def __init__(
         self,
-        ports: list[int],
+        values: list[int],
         planes: list[int] | None = None,
         seed: int = 0,
         active: int | None = None,
@@ -192,7 +192,8 @@ class EVSet:
         routes: list[int] | None = None,
         qpn: int = 0,
     ) -> None:
-        """``ports[i]``/``planes[i]``/``routes[i]``: source port, plane and route id of EV i.
+        """``values[i]``/``planes[i]``/``routes[i]``: wire value (32 bits, mrc.wire.ev_value),
+        plane and route id of EV i.
         The first ``active`` EVs (all, by default) are in the rotation, the rest wait in the
         backup pool. ``config``: the EV knobs (a QP's own ``QPConfig`` is one; the defaults if
         None). ``plane_steering``: planes' shares follow their delays (None: equal shares).
@@ -201,7 +202,7 @@ class EVSet:
         self.qpn = qpn
         self.on_change: ChangeCallback = on_change or _nothing
         self.steering = plane_steering  # mrc.core.planesteer
-        self._lay_out(ports, planes, routes)
+        self._lay_out(values, planes, routes)
         self._start_rotation(active, cfg.min_active_per_plane, seed)
         self._start_plane_liveness()
         self.probes = EVProbes(cfg.probe_interval, cfg.probe_timeout)
@@ -212,15 +213,15 @@ class EVSet:
         self._rebuild()
 
     def _lay_out(
-        self, ports: list[int], planes: list[int] | None, routes: list[int] | None
+        self, values: list[int], planes: list[int] | None, routes: list[int] | None
     ) -> None:
-        """The paths: each EV's source port, plane and route."""
-        if not ports:
+        """The paths: each EV's wire value, plane and route."""
+        if not values:
             raise ValueError("an EV set needs at least one entropy value")
-        if len(set(ports)) != len(ports):
-            raise ValueError("entropy values (source ports) must be distinct")
-        n = len(ports)
-        self.ports = list(ports)
+        if len(set(values)) != len(values):
+            raise ValueError("entropy values must be distinct")
+        n = len(values)
+        self.values = list(values)
         self.planes = list(planes) if planes is not None else [0] * n
         if len(self.planes) != n:
             raise ValueError("need one plane per entropy value")
@@ -234,13 +235,13 @@ class EVSet:
         self._route_known: list[bool] = []
         self._plane_routes: list[list[int]] = []
         self.set_routes(routes if routes is not None else [0] * n)
-        self.index_of_port = {p: i for i, p in enumerate(self.ports)}
+        self.index_of_value = {p: i for i, p in enumerate(self.values)}
         self.packets = [0] * n  # data packets sent on each EV (``count_sent``)
 
     def _start_rotation(self, active: int | None, min_active_per_plane: int, seed: int) -> None:
         """Every EV GOOD, the first ``active`` in the rotation; each plane's target (the active
         EVs it should have) and floor (the fewest it keeps, see ``lost``); the spraying order."""
-        n = len(self.ports)
+        n = len(self.values)
         n_active = n if active is None else max(1, min(active, n))
         self.state = [EVState.GOOD] * n
         self.active = [i < n_active for i in range(n)]
@@ -288,7 +289,7 @@ class EVSet:
         self.assumed_bad_false = 0  # retirements later proved false
 
     def __len__(self) -> int:
-        return len(self.ports)
+        return len(self.values)
 
     # ---- spraying ----------------------------------------------------------------------
 
@@ -443,7 +444,7 @@ class EVSet:
         known = self._route_known[plane]
         planes, routes = self.planes, self.routes
         fallback = -1
-        for _ in range(len(self.ports) + 1):
+        for _ in range(len(self.values) + 1):
             cand = self.next()
             if cand == ev or planes[cand] != plane:
                 continue
@@ -459,7 +460,7 @@ class EVSet:
         copy of something whose first copy may take a path that just died."""
         planes, routes = self.planes, self.routes
         same_plane = -1
-        for _ in range(len(self.ports) + 1):
+        for _ in range(len(self.values) + 1):
             cand = self.next()
             if cand == ev:
                 continue
@@ -472,7 +473,7 @@ class EVSet:
     def next_other(self, avoid: int) -> int:
         """The next EV that is not ``avoid`` (used for retransmissions)."""
         ev = self.next()
-        tries = len(self.ports) + 1
+        tries = len(self.values) + 1
         # ``while``, not ``if``: the second draw can start a fresh permutation whose first
         # entry is ``avoid`` again.
         while ev == avoid and tries:
@@ -489,10 +490,10 @@ class EVSet:
 
     def set_routes(self, routes: list[int]) -> None:
         """``routes[i]``: an id of EV i's path (e.g. the spine its SRv6 route turns at), for
-        whoever knows it (the transport; a simulator that hashes ports onto spines). A plane
+        whoever knows it (the transport; a simulator that hashes EVs onto spines). A plane
         whose EVs all have one id has its paths unknown: evidence is then never pooled by
         route there (see ``lost`` and ``route_delivered``)."""
-        if len(routes) != len(self.ports):
+        if len(routes) != len(self.values):
             raise ValueError("need one route id per entropy value")
         self.routes = list(routes)
         ids: list[set[int]] = [set() for _ in range(self.nplanes)]
@@ -663,7 +664,7 @@ class EVSet:
         dead_evs = self.config.route_dead_evs
         if dead_evs <= 0:
             return
-        n = len(self.ports)
+        n = len(self.values)
         same = [e for e in range(n) if self.planes[e] == plane and self.routes[e] == route]
         # a loss counts against the route only if the route has delivered nothing sent after
         # it: two packets delayed past the reordering window on a route that works (a deep
@@ -683,7 +684,7 @@ class EVSet:
             return
         others = [
             e
-            for e in range(len(self.ports))
+            for e in range(len(self.values))
             if self.planes[e] == plane and self.routes[e] != route and self.state[e] == _GOOD
         ]
         if not others:
@@ -743,7 +744,7 @@ class EVSet:
         self.planes_lost += 1
         if self.steering is not None:
             self.steering.forget(plane)
-        for ev in range(len(self.ports)):
+        for ev in range(len(self.values)):
             if self.planes[ev] == plane and self.state[ev] in (EVState.GOOD, EVState.SKIP):
                 self._retire(ev, now, reason, detail)
         self._refresh_plane(plane)
@@ -904,7 +905,7 @@ class EVSet:
                     self.qpn,
                     now,
                     ev,
-                    self.ports[ev],
+                    self.values[ev],
                     self.planes[ev],
                     old,
                     new,
@@ -926,7 +927,7 @@ class EVSet:
         )
 
     def _refresh_plane(self, plane: int) -> None:
-        for ev in range(len(self.ports)):
+        for ev in range(len(self.values)):
             if self.planes[ev] == plane:
                 self._refresh(ev)
 
@@ -948,7 +949,7 @@ class EVSet:
             avoid_route = None  # one path in this plane: EVs differ by source port only
         best = None
         best_rank = None
-        for ev in range(len(self.ports)):
+        for ev in range(len(self.values)):
             if self.planes[ev] != plane or self.active[ev] or self.state[ev] != EVState.GOOD:
                 continue
             route = self.routes[ev]
@@ -962,7 +963,7 @@ class EVSet:
     def _active_in_plane(self, plane: int) -> int:
         return sum(
             1
-            for ev in range(len(self.ports))
+            for ev in range(len(self.values))
             if self.planes[ev] == plane
             and self.active[ev]
             and self.state[ev] in (EVState.GOOD, EVState.SKIP)

@@ -2,7 +2,7 @@
 
 This is the object an I/O layer drives, in the manner of aioquic's QuicConnection::
 
-    qp.receive_datagram(data, src_port, now)   # for each datagram addressed to this QP
+    qp.receive_datagram(data, src_ev, now)   # for each datagram addressed to this QP
     for ev, header, payload in qp.datagrams_to_send(now): send header + payload on EV ev
     # or, a burst at a time (what the asyncio transport does, with UDP GSO):
     for ev, buffers, count, seg in qp.bursts_to_send(now): send buffers on EV ev
@@ -78,14 +78,14 @@ class QueuePair:
         self,
         qpn: int,
         pd: ProtectionDomain,
-        ev_ports: list[int],
+        ev_values: list[int],
         ev_planes: list[int] | None = None,
         config: QPConfig | None = None,
         initial_psn: int = 0,
         active_evs: int | None = None,
         ev_routes: list[int] | None = None,
     ) -> None:
-        """``ev_ports[i]``/``ev_planes[i]``: source port and plane of EV i. The first
+        """``ev_values[i]``/``ev_planes[i]``: wire value (32 bits) and plane of EV i. The first
         ``active_evs`` EVs (all, by default) are sprayed over; the rest are the backup pool
         that replaces EVs found bad, plane by plane. ``ev_routes[i]``: an id of EV i's path
         (EVs on one path share its fate, so a backup never replaces an EV on its own path)."""
@@ -109,7 +109,7 @@ class QueuePair:
                 nplanes, margin=cfg.plane_steer_margin, floor=cfg.plane_steer_floor
             )
         self.evs = EVSet(
-            ev_ports,
+            ev_values,
             ev_planes,
             seed=cfg.spray_seed ^ qpn,
             active=active_evs,
@@ -164,9 +164,8 @@ class QueuePair:
     def send_probe(self, ev: int, now: float) -> None:
         """Send one probe on entropy value ``ev``; a ProbeReplied event reports its RTT."""
         sent = int(now * 1e6) & _PROBE_TIME_MASK
-        port = self.evs.ports[ev]
-        token = (self._probe_tag(port, sent) << _PROBE_TIME_BITS) | sent
-        pkt = wire.pack_probe(self.remote_qpn or 0, 0, self.evs.ports[ev], token, reply=False)
+        token = (self._probe_tag(self.evs.values[ev], sent) << _PROBE_TIME_BITS) | sent
+        pkt = wire.pack_probe(self.remote_qpn or 0, 0, self.evs.values[ev], token, reply=False)
         self._control.append((ev, pkt, b""))
         self.stats.probes_sent += 1
 
@@ -211,7 +210,7 @@ class QueuePair:
 
     # ---- I/O side ----------------------------------------------------------------------
 
-    def receive_datagram(self, data: memoryview, src_port: int, now: float) -> None:
+    def receive_datagram(self, data: memoryview, src_ev: int, now: float) -> None:
         """Handle one datagram whose BTH names this QP (version already checked)."""
         if self.protection is not None:
             plain = self._unseal(data)
@@ -221,27 +220,27 @@ class QueuePair:
         elif data[8] & _BTH_SECURE:
             self.stats.dropped_by_reason["security_unsupported"] += 1
             return
-        self._receive_plain(data, src_port, now)
+        self._receive_plain(data, src_ev, now)
 
-    def _receive_plain(self, data: memoryview, src_port: int, now: float) -> None:
+    def _receive_plain(self, data: memoryview, src_ev: int, now: float) -> None:
         """Handle one datagram as the unprotected protocol carries it."""
         op = data[0]
         if op in (_OP_WRITE, _OP_WRITE_IMM):
             if self.remote_qpn is None:
                 self.stats.dropped_by_reason["not_connected"] += 1
                 return
-            self.responder.on_data(data, src_port, now, op == _OP_WRITE_IMM)
+            self.responder.on_data(data, src_ev, now, op == _OP_WRITE_IMM)
         elif op == _OP_ACK:
             if len(data) < wire.ACK_LEN:
                 self.stats.dropped_by_reason["short"] += 1
                 return
-            self.requester.on_ack(data, src_port, now)
+            self.requester.on_ack(data, src_ev, now)
         elif op in (_OP_PROBE, _OP_PROBE_REPLY):
             self._on_probe(data, now, op == _OP_PROBE_REPLY)
         else:
             self.stats.dropped_by_reason["bad_opcode"] += 1
 
-    def receive_train(self, view: memoryview, off: int, seg: int, src_port: int, now: float) -> int:
+    def receive_train(self, view: memoryview, off: int, seg: int, src_ev: int, now: float) -> int:
         """Handle the segment of a GRO train at byte ``off`` (``seg`` bytes, the last may be
         shorter), whose BTH names this QP, and as many following ones as the train kernel
         places; returns how many segments that was (at least one).
@@ -254,16 +253,16 @@ class QueuePair:
         """
         if self.remote_qpn is not None:
             if self.protection is None:
-                placed = self.responder.on_data_train(view, off, seg, src_port, now)
+                placed = self.responder.on_data_train(view, off, seg, src_ev, now)
                 if placed:
                     return placed
             elif self.protection.in_place_skip and not view.readonly:
-                return self._receive_sealed_train(view, off, seg, src_port, now)
-        self.receive_datagram(view[off : off + seg], src_port, now)
+                return self._receive_sealed_train(view, off, seg, src_ev, now)
+        self.receive_datagram(view[off : off + seg], src_ev, now)
         return 1
 
     def _receive_sealed_train(
-        self, view: memoryview, off: int, seg: int, src_port: int, now: float
+        self, view: memoryview, off: int, seg: int, src_ev: int, now: float
     ) -> int:
         """:meth:`receive_train` for a protected QP whose unsealing works in place: the
         segments from ``off`` that are WRITEs naming this QP are unsealed one by one (each
@@ -300,19 +299,19 @@ class QueuePair:
             o = end
             whole += 1
         if not whole and odd is None:
-            self.receive_datagram(view[off : off + seg], src_port, now)
+            self.receive_datagram(view[off : off + seg], src_ev, now)
             return 1
         # the in-place segments end at o: the kernel must not read past them
         train = view[:o]
         pos = off
         while pos < o:
-            placed = self.responder.on_data_train(train, pos, seg, src_port, now, skip)
+            placed = self.responder.on_data_train(train, pos, seg, src_ev, now, skip)
             pos += placed * seg
             if pos < o:  # the kernel stopped at this one: the general path takes it
-                self._receive_plain(train[pos + skip : min(pos + seg, o)], src_port, now)
+                self._receive_plain(train[pos + skip : min(pos + seg, o)], src_ev, now)
                 pos += seg
         if odd is not None:
-            self._receive_plain(odd, src_port, now)
+            self._receive_plain(odd, src_ev, now)
             return whole + 1
         return whole + dropped
 
@@ -330,9 +329,9 @@ class QueuePair:
             self.stats.dropped_by_reason[getattr(exc, "reason", "security_error")] += 1
             return None
 
-    def _probe_tag(self, port: int, sent: int) -> int:
+    def _probe_tag(self, ev_value: int, sent: int) -> int:
         digest = hmac.new(
-            self._probe_key, port.to_bytes(2, "big") + sent.to_bytes(5, "big"), hashlib.sha256
+            self._probe_key, ev_value.to_bytes(4, "big") + sent.to_bytes(5, "big"), hashlib.sha256
         )
         return int.from_bytes(digest.digest()[:3], "big")
 
@@ -340,14 +339,14 @@ class QueuePair:
         if len(data) < wire.PROBE_LEN:
             self.stats.dropped_by_reason["short"] += 1
             return
-        (_o, _f, _p, _q, psnw, ev_port, _fl, token) = wire.PROBE_PKT.unpack_from(data)
+        (_o, _f, _p, _q, psnw, ev_echo, _fl, _r, token) = wire.PROBE_PKT.unpack_from(data)
         if reply:
-            ev = self.evs.index_of_port.get(ev_port)
+            ev = self.evs.index_of_value.get(ev_echo)
             if ev is None:
                 self.stats.dropped_by_reason["probe_unknown_ev"] += 1
                 return
             sent = token & _PROBE_TIME_MASK
-            if token >> _PROBE_TIME_BITS != self._probe_tag(ev_port, sent):
+            if token >> _PROBE_TIME_BITS != self._probe_tag(ev_echo, sent):
                 # not a reply to a probe of ours: it must not bring an EV back
                 self.stats.dropped_by_reason["probe_bad_token"] += 1
                 return
@@ -365,7 +364,7 @@ class QueuePair:
             self.stats.dropped_by_reason["not_connected"] += 1
             return
         self.stats.probes_received += 1
-        pkt = wire.pack_probe(self.remote_qpn, psnw, ev_port, token, reply=True)
+        pkt = wire.pack_probe(self.remote_qpn, psnw, ev_echo, token, reply=True)
         self._control.append((self.evs.next_reply(), pkt, b""))
 
     def datagrams_to_send(self, now: float) -> list[Datagram]:
@@ -455,9 +454,18 @@ class QueuePair:
         self.requester.handle_timer(now)
 
     def ev_report(self) -> list[dict[str, object]]:
-        """Per EV: source port, plane, packets sent on it (incl. retransmissions), state."""
+        """Per EV: its 32-bit value, the UDP source port and flow label bits it is made of, its
+        plane, packets sent on it (incl. retransmissions), state."""
         evs = self.evs
         return [
-            {"ev": i, "sport": port, "plane": evs.planes[i], "packets": n, "state": evs.describe(i)}
-            for i, (port, n) in enumerate(zip(evs.ports, evs.packets, strict=True))
+            {
+                "ev": i,
+                "value": value,
+                "sport": value >> wire.EV_LABEL_BITS,
+                "label": value & wire.EV_LABEL_MASK,
+                "plane": evs.planes[i],
+                "packets": n,
+                "state": evs.describe(i),
+            }
+            for i, (value, n) in enumerate(zip(evs.values, evs.packets, strict=True))
         ]

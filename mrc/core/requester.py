@@ -41,10 +41,10 @@ from mrc.errors import TooManyImmediates
 _INF = float("inf")
 _NEG_INF = float("-inf")
 
-#: ``_sent_ring`` remembers, for this many of the latest sequence numbers, the EV port of each
+#: ``_sent_ring`` remembers, for this many of the latest sequence numbers, the EV value of each
 #: one's latest transmission: enough to recognise the genuine ACK of a packet acknowledged
 #: moments ago (the other SACKs of one flush share a subject that the first one acknowledged).
-#: ``_resent_ports`` keeps the ports (and send times) of the earlier transmissions of the packets
+#: ``_resent_evs`` keeps the EV values (and send times) of the earlier transmissions of the packets
 #: resent among them, and is pruned to that span once it holds twice as many entries.
 _RING = 1 << 12
 _RING_MASK = _RING - 1
@@ -167,11 +167,11 @@ class Requester:
         self._heard_at = _NEG_INF
         self._probes = 0  # probes at the head of _retransmit, sent past the window
         self.health = config.ev_health
-        # seq & _RING_MASK -> (seq << 16) | EV port of seq's latest transmission (-1: none)
+        # seq & _RING_MASK -> (seq << 32) | EV value of seq's latest transmission (-1: none)
         self._sent_ring = [-1] * _RING
-        # seq -> EV ports of its transmissions before the latest, for packets resent: an ACK
+        # seq -> EV values of its transmissions before the latest, for packets resent: an ACK
         # echoing one of them answers a copy that arrived after all (_believed)
-        self._resent_ports: dict[int, tuple[tuple[int, float], ...]] = {}
+        self._resent_evs: dict[int, tuple[tuple[int, float], ...]] = {}
         # the EV of the burst being sent and how many more new packets it takes
         self._burst_ev = 0
         self._burst_left = 0
@@ -297,12 +297,17 @@ class Requester:
             if pkt.deadline == _INF:
                 self._waiting -= 1
                 rtx_limit -= 1
-            self._note_resent(seq, evs.ports[pkt.ev], pkt.sent_at)
-            if probe and pkt.probed is not None:
+            self._note_resent(seq, evs.values[pkt.ev], pkt.sent_at)
+            if probe and pkt.probed is not None and len(pkt.probed) == 1:
                 # the probe goes through the same NIC queue as what it probes (else it may
                 # overtake it there, and its arriving first would prove nothing), on
                 # another route if there is one
                 pkt.ev = evs.next_beside(pkt.ev)
+            elif probe and pkt.probed is not None:
+                # a probe met silence too: what it probed has left that queue long since,
+                # and the plane may be the one that died (its last EVs held at the floor,
+                # too few losses yet to take it down): the next probe tries another
+                pkt.ev = evs.next_apart(pkt.ev)
             else:
                 pkt.ev = evs.next_other(pkt.ev)
             pkt.retransmitted = True
@@ -320,14 +325,14 @@ class Requester:
                 held = True
         return held
 
-    def _note_resent(self, seq: int, port: int, sent_at: float) -> None:
-        """``seq`` goes out again: remember ``port`` and ``sent_at``, its transmission until
+    def _note_resent(self, seq: int, ev_value: int, sent_at: float) -> None:
+        """``seq`` goes out again: remember ``ev_value`` and ``sent_at``, its transmission until
         now, so that the ACK of that copy, should it arrive after all, is still believed
         (``_believed``) and gives that copy's round trip (``_earlier_copy_rtt``).
         Entries older than the ring's span are dropped when the table outgrows twice it:
         their ACKs are refused as not sent anyway."""
-        resent = self._resent_ports
-        resent[seq] = resent.get(seq, ()) + ((port, sent_at),)
+        resent = self._resent_evs
+        resent[seq] = resent.get(seq, ()) + ((ev_value, sent_at),)
         if len(resent) > 2 * _RING:
             floor = self._next_seq - _RING
             for old in [s for s in resent if s < floor]:
@@ -437,11 +442,11 @@ class Requester:
         h_end = self._hpos = fastpath.pack_burst(
             self._hbuf, h, qpn, psn, wr.remote_addr + off, wr.rkey, payload, n, last_len, last, imm
         )
-        port = self.evs.ports[ev]
-        bufs = self._leading(wr, off, seq, full, ev, port, h, now, deadline) if full else []
+        ev_value = self.evs.values[ev]
+        bufs = self._leading(wr, off, seq, full, ev, ev_value, h, now, deadline) if full else []
         s = seq + full
         self._outstanding[s] = _Packet(wr, o, last_len, last, ev, now, deadline)
-        self._sent_ring[s & _RING_MASK] = (s << 16) | port
+        self._sent_ring[s & _RING_MASK] = (s << 32) | ev_value
         bufs.append(self._hview[h + full * _HDR_LEN : h_end])
         bufs.append(wr.view[o : o + last_len])
         heapq.heappush(self._deadlines, (deadline, seq, n))
@@ -463,7 +468,7 @@ class Requester:
         seq: int,
         full: int,
         ev: int,
-        port: int,
+        ev_value: int,
         h: int,
         now: float,
         deadline: float,
@@ -480,7 +485,7 @@ class Requester:
         o = off
         for s in range(seq, seq + full):
             outstanding[s] = _Packet(wr, o, payload, False, ev, now, deadline)
-            ring[s & _RING_MASK] = (s << 16) | port
+            ring[s & _RING_MASK] = (s << 32) | ev_value
             add(hv[h : h + _HDR_LEN])
             add(view[o : o + payload])
             h += _HDR_LEN
@@ -540,7 +545,7 @@ class Requester:
             hbuf[h0 + 8] |= _TLP_MARKS
         evs = self.evs
         evs.count_sent(pkt.ev)
-        self._sent_ring[seq & _RING_MASK] = (seq << 16) | evs.ports[pkt.ev]
+        self._sent_ring[seq & _RING_MASK] = (seq << 32) | evs.values[pkt.ev]
         self.stats.packets_sent += 1
         payload = wr.view[pkt.offset : pkt.offset + pkt.length]
         return (pkt.ev, [self._hview[h0:h_end], payload], 1, h_end - h0 + pkt.length)
@@ -750,7 +755,7 @@ class Requester:
 
     # ---- acknowledgements --------------------------------------------------------------
 
-    def on_ack(self, data: memoryview | bytes, src_port: int, now: float) -> None:
+    def on_ack(self, data: memoryview | bytes, src_ev: int, now: float) -> None:
         """One ACK/SACK/NACK: RTT sample, packets acknowledged, planes alive, losses found.
 
         Without keys anybody who knows our QP number can send us ACKs, so an ACK is believed
@@ -766,7 +771,7 @@ class Requester:
         for. Such an ACK says that copy was not lost (the probe proves nothing) and gives no
         RTT sample (Karn's rule) and no send time to judge losses by.
         """
-        (_op, _f, _pk, qpw, psnw, aeth, subj, base, bitmap, ev_port, ports) = (
+        (_op, _f, _pk, qpw, psnw, aeth, subj, base, bitmap, ev_echo, ports, _r) = (
             wire.ACK_PKT.unpack_from(data)
         )
         if self.failed:
@@ -779,9 +784,9 @@ class Requester:
         evs = self.evs
         # the subject in flight if the ACK echoes its latest transmission (else the ACK
         # answers an earlier one, or the subject was acknowledged already)
-        latest = subject if subject is not None and evs.ports[subject.ev] == ev_port else None
+        latest = subject if subject is not None and evs.values[subject.ev] == ev_echo else None
         if (is_nack or latest is None) and not self._believed(
-            is_nack, subj_seq, subject, ev_port, psnw, bitmap, ports
+            is_nack, subj_seq, subject, ev_echo, psnw, bitmap, ports
         ):
             return
         self._heard_at = now
@@ -800,7 +805,7 @@ class Requester:
             if self.failed:
                 return
         else:
-            rtt_sample = self._ack_signals(subject, latest, subj, qpw, ev_port, now)
+            rtt_sample = self._ack_signals(subject, latest, subj, qpw, ev_echo, now)
         acked, sacked, una = self._acknowledged(psnw, base, bitmap, subj_sent)
         newly, delivered = self._take_acked(chain(acked, sacked))
         if newly:
@@ -829,17 +834,17 @@ class Requester:
         is_nack: bool,
         subj_seq: int,
         subject: _Packet | None,
-        ev_port: int,
+        ev_echo: int,
         psnw: int,
         bitmap: int,
         ports: int,
     ) -> bool:
         """Whether on_ack acts on an ACK (NACK: ``is_nack``) about ``subj_seq`` (``subject``:
-        its record, if in flight) echoing ``ev_port``; counts what it refuses. A peer's
+        its record, if in flight) echoing ``ev_echo``; counts what it refuses. A peer's
         announcement of its port state alone is taken here, and not acted on further.
 
         A NACK must echo the latest transmission (one of an earlier copy is stale: the packet
-        has been resent since); an ACK may echo any (``_resent_ports``, counted as
+        has been resent since); an ACK may echo any (``_resent_evs``, counted as
         ``acks_earlier_copy``)."""
         stats = self.stats
         evs = self.evs
@@ -847,7 +852,7 @@ class Requester:
             stats.nacks += 1
             if subject is None:
                 refused = "nack_not_in_flight"
-            elif evs.ports[subject.ev] != ev_port:
+            elif evs.values[subject.ev] != ev_echo:
                 refused = "nack_wrong_ev"
             elif subject.nacked:
                 refused = "nack_repeated"  # one NACK per transmission has an effect
@@ -856,10 +861,10 @@ class Requester:
             stats.nacks_ignored += 1
             stats.dropped_by_reason[refused] += 1
             return False
-        if subject is not None and evs.ports[subject.ev] == ev_port:
+        if subject is not None and evs.values[subject.ev] == ev_echo:
             return True
         if (
-            ev_port == 0
+            ev_echo == 0
             and subj_seq == 0
             and not bitmap
             and to_seq(self.initial_psn, psnw & wire.PSN_MASK, 0) == -1
@@ -876,10 +881,10 @@ class Requester:
         if subject is None and (not 0 <= subj_seq < nxt or nxt - subj_seq > _RING):
             refused = "ack_not_sent"
         elif subject is None and self._sent_ring[subj_seq & _RING_MASK] == (
-            (subj_seq << 16) | ev_port
+            (subj_seq << 32) | ev_echo
         ):
             return True  # acknowledged moments ago, on the EV this ACK echoes
-        elif any(port == ev_port for port, _t in self._resent_ports.get(subj_seq, ())):
+        elif any(v == ev_echo for v, _t in self._resent_evs.get(subj_seq, ())):
             stats.acks_earlier_copy += 1  # the answer to a copy from before a resend
             return True
         else:
@@ -893,7 +898,7 @@ class Requester:
         latest: _Packet | None,
         subj: int,
         qpw: int,
-        ev_port: int,
+        ev_echo: int,
         now: float,
     ) -> float | None:
         """What a believed (positive) ACK says besides what it acknowledges: a CE echo, the
@@ -907,7 +912,7 @@ class Requester:
             if self.health:
                 # the EV of the transmission that carried the mark: the one the ACK echoes
                 # (checked against our records by _believed)
-                marked = latest.ev if latest is not None else evs.index_of_port[ev_port]
+                marked = latest.ev if latest is not None else evs.index_of_value[ev_echo]
                 evs.marked(marked, now, self._ce_memory(), self.config.ecn_steering)
         if latest is None:
             if subject is None:
@@ -915,7 +920,7 @@ class Requester:
             # a copy from before the latest resend arrived: whatever that resend probed was
             # not (all) lost, and the round trip is that copy's
             subject.probed = None
-            return self._earlier_copy_rtt(subj, ev_port, now)
+            return self._earlier_copy_rtt(subj, ev_echo, now)
         if latest.probed is not None:
             self._probe_answered(latest, bool(subj & _SUBJECT_DUP), now)
         if latest.ambiguous or subj & _SUBJECT_DUP:
@@ -926,7 +931,7 @@ class Requester:
             evs.plane_rtt(evs.planes[latest.ev], rtt_sample, now)
         return rtt_sample
 
-    def _earlier_copy_rtt(self, subj: int, ev_port: int, now: float) -> float | None:
+    def _earlier_copy_rtt(self, subj: int, ev_echo: int, now: float) -> float | None:
         """The round trip of the earlier copy of a packet still in flight that an ACK answers
         (it echoes that copy's EV), as a sample, when no other copy went on that EV.
 
@@ -939,7 +944,7 @@ class Requester:
         if subj & _SUBJECT_DUP:
             return None
         seq = to_seq(self.initial_psn, subj & wire.PSN_MASK, self._snd_una)
-        sent = [t for port, t in self._resent_ports.get(seq, ()) if port == ev_port]
+        sent = [t for v, t in self._resent_evs.get(seq, ()) if v == ev_echo]
         if len(sent) != 1:
             return None
         self.stats.rtt_earlier_copy += 1

@@ -80,7 +80,7 @@ class Responder:
 
     # ---- input -------------------------------------------------------------------------
 
-    def on_data(self, data: memoryview, src_port: int, now: float, imm_op: bool) -> None:
+    def on_data(self, data: memoryview, src_ev: int, now: float, imm_op: bool) -> None:
         """Validate and place one data packet (BTH already checked for version and QP)."""
         stats = self.stats
         hdr = wire.DATA_IMM_HDR if imm_op else wire.DATA_HDR
@@ -115,7 +115,7 @@ class Responder:
             if seq > cum and not self._has(seq):
                 lasthop = marks & wire.BTH_LASTHOP
                 code = wire.NackCode.TRIMMED_LASTHOP if lasthop else wire.NackCode.TRIMMED
-                self._nack(code, seq, src_port)
+                self._nack(code, seq, src_ev)
             return
         if payload_len > length:
             stats.dropped_by_reason["bad_length"] += 1
@@ -123,11 +123,11 @@ class Responder:
         offset = va - region.addr
         if offset < 0 or offset + length > region.length:
             stats.dropped_by_reason["out_of_bounds"] += 1
-            self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_port)
+            self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_ev)
             return
         if not region.writable and not (region.closed and (seq <= cum or self._has(seq))):
             stats.dropped_by_reason["region_closed" if region.closed else "no_access"] += 1
-            self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_port)
+            self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_ev)
             return
         stats.packets_received += 1
         if seq <= cum or self._has(seq):
@@ -136,7 +136,7 @@ class Responder:
             if sack is not None:
                 self._duplicate_of_sacked(sack[0], now - sack[1], now)
             self._subject_ce = bool(marks & wire.BTH_FECN)
-            self._note_arrival(seq, src_port, now, force=True, dup=True)
+            self._note_arrival(seq, src_ev, now, force=True, dup=True)
             return
         hs = hdr.size
         region.view[offset : offset + length] = data[hs : hs + length]
@@ -151,7 +151,7 @@ class Responder:
             self._advance()
         self._subject_ce = bool(qpw & _FECN)
         probe = bool(psnw & _TLP)
-        self._note_arrival(seq, src_port, now, probe or bool(psnw & _ACKREQ), twice=probe)
+        self._note_arrival(seq, src_ev, now, probe or bool(psnw & _ACKREQ), twice=probe)
 
     def _duplicate_of_sacked(self, ev: int, since: float, now: float) -> None:
         """A duplicate arrived ``since`` seconds after the latest SACK that reported it left
@@ -174,7 +174,7 @@ class Responder:
             self.evs.lost(ev, now, EVReason.ACK_LOST, plane_evidence=False)
 
     def on_data_train(
-        self, view: memoryview, off: int, seg: int, src_port: int, now: float, skip: int = 0
+        self, view: memoryview, off: int, seg: int, src_ev: int, now: float, skip: int = 0
     ) -> int:
         """Place the common-case segments of a GRO train (``seg`` bytes each) from byte
         ``off`` with the train kernel; returns how many, from the first on, it placed.
@@ -215,11 +215,11 @@ class Responder:
             stats.packets_received += placed
             stats.bytes_placed += nbytes
             self.fast_placed += placed
-            self._arrived(self._seqs, self._marks, placed, src_port, now)
+            self._arrived(self._seqs, self._marks, placed, src_ev, now)
         return placed
 
     def _arrived(
-        self, seqs: Sequence[int], marks: Sequence[int], count: int, src_port: int, now: float
+        self, seqs: Sequence[int], marks: Sequence[int], count: int, src_ev: int, now: float
     ) -> None:
         """Record the first ``count`` of ``seqs``, newly placed, in arrival order: SACK bits,
         the cumulative point and ACKs come out exactly as if :meth:`on_data` had recorded
@@ -260,7 +260,7 @@ class Responder:
             if (blocks.get(nxt >> 6, 0) >> (nxt & 63)) & 1:
                 self._advance()
             self._subject_ce = bool(marks[j - 1] & _MARK_FECN)
-            self._note_arrival(seqs[j - 1], src_port, now, force, j - i)
+            self._note_arrival(seqs[j - 1], src_ev, now, force, j - i)
             i = j
 
     def _has(self, seq: int) -> bool:
@@ -289,7 +289,7 @@ class Responder:
     def _note_arrival(
         self,
         seq: int,
-        src_port: int,
+        src_ev: int,
         now: float,
         force: bool,
         count: int = 1,
@@ -307,7 +307,7 @@ class Responder:
         both go twice). Nothing due: an ACK after the delay."""
         self._pending += count
         self._dirty.add(seq >> 6)
-        self._subject = (seq, src_port)
+        self._subject = (seq, src_ev)
         self._subject_dup = dup
         self._subject_twice = dup or twice
         pending = self._pending
@@ -339,7 +339,7 @@ class Responder:
         self,
         syndrome: int,
         seq: int,
-        src_port: int,
+        src_ev: int,
         block: int,
         becn: bool = False,
         dup: bool = False,
@@ -353,7 +353,7 @@ class Responder:
             to_psn(ip, seq) | (wire.ACK_SUBJECT_DUP if dup else 0),
             to_psn(ip, block << 6),
             self._bitmap(block),
-            src_port,
+            src_ev,
             self.evs.port_state(),
         )
 
@@ -406,10 +406,10 @@ class Responder:
         self._ack_due = False
         self._next_due = self.config.ack_every
 
-    def _nack(self, code: int, seq: int, src_port: int) -> None:
+    def _nack(self, code: int, seq: int, src_ev: int) -> None:
         if self.remote_qpn is None:
             return
-        pkt = self._ack_bytes(wire.AETH_NAK_BASE | code, seq, src_port, max(seq, 0) >> 6)
+        pkt = self._ack_bytes(wire.AETH_NAK_BASE | code, seq, src_ev, max(seq, 0) >> 6)
         self._out.append((self.evs.next(), pkt, b""))
         self.stats.nacks_sent += 1
 

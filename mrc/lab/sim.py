@@ -142,7 +142,7 @@ class SimNetwork:
         """Collect what ``qp`` wants to send and put it on the wire; re-arm its timer."""
         peer_name, _peer_qpn = self._links[(host.name, qp.qpn)]
         for ev, hdr, payload in qp.datagrams_to_send(self.now):
-            self._transmit(bytes(hdr) + bytes(payload), qp.evs.ports[ev], peer_name)
+            self._transmit(bytes(hdr) + bytes(payload), qp.evs.values[ev], peer_name)
         while (event := qp.next_event()) is not None:
             host.events.append(event)
         deadline = qp.get_timer()

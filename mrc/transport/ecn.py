@@ -49,11 +49,15 @@ def mark_ect0(sock: socket.socket) -> bool:
     return True
 
 
-def enable_recv(sock: socket.socket) -> bool:
+def enable_recv(sock: socket.socket, tclass: bool = True) -> bool:
     """Ask for the traffic class (IPv6) and TOS (IPv4 and v4-mapped) of every datagram as a
-    control message; False if the kernel offers neither."""
+    control message; False if the kernel offers neither. ``tclass`` False: the caller reads
+    the IPv6 traffic class from the flow information (mrc/transport/flowlabel.py), so only
+    the TOS is asked for here."""
     ok = False
-    if sock.family == socket.AF_INET6:
+    if sock.family == socket.AF_INET6 and not tclass:
+        ok = True
+    elif sock.family == socket.AF_INET6:
         try:
             sock.setsockopt(_IPPROTO_IPV6, IPV6_RECVTCLASS, 1)
             ok = True

@@ -31,7 +31,8 @@ from mrc.core.qp import QueuePair
 from mrc.errors import WriteError
 from mrc.security.packet import DATA_OVERHEAD as _SEAL_OVERHEAD
 from mrc.transport import ecn as _ecn
-from mrc.transport import gso
+from mrc.transport import flowlabel, gso
+from mrc.transport.evsockets import EVSockets
 from mrc.transport.linkstate import PlaneLinks, plane_interfaces
 from mrc.transport.sockets import datagram_room, rcvbuf_drops
 
@@ -49,21 +50,34 @@ RX_BUFFER = 65536
 Buffers = list[bytes | memoryview]
 
 _BTH_MARKS = 4  # BTH byte 4: FECN BECN T L
-_NO_META = (0, False)
+_NO_META = (0, False, 0)
 _SOL_UDP = gso.SOL_UDP
 _UDP_GRO = gso.UDP_GRO
+_IPPROTO_IPV6 = socket.IPPROTO_IPV6
+_FLOWINFO = flowlabel.IPV6_FLOWINFO
+_LABEL_MASK = wire.EV_LABEL_MASK
+_LABEL_BITS = wire.EV_LABEL_BITS
+_CE_IN_FLOWINFO = _ecn.CE << flowlabel.TCLASS_SHIFT
 
 
-def rx_meta(ancillary: list[tuple[int, int, bytes]]) -> tuple[int, bool]:
-    """(GRO segment size or 0, CE) from the control messages of one receive."""
+def rx_meta(ancillary: list[tuple[int, int, bytes]], ecn: bool = True) -> tuple[int, bool, int]:
+    """(GRO segment size or 0, CE, the flow label's EV bits) from the control messages of
+    one receive. The flow information carries the traffic class too: its ECN field is read
+    from it where it came (IPv6), from the traffic class / TOS message elsewhere; ``ecn``
+    False: CE is never reported."""
     seg = 0
     ce = False
+    label = 0
     for level, kind, data in ancillary:
         if level == _SOL_UDP and kind == _UDP_GRO:
             seg = gso.segment_size(data)
+        elif level == _IPPROTO_IPV6 and kind == _FLOWINFO:
+            info = int.from_bytes(data, "big")
+            label = info & _LABEL_MASK
+            ce = ce or (ecn and info & _CE_IN_FLOWINFO == _CE_IN_FLOWINFO)
         else:
             ce = _ecn.is_ce(level, kind, data) or ce
-    return seg, ce
+    return seg, ce, label
 
 
 def _split(bufs: Buffers, ev: int) -> list[gso.Send]:
@@ -74,10 +88,14 @@ def _split(bufs: Buffers, ev: int) -> list[gso.Send]:
 class QPChannel:
     """The I/O side of one QP: its EV sockets and the futures/queues the application awaits."""
 
-    def __init__(self, qp: QueuePair, ev_sockets: list[socket.socket]) -> None:
+    def __init__(self, qp: QueuePair, evsocks: EVSockets) -> None:
         self.qp = qp
-        self.ev_sockets = ev_sockets
-        self.send_fns = [s.sendmsg for s in ev_sockets]
+        self.ev_sockets = evsocks.sockets  # distinct: the EVs of a route share one
+        self.send_fns = [s.sendmsg for s in evsocks.per_ev]
+        # per EV, the control messages that give its datagrams its flow label ([]: none)
+        self.label_cmsgs: list[gso.Ancillary] = [
+            [flowlabel.cmsg(label)] if label else [] for label in evsocks.labels
+        ]
         self.pending: dict[int, asyncio.Future[int]] = {}
         self.imms: asyncio.Queue[int] = asyncio.Queue()
         self.error: str | None = None
@@ -93,7 +111,7 @@ class QPChannel:
         # the largest UDP payload every EV sends unfragmented (None: unknown). GSO segments
         # cannot be fragmented: a QP whose datagrams do not fit sends them one by one, and
         # the kernel fragments them (slower, but nothing is lost)
-        rooms = [r for r in (datagram_room(s) for s in ev_sockets) if r is not None]
+        rooms = [r for r in (datagram_room(s) for s in self.ev_sockets) if r is not None]
         self.datagram_room = min(rooms) if rooms else None
         seal = _SEAL_OVERHEAD if qp.protection is not None else 0
         biggest = qp.config.payload_size + wire.DATA_IMM_HDR_LEN + seal
@@ -154,6 +172,7 @@ class QPChannel:
             s.close()
         self.ev_sockets = []
         self.send_fns = []
+        self.label_cmsgs = []
 
 
 class Endpoint:
@@ -178,10 +197,24 @@ class Endpoint:
         # GRO on every receiving socket: bursts sent with GSO arrive as one receive each
         self.gro = all(gso.enable_gro(s) for s in listen_sockets) if gro else False
         self.gro_trains = 0  # receives that held more than one datagram
-        # the IP ECN field of every datagram (a cmsg per receive; see mrc/transport/ecn.py)
-        self.ecn = all(_ecn.enable_recv(s) for s in listen_sockets) if ecn else False
+        # the flow label of every IPv6 datagram: the low half of its 32-bit EV (and its
+        # traffic class, so its ECN field, comes with it: no separate message for that).
+        # An IPv4 socket has none: its datagrams' EVs are their ports (label bits 0)
+        labelled = [flowlabel.enable_recv(s) for s in listen_sockets]
+        self.labels = any(labelled)
+        # the IP ECN field of every datagram (a cmsg per receive; see mrc/transport/ecn.py):
+        # IPv6's from the flow information where labels are read, IPv4's from the TOS
+        self.ecn = (
+            all(
+                _ecn.enable_recv(s, tclass=not lab)
+                for s, lab in zip(listen_sockets, labelled, strict=True)
+            )
+            if ecn
+            else False
+        )
         self.ce_received = 0  # datagrams that arrived with CE, whoever took them
         space = (gso.GRO_CMSG_SPACE if self.gro else 0) + (_ecn.CMSG_SPACE if self.ecn else 0)
+        space += flowlabel.CMSG_SPACE if self.labels else 0
         self._meta_space = space  # 0: plain recvfrom_into, no control messages
         for sock in listen_sockets:
             self.loop.add_reader(sock.fileno(), self._on_readable, sock)
@@ -195,13 +228,14 @@ class Endpoint:
 
     # ---- QPs ---------------------------------------------------------------------------
 
-    def attach(self, qp: QueuePair, ev_sockets: list[socket.socket]) -> QPChannel:
-        """Start driving ``qp``; ``ev_sockets[i]`` sends the packets of EV i."""
+    def attach(self, qp: QueuePair, evsocks: EVSockets) -> QPChannel:
+        """Start driving ``qp``; ``evsocks.per_ev[i]`` sends the packets of EV i, with flow
+        label ``evsocks.labels[i]``."""
         self.core.add(qp)
-        ch = QPChannel(qp, ev_sockets)
+        ch = QPChannel(qp, evsocks)
         self.channels[qp.qpn] = ch
         if qp.config.ev_health and qp.evs.nplanes > 1:  # one plane has nowhere else to go
-            self.links.add(qp.qpn, plane_interfaces(qp.evs.planes, ev_sockets))
+            self.links.add(qp.qpn, plane_interfaces(qp.evs.planes, evsocks.per_ev))
         return ch
 
     def _link_down(self, qpn: int, plane: int, index: int) -> None:
@@ -249,7 +283,7 @@ class Endpoint:
                 break
             except OSError:  # a pending socket error (e.g. from ICMP): nothing was read
                 continue
-            qp = rx(view[:n], addr[1], now)
+            qp = rx(view[:n], addr[1] << _LABEL_BITS, now)
             if qp is not None:
                 touched[qp.qpn] = 1
         self._pump_touched(touched)
@@ -257,13 +291,15 @@ class Endpoint:
     def _on_readable_meta(self, sock: socket.socket) -> None:
         """As _on_readable, with control messages: a receive may hold a GRO train of datagrams
         (the core takes it whole, EndpointCore.receive_train), and carries the IP ECN field
-        (CE: FECN set in each datagram's BTH)."""
+        (CE: FECN set in each datagram's BTH) and the flow label (with the source port, the
+        datagram's EV)."""
         recv = sock.recvmsg_into
         bufs = [self._rxbuf]
         view = self._rxview
         rx = self.core.receive_datagram
         rx_train = self.core.receive_train
         space = self._meta_space
+        ecn = self.ecn
         now = _clock()
         touched: dict[int, int] = {}
         for _ in range(RX_BATCH):
@@ -273,24 +309,24 @@ class Endpoint:
                 break
             except OSError:
                 continue
-            port = addr[1]
-            seg, ce = rx_meta(anc) if anc else _NO_META
+            seg, ce, label = rx_meta(anc, ecn) if anc else _NO_META
+            ev = addr[1] << _LABEL_BITS | label
             if seg <= 0 or seg >= n:
                 seg = 0  # a single datagram
             if ce:
-                self._receive_ce(n, seg, port, now, touched)
+                self._receive_ce(n, seg, ev, now, touched)
                 continue
             if not seg:
-                qp = rx(view[:n], port, now)
+                qp = rx(view[:n], ev, now)
                 if qp is not None:
                     touched[qp.qpn] = 1
                 continue
             self.gro_trains += 1
-            for qpn in rx_train(view[:n], seg, port, now):
+            for qpn in rx_train(view[:n], seg, ev, now):
                 touched[qpn] = 1
         self._pump_touched(touched)
 
-    def _receive_ce(self, n: int, seg: int, port: int, now: float, touched: dict[int, int]) -> None:
+    def _receive_ce(self, n: int, seg: int, ev: int, now: float, touched: dict[int, int]) -> None:
         """The datagram(s) of one receive that arrived with CE: FECN set in each one's BTH
         (the core echoes it as BECN, docs/PROTOCOL.md 3.1), counted, then received as usual."""
         buf = self._rxbuf
@@ -304,9 +340,9 @@ class Endpoint:
                 buf[off + _BTH_MARKS] |= wire.BTH_FECN
             self.ce_received += 1
         if seg:
-            taken = self.core.receive_train(view[:n], seg, port, now)
+            taken = self.core.receive_train(view[:n], seg, ev, now)
         else:
-            qp = self.core.receive_datagram(view[:n], port, now)
+            qp = self.core.receive_datagram(view[:n], ev, now)
             taken = {qp.qpn: 1} if qp is not None else {}
         for qpn, count in taken.items():
             touched[qpn] = 1
@@ -348,10 +384,11 @@ class Endpoint:
         """Send in order; returns how many datagrams were lost to send errors. What the
         socket does not take yet waits in the backlog (never for repairs: they are lost)."""
         send = ch.send_fns
+        labels = ch.label_cmsgs
         lost = 0
         for i, (ev, bufs, cmsg, count) in enumerate(sends):
             try:
-                send[ev](bufs, cmsg)
+                send[ev](bufs, cmsg + labels[ev] if cmsg else labels[ev])
             except BlockingIOError:
                 if not repair:
                     ch.backlog.extend(sends[i:])
@@ -378,10 +415,11 @@ class Endpoint:
 
     def _drain_backlog(self, ch: QPChannel) -> None:
         send = ch.send_fns
+        labels = ch.label_cmsgs
         while ch.backlog:
             ev, bufs, cmsg, count = ch.backlog[0]
             try:
-                send[ev](bufs, cmsg)
+                send[ev](bufs, cmsg + labels[ev] if cmsg else labels[ev])
             except BlockingIOError:
                 return
             except OSError:

@@ -29,7 +29,9 @@ U24 = (1 << 24) - 1  # QPNs and PSNs are 24-bit on the wire
 U32 = (1 << 32) - 1  # rkeys
 U64 = (1 << 64) - 1  # virtual addresses
 MAX_REGION_SIZE = 1 << 48  # bytes: region lengths and requested sizes (256 TiB)
-MAX_EVS = 65535  # EVs are distinct UDP source ports
+#: EVs a connection may ask for: with their backups (a quarter more, mrc.connection), every
+#: EV's flow label (its index + 1, mrc/transport/evsockets.py) fits the 16 bits of the EV
+MAX_EVS = 52428
 MAX_PLANES = wire.MAX_PLANES  # addresses in ``addrs``: an ACK's port-state bits
 MAX_REGIONS = 1024  # regions announced in one message
 MAX_NAME = 1024  # characters of a region name

@@ -24,8 +24,8 @@ local OP_PROBE_REPLY = 0xC1
 local BTH_LEN = 12
 local DATA_HDR_LEN = 28
 local DATA_IMM_HDR_LEN = 32
-local ACK_LEN = 36
-local PROBE_LEN = 24
+local ACK_LEN = 40
+local PROBE_LEN = 28
 local SEC_BLOCK_LEN = 28
 local ICV_LEN = 16
 
@@ -77,12 +77,24 @@ local f = {
     bitmap = ProtoField.uint64("mrc.ack.bitmap", "SACK bitmap", base.HEX),
     sack_count = ProtoField.uint8("mrc.ack.sack_count", "SACKed PSNs", base.DEC),
     sacked_psn = ProtoField.uint24("mrc.ack.sacked_psn", "SACKed PSN", base.DEC),
-    ack_ev = ProtoField.uint16("mrc.ack.ev", "Echoed EV (UDP source port)", base.DEC),
+    ack_ev = ProtoField.uint32("mrc.ack.ev",
+        "Echoed EV (32 bits: UDP source port << 16 | flow label bits)", base.HEX),
+    ack_ev_port = ProtoField.uint32("mrc.ack.ev_port", "EV UDP source port", base.DEC, nil,
+        0xFFFF0000),
+    ack_ev_label = ProtoField.uint32("mrc.ack.ev_label", "EV flow label bits", base.HEX, nil,
+        0x0000FFFF),
     port_state = ProtoField.uint16("mrc.ack.port_state", "Port state (bit p: plane p up)", base.HEX),
+    ack_reserved = ProtoField.uint16("mrc.ack.reserved", "Reserved", base.HEX),
     -- probes (3.5)
     probe_seq = ProtoField.uint24("mrc.probe.seq", "Probe Seq (BTH PSN)", base.DEC),
-    probe_ev = ProtoField.uint16("mrc.probe.ev", "Probed EV (UDP source port)", base.DEC),
+    probe_ev = ProtoField.uint32("mrc.probe.ev",
+        "Probed EV (32 bits: UDP source port << 16 | flow label bits)", base.HEX),
+    probe_ev_port = ProtoField.uint32("mrc.probe.ev_port", "EV UDP source port", base.DEC, nil,
+        0xFFFF0000),
+    probe_ev_label = ProtoField.uint32("mrc.probe.ev_label", "EV flow label bits", base.HEX, nil,
+        0x0000FFFF),
     probe_flags = ProtoField.uint16("mrc.probe.flags", "Flags", base.HEX),
+    probe_reserved = ProtoField.uint16("mrc.probe.reserved", "Reserved", base.HEX),
     token = ProtoField.uint64("mrc.probe.token", "Token", base.HEX),
     token_tag = ProtoField.uint24("mrc.probe.tag", "Token tag (24 bits)", base.HEX),
     token_time = ProtoField.uint64("mrc.probe.time_us", "Token send time (us, 40 bits)", base.DEC),
@@ -100,8 +112,10 @@ mrc.fields = {
     f.qpn, f.psn,
     f.dma_len, f.payload_len, f.is_trimmed,
     f.ack_psn, f.syndrome, f.is_nak, f.nak_code, f.nak_name, f.subject_psn, f.subject_dup,
-    f.sack_base, f.bitmap, f.sack_count, f.sacked_psn, f.ack_ev, f.port_state,
-    f.probe_seq, f.probe_ev, f.probe_flags, f.token, f.token_tag, f.token_time,
+    f.sack_base, f.bitmap, f.sack_count, f.sacked_psn, f.ack_ev, f.ack_ev_port, f.ack_ev_label,
+    f.port_state, f.ack_reserved,
+    f.probe_seq, f.probe_ev, f.probe_ev_port, f.probe_ev_label, f.probe_flags, f.probe_reserved,
+    f.token, f.token_tag, f.token_time,
     f.key_id, f.counter, f.header_icv, f.icv_integrity, f.icv_encrypt,
 }
 
@@ -120,6 +134,16 @@ local udp_payload = Field.new("udp.payload")
 -- bit k (0 = least significant) of a non-negative integer, without bit operators
 local function bit_set(v, k)
     return math.floor(v / 2 ^ k) % 2 == 1
+end
+
+-- A 32-bit EV (4 bytes at `at`) as a subtree with its two parts, and its Info column text
+-- "port/0xlabel" (wire.ev_value: UDP source port << 16 | low 16 bits of the flow label)
+local function add_ev(t, buf, at, f_ev, f_port, f_label)
+    local range = buf(at, 4)
+    local et = t:add(f_ev, range)
+    et:add(f_port, range)
+    et:add(f_label, range)
+    return string.format("%d/0x%04x", buf(at, 2):uint(), buf(at + 2, 2):uint())
 end
 
 local function add_bth_marks(t, buf)
@@ -226,10 +250,11 @@ local function dissect_ack(t, buf, pinfo, secure)
             lt:add(f.sacked_psn, buf(24, 8), p)
         end
     end
-    t:add(f.ack_ev, buf(32, 2))
-    t:add(f.port_state, buf(34, 2))
-    pinfo.cols.info:append(string.format(" [%s subject=%d ev=%d]", label,
-        buf(17, 3):uint(), buf(32, 2):uint()))
+    local ev = add_ev(t, buf, 32, f.ack_ev, f.ack_ev_port, f.ack_ev_label)
+    t:add(f.port_state, buf(36, 2))
+    t:add(f.ack_reserved, buf(38, 2))
+    pinfo.cols.info:append(string.format(" [%s subject=%d ev=%s]", label,
+        buf(17, 3):uint(), ev))
     if secure then
         add_security(t, buf, ACK_LEN, nil)
     end
@@ -241,12 +266,13 @@ local function dissect_probe(t, buf, pinfo, opcode, secure)
         return
     end
     t:add(f.probe_seq, buf(9, 3))
-    t:add(f.probe_ev, buf(12, 2))
-    t:add(f.probe_flags, buf(14, 2))
-    local tok = t:add(f.token, buf(16, 8))
-    tok:add(f.token_tag, buf(16, 3))
-    tok:add(f.token_time, buf(19, 5))
-    pinfo.cols.info:append(string.format(" [MRC %s ev=%d]", kinds[opcode], buf(12, 2):uint()))
+    local ev = add_ev(t, buf, 12, f.probe_ev, f.probe_ev_port, f.probe_ev_label)
+    t:add(f.probe_flags, buf(16, 2))
+    t:add(f.probe_reserved, buf(18, 2))
+    local tok = t:add(f.token, buf(20, 8))
+    tok:add(f.token_tag, buf(20, 3))
+    tok:add(f.token_time, buf(23, 5))
+    pinfo.cols.info:append(string.format(" [MRC %s ev=%s]", kinds[opcode], ev))
     if secure then
         add_security(t, buf, PROBE_LEN, nil)
     end

@@ -2,11 +2,11 @@
 
 It plays a stranger who can send UDP to both endpoints and knows a good deal: the wire format,
 both QP numbers, the sender's PSN space (so it can aim at PSNs in flight), and genuine packets
-of *another* session (``capture_session``: other rkeys, other PSNs, other EV ports), which it
+of *another* session (``capture_session``: other rkeys, other PSNs, other EVs), which it
 replays retargeted and mutated. What it does not know is what only the path reveals: the rkeys
-and region addresses of this session, and the EV (UDP source port) each packet of it took.
+and region addresses of this session, and the EV each packet of it took.
 ``Fuzzer.sanitize`` enforces that: a data packet never carries a live rkey, and no ACK, NACK
-or probe echoes a live EV port. Without keys a stranger who guesses those can write into
+or probe echoes a live EV. Without keys a stranger who guesses those can write into
 registered memory or complete a write early (docs/PROTOCOL.md, section 11); the fuzz tests
 check that nothing less gets it anywhere.
 
@@ -36,7 +36,7 @@ NACK_CODES = [0, 1, 2, 3, 16, 17, 4, 31]
 
 def capture_session(qpn: int = 1, seed: int = 99) -> list[bytes]:
     """Genuine datagrams of a short simulated session with trims and loss: data (with and
-    without immediate, some trimmed), ACKs, SACKs and NACKs. Its rkeys, PSNs and EV ports are
+    without immediate, some trimmed), ACKs, SACKs and NACKs. Its rkeys, PSNs and EVs are
     its own, so replaying them elsewhere is the work of a stranger, not an eavesdropper."""
     captured: list[bytes] = []
     net = SimNetwork(seed, Faults(trim=0.1, loss=0.02, reorder=0.2))
@@ -68,7 +68,7 @@ class Target:
     psn_base: int  # the sender's initial PSN: forged PSNs are drawn around it
     psn_span: int = 4096  # how far beyond psn_base the sender's PSNs may be
     live_rkeys: set[int] = field(default_factory=set)  # never put into a data packet
-    live_ports: set[int] = field(default_factory=set)  # never echoed as an EV
+    live_evs: set[int] = field(default_factory=set)  # never echoed as an EV
 
 
 class Fuzzer:
@@ -111,9 +111,12 @@ class Fuzzer:
             return (self.t.psn_base + off) & wire.PSN_MASK
         return r.getrandbits(24)
 
-    def port(self) -> int:
+    def ev(self) -> int:
+        """An EV value (32 bits: the simulator's are small numbers, real ones port << 16)."""
         r = self.rng
-        return r.choice([0, 1, 4791, 65535, r.getrandbits(16), r.randrange(1024, 65536)])
+        return r.choice(
+            [0, 1, 4791, 65535, 0xFFFFFFFF, r.getrandbits(16), r.getrandbits(32), 4791 << 16]
+        )
 
     # ---- kinds ---------------------------------------------------------------------------
 
@@ -169,7 +172,7 @@ class Fuzzer:
             subject | (r.getrandbits(8) << 24 if r.random() < 0.1 else 0),
             r.choice([subject & ~63 & wire.PSN_MASK, self.psn()]),
             bitmap,
-            self.port(),
+            self.ev(),
             r.choice([0xFFFF, 0, r.getrandbits(16)]),
         )
 
@@ -179,7 +182,7 @@ class Fuzzer:
     def probe(self) -> bytes:
         r = self.rng
         return wire.pack_probe(
-            self.qpn(), r.getrandbits(24), self.port(), r.getrandbits(64), r.random() < 0.5
+            self.qpn(), r.getrandbits(24), self.ev(), r.getrandbits(64), r.random() < 0.5
         )
 
     def mutated(self) -> bytes:
@@ -202,14 +205,14 @@ class Fuzzer:
                 pkt[9:12] = self.psn().to_bytes(3, "big")
             elif what < 0.9 and len(pkt) >= 24:
                 pkt[20:24] = r.getrandbits(32).to_bytes(4, "big")  # rkey or base/bitmap
-            elif len(pkt) >= 34:
-                pkt[32:34] = self.port().to_bytes(2, "big")  # an ACK's echoed EV
+            elif len(pkt) >= 36:
+                pkt[32:36] = self.ev().to_bytes(4, "big")  # an ACK's echoed EV
         return bytes(pkt)
 
     # ---- what the stranger cannot know ---------------------------------------------------
 
     def sanitize(self, pkt: bytes) -> bytes:
-        """Replace a live rkey in a data packet, and a live EV port echoed by an ACK or
+        """Replace a live rkey in a data packet, and a live EV echoed by an ACK or
         carried by a probe, by one that is not live."""
         if len(pkt) < wire.BTH_LEN:
             return pkt
@@ -218,10 +221,10 @@ class Fuzzer:
         if op in DATA_OPS and len(out) >= 24:
             while int.from_bytes(out[20:24], "big") in self.t.live_rkeys:
                 out[20:24] = self.rng.getrandbits(32).to_bytes(4, "big")
-        elif op == OP_ACK and len(out) >= 34:
-            while int.from_bytes(out[32:34], "big") in self.t.live_ports:
-                out[32:34] = self.rng.getrandbits(16).to_bytes(2, "big")
-        elif op in (OP_PROBE, OP_REPLY) and len(out) >= 14:
-            while int.from_bytes(out[12:14], "big") in self.t.live_ports:
-                out[12:14] = self.rng.getrandbits(16).to_bytes(2, "big")
+        elif op == OP_ACK and len(out) >= 36:
+            while int.from_bytes(out[32:36], "big") in self.t.live_evs:
+                out[32:36] = self.rng.getrandbits(32).to_bytes(4, "big")
+        elif op in (OP_PROBE, OP_REPLY) and len(out) >= 16:
+            while int.from_bytes(out[12:16], "big") in self.t.live_evs:
+                out[12:16] = self.rng.getrandbits(32).to_bytes(4, "big")
         return bytes(out)

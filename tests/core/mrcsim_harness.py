@@ -117,7 +117,7 @@ class RecordingNetwork(SimNetwork):
         cur = self._current
         if cur is not None:
             host, qp = cur
-            ev = qp.evs.index_of_port[sport]
+            ev = qp.evs.index_of_value[sport]
             sent = Sent(self.now, host.name, qp.qpn, ev, sport, data)
             self.sent.append(sent)
             if data[0] in DATA_OPS:

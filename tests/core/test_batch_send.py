@@ -203,10 +203,10 @@ def _wire(bursts: list[Burst]) -> list[tuple[int, bytes]]:
 
 def _deliver(a: QueuePair, b: QueuePair, bursts: list[Burst], now: float) -> None:
     for ev, data in _wire(bursts):
-        b.receive_datagram(memoryview(data), a.evs.ports[ev], now)
+        b.receive_datagram(memoryview(data), a.evs.values[ev], now)
     later = now + 2 * b.config.ack_delay  # past the receiver's ACK coalescing
     for ev, hdr, payload in b.datagrams_to_send(later):
-        a.receive_datagram(memoryview(hdr + bytes(payload)), b.evs.ports[ev], later)
+        a.receive_datagram(memoryview(hdr + bytes(payload)), b.evs.values[ev], later)
 
 
 def test_bursts_are_whole_and_the_datagram_list_is_derived_from_them(pack: PackBurst) -> None:

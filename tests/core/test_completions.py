@@ -58,7 +58,7 @@ def test_a_refused_write_carries_the_remote_access_error_and_later_ones_are_flus
 def test_retries_exhausted_fail_the_write_of_the_packet_and_flush_the_rest() -> None:
     net, qa, mr = _pair(max_timeout_retries=2, initial_rto=0.01, min_rto=0.01)
     wrs = [qa.post_write(bytes(20_000), mr.addr + i * 20_000, mr.rkey) for i in range(3)]
-    net.faults.dead_evs.update(qa.evs.ports)  # nothing a gets out arrives any more
+    net.faults.dead_evs.update(qa.evs.values)  # nothing a gets out arrives any more
     assert net.run(lambda: qa.failed, max_time=30)
     ends = _ends(net)
     assert ends[-1][0] == "qp" and ends[-1][2].startswith("retry budget exhausted")
@@ -93,7 +93,7 @@ def test_failed_write_imms_give_their_room_back() -> None:
     )
     for i in range(2):
         qa.post_write(bytes(1_000), mr.addr + i * 1_000, mr.rkey, imm=i)
-    net.faults.dead_evs.update(qa.evs.ports)
+    net.faults.dead_evs.update(qa.evs.values)
     assert net.run(lambda: qa.failed, max_time=30)
     assert [s for k, _wr, s in _ends(net) if k == "failed"] == ["retry exceeded", "flushed"]
     assert qa.requester.imms_outstanding == 0

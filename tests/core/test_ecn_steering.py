@@ -33,7 +33,7 @@ def _pair(fab: Fabric, cfg: QPConfig, seed: int = 3) -> tuple[RecordingNetwork, 
     net.add_host("a")
     net.add_host("b")
     qa, qb = net.connect("a", "b", evs=16, config=cfg)
-    qa.evs.set_routes([fab.spine_of(p) for p in qa.evs.ports])
+    qa.evs.set_routes([fab.spine_of(p) for p in qa.evs.values])
     size = 3_000_000
     t = make_transfer(net, "a", "b", qa, qb, [size], seed)
     t.post(0, 0, _pattern(size, seed))
@@ -102,7 +102,7 @@ def _incast(ecn: int | None) -> dict[str, int]:
             qpn_b=i + 1,
             planes=2,
         )
-        qa.evs.set_routes([fab.spine_of(p) for p in qa.evs.ports])
+        qa.evs.set_routes([fab.spine_of(p) for p in qa.evs.values])
         t = make_transfer(net, src, "b", qa, qb, [200_000], 100 + i)
         t.post(0, 0, _pattern(200_000, i))
         transfers.append(t)

@@ -48,7 +48,7 @@ def test_a_retirement_and_its_replacement_are_reported_with_codes() -> None:
     evs, log = _evset()
     evs.lost(2, 1.5, EVReason.TIMEOUT)
     bad, repl = log
-    assert (bad.qpn, bad.time, bad.ev, bad.sport, bad.plane) == (42, 1.5, 2, 2002, 0)
+    assert (bad.qpn, bad.time, bad.ev, bad.value, bad.plane) == (42, 1.5, 2, 2002, 0)
     assert (bad.old, bad.new, bad.reason) == (EVState.GOOD, EVState.ASSUMED_BAD, EVReason.TIMEOUT)
     assert not bad.old_backup and not bad.new_backup
     # EV 6 is plane 0's first backup: GOOD -> GOOD, leaving the pool

@@ -64,7 +64,7 @@ def _fuzz_run(rng: random.Random, n: int, faults: Faults) -> tuple[RecordingNetw
         psn_base=qa.initial_psn,
         psn_span=400,
         live_rkeys={mr.rkey for mr in t.regions},
-        live_ports=set(qa.evs.ports) | set(qb.evs.ports),
+        live_evs=set(qa.evs.values) | set(qb.evs.values),
     )
     fuzzer = Fuzzer(rng, target, _captured())
     left = [n]

@@ -42,7 +42,7 @@ def _setup() -> tuple[SimNetwork, object, object, bytearray, bytes, list[tuple[i
 
 
 def _plane_ports(qp, plane: int) -> set[int]:  # type: ignore[no-untyped-def]
-    return {p for i, p in enumerate(qp.evs.ports) if qp.evs.planes[i] == plane}
+    return {p for i, p in enumerate(qp.evs.values) if qp.evs.planes[i] == plane}
 
 
 def _data_seqs(qp, sent: list[tuple[int, bytes]]) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]

@@ -92,12 +92,12 @@ def _garbage(net: RecordingNetwork, t: Transfer) -> tuple[list[tuple[str, bytes,
     # receiver's NACK comes back (which would make the forged NACK match, as it should)
     spoof_ev = (pkt.ev + 1) % len(qa.evs)
     qa.deny_ev(spoof_ev)
-    spoof = qa.evs.ports[spoof_ev]
+    spoof = qa.evs.values[spoof_ev]
     q = qb.qpn
     other_rkey = (mr.rkey ^ 0x5A5A5A5A) or 1
     assert net.hosts["b"].core.pd.lookup(other_rkey) is None
     window = qb.config.psn_window
-    ack = wire.pack_ack(qa.qpn, 0, wire.AETH_ACK, 0, 0, 0, qb.evs.ports[0])
+    ack = wire.pack_ack(qa.qpn, 0, wire.AETH_ACK, 0, 0, 0, qb.evs.values[0])
     inj: list[tuple[str, bytes, int]] = [
         ("b", b"", 9999),
         ("b", b"\x0a\x00\xff\xff\x00", 9999),
@@ -225,7 +225,7 @@ def _forge_and_bounce(qa, qb, cb, hdr: bytes, sport: int) -> wire.Ack:
     nack = wire.parse_ack(out[0][1])
     assert nack.is_nack and nack.nack_code == wire.NackCode.REMOTE_ACCESS_ERROR
     assert nack.ev == sport
-    qa.receive_datagram(memoryview(out[0][1]), qb.evs.ports[out[0][0]], 0.0)
+    qa.receive_datagram(memoryview(out[0][1]), qb.evs.values[out[0][0]], 0.0)
     return nack
 
 
@@ -241,7 +241,7 @@ def test_forged_remote_access_nack_does_not_fail_sender() -> None:
     for wrong in range(8):
         if wrong == ev:
             continue
-        nack = _forge_and_bounce(qa, qb, cb, hdr, qa.evs.ports[wrong])
+        nack = _forge_and_bounce(qa, qb, cb, hdr, qa.evs.values[wrong])
         assert nack.subject_psn == int.from_bytes(hdr[9:12], "big")
         assert not qa.failed
     assert qa.stats.nacks == qa.stats.nacks_ignored == 7
@@ -251,7 +251,7 @@ def test_forged_remote_access_nack_does_not_fail_sender() -> None:
     _forge_and_bounce(qa, qb, cb, hdr, 9999)
     assert not qa.failed and qa.stats.nacks_ignored == 8
     # control: had it come from the EV the packet really used, the NACK is believed
-    _forge_and_bounce(qa, qb, cb, hdr, qa.evs.ports[ev])
+    _forge_and_bounce(qa, qb, cb, hdr, qa.evs.values[ev])
     assert qa.failed
     write_failed, failed = qa.next_event(), qa.next_event()
     assert isinstance(write_failed, WriteFailed)
@@ -280,10 +280,10 @@ def test_forged_fatal_nack_needs_the_right_ev(code: int) -> None:
     def nack(echo: int) -> bytes:
         return wire.pack_ack(qa.qpn, base, wire.AETH_NAK_BASE | code, psn, 0, 0, echo)
 
-    ca.receive_datagram(memoryview(nack(qa.evs.ports[(ev + 1) % 8])), 1, 0.0)
+    ca.receive_datagram(memoryview(nack(qa.evs.values[(ev + 1) % 8])), 1, 0.0)
     ca.receive_datagram(memoryview(nack(12345)), 1, 0.0)
     assert not qa.failed and qa.stats.nacks_ignored == 2
-    ca.receive_datagram(memoryview(nack(qa.evs.ports[ev])), 1, 0.0)
+    ca.receive_datagram(memoryview(nack(qa.evs.values[ev])), 1, 0.0)
     assert qa.failed
 
 
@@ -468,7 +468,7 @@ def test_unknown_rkey_is_dropped_like_an_unknown_qp() -> None:
     mr = cb.pd.register(bytearray(1000))
     qa.post_write(bytes(100), mr.addr, mr.rkey)
     (ev, hdr, payload) = qa.datagrams_to_send(0.0)[0]
-    cb.receive_datagram(memoryview(hdr + bytes(payload)), qa.evs.ports[ev], 0.0)
+    cb.receive_datagram(memoryview(hdr + bytes(payload)), qa.evs.values[ev], 0.0)
     qb.datagrams_to_send(1.0)  # the ACK of the genuine packet
     qb.datagrams_to_send(1.5)  # and the reverse probe of its EV, a round later
     state = (qb.responder.received_through, dict(qb.responder._blocks), qb.stats.as_dict())
@@ -477,7 +477,7 @@ def test_unknown_rkey_is_dropped_like_an_unknown_qp() -> None:
     for psn_off, marks, imm in [(1, 0, None), (0, 0, None), (1, wire.BTH_TRIMMED, 3), (9000, 0, 4)]:
         psn = to_psn(qa.initial_psn, psn_off)
         pkt = _data(qb.qpn, psn, mr.addr, bad, 10, marks=marks, imm=imm)
-        cb.receive_datagram(memoryview(pkt), qa.evs.ports[0], 2.0)
+        cb.receive_datagram(memoryview(pkt), qa.evs.values[0], 2.0)
         assert qb.datagrams_to_send(3.0) == []
         while (e := qb.next_event()) is not None:
             events.append(e)

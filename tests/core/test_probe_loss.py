@@ -25,9 +25,9 @@ def _pair(faults: Faults, dead: str = "", window: int = 1) -> tuple[SimNetwork, 
     cfg = QPConfig(payload_size=1000, max_outstanding=window, cc="fixed", ack_every=1)
     qa, qb = net.connect("a", "b", evs=16, config=cfg)
     if dead == "data":  # a quarter of a's EVs: the packets sprayed on them vanish
-        faults.dead_evs.update(qa.evs.ports[:4])
+        faults.dead_evs.update(qa.evs.values[:4])
     elif dead == "acks":  # a quarter of b's: the ACKs sent on them vanish
-        faults.dead_evs.update(qb.evs.ports[:4])
+        faults.dead_evs.update(qb.evs.values[:4])
     return net, qa, qb
 
 
@@ -118,7 +118,7 @@ def test_the_ack_of_a_duplicate_goes_twice_on_two_planes() -> None:
     net.add_host("b")
     cfg = QPConfig(payload_size=1000, max_outstanding=1, cc="fixed", ack_every=1)
     qa, qb = net.connect("a", "b", evs=16, config=cfg, planes=2)
-    faults.dead_evs.update(qb.evs.ports[:4])  # a quarter of b's ACKs vanish
+    faults.dead_evs.update(qb.evs.values[:4])  # a quarter of b's ACKs vanish
     _transfer(net, qa, qb)
     acks = [s for s in net.sent if s.host == "b" and s.data[0] == wire.Opcode.ACKNOWLEDGE]
     dup = [s for s in acks if wire.parse_ack(s.data).subject_dup]

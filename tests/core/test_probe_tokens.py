@@ -30,14 +30,14 @@ def _probing_qp() -> tuple[QueuePair, int, bytes, float]:
 
 
 def _reply(probe: bytes, token: int | None = None) -> memoryview:
-    (_o, _f, _p, _q, psnw, ev_port, _fl, sent_token) = wire.PROBE_PKT.unpack(probe)
+    (_o, _f, _p, _q, psnw, ev_value, _fl, _r, sent_token) = wire.PROBE_PKT.unpack(probe)
     token = sent_token if token is None else token
-    return memoryview(wire.pack_probe(7, psnw & wire.PSN_MASK, ev_port, token, reply=True))
+    return memoryview(wire.pack_probe(7, psnw & wire.PSN_MASK, ev_value, token, reply=True))
 
 
 def test_forged_probe_reply_does_not_resurrect_an_ev() -> None:
     qp, ev, probe, now = _probing_qp()
-    sent_token = wire.PROBE_PKT.unpack(probe)[7]
+    sent_token = wire.PROBE_PKT.unpack(probe)[8]
     # a forger who knows the port and the clock, not the key: time right, tag guessed
     for guess in (sent_token & ((1 << 40) - 1), sent_token ^ (1 << 40), int(now * 1e6)):
         qp.receive_datagram(_reply(probe, guess), 4791, now + 0.001)

@@ -54,7 +54,7 @@ def test_retry_budget_fails_the_qp_cleanly(how: str, retries: int) -> None:
     net.add_host("b")
     qa, qb = net.connect("a", "b", evs=8, config=cfg, psn_a=wire.PSN_MASK - 3)
     if how == "dead_evs":
-        net.faults.dead_evs = set(qa.evs.ports)
+        net.faults.dead_evs = set(qa.evs.values)
     t = make_transfer(net, "a", "b", qa, qb, [50_000], retries)
     t.post(0, 0, bytes(range(256)) * 100, imm=1)
 
@@ -236,8 +236,8 @@ def test_trims_are_recovered_by_nacks_not_timeouts(seed: int) -> None:
     assert len(nacks) == sb.nacks_sent
     assert {a.nack_code for a in nacks} == {wire.NackCode.TRIMMED}
     assert all(a.qpn == qa.qpn for a in nacks)
-    ev_ports = set(qa.evs.ports)
-    assert all(a.ev in ev_ports for a in nacks)
+    ev_values = set(qa.evs.values)
+    assert all(a.ev in ev_values for a in nacks)
     # virtual time stays near the no-fault time: no RTO was ever waited for
     assert net.now < cfg.min_rto
 
@@ -321,23 +321,23 @@ def test_trim_nack_decoded_from_receiver_output(marks: int, code: int) -> None:
     ev, hdr, payload = out[1]
     cut = bytearray(hdr)
     cut[4] |= marks
-    qb.receive_datagram(memoryview(bytes(cut)), qa.evs.ports[ev], 0.0)
+    qb.receive_datagram(memoryview(bytes(cut)), qa.evs.values[ev], 0.0)
     assert qb.stats.trims_seen == 1 and qb.stats.bytes_placed == 0
     (nack_dg,) = qb.datagrams_to_send(0.0)
     a = wire.parse_ack(nack_dg[1])
     assert a.is_nack and a.nack_code == code
     assert a.qpn == qa.qpn
     assert a.subject_psn == 0  # the second packet: PSN 0xFFFFFF + 1 wraps to 0
-    assert a.ev == qa.evs.ports[ev]
+    assert a.ev == qa.evs.values[ev]
     assert buf == bytearray(1000)
     # the sender resends exactly that packet, on another EV, at once
-    qa.receive_datagram(memoryview(nack_dg[1]), qb.evs.ports[nack_dg[0]], 0.0)
+    qa.receive_datagram(memoryview(nack_dg[1]), qb.evs.values[nack_dg[0]], 0.0)
     (retx,) = qa.datagrams_to_send(0.0)
     assert retx[1] == hdr and bytes(retx[2]) == bytes(payload) and retx[0] != ev
     assert qa.stats.retransmits_nack == 1
     # deliver everything intact now: the data lands and the imm completes once
     for _ev, h, p in [out[0], retx, out[2]]:
-        qb.receive_datagram(memoryview(bytes(h) + bytes(p)), qa.evs.ports[_ev], 0.0)
+        qb.receive_datagram(memoryview(bytes(h) + bytes(p)), qa.evs.values[_ev], 0.0)
     assert buf[10:260] == bytes(range(250)) and buf[:10] == bytes(10) and buf[260:] == bytes(740)
     events = []
     while (e := qb.next_event()) is not None:
@@ -352,11 +352,11 @@ def test_trimmed_duplicate_of_received_packet_is_not_nacked() -> None:
     qa.post_write(b"z" * 200, mr.addr, mr.rkey)
     out = qa.datagrams_to_send(0.0)
     for ev, h, p in out:
-        qb.receive_datagram(memoryview(bytes(h) + bytes(p)), qa.evs.ports[ev], 0.0)
+        qb.receive_datagram(memoryview(bytes(h) + bytes(p)), qa.evs.values[ev], 0.0)
     qb.datagrams_to_send(1.0)  # drain ACKs
     cut = bytearray(out[0][1])
     cut[4] |= wire.BTH_TRIMMED
-    qb.receive_datagram(memoryview(bytes(cut)), qa.evs.ports[out[0][0]], 1.0)
+    qb.receive_datagram(memoryview(bytes(cut)), qa.evs.values[out[0][0]], 1.0)
     assert qb.stats.trims_seen == 1
     assert qb.stats.nacks_sent == 0
     acks = [d for d in qb.datagrams_to_send(2.0) if d[1][0] == wire.Opcode.ACKNOWLEDGE]
@@ -372,7 +372,7 @@ def test_probes_report_rtt_on_live_evs_only() -> None:
     net.add_host("b")
     qa, qb = net.connect("a", "b", evs=6)
     dead = {1, 4}
-    net.faults.dead_evs = {qa.evs.ports[i] for i in dead}
+    net.faults.dead_evs = {qa.evs.values[i] for i in dead}
     net.now = 2.0
     for ev in range(6):
         qa.send_probe(ev, net.now)

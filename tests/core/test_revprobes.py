@@ -130,7 +130,7 @@ def _dead_ack_path(interval: float) -> tuple[list[EVStateChanged], int, int]:
     qa, qb = net.connect("a", "b", evs=8, config=cfg, planes=2)
     t = make_transfer(net, "a", "b", qa, qb, [2_000_000], 3)
     t.post(0, 0, bytes(range(250)) * 8000)
-    dead = qb.evs.ports[3]
+    dead = qb.evs.values[3]
     net._at(0.010, lambda: net.faults.dead_evs.add(dead))
     assert run_until(net, [t])
     t.check_final()

@@ -130,7 +130,7 @@ def test_spraying_is_fair_on_a_clean_network(evs: int) -> None:
     # the QP's own per-EV report agrees with the wire
     report = t.qp.ev_report()
     assert [row["packets"] for row in report] == [per_ev[i] for i in range(evs)]
-    assert [row["sport"] for row in report] == t.qp.evs.ports
+    assert [row["value"] for row in report] == t.qp.evs.values
 
 
 @pytest.mark.parametrize("evs", [8, 32, 128])

@@ -25,12 +25,12 @@ def test_header_sizes() -> None:
     assert wire.BTH_LEN == 12
     assert wire.DATA_HDR_LEN == 28
     assert wire.DATA_IMM_HDR_LEN == 32
-    assert wire.ACK_LEN == 36
-    assert wire.PROBE_LEN == 24
+    assert wire.ACK_LEN == 40
+    assert wire.PROBE_LEN == 28
     assert len(wire.pack_data(1, 0, 0, 0, 0, False, None)) == 28
     assert len(wire.pack_data(1, 0, 0, 0, 0, False, 5)) == 32
-    assert len(wire.pack_ack(1, 0, wire.AETH_ACK, 0, 0, 0, 0)) == 36
-    assert len(wire.pack_probe(1, 0, 0, 0, False)) == 24
+    assert len(wire.pack_ack(1, 0, wire.AETH_ACK, 0, 0, 0, 0)) == 40
+    assert len(wire.pack_probe(1, 0, 0, 0, False)) == 28
 
 
 def test_constants_match_roce() -> None:
@@ -98,7 +98,7 @@ def test_data_imm_round_trip(
     subj=u24,
     base=u24,
     bitmap=u64,
-    ev=u16,
+    ev=u32,
     ports=u16,
 )
 def test_ack_nack_round_trip(
@@ -126,22 +126,22 @@ def test_ack_nack_round_trip(
 def test_ack_default_port_state_and_short_parse() -> None:
     pkt = wire.pack_ack(7, 1, wire.AETH_ACK, 1, 0, 1, 4242)
     assert wire.parse_ack(pkt).port_state == 0xFFFF
-    for n in (0, 12, 35):
+    for n in (0, 12, 39):
         with pytest.raises(struct.error):
             wire.parse_ack(pkt[:n])
 
 
 @fuzz_settings()
-@given(qpn=qpns, seq=st.integers(0, (1 << 32) - 1), ev=u16, token=u64, reply=st.booleans())
+@given(qpn=qpns, seq=st.integers(0, (1 << 32) - 1), ev=u32, token=u64, reply=st.booleans())
 def test_probe_round_trip(qpn: int, seq: int, ev: int, token: int, reply: bool) -> None:
     pkt = wire.pack_probe(qpn, seq, ev, token, reply)
     assert len(pkt) == wire.PROBE_LEN
-    op, f1, _pk, qpw, psnw, ev2, flags, token2 = wire.PROBE_PKT.unpack(pkt)
+    op, f1, _pk, qpw, psnw, ev2, flags, reserved, token2 = wire.PROBE_PKT.unpack(pkt)
     assert op == (wire.Opcode.PROBE_REPLY if reply else wire.Opcode.PROBE)
     assert f1 & 0x0F == wire.MRC_TVER
     assert qpw == qpn
     assert psnw == seq & wire.PSN_MASK  # masked to 24 bits; no flag bits leak in
-    assert (ev2, flags, token2) == (ev, 0, token)
+    assert (ev2, flags, reserved, token2) == (ev, 0, 0, token)
 
 
 # ---- PSN arithmetic ------------------------------------------------------------------------

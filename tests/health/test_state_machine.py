@@ -111,7 +111,7 @@ class HealthNet(SimNetwork):
         assert self._cur is not None
         host, qp = self._cur
         evs = qp.evs
-        ev = evs.index_of_port[sport]
+        ev = evs.index_of_value[sport]
         op = data[0]
         retx = False
         if op in DATA_OPS:
@@ -260,7 +260,7 @@ def check_invariants(run: Run, denied: set[int] | None = None) -> None:
         for e in events:
             assert e.old_label == state[e.ev], (host, e, state[e.ev])
             assert e.old_label != e.new_label, e
-            assert e.sport == qp.evs.ports[e.ev] and e.plane == qp.evs.planes[e.ev]
+            assert e.value == qp.evs.values[e.ev] and e.plane == qp.evs.planes[e.ev]
             state[e.ev] = e.new_label
             bad += e.new is EVState.ASSUMED_BAD
             res += e.old is EVState.ASSUMED_BAD and e.new is EVState.GOOD
@@ -316,7 +316,7 @@ def test_dead_paths_are_retired_and_replaced_from_the_same_plane(seed: int) -> N
     holder: dict[str, set[int]] = {}
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        holder["ports"] = {qa.evs.ports[i] for i in victims}
+        holder["ports"] = {qa.evs.values[i] for i in victims}
 
     drop = Drop(dead=lambda sport, now: now >= T and sport in holder["ports"])
     run = run_transfer(seed=seed, size=3_000_000, drop=drop, setup=setup)
@@ -365,7 +365,7 @@ def test_planes_stay_balanced_when_backups_run_out() -> None:
     holder: dict[str, set[int]] = {}
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        holder["ports"] = {qa.evs.ports[i] for i in victims}
+        holder["ports"] = {qa.evs.values[i] for i in victims}
 
     drop = Drop(dead=lambda sport, now: now >= T and sport in holder["ports"])
     run = run_transfer(seed=4, size=2_000_000, active=32, backups=4, drop=drop, setup=setup)
@@ -388,7 +388,7 @@ def test_many_losses_at_once_on_a_live_plane_do_not_take_it_down(seed: int) -> N
     holder: dict[str, set[int]] = {}
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        holder["ports"] = {qa.evs.ports[i] for i in victims}
+        holder["ports"] = {qa.evs.values[i] for i in victims}
 
     drop = Drop(dead=lambda sport, now: now >= T and sport in holder["ports"])
     run = run_transfer(
@@ -406,7 +406,7 @@ def test_healed_paths_are_resurrected_within_the_probing_bound(seed: int) -> Non
     holder: dict[str, set[int]] = {}
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        holder["ports"] = {qa.evs.ports[i] for i in victims}
+        holder["ports"] = {qa.evs.values[i] for i in victims}
 
     drop = Drop(dead=lambda sport, now: T1 <= now < T2 and sport in holder["ports"])
     run = run_transfer(seed=seed, size=8_000_000, drop=drop, setup=setup)
@@ -454,7 +454,7 @@ def test_flapping_paths(dead_ms: int, alive_ms: int) -> None:
     dead_s, period = dead_ms / 1000, (dead_ms + alive_ms) / 1000
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        holder["ports"] = {qa.evs.ports[i] for i in flappers}
+        holder["ports"] = {qa.evs.values[i] for i in flappers}
 
     def dead(sport: int, now: float) -> bool:
         return sport in holder["ports"] and now >= 0.02 and (now - 0.02) % period < dead_s
@@ -469,7 +469,7 @@ def test_flapping_paths(dead_ms: int, alive_ms: int) -> None:
     # resurrections only ever happen while the path is alive
     for e in events:
         if e.old is EVState.ASSUMED_BAD:
-            assert not dead(qa.evs.ports[e.ev], e.time - RTT), e
+            assert not dead(qa.evs.values[e.ev], e.time - RTT), e
     if alive_ms < 100:
         assert qa.evs.resurrected == 0
         counts = Counter(t.ev for t in run.data_tx() if not t.retransmission)
@@ -493,7 +493,7 @@ def test_whole_plane_loss_and_return() -> None:
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
         holder["ports"] = {
-            q.evs.ports[i] for q in (qa, qb) for i in range(len(q.evs)) if q.evs.planes[i] == 1
+            q.evs.values[i] for q in (qa, qb) for i in range(len(q.evs)) if q.evs.planes[i] == 1
         }
 
     drop = Drop(dead=lambda sport, now: T1 <= now < T2 and sport in holder["ports"])
@@ -539,7 +539,7 @@ def test_whole_plane_loss_with_a_tiny_window() -> None:
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
         holder["ports"] = {
-            q.evs.ports[i] for q in (qa, qb) for i in range(len(q.evs)) if q.evs.planes[i] == 1
+            q.evs.values[i] for q in (qa, qb) for i in range(len(q.evs)) if q.evs.planes[i] == 1
         }
 
     drop = Drop(dead=lambda sport, now: now >= T1 and sport in holder["ports"])
@@ -559,7 +559,7 @@ def test_no_plane_goes_down_after_the_heal() -> None:
     holder: dict[str, set[int]] = {}
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        holder["ports"] = set(qa.evs.ports)
+        holder["ports"] = set(qa.evs.values)
 
     drop = Drop(dead=lambda sport, now: T1 <= now < T2 and sport in holder["ports"])
     run = run_transfer(seed=11, size=4_000_000, active=16, backups=4, drop=drop, setup=setup)
@@ -583,7 +583,7 @@ def test_dead_ack_paths_blame_the_ack_evs_not_the_data_evs(seed: int) -> None:
     holder: dict[str, set[int]] = {}
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        holder["ports"] = {qa.evs.ports[i] for i in fwd} | {qb.evs.ports[i] for i in rev}
+        holder["ports"] = {qa.evs.values[i] for i in fwd} | {qb.evs.values[i] for i in rev}
 
     drop = Drop(dead=lambda sport, now: now >= T and sport in holder["ports"])
     run = run_transfer(seed=seed, size=6_000_000, drop=drop, setup=setup, max_outstanding=64)
@@ -610,7 +610,7 @@ def test_a_plane_with_a_shorter_queue_is_not_reordering_loss(seed: int) -> None:
     cross-plane window: no packet may be declared lost, no EV retired."""
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        slow = {qa.evs.ports[i] for i in range(len(qa.evs)) if qa.evs.planes[i] != 1}
+        slow = {qa.evs.values[i] for i in range(len(qa.evs)) if qa.evs.planes[i] != 1}
         net.extra_delay = lambda sport, now: 0.003 if sport in slow else 0.0
 
     run = run_transfer(seed=seed, size=3_000_000, setup=setup, max_outstanding=64)
@@ -628,7 +628,7 @@ def test_lossy_but_alive_paths() -> None:
     rng = random.Random(99)
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        holder["ports"] = {qa.evs.ports[i] for i in lossy}
+        holder["ports"] = {qa.evs.values[i] for i in lossy}
 
     drop = Drop(extra=lambda sport, data, now: sport in holder["ports"] and rng.random() < 0.02)
     run = run_transfer(seed=9, size=12_000_000, drop=drop, setup=setup)
@@ -650,7 +650,7 @@ def test_lost_probes_delay_resurrection_but_nothing_else() -> None:
     holder: dict[str, set[int]] = {}
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        holder["ports"] = {qa.evs.ports[i] for i in victims}
+        holder["ports"] = {qa.evs.values[i] for i in victims}
 
     def extra(sport: int, data: bytes, now: float) -> bool:
         return (
@@ -693,7 +693,7 @@ def test_denied_evs_are_never_used_even_when_everything_else_fails() -> None:
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
         for ev in denied:
             qa.deny_ev(ev)
-        holder["ports"] = {qa.evs.ports[i] for i in range(len(qa.evs)) if i not in denied}
+        holder["ports"] = {qa.evs.values[i] for i in range(len(qa.evs)) if i not in denied}
 
     net_holder: dict[str, HealthNet] = {}
 
@@ -741,7 +741,7 @@ def test_a_stalled_receivers_overflow_is_no_evidence_against_a_path() -> None:
         return len(arrived) > HELD  # the socket buffer is full: the kernel drops it
 
     def setup(net: HealthNet, qa: QueuePair, qb: QueuePair) -> None:
-        sender_ports.update(qa.evs.ports)
+        sender_ports.update(qa.evs.values)
         # what reaches the stopped receiver waits in its socket until it runs again
         net.extra_delay = lambda sport, now: (
             T2 - now if T1 <= now < T2 and sport in sender_ports else 0.0

@@ -1,7 +1,7 @@
 """With a key, a stranger who sees everything on the wire still writes nothing.
 
 The fuzzer of tests/core/datagram_fuzz.py, made stronger: it knows the live rkeys, region
-addresses and EV ports, and it replays and mutates the session's own protected datagrams as the
+addresses and EVs, and it replays and mutates the session's own protected datagrams as the
 sender put them on the wire. Without the key none of that may matter: every fuzzed datagram is
 dropped (none is taken, not even a probe), every drop is a security or demux drop, the receiver
 places exactly the legitimate bytes, and nothing else in memory changes.
@@ -33,7 +33,7 @@ ALLOWED = {"short", "bad_version", "unknown_qp", "bad_opcode"}
 
 
 class Insider(Fuzzer):
-    """Knows the live rkey, addresses and EV ports, and has the session's real packets."""
+    """Knows the live rkey, addresses and EVs, and has the session's real packets."""
 
     def __init__(self, rng: random.Random, target: Target, live: list[bytes], rkey: int) -> None:
         super().__init__(rng, target, capture_session(qpn=target.qpns[0], seed=SEED % 1000))
@@ -91,11 +91,11 @@ class ForgerCounts:
             taken = sum(qp.stats.taken() for qp in core.qps.values())
             return taken, Counter(core.all_drops())
 
-        def receive(data: memoryview, src_port: int, now: float):  # type: ignore[no-untyped-def]
-            if src_port != forger_port:
-                return inner(data, src_port, now)
+        def receive(data: memoryview, src_ev: int, now: float):  # type: ignore[no-untyped-def]
+            if src_ev >> wire.EV_LABEL_BITS != forger_port:
+                return inner(data, src_ev, now)
             taken0, drops0 = snapshot()
-            qp = inner(data, src_port, now)
+            qp = inner(data, src_ev, now)
             taken1, drops1 = snapshot()
             self.seen += 1
             self.taken += taken1 - taken0

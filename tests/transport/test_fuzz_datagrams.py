@@ -24,6 +24,7 @@ from collections.abc import Callable
 from core.datagram_fuzz import Fuzzer, Target, capture_session
 
 import mrc
+from mrc import wire
 from mrc.core.endpoint import EndpointCore
 from mrc.core.memory import ProtectionDomain
 
@@ -50,11 +51,11 @@ def _instrument(core: EndpointCore, forger_port: int, seen: list[int], bad: list
         drops += sum(sum(qp.stats.dropped_by_reason.values()) for qp in qps)
         return taken, drops, sum(qp.stats.probes_received for qp in qps)
 
-    def receive(data: memoryview, src_port: int, now: float):  # type: ignore[no-untyped-def]
-        if src_port != forger_port:
-            return inner(data, src_port, now)
+    def receive(data: memoryview, src_ev: int, now: float):  # type: ignore[no-untyped-def]
+        if src_ev >> wire.EV_LABEL_BITS != forger_port:
+            return inner(data, src_ev, now)
         t0, d0, p0 = totals()
-        qp = inner(data, src_port, now)
+        qp = inner(data, src_ev, now)
         t1, d1, p1 = totals()
         seen[0] += 1
         dropped = d1 - d0 == 1 and t1 == t0
@@ -109,7 +110,7 @@ async def test_fuzzed_datagrams_at_both_ports_during_a_transfer() -> None:
             psn_base=conn.qp.initial_psn,
             psn_span=2 * size // cfg.payload_size,
             live_rkeys={r.rkey for qp in (conn.qp, peer.qp) for r in qp.pd.regions()},
-            live_ports=set(conn.qp.evs.ports) | set(peer.qp.evs.ports),
+            live_evs=set(conn.qp.evs.values) | set(peer.qp.evs.values),
         )
         rng = random.Random(SEED)
         fuzzer = Fuzzer(rng, target, capture_session(qpn=peer.qpn, seed=SEED % 1000))

@@ -37,7 +37,7 @@ def check_spray(send: dict, evs: int, min_used: int) -> None:
     # ``evs`` active EVs, then the backup pool that replaces EVs found bad
     assert len(counts) >= evs
     assert [e["state"] for e in rows[evs:]] == ["GOOD (backup)"] * (len(rows) - evs)
-    assert len({e["sport"] for e in rows}) == len(rows)  # an EV is a distinct source port
+    assert len({e["value"] for e in rows}) == len(rows)  # every EV has a 32-bit value of its own
     used = [c for c in counts if c]
     # a round of the spray gives each EV one burst: fewer bursts than EVs use fewer EVs
     assert len(used) >= min(min_used, send["bursts"]), (counts, send["bursts"])

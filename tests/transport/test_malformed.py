@@ -232,7 +232,7 @@ async def test_forged_trimmed_nack_flood_changes_nothing() -> None:
         region = conn.remote["inbox"]
         forger.connect(("::1", conn.endpoint.port))
         req = conn.qp.requester
-        ports = conn.qp.evs.ports
+        ports = conn.qp.evs.values
         with paused(listener.endpoint):
             fut = conn.post_write(data, region)
             assert req.in_flight == 64
@@ -324,7 +324,7 @@ async def test_forged_ack_completes_nothing() -> None:
         region = conn.remote["inbox"]
         forger.connect(("::1", conn.endpoint.port))
         req = conn.qp.requester
-        qpn, ip, ports = conn.qp.qpn, conn.qp.initial_psn, conn.qp.evs.ports
+        qpn, ip, ports = conn.qp.qpn, conn.qp.initial_psn, conn.qp.evs.values
         with paused(listener.endpoint):
             fut = conn.post_write(data, region)
             assert req.in_flight == 30

@@ -63,9 +63,12 @@ def test_a_transfer_keeps_to_the_port_range(two_hosts, mrc_tools) -> None:
     send, r = finish(send_over_both_planes(h, mrc_tools, "--size", "16M", "--ports", ports), recv)
     s, rv = send.json, r.json
     assert s["sha256"] == s["sha256_receiver"] == rv["sha256"] and rv["bytes"] == 16 * MiB
-    sports = [e["sport"] for e in s["evs"]]
-    assert len(sports) == len(set(sports)) >= 128
-    assert all(RANGE[0] <= p <= RANGE[1] for p in sports), sports
+    # 128 EVs and their backups, each a 32-bit value of its own, through one source port
+    # per plane (the EVs of a plane differ by flow label)
+    values = [e["value"] for e in s["evs"]]
+    assert len(values) == len(set(values)) >= 128
+    sports = {e["sport"] for e in s["evs"]}
+    assert len(sports) == 2 and all(RANGE[0] <= p <= RANGE[1] for p in sports), sports
     assert s["retransmits"] == 0  # nothing was lost to the firewall either
     assert _dropped(h.a) == _dropped(h.b) == 0
 
@@ -86,17 +89,17 @@ def test_a_transfer_keeps_to_the_port_range(two_hosts, mrc_tools) -> None:
     assert _dropped(h.a) == 1
 
 
-def test_a_range_too_small_for_the_evs_is_one_line(mrc_tools) -> None:
-    """Refused before connecting: the range cannot hold the EVs and the receive port."""
+def test_a_range_too_small_for_a_connection_is_one_line(mrc_tools) -> None:
+    """Refused before connecting: the range cannot hold an EV socket and the receive port."""
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
         probe.bind(("::1", 0))
         port = probe.getsockname()[1]  # nobody listens there: the check comes first
     res = mrc_tools.run(
         "mrc-send",
-        *("--size", "1M", "--to", f"[::1]:{port}", "--ports", "20000-20009", "--evs", "16"),
+        *("--size", "1M", "--to", f"[::1]:{port}", "--ports", "20000-20000", "--evs", "16"),
     )
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == [
-        "mrc-send: error: the port range 20000-20009 (--ports) holds 10 ports; a "
-        "connection of 16 EVs needs at least 17 (one per EV, and the sender's receive port)"
+        "mrc-send: error: the port range 20000-20000 (--ports) holds 1 port; a connection "
+        "needs at least 2 (an EV socket per route, and the sender's receive port)"
     ], res.stderr

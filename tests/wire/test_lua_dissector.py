@@ -54,6 +54,12 @@ TOKEN = (TAG << 40) | SEND_US
 KEYS = DirectionKeys(key_id=0xC001D00D, header_key=bytes(range(16)), payload_key=bytes(16))
 COUNTER = 0x0102_0304_0506_0707  # the next seal uses COUNTER + 1
 
+
+def _ev(port: int, label: int = 0xBEEF) -> int:
+    """A 32-bit EV whose two halves differ, so a swapped or cut field shows."""
+    return wire.ev_value(port, label)
+
+
 FIELDS = [
     "frame.number",
     "udp.dstport",
@@ -83,10 +89,16 @@ FIELDS = [
     "mrc.ack.sack_count",
     "mrc.ack.sacked_psn",
     "mrc.ack.ev",
+    "mrc.ack.ev_port",
+    "mrc.ack.ev_label",
     "mrc.ack.port_state",
+    "mrc.ack.reserved",
     "mrc.probe.seq",
     "mrc.probe.ev",
+    "mrc.probe.ev_port",
+    "mrc.probe.ev_label",
     "mrc.probe.flags",
+    "mrc.probe.reserved",
     "mrc.probe.token",
     "mrc.probe.tag",
     "mrc.probe.time_us",
@@ -173,7 +185,10 @@ def _ack(
         "mrc.ack.sack_count": len(sacked),
         "mrc.ack.sacked_psn": sacked,
         "mrc.ack.ev": ev,
+        "mrc.ack.ev_port": ev >> 16,
+        "mrc.ack.ev_label": ev & 0xFFFF,
         "mrc.ack.port_state": ports,
+        "mrc.ack.reserved": 0,
     }
 
 
@@ -181,7 +196,10 @@ def _probe(seq: int, ev: int) -> dict[str, object]:
     return {
         "mrc.probe.seq": seq,
         "mrc.probe.ev": ev,
+        "mrc.probe.ev_port": ev >> 16,
+        "mrc.probe.ev_label": ev & 0xFFFF,
         "mrc.probe.flags": 0,
+        "mrc.probe.reserved": 0,
         "mrc.probe.token": TOKEN,
         "mrc.probe.tag": TAG,
         "mrc.probe.time_us": SEND_US,
@@ -248,7 +266,7 @@ def _packets() -> list[Sent]:
     )
     a = wire.Opcode.ACKNOWLEDGE
     ack = bytearray(
-        wire.pack_ack(ACK_QPN, 0x123, wire.AETH_ACK, 0x125, SACK_BASE, BITMAP, 50001, 0xFFFD)
+        wire.pack_ack(ACK_QPN, 0x123, wire.AETH_ACK, 0x125, SACK_BASE, BITMAP, _ev(50001), 0xFFFD)
     )
     ack[4] |= wire.BTH_BECN  # the ECN echo
     out.append(
@@ -256,16 +274,18 @@ def _packets() -> list[Sent]:
             "ack_ecn_echo",
             bytes(ack),
             _bth("ACKNOWLEDGE", a, ACK_QPN, becn=True)
-            | _ack(0x123, wire.AETH_ACK, 0x125, 50001, 0xFFFD, None),
+            | _ack(0x123, wire.AETH_ACK, 0x125, _ev(50001), 0xFFFD, None),
         )
     )
     dup = wire.ACK_SUBJECT_DUP | 0x126  # the subject had arrived before
     out.append(
         Sent(
             "ack_subject_dup",
-            wire.pack_ack(ACK_QPN, 0x124, wire.AETH_ACK, dup, SACK_BASE, BITMAP, 50002, 0xFFFF),
+            wire.pack_ack(
+                ACK_QPN, 0x124, wire.AETH_ACK, dup, SACK_BASE, BITMAP, _ev(50002, 0), 0xFFFF
+            ),
             _bth("ACKNOWLEDGE", a, ACK_QPN)
-            | _ack(0x124, wire.AETH_ACK, 0x126, 50002, 0xFFFF, None, dup=True),
+            | _ack(0x124, wire.AETH_ACK, 0x126, _ev(50002, 0), 0xFFFF, None, dup=True),
         )
     )
     for i, code in enumerate(wire.NackCode):
@@ -273,23 +293,25 @@ def _packets() -> list[Sent]:
         out.append(
             Sent(
                 f"nak_{code.name.lower()}",
-                wire.pack_ack(ACK_QPN, 0x200 + i, syn, 0x300 + i, SACK_BASE, BITMAP, 50010 + i),
+                wire.pack_ack(
+                    ACK_QPN, 0x200 + i, syn, 0x300 + i, SACK_BASE, BITMAP, _ev(50010 + i, i)
+                ),
                 _bth("ACKNOWLEDGE", a, ACK_QPN)
-                | _ack(0x200 + i, syn, 0x300 + i, 50010 + i, 0xFFFF, (code, code.name)),
+                | _ack(0x200 + i, syn, 0x300 + i, _ev(50010 + i, i), 0xFFFF, (code, code.name)),
             )
         )
     out.append(
         Sent(
             "probe",
-            wire.pack_probe(ACK_QPN, 7, 50004, TOKEN, reply=False),
-            _bth("PROBE", wire.Opcode.PROBE, ACK_QPN) | _probe(7, 50004),
+            wire.pack_probe(ACK_QPN, 7, _ev(50004), TOKEN, reply=False),
+            _bth("PROBE", wire.Opcode.PROBE, ACK_QPN) | _probe(7, _ev(50004)),
         )
     )
     out.append(
         Sent(
             "probe_reply",
-            wire.pack_probe(QPN, 9, 50005, TOKEN, reply=True),
-            _bth("PROBE_REPLY", wire.Opcode.PROBE_REPLY, QPN) | _probe(9, 50005),
+            wire.pack_probe(QPN, 9, _ev(65535, 0xFFFF), TOKEN, reply=True),
+            _bth("PROBE_REPLY", wire.Opcode.PROBE_REPLY, QPN) | _probe(9, _ev(65535, 0xFFFF)),
         )
     )
     # protected datagrams, sealed as a queue pair with keys seals them
@@ -336,27 +358,28 @@ def _packets() -> list[Sent]:
         )
     )
     head, _ = _sealer(Mode.ENCRYPT).seal_pair(
-        wire.pack_ack(ACK_QPN, 0x77, wire.AETH_ACK, 0x78, SACK_BASE, BITMAP, 50020, 0xFFFE), None
+        wire.pack_ack(ACK_QPN, 0x77, wire.AETH_ACK, 0x78, SACK_BASE, BITMAP, _ev(50020), 0xFFFE),
+        None,
     )
     out.append(
         Sent(
             "sealed_ack",
             head,
             _bth("ACKNOWLEDGE", a, ACK_QPN, secure=True)
-            | _ack(0x77, wire.AETH_ACK, 0x78, 50020, 0xFFFE, None)
-            | _sec(head[36:64], None),
+            | _ack(0x77, wire.AETH_ACK, 0x78, _ev(50020), 0xFFFE, None)
+            | _sec(head[wire.ACK_LEN : wire.ACK_LEN + SEC_BLOCK_LEN], None),
         )
     )
     head, _ = _sealer(Mode.INTEGRITY).seal_pair(
-        wire.pack_probe(ACK_QPN, 3, 50030, TOKEN, reply=False), None
+        wire.pack_probe(ACK_QPN, 3, _ev(50030), TOKEN, reply=False), None
     )
     out.append(
         Sent(
             "sealed_probe",
             head,
             _bth("PROBE", wire.Opcode.PROBE, ACK_QPN, secure=True)
-            | _probe(3, 50030)
-            | _sec(head[24:52], None),
+            | _probe(3, _ev(50030))
+            | _sec(head[wire.PROBE_LEN : wire.PROBE_LEN + SEC_BLOCK_LEN], None),
         )
     )
     hdr = wire.pack_data(QPN, 0x60, 0x1_0000_4000, 0x0ACE, 24, True, None)

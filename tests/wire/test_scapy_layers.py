@@ -28,6 +28,9 @@ BITMAP = 0xF0F0_0000_FFFF_0001
 SACK_BASE = 0xFFFFF0
 TOKEN = (0xA1B2C3 << 40) | 0x12_3456_789A
 KEYS = DirectionKeys(key_id=0xC001D00D, header_key=bytes(range(16)), payload_key=bytes(16))
+#: 32-bit EVs whose two halves (UDP source port, flow label bits) differ
+EV1 = wire.ev_value(50001, 0xBEEF)
+EV2 = wire.ev_value(50002, 0x0001)
 
 
 def _frame(datagram: bytes, sport: int = 50001, dport: int = wire.DEFAULT_PORT) -> IPv6:
@@ -71,7 +74,7 @@ def test_trimmed_header_keeps_its_marks_and_dma_length() -> None:
 @pytest.mark.parametrize("code", [None, *wire.NackCode])
 def test_ack_and_every_nak_code_from_the_receiver(code: wire.NackCode | None) -> None:
     syndrome = wire.AETH_ACK if code is None else wire.AETH_NAK_BASE | code
-    d = bytearray(wire.pack_ack(QPN, 0x123, syndrome, 0x125, SACK_BASE, BITMAP, 50001, 0xFFFD))
+    d = bytearray(wire.pack_ack(QPN, 0x123, syndrome, 0x125, SACK_BASE, BITMAP, EV1, 0xFFFD))
     d[4] |= wire.BTH_BECN
     p = _frame(bytes(d), sport=wire.DEFAULT_PORT, dport=50001)  # ACKs come from the port
     ack = p[L.MRCAck]
@@ -80,10 +83,14 @@ def test_ack_and_every_nak_code_from_the_receiver(code: wire.NackCode | None) ->
         0x125,
         SACK_BASE,
         BITMAP,
-        50001,
+        EV1,
         0xFFFD,
     )
+    assert (ack.ev_port, ack.ev_label, ack.reserved) == (50001, 0xBEEF, 0)
+    assert bytes(d)[32:36] == EV1.to_bytes(4, "big") and Raw not in p  # all 40 bytes decoded
+    assert "ev=50001/0xbeef" in ack.mysummary()
     assert ack.is_nak is (code is not None) and ack.nak_code == code
+    assert len(ack) == wire.ACK_LEN - wire.BTH_LEN
     want = [(SACK_BASE + i) % (1 << 24) for i in range(64) if BITMAP >> i & 1]
     assert ack.sacked_psns() == want and ack.sacked_psns()[1] == 0  # wrapped at 2**24
     parsed = wire.parse_ack(bytes(d))
@@ -95,15 +102,17 @@ def test_ack_and_every_nak_code_from_the_receiver(code: wire.NackCode | None) ->
 
 @pytest.mark.parametrize("reply", [False, True])
 def test_probe_and_reply(reply: bool) -> None:
-    p = _frame(wire.pack_probe(QPN, 7, 50004, TOKEN, reply=reply))
+    p = _frame(wire.pack_probe(QPN, 7, EV2, TOKEN, reply=reply))
     assert p[L.MRCBTH].opcode == (0xC1 if reply else 0xC0) and p[L.MRCBTH].psn == 7
     probe = p[L.MRCProbe]
     assert (probe.ev, probe.token, probe.tag, probe.time_us) == (
-        50004,
+        EV2,
         TOKEN,
         0xA1B2C3,
         0x12_3456_789A,
     )
+    assert (probe.ev_port, probe.ev_label, probe.flags, probe.reserved) == (50002, 1, 0, 0)
+    assert len(probe) == wire.PROBE_LEN - wire.BTH_LEN and Raw not in p
 
 
 @pytest.mark.parametrize("mode", list(Mode))
@@ -129,15 +138,19 @@ def test_sealed_data_carries_its_security_block(mode: Mode) -> None:
 
 def test_sealed_ack_and_probe() -> None:
     head, _ = Sealer(KEYS, Mode.ENCRYPT).seal_pair(
-        wire.pack_ack(QPN, 0x77, wire.AETH_ACK, 0x78, SACK_BASE, BITMAP, 50020, 0xFFFE), None
+        wire.pack_ack(QPN, 0x77, wire.AETH_ACK, 0x78, SACK_BASE, BITMAP, EV1, 0xFFFE), None
     )
     p = _frame(head)
-    assert p[L.MRCAck].ev == 50020 and p[L.MRCSecurity].counter == 1
+    assert (p[L.MRCAck].ev, p[L.MRCAck].port_state) == (EV1, 0xFFFE)
+    assert p[L.MRCSecurity].counter == 1
+    assert p[L.MRCSecurity].header_icv == head[wire.ACK_LEN + 12 : wire.ACK_LEN + SEC_BLOCK_LEN]
     head, _ = Sealer(KEYS, Mode.INTEGRITY).seal_pair(
-        wire.pack_probe(QPN, 3, 50030, TOKEN, reply=False), None
+        wire.pack_probe(QPN, 3, EV2, TOKEN, reply=False), None
     )
     p = _frame(head)
-    assert p[L.MRCProbe].ev == 50030 and p[L.MRCSecurity].key_id == 0xC001D00D
+    assert (p[L.MRCProbe].ev, p[L.MRCProbe].token) == (EV2, TOKEN)
+    assert p[L.MRCSecurity].key_id == 0xC001D00D
+    assert p[L.MRCSecurity].header_icv == head[wire.PROBE_LEN + 12 : wire.PROBE_LEN + SEC_BLOCK_LEN]
 
 
 def test_every_truncation_decodes_what_is_there() -> None:
@@ -159,13 +172,13 @@ def test_every_truncation_decodes_what_is_there() -> None:
 def test_a_pcap_round_trip_and_another_port(tmp_path: Path) -> None:
     L.bind_port(18515)
     frames = [
-        _frame(wire.pack_probe(QPN, 1, 50001, TOKEN, reply=False)),
-        _frame(wire.pack_probe(QPN, 2, 50002, TOKEN, reply=True), dport=18515),
+        _frame(wire.pack_probe(QPN, 1, EV1, TOKEN, reply=False)),
+        _frame(wire.pack_probe(QPN, 2, EV2, TOKEN, reply=True), dport=18515),
     ]
     path = tmp_path / "mrc.pcap"
     wrpcap(str(path), frames)
     back = rdpcap(str(path))
-    assert [p[L.MRCProbe].ev for p in back] == [50001, 50002]
+    assert [p[L.MRCProbe].ev for p in back] == [EV1, EV2]
     assert [p[L.MRCBTH].psn for p in back] == [1, 2]
 
 
@@ -200,7 +213,7 @@ def test_data_headers_built_by_scapy_equal_mrc_wire(
     subject=st.integers(0, (1 << 32) - 1),
     base=st.integers(0, (1 << 32) - 1),
     bitmap=st.integers(0, (1 << 64) - 1),
-    ev=st.integers(0, 65535),
+    ev=st.integers(0, (1 << 32) - 1),
     ports=st.integers(0, 65535),
 )
 def test_acks_built_by_scapy_equal_mrc_wire(
@@ -217,3 +230,18 @@ def test_acks_built_by_scapy_equal_mrc_wire(
         port_state=ports,
     )
     assert bytes(pkt) == wire.pack_ack(qpn, ack_psn, syndrome, subject, base, bitmap, ev, ports)
+
+
+@given(
+    qpn=psn24,
+    seq=psn24,
+    ev=st.integers(0, (1 << 32) - 1),
+    token=st.integers(0, (1 << 64) - 1),
+    reply=st.booleans(),
+)
+def test_probes_built_by_scapy_equal_mrc_wire(
+    qpn: int, seq: int, ev: int, token: int, reply: bool
+) -> None:
+    op = wire.Opcode.PROBE_REPLY if reply else wire.Opcode.PROBE
+    pkt = L.MRCBTH(opcode=op, dqpn=qpn, psn=seq) / L.MRCProbe(ev=ev, token=token)
+    assert bytes(pkt) == wire.pack_probe(qpn, seq, ev, token, reply=reply)

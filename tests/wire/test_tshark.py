@@ -12,8 +12,6 @@ on ``lo`` (it needs root or the wireshark group).
 
 from __future__ import annotations
 
-import os
-import selectors
 import shutil
 import socket
 import subprocess
@@ -21,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from tshark_fields import read_fields
+from tshark_fields import read_fields, wait_capturing
 
 from mrc import wire
 
@@ -109,13 +107,27 @@ def _packets(sport: int) -> list[Sent]:
         Sent(
             "ack",
             wire.DEFAULT_PORT,
-            wire.pack_ack(ACK_QPN, 0x000123, wire.AETH_ACK, 0x000125, 0x000100, BITMAP, sport),
+            wire.pack_ack(
+                ACK_QPN,
+                0x000123,
+                wire.AETH_ACK,
+                0x000125,
+                0x000100,
+                BITMAP,
+                wire.ev_value(sport, 0),
+            ),
         ),
         Sent(
             "nack_trimmed",
             wire.DEFAULT_PORT,
             wire.pack_ack(
-                ACK_QPN, 0x000123, nak | wire.NackCode.TRIMMED, 0x000130, 0x000100, BITMAP, 50001
+                ACK_QPN,
+                0x000123,
+                nak | wire.NackCode.TRIMMED,
+                0x000130,
+                0x000100,
+                BITMAP,
+                wire.ev_value(50001, 0xBEEF),
             ),
         ),
         Sent(
@@ -128,7 +140,7 @@ def _packets(sport: int) -> list[Sent]:
                 0x000131,
                 0x000100,
                 BITMAP,
-                50002,
+                wire.ev_value(50002, 0x0001),
             ),
         ),
         Sent(
@@ -141,7 +153,7 @@ def _packets(sport: int) -> list[Sent]:
                 0x000124,
                 0x000100,
                 BITMAP,
-                50003,
+                wire.ev_value(50003, 0xFFFF),
             ),
         ),
         Sent("trimmed", wire.DEFAULT_PORT, bytes(trimmed)),
@@ -149,12 +161,16 @@ def _packets(sport: int) -> list[Sent]:
         Sent(
             "probe",
             wire.DEFAULT_PORT,
-            wire.pack_probe(ACK_QPN, 7, 50004, 0x1122_3344_5566_7788, reply=False),
+            wire.pack_probe(
+                ACK_QPN, 7, wire.ev_value(50004, 0xBEEF), 0x1122_3344_5566_7788, reply=False
+            ),
         ),
         Sent(
             "probe_reply",
             wire.DEFAULT_PORT,
-            wire.pack_probe(QPN, 7, 50004, 0x1122_3344_5566_7788, reply=True),
+            wire.pack_probe(
+                QPN, 7, wire.ev_value(50004, 0xBEEF), 0x1122_3344_5566_7788, reply=True
+            ),
         ),
         Sent(
             "alt_write",
@@ -163,28 +179,6 @@ def _packets(sport: int) -> list[Sent]:
             + _payload(24, 4),
         ),
     ]
-
-
-def _wait_capturing(proc: subprocess.Popen[bytes]) -> str:
-    """Read tshark's stderr until it reports the capture started; return what it said."""
-    assert proc.stderr is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stderr, selectors.EVENT_READ)
-    said = b""
-    deadline = time.monotonic() + CAPTURE_START_TIMEOUT
-    try:
-        while b"Capturing on" not in said:
-            left = deadline - time.monotonic()
-            if left <= 0 or proc.poll() is not None:
-                break
-            if sel.select(left):
-                chunk = os.read(proc.stderr.fileno(), 4096)
-                if not chunk:
-                    break
-                said += chunk
-    finally:
-        sel.close()
-    return said.decode(errors="replace")
 
 
 def _decode(pcap: str, *extra: str) -> list[dict[str, list[str]]]:
@@ -210,7 +204,7 @@ def capture(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         stderr=subprocess.PIPE,
     )
     try:
-        said = _wait_capturing(proc)
+        said = wait_capturing(proc, CAPTURE_START_TIMEOUT)
         if "Capturing on" not in said:
             pytest.skip(f"tshark cannot capture on lo (needs root or the wireshark group): {said}")
         time.sleep(0.2)  # "Capturing on" is printed as the capture opens; let it settle
@@ -298,31 +292,37 @@ def test_ack(capture: dict) -> None:
     assert _int(fr, "infiniband.aeth.syndrome.credit_count") == 0x1F  # "invalid": no credits
     assert _int(fr, "infiniband.aeth.msn") == 0
     assert fr["infiniband.reth.va"] == []
-    # tshark stops after the AETH: the 20-byte MRC extension is carried but not decoded.
+    # tshark stops after the AETH: the 24-byte MRC extension is carried but not decoded.
+    # Its EV is 32 bits (source port << 16 | flow label bits), then Port State and 2 reserved.
     ext = bytes.fromhex(fr["udp.payload"][0])[wire.BTH_LEN + 4 :]
     assert ext == (0x000125).to_bytes(4, "big") + (0x000100).to_bytes(4, "big") + (
-        BITMAP.to_bytes(8, "big") + capture["sport"].to_bytes(2, "big") + b"\xff\xff"
+        BITMAP.to_bytes(8, "big")
+        + capture["sport"].to_bytes(2, "big")
+        + b"\x00\x00"  # flow label bits (none given here)
+        + b"\xff\xff"  # port state
+        + b"\x00\x00"  # reserved
     )
     assert fr["data.data"] == []
     assert fr["infiniband.invariant.crc"] == []
 
 
 @pytest.mark.parametrize(
-    ("name", "code", "subject"),
+    ("name", "code", "subject", "ev"),
     [
-        ("nack_trimmed", wire.NackCode.TRIMMED, 0x000130),
-        ("nack_trimmed_lasthop", wire.NackCode.TRIMMED_LASTHOP, 0x000131),
-        ("nack_access", wire.NackCode.REMOTE_ACCESS_ERROR, 0x000124),
+        ("nack_trimmed", wire.NackCode.TRIMMED, 0x000130, (50001, 0xBEEF)),
+        ("nack_trimmed_lasthop", wire.NackCode.TRIMMED_LASTHOP, 0x000131, (50002, 0x0001)),
+        ("nack_access", wire.NackCode.REMOTE_ACCESS_ERROR, 0x000124, (50003, 0xFFFF)),
     ],
 )
-def test_nack(capture: dict, name: str, code: int, subject: int) -> None:
+def test_nack(capture: dict, name: str, code: int, subject: int, ev: tuple[int, int]) -> None:
     fr = capture["frames"][name]
     assert _int(fr, "udp.length") == 8 + wire.ACK_LEN
     _check_bth(fr, wire.Opcode.ACKNOWLEDGE, ACK_QPN, 0x000123, ackreq=False)
     assert _int(fr, "infiniband.aeth.syndrome") == wire.AETH_NAK_BASE | code
     assert _int(fr, "infiniband.aeth.syndrome.opcode") == 3  # NAK
     assert _int(fr, "infiniband.aeth.syndrome.error_code") == code
-    assert wire.parse_ack(bytes.fromhex(fr["udp.payload"][0])).subject_psn == subject
+    got = wire.parse_ack(bytes.fromhex(fr["udp.payload"][0]))
+    assert (got.subject_psn, wire.ev_parts(got.ev), got.port_state) == (subject, ev, 0xFFFF)
 
 
 def test_trimmed_packet_marks_and_length(capture: dict) -> None:
@@ -356,8 +356,11 @@ def test_probe_opcodes_are_vendor_specific(capture: dict, name: str, opcode: int
     fr = capture["frames"][name]
     assert _int(fr, "udp.length") == 8 + wire.PROBE_LEN
     _check_bth(fr, opcode, qpn, 7, ackreq=False)
-    ext = capture["sent"][name].data[wire.BTH_LEN :].hex()
-    assert ext in fr["infiniband.vendor"]  # "Unknown/Vendor Specific Data", undecoded
+    ext = capture["sent"][name].data[wire.BTH_LEN :]
+    assert len(ext) == 16  # EV (4), flags (2), reserved (2), token (8)
+    assert ext[:4] == wire.ev_value(50004, 0xBEEF).to_bytes(4, "big")
+    assert ext[4:8] == bytes(4) and ext[8:] == (0x1122_3344_5566_7788).to_bytes(8, "big")
+    assert ext.hex() in fr["infiniband.vendor"]  # "Unknown/Vendor Specific Data", undecoded
 
 
 def test_non_default_port_needs_decode_as(capture: dict) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import selectors
 import subprocess
+import time
 from collections.abc import Sequence
 
 
@@ -22,3 +25,26 @@ def read_fields(
         cols = line.split("\t")
         frames.append({f: (v.split(",") if v else []) for f, v in zip(fields, cols, strict=True)})
     return frames
+
+
+def wait_capturing(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """Read tshark's stderr until it reports the capture started (or ``timeout`` seconds
+    pass, or it exits); return what it said."""
+    assert proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    said = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while b"Capturing on" not in said:
+            left = deadline - time.monotonic()
+            if left <= 0 or proc.poll() is not None:
+                break
+            if sel.select(left):
+                chunk = os.read(proc.stderr.fileno(), 4096)
+                if not chunk:
+                    break
+                said += chunk
+    finally:
+        sel.close()
+    return said.decode(errors="replace")

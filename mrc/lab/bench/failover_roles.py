@@ -107,30 +107,30 @@ async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
     qp = conn.qp
     stats = qp.stats
     resp = qp.responder
-    per_port: dict[int, int] = {}
+    per_ev: dict[int, int] = {}
     plane_of: dict[int, int] = {}
-    # count placed bytes per source port (= EV of the sender): one extra call per packet
+    # count placed bytes per EV value of the sender: one extra call per packet
     orig = resp.on_data
 
-    def on_data(data: memoryview, src_port: int, now: float, imm_op: bool) -> None:
+    def on_data(data: memoryview, src_ev: int, now: float, imm_op: bool) -> None:
         before = stats.bytes_placed
-        orig(data, src_port, now, imm_op)
+        orig(data, src_ev, now, imm_op)
         d = stats.bytes_placed - before
         if d:
-            per_port[src_port] = per_port.get(src_port, 0) + d
+            per_ev[src_ev] = per_ev.get(src_ev, 0) + d
 
     resp.on_data = on_data  # type: ignore[method-assign]
     # the segments of GRO trains that the train kernel placed (the rest went to on_data)
     orig_train = resp.on_data_train
 
     def on_data_train(
-        view: memoryview, off: int, seg: int, src_port: int, now: float, skip: int = 0
+        view: memoryview, off: int, seg: int, src_ev: int, now: float, skip: int = 0
     ) -> int:
         before = stats.bytes_placed
-        placed = orig_train(view, off, seg, src_port, now, skip)
+        placed = orig_train(view, off, seg, src_ev, now, skip)
         d = stats.bytes_placed - before
         if d:
-            per_port[src_port] = per_port.get(src_port, 0) + d
+            per_ev[src_ev] = per_ev.get(src_ev, 0) + d
         return placed
 
     resp.on_data_train = on_data_train  # type: ignore[method-assign]
@@ -156,7 +156,7 @@ async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
                 last_plane = now
                 plane_t.append(now)
                 sums = [0] * nplanes
-                for port, n in per_port.items():
+                for port, n in per_ev.items():
                     p = plane_of.get(port)
                     if p is not None:
                         sums[p] += n
@@ -170,8 +170,8 @@ async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
         msg = await conn.recv_message(timeout=30)
         if msg and msg.get("type") == "evmap":
             evs: Any = msg["evs"]
-            for port, plane, _route in evs:
-                plane_of[int(port)] = int(plane)
+            for value, plane, _route in evs:
+                plane_of[int(value)] = int(plane)
 
     sampler_task = asyncio.ensure_future(sampler())
     await evmap()
@@ -236,7 +236,7 @@ async def mrc_send(args: argparse.Namespace) -> dict[str, Any]:
             [
                 e.time,
                 e.ev,
-                e.sport,
+                e.value,
                 e.plane,
                 routes[e.ev] if routes else "direct",
                 e.old_label,
@@ -248,7 +248,7 @@ async def mrc_send(args: argparse.Namespace) -> dict[str, Any]:
     conn.on_ev_change(on_ev)
     rows: list[dict[str, Any]] = conn.ev_report()
     await conn.send_message(
-        {"type": "evmap", "evs": [[r["sport"], r["plane"], r["route"]] for r in rows]}
+        {"type": "evmap", "evs": [[r["value"], r["plane"], r["route"]] for r in rows]}
     )
     region = conn.remote["data"]
     planes = [int(r["plane"]) for r in rows]

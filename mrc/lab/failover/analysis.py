@@ -21,7 +21,7 @@ from mrc.topology import Topology
 
 Series = Sequence[float]
 Counts = Sequence[int]
-#: one EV state change of the sender's log: t, ev, sport, plane, route, old, new, reason
+#: one EV state change of the sender's log: t, ev, value (32-bit EV), plane, route, old, new, reason
 EVEvent = Sequence[Any]
 #: capacity of a transport's paths (bit/s): all links up, and with the failed link down
 Capacity = tuple[float, float]
@@ -201,7 +201,7 @@ def resurrection(
     bad_at: dict[int, float] = {}
     first_bad: float | None = None
     for e in events:
-        t, ev, _sport, _plane, _route, _old, new, _reason = e
+        t, ev, _value, _plane, _route, _old, new, _reason = e
         if not affected(e):
             continue
         if new == "ASSUMED_BAD" and t >= t_fail - 0.01 and ev not in bad_at:
