@@ -163,6 +163,10 @@ class Requester:
         # when an ACK last acknowledged something new: a packet sent after it that times out
         # met a silent peer, not (known) a bad path (handle_timer)
         self._progress_at = _NEG_INF
+        # no packet times out before this: a tail loss probe went out then, and restarts the
+        # retransmission timer as TCP's does (RFC 8985 7.3), so that its answer, which finds
+        # what was lost by SACK, is not overtaken by timeouts of what it probes for
+        self._rto_hold = _NEG_INF
         # when an ACK was last believed, news or not: what a failure reports the peer did
         self._heard_at = _NEG_INF
         self._probes = 0  # probes at the head of _retransmit, sent past the window
@@ -576,6 +580,8 @@ class Requester:
         if self.failed:
             return None
         top = self._live_top()
+        if top is not None and top < self._rto_hold:
+            top = self._rto_hold
         tlp = self._tlp_at
         if self._paced and (tlp is None or self._pace_at < tlp):
             tlp = self._pace_at  # held back by pacing: wake up when it may go
@@ -603,7 +609,7 @@ class Requester:
         silent: list[int] = []  # judged together, after the others
         while not self.failed:
             top = self._live_top()
-            if top is None or top > now:
+            if top is None or top > now or now < self._rto_hold:
                 break
             deadline, first, n = heapq.heappop(self._deadlines)
             # every packet of the entry that still has its deadline times out, in order
@@ -710,6 +716,7 @@ class Requester:
         self._waiting += 1
         self.stats.retransmits_tlp += 1
         self._tlps += 1
+        self._rto_hold = now + self.rtt.backed_off(0)
         self._arm_tlp(now)  # the next probe, if this one meets silence too
 
     def _probe_queued(self, seq: int, now: float) -> None:
@@ -726,6 +733,7 @@ class Requester:
             rq.insert(self._probes, seq)  # behind the probes already queued, if any
             self._probes += 1  # (a resend counted already, under its own cause)
             self._tlps += 1
+            self._rto_hold = now + self.rtt.backed_off(0)
         self._arm_tlp(now)
 
     def fail(

@@ -38,8 +38,10 @@ def _budget_config(retries: int) -> QPConfig:
 
 
 def _give_up_time(cfg: QPConfig) -> float:
-    """When a packet sent at t=0 exhausts its budget with exponential backoff capped at max_rto."""
-    t = cfg.initial_rto
+    """When a packet sent at t=0 exhausts its budget with exponential backoff capped at max_rto:
+    the first tail loss probe, sent at initial_rto / 2 (no RTT sample yet), restarts the RTO,
+    as TCP's does, so the first timeout comes initial_rto after it."""
+    t = cfg.initial_rto / 2 + cfg.initial_rto
     for k in range(1, cfg.max_timeout_retries + 1):
         t += min(cfg.initial_rto * (1 << k), cfg.max_rto)
     return t
@@ -510,3 +512,40 @@ def test_a_tail_loss_probe_goes_out_past_a_window_shrunk_below_what_is_in_flight
     silent = False
     assert net.run(lambda: qa.idle, max_time=30)
     assert bytes(buf) == data
+
+
+def test_a_tail_loss_probe_restarts_the_rto_so_its_answer_repairs_the_loss() -> None:
+    """A window sent all at once loses its first packet and its last: SACK cannot find the
+    first (nothing went much later), the tail loss probe must. It resends the last one 2 srtt
+    after the last ACK, late in the first one's RTO, and its answer (whose SACK proves the
+    first lost) comes a round trip later: after that RTO had fired, a timeout where SACK
+    would have done. The probe now restarts the RTO, as TCP's does (RFC 8985 7.3). In the
+    simulator's all-to-all: 17-24 timeouts in 24 runs before, 5-14 after."""
+    net = RecordingNetwork(2, Faults(delay=0.0075, jitter=0.0))  # srtt 15 ms, RTO 50 ms
+    net.add_host("a")
+    net.add_host("b")
+    cfg = QPConfig(payload_size=1000, max_outstanding=64, cc="fixed", min_rto=0.05)
+    qa, _qb = net.connect("a", "b", evs=8, config=cfg)
+    buf = bytearray(40_000)
+    mr = net.hosts["b"].core.pd.register(buf)
+    data = bytes(i * 13 % 251 for i in range(40_000))
+    qa.post_write(data[:20_000], mr.addr, mr.rkey)
+    assert net.run(lambda: qa.idle) and qa.requester.rtt.srtt == pytest.approx(0.015)
+    lose = {(qa.requester.initial_psn + seq) & wire.PSN_MASK for seq in (20, 39)}
+    lost: list[int] = []
+
+    def first_copies_of_two(sent: Sent) -> bytes | None:
+        psn = int.from_bytes(sent.data[9:12], "big")
+        if sent.data[0] in DATA_OPS and psn in lose and psn not in lost:
+            lost.append(psn)
+            return None
+        return sent.data
+
+    net.tamper = first_copies_of_two
+    qa.post_write(data[20_000:], mr.addr + 20_000, mr.rkey)
+    assert net.run(lambda: qa.idle, max_time=5)
+    assert len(lost) == 2 and bytes(buf) == data
+    st = qa.stats
+    assert st.retransmits_tlp == 1 and st.losses_tlp == 1  # the probe resent the last one
+    assert st.retransmits_timeout == 0, "the RTO overtook the probe's answer"
+    assert st.retransmits_sack == 1  # ... whose SACK found the first one lost
