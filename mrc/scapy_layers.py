@@ -132,7 +132,23 @@ class MRCImmDt(Packet):
         return _after_headers(self)
 
 
-class MRCAck(Packet):
+class _EVHalves:
+    """The two halves of a layer's 32-bit ``ev`` field (mrc.wire.ev_parts)."""
+
+    ev: int
+
+    @property
+    def ev_port(self) -> int:
+        """The UDP source port part of the EV (its high 16 bits)."""
+        return ev_parts(int(self.ev))[0]
+
+    @property
+    def ev_label(self) -> int:
+        """The flow label part of the EV (its low 16 bits)."""
+        return ev_parts(int(self.ev))[1]
+
+
+class MRCAck(_EVHalves, Packet):
     """AETH and MRC's SACK extension. The cumulative ACK PSN is the BTH's PSN."""
 
     name = "MRC ACK"
@@ -167,16 +183,6 @@ class MRCAck(Packet):
         except ValueError:
             return code
 
-    @property
-    def ev_port(self) -> int:
-        """The UDP source port part of the echoed EV (its high 16 bits)."""
-        return ev_parts(int(self.ev))[0]
-
-    @property
-    def ev_label(self) -> int:
-        """The flow label part of the echoed EV (its low 16 bits)."""
-        return ev_parts(int(self.ev))[1]
-
     def sacked_psns(self) -> list[int]:
         """PSNs the bitmap says arrived (bit i: ``sack_base + i``, modulo 2**24)."""
         base, bits = int(self.sack_base), int(self.bitmap)
@@ -188,7 +194,7 @@ class MRCAck(Packet):
         return f"{what} subject={self.subject_psn} ev={self.ev_port}/{self.ev_label:#x}"
 
 
-class MRCProbe(Packet):
+class MRCProbe(_EVHalves, Packet):
     """An EV probe or its reply. The probe sequence number is the BTH's PSN."""
 
     name = "MRC probe"
@@ -201,16 +207,6 @@ class MRCProbe(Packet):
 
     def guess_payload_class(self, payload: bytes) -> type[Packet]:
         return _after_headers(self)
-
-    @property
-    def ev_port(self) -> int:
-        """The UDP source port part of the EV (its high 16 bits)."""
-        return ev_parts(int(self.ev))[0]
-
-    @property
-    def ev_label(self) -> int:
-        """The flow label part of the EV (its low 16 bits)."""
-        return ev_parts(int(self.ev))[1]
 
     @property
     def tag(self) -> int:

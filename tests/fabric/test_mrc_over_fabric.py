@@ -11,6 +11,10 @@ agree.  (The SRH itself is decoded with scapy in test_fabric_traffic.py; not rep
 from __future__ import annotations
 
 import collections
+import shutil
+import signal
+import subprocess
+import time
 
 import pytest
 from fabric_helpers import (
@@ -20,7 +24,9 @@ from fabric_helpers import (
     start_fabric_recv,
     unique_name,
 )
+from wire.tshark_fields import read_fields, wait_capturing
 
+from mrc import wire
 from mrc.lab.fabric import Fabric, FabricSpec, Topology
 
 pytestmark = [needs_netns, pytest.mark.netns]
@@ -173,3 +179,48 @@ def test_same_leaf_pair_goes_through_the_spines(jfab, mrc_tools) -> None:
     assert towards_leaf1 <= 0.01 * sent + 50, towards_leaf1  # nothing goes to the other leaf
     per_plane = {f"p{p}": d[("h1", f"p{p}")][0] for p in range(topo.planes)}
     fair(per_plane, "h1 rx on plane NIC", why)
+
+
+def test_a_spine_link_carries_the_evs_in_port_and_flow_label(jfab, mrc_tools, tmp_path) -> None:
+    """Captured by tshark on a spine's port to leaf 0 while h0 sends to h3: every data
+    datagram there carries, in its UDP source port and IPv6 flow label, one of the sender's
+    32-bit EVs, an EV whose route is that spine; the EVs of one route share a source port and
+    differ by label. (Today's routes are SRHs: each datagram also carries one, naming the
+    spine; with uSID routes that header goes away and the label still names the EV.)"""
+    tshark = shutil.which("tshark")
+    if tshark is None:
+        pytest.skip("tshark not on PATH")
+    topo = jfab
+    spine = spines(topo)[0]
+    port = 4803
+    pcap = tmp_path / "spine.pcap"
+    cap = subprocess.Popen(
+        ["ip", "netns", "exec", topo.netns_of(spine), tshark, "-i", "l0"]
+        + ["-f", "ip6", "-a", "duration:120", "-w", str(pcap)],  # (BPF's udp misses an SRH)
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        said = wait_capturing(cap, 15.0)
+        assert "Capturing on" in said, said
+        time.sleep(0.5)  # the capture has opened; let it settle
+        s, _rv, _d = transfer(topo, mrc_tools, "h0", "h3", port, "16M")
+    finally:
+        if cap.poll() is None:
+            cap.send_signal(signal.SIGINT)
+            cap.wait(timeout=30)
+        if cap.stderr is not None:
+            cap.stderr.close()
+    fields = ["udp.srcport", "ipv6.flow", "ipv6.routing.type", "ipv6.routing.segleft"]
+    frames = read_fields(tshark, str(pcap), fields, "-Y", f"udp.dstport == {port}")
+    assert len(frames) >= s["data_packets"] // 16  # about one in 8 datagrams crosses it
+    route_of = {e["value"]: e["route"] for e in s["evs"]}
+    seen: set[int] = set()
+    for fr in frames:
+        ev = wire.ev_value(int(fr["udp.srcport"][0]), int(fr["ipv6.flow"][0], 0))
+        assert route_of.get(ev) == spine, (ev, route_of.get(ev))
+        assert fr["ipv6.routing.type"] == ["4"]  # the SRH (segment routing, type 4)
+        seen.add(ev)
+    on_spine = {v for v, r in route_of.items() if r == spine}
+    assert seen <= on_spine and len(seen) >= len(on_spine) // 2
+    assert len({ev >> wire.EV_LABEL_BITS for ev in seen}) == 1  # one socket for the route
