@@ -259,9 +259,10 @@ class Connection:
         """WRITE and wait until every byte is acknowledged; returns the byte count. A write
         that will not complete raises :class:`~mrc.errors.WriteError`, its ``status`` saying
         how it ended (remote access error, retry exceeded, flushed...). A WRITE_IMM first
-        waits while ``QPConfig.max_imm_outstanding`` of them are not yet ended."""
+        waits while ``QPConfig.max_imm_outstanding`` of them (or the peer's ``max_imm_dest``,
+        if fewer) are not yet ended."""
         if imm is not None:
-            cap = self.qp.config.max_imm_outstanding
+            cap = self.qp.requester.imm_cap
             while len(self._imm_futures) >= cap and self.channel.error is None:
                 await asyncio.wait(set(self._imm_futures), return_when=asyncio.FIRST_COMPLETED)
         # shielded: a caller that gives up on the write (a timeout) leaves it counted until
@@ -792,6 +793,8 @@ class Listener:
                 ev_routes=_route_ids(evsocks.routes),
             )
             qp.connect(hello.qpn, hello.psn)
+            if hello.max_imm is not None:
+                qp.peer_takes_imms(hello.max_imm)
             if protection is not None:
                 qp.protect(protection)
             channel = self.endpoint.attach(qp, evsocks)
@@ -802,6 +805,7 @@ class Listener:
                 udp_port=self.endpoint.port,
                 addrs=tuple(self.plane_addrs),
                 regions=tuple(_describe(r) for r in ([granted] if granted else []) + shared),
+                max_imm=cfg.max_imm_dest,
             )
             await control.send(welcome.to_json())
             assert evsocks is not None  # (for the type checker: opened above)
@@ -1200,6 +1204,7 @@ async def connect(
                 addrs=tuple(locals_ or [writer.get_extra_info("sockname")[0]]),
                 evs=evs,
                 psn_window=cfg.psn_window,
+                max_imm=cfg.max_imm_dest,
                 regions=tuple(_describe(r) for r in regions or []),
                 request=None if encrypt else request,  # encrypting: sealed, after the proof
                 auth=auth.offer(Mode.ENCRYPT if encrypt else Mode.INTEGRITY) if key else None,
@@ -1268,6 +1273,8 @@ async def _client_setup(
             ev_routes=_route_ids(evsocks.routes),
         )
         qp.connect(reply.qpn, reply.psn)
+        if reply.max_imm is not None:
+            qp.peer_takes_imms(reply.max_imm)
         if protection is not None:
             qp.protect(protection)
         channel = endpoint.attach(qp, evsocks)

@@ -102,6 +102,9 @@ class QPConfig(EVConfig):
     # WRITE_IMMs posted and not yet completed (mrc.h's MRC_QP_MAX_WIMM): one more is refused
     # by post_write, and awaited by Connection.write
     max_imm_outstanding: int = 256
+    # WRITE_IMMs this side takes in flight as a responder (MRC_QP_MAX_WIMM_DEST): announced to
+    # the peer at set-up, whose senders then keep below the smaller of their cap and this one
+    max_imm_dest: int = 256
     ack_every: int = 16
     ack_delay: float = 0.0005
     # the ACKs that fall due while one receive batch is taken in go out as one, at its end,
@@ -175,6 +178,8 @@ class QPConfig(EVConfig):
             raise ValueError(
                 f"max_imm_outstanding must be 1..{1 << 20}, not {self.max_imm_outstanding}"
             )
+        if not 1 <= self.max_imm_dest <= 1 << 20:
+            raise ValueError(f"max_imm_dest must be 1..{1 << 20}, not {self.max_imm_dest}")
         if self.burst is not None and not 1 <= self.burst <= MAX_BURST:
             raise ValueError(f"burst must be 1..{MAX_BURST} packets, not {self.burst}")
         if not 0 < self.burst_delay_fraction <= 4:

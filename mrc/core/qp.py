@@ -169,6 +169,13 @@ class QueuePair:
         self._control.append((ev, pkt, b""))
         self.stats.probes_sent += 1
 
+    def peer_takes_imms(self, limit: int) -> None:
+        """The peer takes at most ``limit`` WRITE_IMMs in flight (its ``max_imm_dest``, told
+        at set-up): ours stay below that too (``mrc.h``'s MRC_QP_MAX_WIMM_DEST)."""
+        if limit < 1:
+            raise ValueError("a peer takes at least one WRITE_IMM")
+        self.requester.imm_cap = min(self.config.max_imm_outstanding, limit)
+
     def deny_ev(self, ev: int, now: float = 0.0) -> None:
         """Operator denylist: EV ``ev`` is not used (state DENIED) until :meth:`allow_ev`."""
         self.evs.deny(ev, now)

@@ -142,6 +142,9 @@ class Requester:
         self.failed = False
         self._next_wr_id = 1
         self.imms_outstanding = 0  # WRITE_IMMs posted and not completed nor failed
+        # at most this many of them: our max_imm_outstanding, or the peer's max_imm_dest if
+        # smaller (QueuePair.peer_takes_imms)
+        self.imm_cap = config.max_imm_outstanding
         self._queue: deque[_WorkRequest] = deque()  # not yet fully segmented
         self._inflight_wrs: deque[_WorkRequest] = deque()  # segmented, not yet completed
         self._offset = 0  # next byte to segment in _queue[0]
@@ -212,11 +215,11 @@ class Requester:
         if imm is not None:
             if not 0 <= imm < (1 << 32):
                 raise ValueError("immediate data must fit in 32 bits")
-            cap = self.config.max_imm_outstanding
+            cap = self.imm_cap
             if self.imms_outstanding >= cap:
                 raise TooManyImmediates(
-                    f"{cap} WRITE_IMMs are outstanding already (max_imm_outstanding): "
-                    "wait for one to complete"
+                    f"{cap} WRITE_IMMs are outstanding already (max_imm_outstanding, or the "
+                    "peer's max_imm_dest): wait for one to complete"
                 )
             self.imms_outstanding += 1
         if wr_id is None:

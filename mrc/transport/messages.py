@@ -32,6 +32,8 @@ MAX_REGION_SIZE = 1 << 48  # bytes: region lengths and requested sizes (256 TiB)
 #: EVs a connection may ask for: with their backups (a quarter more, mrc.connection), every
 #: EV's flow label (its index + 1, mrc/transport/evsockets.py) fits the 16 bits of the EV
 MAX_EVS = 52428
+#: the largest max_imm a peer may announce (QPConfig.max_imm_dest's bound)
+MAX_IMM = 1 << 20
 MAX_PLANES = wire.MAX_PLANES  # addresses in ``addrs``: an ACK's port-state bits
 MAX_REGIONS = 1024  # regions announced in one message
 MAX_NAME = 1024  # characters of a region name
@@ -277,6 +279,7 @@ class Hello:
     addrs: tuple[str, ...] = ()
     evs: int | None = None
     psn_window: int | None = None
+    max_imm: int | None = None  # WRITE_IMMs the sender takes in flight (its max_imm_dest)
     regions: tuple[RemoteRegion, ...] = ()
     request: RegionRequest | None = None
     auth: AuthOffer | None = None
@@ -296,6 +299,7 @@ class Hello:
                 if f.has("psn_window")
                 else None
             ),
+            max_imm=f.integer("max_imm", 1, MAX_IMM) if f.has("max_imm") else None,
             regions=f.regions("regions") if f.has("regions") else (),
             request=(
                 RegionRequest.from_json(f.get("request"), "hello", "request.")
@@ -325,6 +329,8 @@ class Hello:
             out["evs"] = self.evs
         if self.psn_window is not None:
             out["psn_window"] = self.psn_window
+        if self.max_imm is not None:
+            out["max_imm"] = self.max_imm
         if self.request is not None:
             out["request"] = self.request.to_json()
         if self.auth is not None:
@@ -416,6 +422,7 @@ class Welcome:
     udp_port: int
     addrs: tuple[str, ...] = ()
     regions: tuple[RemoteRegion, ...] = ()
+    max_imm: int | None = None  # WRITE_IMMs the listener takes in flight (its max_imm_dest)
 
     @classmethod
     def from_json(cls, obj: object) -> Welcome:
@@ -429,10 +436,11 @@ class Welcome:
             udp_port=f.integer("udp_port", 1, 65535),
             addrs=f.addrs("addrs") if f.has("addrs") else (),
             regions=f.regions("regions") if f.has("regions") else (),
+            max_imm=f.integer("max_imm", 1, MAX_IMM) if f.has("max_imm") else None,
         )
 
     def to_json(self) -> JSON:
-        return {
+        out: JSON = {
             "mrc": PROTOCOL_VERSION,
             "ok": True,
             "qpn": self.qpn,
@@ -441,6 +449,9 @@ class Welcome:
             "addrs": list(self.addrs),
             "regions": [r.to_json() for r in self.regions],
         }
+        if self.max_imm is not None:
+            out["max_imm"] = self.max_imm
+        return out
 
 
 @dataclass(frozen=True, slots=True)

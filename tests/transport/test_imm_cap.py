@@ -1,5 +1,7 @@
 """The cap on outstanding WRITE_IMMs over real sockets (``max_imm_outstanding``, mrc.h's
-MRC_QP_MAX_WIMM): ``Connection.write`` waits for room, ``post_write`` refuses past it."""
+MRC_QP_MAX_WIMM): ``Connection.write`` waits for room, ``post_write`` refuses past it. A
+receiver's own limit (``max_imm_dest``, MRC_QP_MAX_WIMM_DEST) is announced at set-up, and the
+sender keeps to the smaller of the two."""
 
 from __future__ import annotations
 
@@ -17,14 +19,18 @@ N = 24
 SIZE = 20_000
 
 
-async def test_writes_beyond_the_cap_wait_and_all_land_in_order() -> None:
-    cfg = QPConfig(max_imm_outstanding=2)
+@pytest.mark.parametrize("whose", ["sender", "receiver"])
+async def test_writes_beyond_the_cap_wait_and_all_land_in_order(whose: str) -> None:
+    """The cap of 2 is the sender's own, or the receiver's, which the sender learns."""
+    cfg = QPConfig(max_imm_outstanding=2 if whose == "sender" else 256)
+    kw = {"config": QPConfig(max_imm_dest=2)} if whose == "receiver" else {}
     data = [os.urandom(SIZE) for _ in range(N)]
-    async with listening() as listener:
+    async with listening(**kw) as listener:
         conn = await mrc.connect(HOST, listener.port, evs=4, request_size=N * SIZE, config=cfg)
         async with conn:
             peer = await listener.accept(timeout=5)
             assert conn.requested is not None and peer.granted is not None
+            assert conn.qp.requester.imm_cap == 2
             highest = 0
 
             async def watch() -> None:
@@ -46,11 +52,12 @@ async def test_writes_beyond_the_cap_wait_and_all_land_in_order() -> None:
 
 
 async def test_post_write_past_the_cap_is_refused_with_one_line() -> None:
-    cfg = QPConfig(max_imm_outstanding=2)
-    async with listening() as listener:
+    cfg = QPConfig(max_imm_outstanding=2, max_imm_dest=5)
+    async with listening(config=QPConfig(max_imm_dest=3)) as listener:
         conn = await mrc.connect(HOST, listener.port, evs=4, request_size=3 * SIZE, config=cfg)
         async with conn:
-            await listener.accept(timeout=5)
+            peer = await listener.accept(timeout=5)
+            assert peer.qp.requester.imm_cap == 5  # the listener learned the sender's limit
             assert conn.requested is not None
             first = conn.post_write(bytes(SIZE), conn.requested, 0, imm=1)
             second = conn.post_write(bytes(SIZE), conn.requested, SIZE, imm=2)
