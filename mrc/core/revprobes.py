@@ -7,9 +7,12 @@ probe its reverse EVs instead. Here, every ``reverse_probe_interval`` while this
 data of its own in flight and has sent ACKs since the last round, the ``reverse_probes_per_plane``
 EVs of each plane that most recently carried an ACK are probed (a PROBE the peer answers, as
 for any EV). A probe unanswered for its timeout (two intervals, or three times the slowest
-recent probe round trip if longer) has the EV probed again next round; two in a row are a loss
-on that EV: it is retired and replaced from its plane (EVReason.REVERSE_PROBE), and the health
-probes bring it back once the path answers. Why two: a probe tests a round trip, and the
+recent probe round trip if longer) has the EV probed again next round, which then comes one
+interval later even if no ACK leaves meanwhile (the ACKs of a transfer's tail may all have died
+on it, and nothing else would show it), with the EV whose probe was last answered as a witness
+that the peer still answers; two in a row are a loss on that EV: it is retired and replaced
+from its plane (EVReason.REVERSE_PROBE), and the health probes bring it back once the path
+answers. Why two: a probe tests a round trip, and the
 reply takes whichever of the peer's EVs comes next; one lost reply (the peer's forward path
 broke) would retire a reverse EV that works.
 
@@ -36,6 +39,7 @@ class ReverseProbes:
         self._missed: dict[int, int] = {}  # EV -> its probes unanswered in a row, so far
         self._round: float | None = None  # the next round, None while no ACK was sent
         self._answered_sent = float("-inf")  # the latest send time of an answered probe
+        self._witness: int | None = None  # the EV whose probe was answered last
         self._wait = 2 * interval  # the probe timeout as of the latest due()
         self.enabled = interval > 0 and per_plane > 0
         # when due() has something to do next (a round, or a probe's timeout as of the
@@ -85,11 +89,14 @@ class ReverseProbes:
                 del self._sent[ev]
                 if sent > self._answered_sent:
                     self.silent += 1
+                    self._missed.pop(ev, None)  # a silence: nothing to hold, nor to repeat
                     continue
                 self.lost += 1
                 missed = self._missed.get(ev, 0) + 1
                 if missed < MISSES_IN_A_ROW:
-                    self._missed[ev] = missed  # probed again next round
+                    self._missed[ev] = missed  # probed again next round, ACKs or not
+                    if self._round is None:
+                        self._round = now + self.interval
                 else:
                     del self._missed[ev]
                     lost.append((ev, sent))
@@ -107,6 +114,15 @@ class ReverseProbes:
                     if ev not in self._sent and ev not in due and ev not in retired
                 ]
                 due.extend(recent[: self.per_plane])
+            witness = self._witness
+            if (
+                self._missed
+                and witness is not None
+                and witness not in due
+                and witness not in self._sent
+                and witness not in retired
+            ):
+                due.append(witness)  # its answer shows the peer still answers
         for ev in due:
             self._sent[ev] = now
         self.sent += len(due)
@@ -121,8 +137,9 @@ class ReverseProbes:
         if sent is None:
             return False
         self._missed.pop(ev, None)
-        if sent > self._answered_sent:
+        if sent >= self._answered_sent:
             self._answered_sent = sent
+            self._witness = ev
         self._refresh()
         return True
 
@@ -130,6 +147,8 @@ class ReverseProbes:
         """``ev`` left the rotation: its probe, if any, is the health probes' business now."""
         self._sent.pop(ev, None)
         self._missed.pop(ev, None)
+        if self._witness == ev:
+            self._witness = None
         self._refresh()
 
     def next_time(self, probe_rtt: float) -> float | None:

@@ -82,6 +82,30 @@ def test_one_miss_then_an_answer_starts_the_count_again() -> None:
     assert rp.due(0.070, True, RTT)[1] == []  # one miss since the answer: not yet
 
 
+def test_a_miss_is_probed_again_after_the_last_ack() -> None:
+    """The last ACKs of a transfer died on EV 7, and no ACK leaves after them: the first miss
+    must still have EV 7 probed again (with EV 8, last answered, as the witness that the peer
+    answers), or it is never retired and the sender finds the dead path only by sending data
+    twice (seen over real sockets: tests/transport/test_reverse_probes.py, 1 run in 6)."""
+    rp = _probes()
+    rp.ack_sent(7, 0, 0.0)
+    rp.ack_sent(8, 1, 0.0)  # the last ACKs of all
+    assert sorted(rp.due(0.005, True, RTT)[0]) == [7, 8]
+    assert rp.answered(8)
+    t = 0.005
+    retired: list[int] = []
+    while not retired and t < 1.0:
+        at = rp.due_at
+        assert at is not None, "nothing left to do while EV 7 has missed once"
+        t = max(t, at)
+        due, lost = rp.due(t, True, RTT)
+        retired += [ev for ev, _sent in lost]
+        if 8 in due:
+            assert rp.answered(8)
+    assert retired == [7] and rp.lost == MISSES_IN_A_ROW
+    assert rp.due_at is None  # and then it rests
+
+
 def test_a_silent_peer_retires_nothing() -> None:
     """No probe answered since this one left: the peer stopped or went away, which says
     nothing about any one path (and a retired EV would be probed for ever)."""

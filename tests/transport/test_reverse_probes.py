@@ -21,7 +21,7 @@ from transport.test_netns import finish, receiver_on_both_planes, send_over_both
 
 pytestmark = pytest.mark.netns
 
-DEAD = (1, 6)  # flow labels: the receiver's EVs 0-5 of its 160 (3 per plane) lose their ACKs
+DEAD = (1, 6)  # flow labels: the receiver's EVs 0-5 of its 20 (3 per plane) lose their ACKs
 MiB = 1 << 20
 
 
@@ -48,14 +48,16 @@ def test_a_receiver_retires_the_ack_paths_that_died_and_only_those(
     # the sender's tail loss probes and early timeouts would show a lost ACK to the receiver
     # as data arriving twice ("ACK lost"), racing the probes on a busy machine: held off here
     # so that the probes are what is tested (tests/core/test_revprobes.py has the race-free
-    # case in the simulator)
+    # case in the simulator). The ACKs of the transfer's tail dying on a dead EV left that EV
+    # missed once and never probed again (no ACK left after them): 1 run in 6 in CI, fixed
     quiet = ("--qp", "tlp_max=0", "--qp", "min_rto=0.3", "--qp", "initial_rto=0.3")
     send, r = finish(send_over_both_planes(h, mrc_tools, "--size", "64M", *quiet), recv)
     s, rv = send.json, r.json
     assert s["sha256"] == s["sha256_receiver"] == rv["sha256"] and rv["bytes"] == 64 * MiB
     changes = [json.loads(line) for line in log.read_text().splitlines()]
     probed = [c for c in changes if c["reason"] == "reverse probe unanswered"]
-    assert probed, [(c["ev"], c["label"], c["reason"]) for c in changes]
+    resends = {k: v for k, v in s.items() if k.startswith("retransmits")}
+    assert probed, ([(c["ev"], c["label"], c["reason"]) for c in changes], resends)
     assert all(DEAD[0] <= c["label"] <= DEAD[1] for c in probed), probed
     assert rv["reverse_probes_lost"] == len(probed)
     assert rv["reverse_probes_sent"] > rv["reverse_probes_lost"]
