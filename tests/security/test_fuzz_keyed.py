@@ -10,6 +10,7 @@ places exactly the legitimate bytes, and nothing else in memory changes.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import os
 import random
@@ -106,6 +107,7 @@ class ForgerCounts:
 
 
 async def test_keyed_session_survives_an_insider_fuzzer() -> None:
+    gc.collect()  # what earlier tests left to the collector closes now, not during this one
     fds = len(os.listdir("/proc/self/fd"))
     loop = asyncio.get_running_loop()
     errors: list[dict[str, object]] = []
@@ -195,4 +197,5 @@ async def test_keyed_session_survives_an_insider_fuzzer() -> None:
             await conn.close()
         await listener.close()
         loop.set_exception_handler(None)
+    gc.collect()
     assert len(os.listdir("/proc/self/fd")) == fds
