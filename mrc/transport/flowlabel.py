@@ -16,8 +16,6 @@ from __future__ import annotations
 import socket
 import struct
 
-from mrc import wire
-
 IPV6_FLOWINFO = getattr(socket, "IPV6_FLOWINFO", 11)
 IPV6_FLOWINFO_SEND = getattr(socket, "IPV6_FLOWINFO_SEND", 33)
 #: room for the flow information control message (a 32-bit value)
@@ -60,11 +58,6 @@ def cmsg(label: int) -> tuple[int, int, bytes]:
 
 def is_flowinfo(level: int, kind: int) -> bool:
     return level == _IPPROTO_IPV6 and kind == IPV6_FLOWINFO
-
-
-def label_of(data: bytes) -> int:
-    """The EV bits of a received flow information value (its label's low 16 bits)."""
-    return int.from_bytes(data[:4], "big") & wire.EV_LABEL_MASK if len(data) >= 4 else 0
 
 
 def tclass_of(data: bytes) -> int:
