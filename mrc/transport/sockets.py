@@ -24,6 +24,14 @@ IPV6_UDP_HEADERS = 40 + 8  # an IPv6 header without extensions, and UDP's
 
 RCVBUF = 16 << 20
 SNDBUF = 4 << 20
+#: An EV socket's send buffer: what one socket may have queued below it, in its NIC's queue
+#: included (the kernel frees a datagram's memory only once the NIC takes it, and doubles the
+#: figure for overhead). It plays the part of kernel TCP's small queues: a window law that
+#: grows fast (a doubling start) made the sender's own NIC tail-drop whole runs of datagrams
+#: that only a timeout repaired, where a bounded socket says EAGAIN and the rest waits in the
+#: transport's backlog. 256 KiB keeps one socket's share under a 64-frame NIC queue at MTU
+#: 9000 (docs/FABRIC.md, "Host queues") and, at 2.5 Gbit/s, still holds about 1 ms of sending.
+EV_SNDBUF = 256 << 10
 
 
 def udp6_counters() -> dict[str, int]:
@@ -110,7 +118,7 @@ def ev_socket(
 
     ``ports``: its source port from that range, none of ``avoid`` (mrc.transport.ports).
     """
-    sock = udp_socket(local, 0, rcvbuf=1 << 16, sndbuf=SNDBUF, ports=ports, avoid=avoid)
+    sock = udp_socket(local, 0, rcvbuf=1 << 16, sndbuf=EV_SNDBUF, ports=ports, avoid=avoid)
     try:
         mark_ect0(sock)
         if srh is not None:
