@@ -51,6 +51,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--spines", type=positive_int, default=2, help="spines per plane (default 2)")
     p.add_argument("--mtu", type=positive_int, default=9000, help="fabric MTU (default 9000)")
     p.add_argument(
+        "--srv6",
+        choices=("srh", "usid"),
+        default="srh",
+        help="how paths reach the routers (mrc-fabric up --srv6; default srh)",
+    )
+    p.add_argument(
         "--size", type=size_arg, default=64 << 20, help=f"bytes per run (64M; {SIZE_HELP})"
     )
     p.add_argument("--runs", type=positive_int, default=3, help="runs; medians are reported (3)")

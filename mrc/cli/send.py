@@ -50,7 +50,7 @@ from mrc.core.config import QPConfig
 from mrc.errors import MRCError
 from mrc.rounds import Posted, send_stream
 from mrc.security.packet import DATA_OVERHEAD
-from mrc.srv6.evroutes import largest_srh
+from mrc.srv6.evroutes import route_overhead
 from mrc.stream import BufferSource, GeneratedSource, Source
 from mrc.timed import SLOT, RoundData, send_timed
 from mrc.topology.model import Topology
@@ -217,7 +217,7 @@ def _default_payload(
     seal = DATA_OVERHEAD if args.key_file else 0
     room: int | None = None
     if fabric is not None and fabric.mtu > 0:
-        room = fabric.mtu - IPV6_UDP_HEADERS - largest_srh(fabric)
+        room = fabric.mtu - IPV6_UDP_HEADERS - route_overhead(fabric)
         why = f"fabric MTU {fabric.mtu}"
     elif fabric is None:
         wanted = args.local or [None]

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from mrc.srv6.paths import list_paths
 from mrc.topology.model import Host, Topology
 
+IPV6_HEADER = 40
+
 
 @dataclass(frozen=True, slots=True)
 class EVRoute:
@@ -23,6 +25,9 @@ class EVRoute:
     remote: str
     srh: bytes | None  # sticky IPV6_RTHDR value; None = plain destination routing
     label: str  # for reports: "plane 0 direct", "p0s1"
+    #: SO_MARK of the route's sockets: on a ``--srv6 usid`` fabric it picks the host's
+    #: encapsulation table for the route's spine (mrc.srv6.usid); 0 = none
+    mark: int = 0
 
 
 def plain_routes(pairs: list[tuple[str, str]]) -> list[list[EVRoute]]:
@@ -56,7 +61,7 @@ def fabric_routes(topo: Topology, pairs: list[tuple[str, str]]) -> list[list[EVR
             out.append(plain_routes([(local, remote)])[0])
             continue
         routes = [
-            EVRoute(p, local, remote, path.srh, path.spine or f"plane {src[1]} direct")
+            EVRoute(p, local, remote, path.srh, path.spine or f"plane {src[1]} direct", path.mark)
             for path in list_paths(topo, src[0].name, dst[0].name, planes=[src[1]])
             if path.spine is not None
         ]
@@ -87,9 +92,12 @@ def _norm(address: str) -> str:
         return address
 
 
-def largest_srh(topo: Topology) -> int:
-    """Bytes of the longest routing header any path of the fabric puts on a packet (0: none):
-    what the path MTU must leave room for on top of a datagram."""
+def route_overhead(topo: Topology) -> int:
+    """Bytes a path of the fabric adds to a datagram on the wire: its longest routing header
+    (0: none), or the outer IPv6 header of a uSID fabric's IPv6-in-IPv6. What the path MTU
+    must leave room for on top of a datagram."""
+    if topo.srv6 == "usid":
+        return IPV6_HEADER
     names = [h.name for h in topo.hosts]
     return max(
         (len(p.srh or b"") for a in names for b in names if a != b for p in list_paths(topo, a, b)),

@@ -2,9 +2,10 @@
 
 In a two-tier plane every path between two hosts is chosen by one decision: which spine to
 turn at.  So a path is (plane, spine), and its segment list is ``[spine SID, destination
-address]``.  Hosts under the same leaf also get every leaf -> spine -> leaf detour (so traffic
-can be sprayed over all spines, like everything else) plus the direct path through the leaf,
-which carries no SRH at all.
+address]``; on a ``--srv6 usid`` fabric it is ``[uSID container, destination address]``, the
+outer and inner destinations of IPv6-in-IPv6 (:mod:`mrc.srv6.usid`).  Hosts under the same
+leaf also get every leaf -> spine -> leaf detour (so traffic can be sprayed over all spines,
+like everything else) plus the direct path through the leaf, which carries no SRH at all.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from mrc.topology import Topology
 
+from . import usid
 from .srh import encode_srh
 
 
@@ -29,6 +31,10 @@ class Path:
     src_address: str
     dst_address: str
     src_netns: str
+    #: on a ``--srv6 usid`` fabric: the uSID container this path's packets are sent to inside
+    #: IPv6-in-IPv6, and the socket mark that picks it (mrc.srv6.usid); else None and 0
+    usid: str | None = None
+    mark: int = 0
 
     @property
     def direct(self) -> bool:
@@ -37,6 +43,8 @@ class Path:
     @property
     def srh(self) -> bytes | None:
         """The sticky IPV6_RTHDR value for this path, or None when no SRH is needed."""
+        if self.usid is not None:
+            return None
         return encode_srh(self.segments) if len(self.segments) > 1 else None
 
 
@@ -59,7 +67,24 @@ def list_paths(topo: Topology, src: str, dst: str, planes: list[int] | None = No
             src_netns=s.netns,
         )
         for spine in topo.spines(plane):
-            paths.append(common(spine=spine.name, segments=(spine.sid, dn.address)))
+            if topo.srv6 == "usid":
+                box = usid.path_container(
+                    plane,
+                    topo.router(sn.leaf).index,
+                    spine.index,
+                    topo.router(dn.leaf).index,
+                    d.index,
+                )
+                paths.append(
+                    common(
+                        spine=spine.name,
+                        segments=(box, dn.address),
+                        usid=box,
+                        mark=usid.mark(spine.index),
+                    )
+                )
+            else:
+                paths.append(common(spine=spine.name, segments=(spine.sid, dn.address)))
         if sn.leaf == dn.leaf:
             paths.append(common(spine=None, segments=(dn.address,)))
     return paths

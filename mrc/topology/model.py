@@ -128,6 +128,9 @@ class Topology:
     # with trim: CE marking threshold, a fraction of the trimming limit (0: no marking)
     ecn_threshold: float = 0.0
     prio_band: bool = False  # with trim: router ports have an htb priority band
+    #: how the routers are told a path: "srh" (a Segment Routing Header of End SIDs) or
+    #: "usid" (IPv6-in-IPv6 to a uSID container, mrc.srv6.usid)
+    srv6: str = "srh"
     host_image: str | None = None  # hosts are containers of this image
     engine: str = ""  # the container engine that runs them (podman or docker)
     #: with host containers: the directory they and the host share read-write, at this same
@@ -219,6 +222,7 @@ class Topology:
             trim=bool(d.get("trim", False)),
             ecn_threshold=float(d.get("ecn_threshold", 0.0)),
             prio_band=bool(d.get("prio_band", False)),
+            srv6=_srv6_mode(d.get("srv6", "srh")),
             host_image=d.get("host_image"),
             engine=d.get("engine", ""),
             share_dir=d.get("share_dir", ""),
@@ -232,6 +236,15 @@ class Topology:
         tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         os.replace(tmp, path)
         return path
+
+
+SRV6_MODES = ("usid", "srh")
+
+
+def _srv6_mode(value: Any) -> str:
+    if value not in SRV6_MODES:
+        raise FabricError(f"unknown srv6 mode {value!r} (one of: {', '.join(SRV6_MODES)})")
+    return str(value)
 
 
 def load_topology(name_or_path: str | os.PathLike[str]) -> Topology:

@@ -102,7 +102,7 @@ def _distinct_port_socket(
     """An EV socket for ``route`` whose source port no other socket of the QP has (the same
     port on another plane's address would make two EVs one value)."""
     for _attempt in range(64):
-        sock = ev_socket(route.local, (route.remote, peer_port), route.srh, ports, used)
+        sock = ev_socket(route.local, (route.remote, peer_port), route.srh, ports, used, route.mark)
         sport = sock.getsockname()[1]
         if sport not in used:
             break

@@ -105,6 +105,7 @@ def ev_socket(
     srh: bytes | None = None,
     ports: PortRange | None = None,
     avoid: Container[int] = (),
+    mark: int = 0,
 ) -> socket.socket:
     """A socket with its own source port, connected to ``peer``: one EV.
 
@@ -117,12 +118,17 @@ def ev_socket(
     loses nothing by it.
 
     ``ports``: its source port from that range, none of ``avoid`` (mrc.transport.ports).
+
+    ``mark``: an SO_MARK for the host's policy routing (needs CAP_NET_ADMIN); on a
+    ``--srv6 usid`` fabric it picks the table that encapsulates toward the route's spine.
     """
     sock = udp_socket(local, 0, rcvbuf=1 << 16, sndbuf=EV_SNDBUF, ports=ports, avoid=avoid)
     try:
         mark_ect0(sock)
         if srh is not None:
             sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, srh)
+        if mark:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
         sock.connect(peer)
     except OSError:
         sock.close()

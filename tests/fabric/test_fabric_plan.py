@@ -7,10 +7,13 @@ import json
 
 import pytest
 
-from mrc.errors import UsageError
+from mrc.errors import FabricError, UsageError
 from mrc.lab.fabric import FabricSpec, Topology, load_topology, parse_rate, plan
 from mrc.lab.fabric.routes import node_neighbours, node_routes
 from mrc.lab.fabric.shaping import HOST_QUEUE_FRAMES, tbf_params
+from mrc.lab.fabric.usid_routes import node_routes as usid_node_routes
+from mrc.lab.fabric.usid_routes import node_setup as usid_node_setup
+from mrc.srv6 import usid
 from mrc.srv6.paths import default_path, list_paths, path_via
 from mrc.srv6.srh import decode_srh
 
@@ -81,6 +84,8 @@ def test_json_round_trip(tmp_path) -> None:
         dict(rate="1kbit"),
         dict(name="a-b"),
         dict(name=""),
+        dict(srv6="mpls"),
+        dict(srv6="usid", trim=True, rate="100mbit"),  # the trimmer reads no IPv6-in-IPv6 yet
     ],
 )
 def test_bad_specs(kwargs) -> None:
@@ -197,3 +202,69 @@ def test_trim_topology_records_ecn_and_band() -> None:
     plain = plan(FabricSpec(name="x", rate="10mbit"))
     assert plain.ecn_threshold == 0 and not plain.prio_band
     assert Topology.from_dict(t.to_dict()) == t
+
+
+def test_srv6_mode_round_trips_and_a_bad_one_is_refused(tmp_path) -> None:
+    topo = plan(FabricSpec(name="u", srv6="usid"))
+    data = json.loads(topo.save(tmp_path / "fabric-u.json").read_text())
+    assert data["srv6"] == "usid" and Topology.from_dict(data) == topo
+    del data["srv6"]  # a file from before the field: SRH routes
+    assert Topology.from_dict(data).srv6 == "srh"
+    data["srv6"] = "bogus"
+    with pytest.raises(FabricError, match="srv6 mode"):
+        Topology.from_dict(data)
+
+
+def test_usid_containers_read_as_the_path() -> None:
+    """leaf 1 of plane 2 -> spine 3 -> leaf 0 -> host 5's port: 4201, 8203, 4200, c205."""
+    box = usid.path_container(2, 1, 3, 0, 5)
+    assert box == "fcbb:bb00:4201:8203:4200:c205::"
+    # each switch consumes its own uSID: what reaches the spine, the last leaf, the host
+    assert usid.shift(box) == "fcbb:bb00:8203:4200:c205::"
+    assert usid.shift(usid.shift(usid.shift(box))) == "fcbb:bb00:c205::"
+    assert ipaddress.IPv6Address(box) in ipaddress.IPv6Network(usid.BLOCK_PREFIX)
+    assert ipaddress.IPv6Address(box) in ipaddress.IPv6Network(usid.leaf_prefix(2))
+    assert usid.locator(usid.spine_usid(2, 3)) == "fcbb:bb00:8203::/48"
+    assert usid.container([1, 2, 3, 4, 5, 6]) == "fcbb:bb00:1:2:3:4:5:6"
+    for bad in ([], [1] * 7):
+        with pytest.raises(ValueError):
+            usid.container(bad)
+    with pytest.raises(ValueError):
+        usid.usid(usid.KIND_LEAF, usid.MAX_PLANE + 1, 0)
+    with pytest.raises(ValueError):
+        usid.usid(usid.KIND_LEAF, 0, usid.MAX_INDEX + 1)
+    assert len({usid.mark(s) for s in range(64)}) == 64
+
+
+def test_usid_routes_cover_every_path() -> None:
+    """Every host can encapsulate to every other host over every spine of every plane, and
+    every uSID on those paths is routed by the switch before it."""
+    topo = plan(FabricSpec(name="u", srv6="usid"))
+    lines = {n: usid_node_routes(topo, n) for n in topo.nodes()}
+    for h in topo.hosts:
+        rules = usid_node_setup(topo, h.name)
+        assert len(rules) == topo.spines_per_plane
+        assert all(f"table {usid.table(s)}" in rules[s] for s in range(topo.spines_per_plane))
+        encaps = [ln for ln in lines[h.name] if "encap seg6 mode encap.red" in ln]
+        assert len(encaps) == topo.planes * topo.spines_per_plane * (len(topo.hosts) - 1)
+        for other in topo.hosts:
+            if other is h:
+                continue
+            for path in list_paths(topo, h.name, other.name):
+                if path.spine is None:  # the same leaf's direct path: plain routing
+                    continue
+                assert path.usid is not None and path.srh is None and path.mark
+                table = f"table {usid.table(path.mark - usid.MARK_BASE)}"
+                assert sum(f"segs {path.usid} via" in ln and table in ln for ln in encaps) == 1
+                # hop by hop: one switch owns the locator the address starts with
+                addr, hops = path.usid, []
+                for _ in range(3):
+                    first = int(ipaddress.IPv6Address(addr)) >> 80 & 0xFFFF
+                    end = f"route replace {usid.locator(first)} encap seg6local action End "
+                    owners = [n for n, ls in lines.items() if any(x.startswith(end) for x in ls)]
+                    assert len(owners) == 1, (addr, owners)
+                    hops.append(owners[0])
+                    addr = usid.shift(addr)
+                assert hops == [h.nic(path.plane).leaf, path.spine, other.nic(path.plane).leaf]
+                decap = f"route replace {addr}/48 encap seg6local action End.DT6"
+                assert any(ln.startswith(decap) for ln in lines[other.name]), addr

@@ -1,7 +1,9 @@
 """MRC over the multi-plane SRv6 fabric: mrc-send -> mrc-recv between fabric hosts.
 
-One module-scoped fabric of the default shape (4 planes x 2 spines x 2 leaves, 4 hosts; h0,h1 on
-leaf 0, h2,h3 on leaf 1), MTU 9000, unshaped.  With ``--fabric`` both ends spread their EVs over
+Every test runs on two fabrics, one with SRH routes and one with uSID routes
+(``mrc-fabric up --srv6``). Each is module-scoped, of the default shape (4 planes x 2 spines x
+2 leaves, 4 hosts; h0,h1 on leaf 0, h2,h3 on leaf 1), MTU 9000, unshaped.  With ``--fabric``
+both ends spread their EVs over
 every SRv6 path (plane x spine), so one queue pair must load every plane and every spine equally.
 We check that with the *routers'* interface counters (``Fabric.status``, the same data as
 ``mrc-fabric status --json``), not only with the sender's own per-EV report, and that the two
@@ -28,6 +30,8 @@ from wire.tshark_fields import read_fields, wait_capturing
 
 from mrc import wire
 from mrc.lab.fabric import Fabric, FabricSpec, Topology
+from mrc.srv6 import usid
+from mrc.srv6.paths import path_via
 
 pytestmark = [needs_netns, pytest.mark.netns]
 
@@ -36,11 +40,14 @@ PAYLOAD = 8192  # jumbo frames: 8192 + headers + SRH < 9000
 FAIR_LO, FAIR_HI = 0.6, 1.4  # every spine / plane within this factor of its fair share
 
 
-@pytest.fixture(scope="module")
-def jfab() -> Topology:
+@pytest.fixture(scope="module", params=["srh", "usid"])
+def jfab(request) -> Topology:
+    """The fabric in each way its routers can be told a path: SRHs of End SIDs, and uSID
+    containers in IPv6-in-IPv6 (mrc.srv6.usid)."""
     if SKIP_REASON is not None:
         pytest.skip(SKIP_REASON)
-    with running_fabric(FabricSpec(name=unique_name("o"), mtu=9000)) as topo:
+    spec = FabricSpec(name=unique_name("o"), mtu=9000, srv6=request.param)
+    with running_fabric(spec) as topo:
         yield topo
 
 
@@ -64,8 +71,8 @@ def spines(topo: Topology) -> list[str]:
 
 
 def transfer(topo, mrc_tools, src: str, dst: str, port: int, size: str):
-    """mrc-recv on ``dst`` and mrc-send from ``src``, both with --fabric; returns (send, recv)
-    JSON and the interface counter deltas over the transfer."""
+    """mrc-recv on ``dst`` and mrc-send from ``src``, both with --fabric, one datagram per
+    send; returns (send, recv) JSON and the interface counter deltas over the transfer."""
     recv = start_fabric_recv(mrc_tools, topo, dst, port)
     before = counters(topo)
     send = mrc_tools.run(
@@ -78,6 +85,10 @@ def transfer(topo, mrc_tools, src: str, dst: str, port: int, size: str):
         size,
         "--payload",
         str(PAYLOAD),
+        # one datagram per send: a GSO burst in IPv6-in-IPv6 crosses the veths as one skb,
+        # which the routers' counters count once, and these tests count datagrams
+        "--burst",
+        "1",
         "--json",
         "--no-progress",
         ns=topo.netns_of(src),
@@ -185,8 +196,10 @@ def test_a_spine_link_carries_the_evs_in_port_and_flow_label(jfab, mrc_tools, tm
     """Captured by tshark on a spine's port to leaf 0 while h0 sends to h3: every data
     datagram there carries, in its UDP source port and IPv6 flow label, one of the sender's
     32-bit EVs, an EV whose route is that spine; the EVs of one route share a source port and
-    differ by label. (Today's routes are SRHs: each datagram also carries one, naming the
-    spine; with uSID routes that header goes away and the label still names the EV.)"""
+    differ by label. With SRH routes each datagram also carries one (type 4). With uSID routes
+    there is no routing header: the datagram is inside an outer IPv6 header whose destination
+    is the route's container with the first leaf's uSID consumed (next hop: this spine), and
+    whose flow label is the EV's too, so switches that hash it see the EV."""
     tshark = shutil.which("tshark")
     if tshark is None:
         pytest.skip("tshark not on PATH")
@@ -211,16 +224,56 @@ def test_a_spine_link_carries_the_evs_in_port_and_flow_label(jfab, mrc_tools, tm
             cap.wait(timeout=30)
         if cap.stderr is not None:
             cap.stderr.close()
-    fields = ["udp.srcport", "ipv6.flow", "ipv6.routing.type", "ipv6.routing.segleft"]
+    fields = ["udp.srcport", "ipv6.flow", "ipv6.routing.type", "ipv6.nxt", "ipv6.dst"]
     frames = read_fields(tshark, str(pcap), fields, "-Y", f"udp.dstport == {port}")
     assert len(frames) >= s["data_packets"] // 16  # about one in 8 datagrams crosses it
     route_of = {e["value"]: e["route"] for e in s["evs"]}
+    h3 = topo.host("h3")
     seen: set[int] = set()
     for fr in frames:
-        ev = wire.ev_value(int(fr["udp.srcport"][0]), int(fr["ipv6.flow"][0], 0))
+        ev = wire.ev_value(int(fr["udp.srcport"][0]), int(fr["ipv6.flow"][-1], 0))
         assert route_of.get(ev) == spine, (ev, route_of.get(ev))
-        assert fr["ipv6.routing.type"] == ["4"]  # the SRH (segment routing, type 4)
         seen.add(ev)
+        if topo.srv6 == "srh":
+            assert fr["ipv6.routing.type"] == ["4"]  # the SRH (segment routing, type 4)
+            continue
+        assert fr["ipv6.routing.type"] == [], fr  # no routing header at all
+        assert fr["ipv6.nxt"][0] == "41", fr  # IPv6 in IPv6
+        assert len(set(fr["ipv6.flow"])) == 1, fr  # outer label = inner label = the EV's
+        path = path_via(topo, "h0", "h3", spine)
+        assert path.usid is not None
+        assert fr["ipv6.dst"] == [usid.shift(path.usid), h3.nic(path.plane).address], fr
     on_spine = {v for v, r in route_of.items() if r == spine}
     assert seen <= on_spine and len(seen) >= len(on_spine) // 2
     assert len({ev >> wire.EV_LABEL_BITS for ev in seen}) == 1  # one socket for the route
+
+
+def _routes(topo: Topology, node: str) -> list[str]:
+    out = subprocess.run(
+        ["ip", "-n", topo.netns_of(node), "-6", "route", "show", "table", "all"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return sorted(ln for ln in out.splitlines() if "proto kernel" not in ln)
+
+
+def test_a_healed_link_gets_every_route_back(jfab) -> None:
+    """A link that goes down loses the routes through it at both ends (the uSID ones too:
+    the spine's way down to the leaf, the leaf's way up); healing it restores exactly the
+    routes each end had, and the failure took some away (so the comparison means something)."""
+    topo = jfab
+    ends = ("p1l1", "p1s0")
+    before = {n: _routes(topo, n) for n in ends}
+    Fabric.link(topo, *ends, up=False)
+    try:
+        down = {n: _routes(topo, n) for n in ends}
+    finally:
+        Fabric.link(topo, *ends, up=True)
+    after = {n: _routes(topo, n) for n in ends}
+    assert after == before
+    for n in ends:
+        assert len(down[n]) < len(before[n]), (n, set(before[n]) - set(down[n]))
+    if topo.srv6 == "usid":
+        lost = set(before["p1s0"]) - set(down["p1s0"])
+        assert any(ln.startswith(f"{usid.locator(usid.leaf_usid(1, 1))} via") for ln in lost), lost

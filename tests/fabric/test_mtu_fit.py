@@ -19,7 +19,7 @@ from fabric_helpers import (
 
 from mrc import wire
 from mrc.lab.fabric import FabricSpec, Topology
-from mrc.srv6.evroutes import largest_srh
+from mrc.srv6.evroutes import route_overhead
 
 pytestmark = [needs_netns, pytest.mark.netns]
 
@@ -58,7 +58,7 @@ def _transfer(topo: Topology, mrc_tools, port: int, *extra: str):  # type: ignor
 
 
 def test_the_default_payload_fits_the_fabric_mtu_with_its_srh(fab1500, mrc_tools) -> None:  # type: ignore[no-untyped-def]
-    srh = largest_srh(fab1500)
+    srh = route_overhead(fab1500)
     assert srh == 40  # two segments: the spine and the destination
     s, rv, _err = _transfer(fab1500, mrc_tools, 4801)
     assert s["payload"] == 1500 - 40 - 8 - srh - wire.DATA_IMM_HDR_LEN == 1380

@@ -195,6 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         hosts=4,
         rate=args.rate,
         mtu=args.mtu,
+        srv6=args.srv6,
     )
 
     def log(msg: str) -> None:
@@ -245,6 +246,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "rate": args.rate,
             "rate_bps": rate_bps,
             "mtu": args.mtu,
+            "srv6": args.srv6,
         },
         "pair": ["h0", "h3"],
         "size": args.size,

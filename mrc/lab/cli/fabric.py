@@ -138,6 +138,15 @@ def _add_up(sub: Subparsers) -> None:
         help="with --trim: keep a plain tbf on router ports, no priority band (to compare)",
     )
     up.add_argument(
+        "--srv6",
+        choices=("srh", "usid"),
+        default="srh",
+        help="how a host names a path to the routers: srh (default), a Segment Routing Header"
+        " of End SIDs; usid, IPv6-in-IPv6 to a micro-SID container (leaf:spine:leaf:port)"
+        " that each router shifts, as the MRC paper's fabrics do: no routing header on the"
+        " wire (not yet with --trim)",
+    )
+    up.add_argument(
         "--host-image",
         metavar="IMAGE",
         help="run every host as a container of IMAGE (podman, or docker; MRC_ENGINE picks),"
@@ -263,6 +272,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         host_image=args.host_image,
         ecn_threshold=args.ecn_threshold,
         prio_band=args.prio_band,
+        srv6=args.srv6,
     )
     spec.validate()
     require_root()
@@ -287,6 +297,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         + (", trimming on" if topo.trim else "")
         + (f", ECN at {topo.ecn_threshold:g} of the trim limit" if topo.ecn_threshold else "")
         + (", priority band for headers" if topo.prio_band else "")
+        + (", uSID routes" if topo.srv6 == "usid" else "")
         + (f", hosts are {topo.engine} containers of {topo.host_image}" if topo.engine else "")
     )
     print(f"topology: {topology_path(topo.name)}")

@@ -13,7 +13,9 @@ Order matters and is the reason this module exists as one sequence:
    *ingress interface*), add addresses with NODAD, bring links up;
 4. shape with tbf (host NICs get a deeper queue: :func:`shaping.tbf_params`; with ``--trim``
    router ports get an htb with a priority band instead, :meth:`kernel.NsHandle.prio_band`),
-   install permanent neighbours and static routes;
+   install permanent neighbours and static routes; with ``--srv6 usid`` also each router's
+   ``sr0`` and uSID routes, each host's mark rules and per-spine encapsulation tables
+   (:mod:`.usid_routes`);
 5. with ``--trim``, load and attach the trimming program (:mod:`mrc.lab.fabric.trim`);
 6. write the topology file last: its presence means "this fabric is complete".
 """
@@ -27,7 +29,7 @@ import time
 from mrc.errors import FabricError, MRCError
 from mrc.topology.model import Topology, topology_path
 
-from . import netns, teardown
+from . import netns, teardown, usid_routes
 from .kernel import NsHandle, handles
 from .plan import plan
 from .routes import node_neighbours, node_routes
@@ -146,6 +148,9 @@ def build(topo: Topology) -> float:
                     else:
                         h[node].shape(ifname, link.rate_bps, link.mtu, host=is_host)
 
+        if topo.srv6 == "usid":
+            for node in nodes:
+                h[node].ip_batch(usid_routes.node_setup(topo, node))
         for node in nodes:
             configure_node(topo, node, h[node])
     return time.monotonic() - t0
@@ -155,6 +160,8 @@ def configure_node(topo: Topology, node: str, handle: NsHandle) -> None:
     """(Re)install ``node``'s permanent neighbours and static routes; idempotent."""
     handle.apply_neighbours(node_neighbours(topo, node))
     handle.apply_routes(node_routes(topo, node))
+    if topo.srv6 == "usid":
+        handle.ip_batch(usid_routes.node_routes(topo, node))
 
 
 def up(spec: FabricSpec) -> Topology:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -16,6 +17,8 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
+
+from mrc.errors import FabricError
 
 from . import netns
 from .routes import Neighbour, Route
@@ -91,6 +94,25 @@ class NsHandle:
                 gateway=r.gateway,
                 oif=self.index(r.ifname),
             )
+
+    def ip_batch(self, lines: list[str]) -> None:
+        """Run iproute2 commands in this namespace (``ip -n NS -batch -``), for what pyroute2
+        cannot express (seg6 ``encap.red``, seg6local flavours: :mod:`.usid_routes`)."""
+        if not lines:
+            return
+        try:
+            done = subprocess.run(
+                ["ip", "-n", self.ns, "-6", "-batch", "-"],
+                input="\n".join(lines) + "\n",
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise FabricError(f"ip in {self.ns}: {e}") from e
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or ["failed"])[-1]
+            raise FabricError(f"ip in {self.ns}: {why}")
 
     def apply_neighbours(self, neighbours: Iterable[Neighbour]) -> None:
         for n in neighbours:

@@ -20,7 +20,7 @@ def open_path_socket(
     proto: int = socket.IPPROTO_UDP,
 ) -> socket.socket:
     """A UDP/IPv6 socket in the source host's namespace, bound to its plane address, with the
-    path's SRH set as a sticky ``IPV6_RTHDR``.
+    path's SRH set as a sticky ``IPV6_RTHDR`` (on a uSID fabric, its mark instead).
 
     Send to ``path.dst_address`` (the kernel takes the first segment from the header and puts
     the socket's destination into Segment List[0], see :mod:`mrc.srv6.srh`).  If ``dst_port``
@@ -35,6 +35,8 @@ def open_path_socket(
         srh = path.srh
         if srh is not None:
             sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, srh)
+        if path.mark:  # a uSID fabric: the mark picks the table that encapsulates
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, path.mark)
         if dst_port is not None:
             sock.connect((path.dst_address, dst_port))
         sock.setblocking(blocking)

@@ -107,6 +107,7 @@ def plan(spec: FabricSpec) -> Topology:
         trim=spec.trim,
         ecn_threshold=_ecn_threshold(spec),
         prio_band=spec.trim and spec.prio_band,
+        srv6=spec.srv6,
         host_image=spec.host_image,
     )
 

@@ -39,7 +39,7 @@ class Neighbour:
     mac: str
 
 
-def _via(topo: Topology, node: str, peer: str) -> tuple[str, str]:
+def via(topo: Topology, node: str, peer: str) -> tuple[str, str]:
     """(gateway address, local ifname) to reach directly connected ``peer`` from ``node``."""
     link = topo.link_between(node, peer)
     ifname, _ = link.end(node)
@@ -60,24 +60,24 @@ def node_routes(topo: Topology, node: str) -> list[Route]:
     spines = topo.spines(p)
     leaves = topo.leaves(p)
     if r.tier == "leaf":
-        gw, dev = _via(topo, node, spines[0].name)
+        gw, dev = via(topo, node, spines[0].name)
         routes.append(Route(A.plane_prefix(p), gw, dev))
         for s in spines:
-            gw, dev = _via(topo, node, s.name)
+            gw, dev = via(topo, node, s.name)
             routes.append(Route(f"{s.sid}/128", gw, dev))
         return routes
 
     # spine
     for h in topo.hosts:
-        gw, dev = _via(topo, node, h.nic(p).leaf)
+        gw, dev = via(topo, node, h.nic(p).leaf)
         routes.append(Route(h.nic(p).prefix, gw, dev))
     for leaf in leaves:
-        gw, dev = _via(topo, node, leaf.name)
+        gw, dev = via(topo, node, leaf.name)
         routes.append(Route(f"{leaf.sid}/128", gw, dev))
         for other in spines:
             if other.index != r.index:
                 routes.append(Route(A.leaf_spine_prefix(p, leaf.index, other.index), gw, dev))
-    gw0, dev0 = _via(topo, node, leaves[0].name)
+    gw0, dev0 = via(topo, node, leaves[0].name)
     for other in spines:
         if other.index != r.index:
             routes.append(Route(f"{other.sid}/128", gw0, dev0))
