@@ -53,8 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--srv6",
         choices=("srh", "usid"),
-        default="srh",
-        help="how paths reach the routers (mrc-fabric up --srv6; default srh)",
+        default="usid",
+        help="how paths reach the routers (mrc-fabric up --srv6; default usid)",
     )
     p.add_argument(
         "--size", type=size_arg, default=64 << 20, help=f"bytes per run (64M; {SIZE_HELP})"

@@ -47,7 +47,7 @@ from mrc.cli.sendreport import Outcome, summary_table, totals
 from mrc.connection import Connection, connect
 from mrc.core import fastpath
 from mrc.core.config import QPConfig
-from mrc.errors import MRCError
+from mrc.errors import MRCError, UsageError
 from mrc.rounds import Posted, send_stream
 from mrc.security.packet import DATA_OVERHEAD
 from mrc.srv6.evroutes import route_overhead
@@ -232,8 +232,21 @@ def _default_payload(
 
 
 def _payload(args: argparse.Namespace, fabric: Topology | None, host: str, port: int) -> int:
-    """--payload, or the default for this path (said with -v)."""
+    """--payload, or the default for this path (said with -v). On a uSID fabric a --payload
+    that does not fit its MTU is refused: the kernel would fragment the IPv6-in-IPv6 packet
+    outside the tunnel, and the receiving host's decapsulation (seg6local End.DT6) does not
+    reassemble, so every such datagram would be lost (docs/FABRIC.md, "SRv6 uSID routes")."""
     if args.payload is not None:
+        if fabric is not None and fabric.srv6 == "usid" and fabric.mtu > 0:
+            seal = DATA_OVERHEAD if args.key_file else 0
+            fits = fabric.mtu - IPV6_UDP_HEADERS - route_overhead(fabric) - seal
+            fits -= wire.DATA_IMM_HDR_LEN
+            if int(args.payload) > fits:
+                raise UsageError(
+                    f"--payload {args.payload} does not fit fabric {fabric.name!r} (MTU"
+                    f" {fabric.mtu}, uSID routes: a fragmented datagram is lost there);"
+                    f" at most {fits} fits"
+                )
         return int(args.payload)
     payload, why = _default_payload(args, fabric, host, port)
     log.info("payload %d bytes per packet (%s; --payload to choose)", payload, why)

@@ -28,6 +28,10 @@ class EVRoute:
     #: SO_MARK of the route's sockets: on a ``--srv6 usid`` fabric it picks the host's
     #: encapsulation table for the route's spine (mrc.srv6.usid); 0 = none
     mark: int = 0
+    #: whether the route takes GSO bursts: not a uSID route on a --trim fabric, whose hosts'
+    #: NICs have checksum offload off (trimmed packets carry real checksums) and whose kernel
+    #: then drops an IPv6-in-IPv6 GSO packet it must segment in software (tx_dropped)
+    gso: bool = True
 
 
 def plain_routes(pairs: list[tuple[str, str]]) -> list[list[EVRoute]]:
@@ -61,7 +65,15 @@ def fabric_routes(topo: Topology, pairs: list[tuple[str, str]]) -> list[list[EVR
             out.append(plain_routes([(local, remote)])[0])
             continue
         routes = [
-            EVRoute(p, local, remote, path.srh, path.spine or f"plane {src[1]} direct", path.mark)
+            EVRoute(
+                p,
+                local,
+                remote,
+                path.srh,
+                path.spine or f"plane {src[1]} direct",
+                path.mark,
+                gso=not (topo.trim and path.usid is not None),
+            )
             for path in list_paths(topo, src[0].name, dst[0].name, planes=[src[1]])
             if path.spine is not None
         ]

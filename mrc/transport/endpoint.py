@@ -100,14 +100,17 @@ class QPChannel:
         self.imms: asyncio.Queue[int] = asyncio.Queue()
         self.error: str | None = None
         self.error_event = asyncio.Event()
-        self.gso_error: str | None = None
+        self.gso_error: str | None = (
+            None if evsocks.gso else "uSID routes on a trimming fabric take no GSO bursts"
+        )
         self.send_errors = 0
         # datagrams for this QP that arrived with CE in the IP ECN field
         self.ce_received = 0
         # sends the socket would not take yet, in order
         self.backlog: deque[gso.Send] = deque()
-        # False once a GSO send was refused (e.g. a device without checksum offload)
-        self.gso = qp.config.burst_max > 1
+        # False once a GSO send was refused (e.g. a device without checksum offload), or
+        # where a route cannot take GSO bursts (EVRoute.gso)
+        self.gso = qp.config.burst_max > 1 and evsocks.gso
         # the largest UDP payload every EV sends unfragmented (None: unknown). GSO segments
         # cannot be fragmented: a QP whose datagrams do not fit sends them one by one, and
         # the kernel fragments them (slower, but nothing is lost)
@@ -118,12 +121,19 @@ class QPChannel:
         if self.gso and self.datagram_room is not None and biggest > self.datagram_room:
             self.gso = False
             fits = self.datagram_room - wire.DATA_IMM_HDR_LEN - seal
+            # a marked socket is on a uSID fabric's route (mrc.srv6.usid): IPv6-in-IPv6 is
+            # fragmented outside the tunnel, which the receiving host cannot reassemble
+            tunnelled = any(
+                s.getsockopt(socket.SOL_SOCKET, socket.SO_MARK) for s in self.ev_sockets
+            )
             _log.warning(
                 "datagrams of up to %d bytes exceed what the path MTU leaves for them (%d bytes "
-                "with the routing header): sent one by one and fragmented by the kernel, which "
-                "costs throughput; a payload of at most %d bytes fits",
+                "with the routing header): %s; a payload of at most %d bytes fits",
                 biggest,
                 self.datagram_room,
+                "on uSID routes they are fragmented outside the tunnel and lost"
+                if tunnelled
+                else "sent one by one and fragmented by the kernel, which costs throughput",
                 fits,
             )
             self.gso_error = f"payload too large for the path MTU (at most {fits} bytes fits)"

@@ -38,6 +38,8 @@ class EVSockets:
     labels: list[int]
     planes: list[int]
     routes: list[str]
+    #: whether every route takes GSO bursts (EVRoute.gso)
+    gso: bool = True
 
     def close(self) -> None:
         for s in self.sockets:
@@ -78,6 +80,7 @@ def open_ev_sockets(
             out.labels.append(label)
             out.planes.append(plane)
             out.routes.append(route.label)
+            out.gso = out.gso and route.gso
     except RangeExhausted:
         out.close()
         raise MRCError(

@@ -8,6 +8,7 @@ per-packet send a plain ``sendmsg`` without an address to parse.
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import socket
 from collections.abc import Container
@@ -128,7 +129,14 @@ def ev_socket(
         if srh is not None:
             sock.setsockopt(socket.IPPROTO_IPV6, IPV6_RTHDR, srh)
         if mark:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
+            except PermissionError:
+                raise PermissionError(
+                    errno.EPERM,
+                    "a uSID fabric's routes pick their spine by socket mark (SO_MARK),"
+                    " which needs CAP_NET_ADMIN",
+                ) from None
         sock.connect(peer)
     except OSError:
         sock.close()

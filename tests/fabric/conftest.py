@@ -10,10 +10,11 @@ from fabric_helpers import SKIP_REASON, running_fabric, unique_name
 from mrc.lab.fabric import FabricSpec, Topology
 
 
-@pytest.fixture(scope="module")
-def fabric() -> Iterator[Topology]:
-    """The default fabric (4 planes x 2 spines x 2 leaves, 4 hosts), one per test module."""
+@pytest.fixture(scope="module", params=["usid", "srh"])
+def fabric(request) -> Iterator[Topology]:
+    """The default fabric (4 planes x 2 spines x 2 leaves, 4 hosts), one per test module, with
+    each kind of route (uSID containers, the default, and SRHs)."""
     if SKIP_REASON is not None:
         pytest.skip(SKIP_REASON)
-    with running_fabric(FabricSpec(name=unique_name("m"))) as topo:
+    with running_fabric(FabricSpec(name=unique_name("m"), srv6=request.param)) as topo:
         yield topo

@@ -24,6 +24,7 @@ from mrc.lab.fabric import Fabric, FabricError, FabricSpec, netns
 from mrc.lab.fabric.kernel import NsHandle
 from mrc.lab.fabric.pathsock import open_path_socket
 from mrc.lab.fabric.shaping import tbf_params
+from mrc.lab.fabric.usid_routes import SR_DEVICE
 from mrc.srv6.paths import path_via
 from mrc.topology.model import topology_path
 
@@ -105,9 +106,12 @@ def test_rate_and_jumbo_mtu_applied() -> None:
         for node in topo.nodes():
             h = NsHandle(topo.netns_of(node))
             try:
-                ports = {i["ifname"]: i for i in h.links() if i["ifname"] != "lo"}
+                # sr0: the device a router's uSID routes hang on, which carries no packet
+                links = [i for i in h.links() if i["ifname"] not in ("lo", SR_DEVICE)]
+                ports = {i["ifname"]: i for i in links}
                 assert ports and all(p["mtu"] == 9000 for p in ports.values())
-                qdiscs = [q for q in h.ipr.get_qdiscs() if q["index"] != 1]
+                indexes = {i["index"] for i in links}
+                qdiscs = [q for q in h.ipr.get_qdiscs() if q["index"] in indexes]
                 kinds = {q.get("TCA_KIND") for q in qdiscs}
                 assert kinds == {"tbf"}, (node, kinds)
                 # a host's NIC queues 64 jumbo frames; router ports keep the shallow 10 ms

@@ -155,17 +155,25 @@ def _udp_payload(frame: bytes) -> tuple[bytes, bytes, bytes] | None:
     """(src, final dst, UDP payload) of an IPv6/UDP frame, through any extension headers.
 
     With an SRH the IPv6 destination is the active segment (a spine SID on the way out); the
-    final destination is Segment List[0]."""
+    final destination is Segment List[0]. With uSID routes the datagram is inside an outer
+    IPv6 header (to a uSID container): source and destination are the inner header's."""
     if len(frame) < 62 or frame[12:14] != b"\x86\xdd":
         return None
-    nh, off, dst = frame[20], 54, frame[38:54]
+    nh, off, src, dst = frame[20], 54, frame[22:38], frame[38:54]
+    if nh == 41 and off + 40 <= len(frame):  # IPv6-in-IPv6
+        nh, src, dst, off = (
+            frame[off + 6],
+            frame[off + 8 : off + 24],
+            frame[off + 24 : off + 40],
+            off + 40,
+        )
     while nh in (0, 43, 60) and off + 2 <= len(frame):
         if nh == 43 and frame[off + 2] == 4 and off + 24 <= len(frame):
             dst = frame[off + 8 : off + 24]
         nh, off = frame[off], off + (frame[off + 1] + 1) * 8
     if nh != 17:
         return None
-    return frame[22:38], dst, frame[off + 8 :]
+    return src, dst, frame[off + 8 :]
 
 
 @dataclass

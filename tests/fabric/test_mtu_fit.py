@@ -4,6 +4,10 @@ An SRH of two segments adds 40 bytes: a 1400-byte payload makes 1516-byte packet
 one, the kernel fragments them (half the goodput); in GSO bursts it dropped them without a
 counter moving, and EV health took that for dead paths. mrc-send now picks a default payload
 that fits a fabric's MTU, and the transport sends datagrams that do not fit one by one.
+
+With uSID routes the 40 bytes are the outer IPv6 header, and a datagram that does not fit is
+fragmented outside it, which the receiving host's decapsulation cannot reassemble: mrc-send
+refuses such a --payload in one line instead of losing every datagram.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from mrc.srv6.evroutes import route_overhead
 pytestmark = [needs_netns, pytest.mark.netns]
 
 
-@pytest.fixture(scope="module")
-def fab1500() -> Topology:
+@pytest.fixture(scope="module", params=["usid", "srh"])
+def fab1500(request) -> Topology:
     if SKIP_REASON is not None:
         pytest.skip(SKIP_REASON)
-    with running_fabric(FabricSpec(name=unique_name("u"), mtu=1500, rate="1gbit")) as topo:
+    spec = FabricSpec(name=unique_name("u"), mtu=1500, rate="1gbit", srv6=request.param)
+    with running_fabric(spec) as topo:
         yield topo
 
 
@@ -59,7 +64,7 @@ def _transfer(topo: Topology, mrc_tools, port: int, *extra: str):  # type: ignor
 
 def test_the_default_payload_fits_the_fabric_mtu_with_its_srh(fab1500, mrc_tools) -> None:  # type: ignore[no-untyped-def]
     srh = route_overhead(fab1500)
-    assert srh == 40  # two segments: the spine and the destination
+    assert srh == 40  # two segments (the spine and the destination), or the outer header
     s, rv, _err = _transfer(fab1500, mrc_tools, 4801)
     assert s["payload"] == 1500 - 40 - 8 - srh - wire.DATA_IMM_HDR_LEN == 1380
     # nothing lost: no retransmission but tail loss probes, no EV retired, every datagram
@@ -73,6 +78,24 @@ def test_the_default_payload_fits_the_fabric_mtu_with_its_srh(fab1500, mrc_tools
 
 
 def test_a_payload_too_large_for_the_mtu_is_fragmented_not_lost(fab1500, mrc_tools) -> None:  # type: ignore[no-untyped-def]
+    if fab1500.srv6 == "usid":
+        res = mrc_tools.run(
+            "mrc-send",
+            "--fabric",
+            fab1500.name,
+            "--to",
+            "h3:4803",
+            "--size",
+            "1M",
+            "--payload",
+            "1400",
+            ns=fab1500.netns_of("h0"),
+            timeout=60,
+        )
+        assert res.returncode == 2, res.describe()
+        assert "does not fit" in res.stderr and "at most 1380 fits" in res.stderr, res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+        return
     s, rv, err = _transfer(fab1500, mrc_tools, 4802, "--payload", "1400")
     assert s["payload"] == 1400
     assert "exceed what the path MTU leaves" in err and "at most 1380 bytes fits" in err, err

@@ -54,15 +54,24 @@ ETH_P_IPV6 = 0x86DD
 T, L = wire.BTH_TRIMMED, wire.BTH_LASTHOP
 
 
-def _spec(tag: str, trim: bool) -> FabricSpec:
+def _spec(tag: str, trim: bool, srv6: str = "usid") -> FabricSpec:
     return FabricSpec(
-        name=unique_name(tag), planes=1, spines=2, leaves=2, hosts=4, rate=RATE, trim=trim
+        name=unique_name(tag),
+        planes=1,
+        spines=2,
+        leaves=2,
+        hosts=4,
+        rate=RATE,
+        trim=trim,
+        srv6=srv6,
     )
 
 
-@pytest.fixture(scope="module")
-def tfab():
-    with running_fabric(_spec("r", trim=True)) as topo:
+@pytest.fixture(scope="module", params=["usid", "srh"])
+def tfab(request):
+    """The trimming fabric with each kind of route: the program reads IPv6-in-IPv6 to uSID
+    containers and SRHs alike."""
+    with running_fabric(_spec("r", trim=True, srv6=request.param)) as topo:
         yield topo
 
 
@@ -237,9 +246,9 @@ def udp_checksum_ok(frame: bytes) -> bool:
     return Ether(bytes(pkt))[UDP].chksum == orig
 
 
-def short_udp_frames(frames: list[bytes], srh: bool) -> list[bytes]:
-    """Captured IPv6/UDP frames (behind an SRH if ``srh``) too short to carry a payload."""
-    nh = 43 if srh else socket.IPPROTO_UDP
+def short_udp_frames(frames: list[bytes], nh: int = socket.IPPROTO_UDP) -> list[bytes]:
+    """Captured IPv6 frames whose first next header is ``nh`` (UDP; 43 behind an SRH; 41 in
+    IPv6-in-IPv6) too short to carry a payload."""
     return [f for f in frames if len(f) < 200 and f[14 + 6] == nh]
 
 
@@ -355,7 +364,7 @@ def test_incast_trims_at_last_hop_and_on_the_spine_uplink(tfab: Topology) -> Non
     entered = sum(f.sent for f in flows) - (qdisc_drops(tfab, routers=False) - hdrops0)
     assert len(res.got) >= 0.99 * entered - 2, (len(res.got), entered)
     # scapy agrees the trimmed datagrams' UDP checksums are valid (a sample: scapy is slow)
-    short = short_udp_frames(res.frames, srh=False)
+    short = short_udp_frames(res.frames)
     assert len(short) >= len(trimmed)
     assert all(udp_checksum_ok(f) for f in sample(short))
 
@@ -386,8 +395,9 @@ def test_protected_packets_trim_to_an_authentic_header(tfab: Topology) -> None:
 
 
 def test_srv6_paths_trim(tfab: Topology) -> None:
-    """Source-routed through spine p0s1 (SRH on the wire): the leaf 0 uplink to p0s1 and the
-    spine's port to leaf 1 congest; trims there carry a checksum over the final destination."""
+    """Source-routed through spine p0s1 (an SRH on the wire, or a uSID container in an outer
+    IPv6 header): the leaf 0 uplink to p0s1 and the spine's port to leaf 1 congest; trims there
+    carry a checksum over the final destination."""
     flows = [Flow("h0", 11, via="p0s1"), Flow("h1", 12, via="p0s1"), Flow("h3", 13, via="p0s1")]
     before = trims(tfab)
     res = blast(tfab, flows)
@@ -397,7 +407,7 @@ def test_srv6_paths_trim(tfab: Topology) -> None:
     check_trimmed(res, flows)
     assert d.get("p0l0:s1", 0) > 0 and d.get("p0s1:l1", 0) > 0, d
     assert_counts_match(sum(d.values()), len(trimmed))
-    short = short_udp_frames(res.frames, srh=True)
+    short = short_udp_frames(res.frames, 43 if tfab.srv6 == "srh" else 41)
     assert len(short) >= len(trimmed)
     assert all(udp_checksum_ok(f) for f in sample(short))
 

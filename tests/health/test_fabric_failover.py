@@ -39,8 +39,9 @@ def _skip_reason() -> str | None:
     return None
 
 
-@pytest.fixture
-def fabric() -> Iterator[object]:
+@pytest.fixture(params=["usid", "srh"])
+def fabric(request) -> Iterator[object]:
+    """A fresh fabric per test, with each kind of route (uSID containers, SRHs)."""
     reason = _skip_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -48,7 +49,7 @@ def fabric() -> Iterator[object]:
 
     name = f"hf{os.getpid()}x{next(_counter)}"
     try:
-        yield Fabric.up(FabricSpec(name=name, rate=RATE, mtu=9000))
+        yield Fabric.up(FabricSpec(name=name, rate=RATE, mtu=9000, srv6=request.param))
     finally:
         Fabric.down(name)
 

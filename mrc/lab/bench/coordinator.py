@@ -109,9 +109,9 @@ class BenchConfig:
         return base + self.qp
 
     def payload_for_mtu(self) -> int:
-        """The payload that fits ``mtu``: IPv6 40 + SRH with two segments 40 + UDP 8 + MRC
-        header 32 = 120 bytes of headers, rounded down to 8 bytes with room to spare; 8 KiB at
-        most."""
+        """The payload that fits ``mtu``: IPv6 40 + the route's 40 (an SRH with two segments,
+        or a uSID fabric's outer IPv6 header) + UDP 8 + MRC header 32 = 120 bytes of headers,
+        rounded down to 8 bytes with room to spare; 8 KiB at most."""
         return max(64, min(8192, (self.mtu - 128) // 8 * 8))
 
     def max_size(self) -> int:

@@ -44,7 +44,8 @@ TOOL = "bench_fabric"
 MRC_PORT = DEFAULT_PORT
 TCP_PORT = 5201
 # bytes of one MRC data frame besides the payload, as tbf counts it (L2 frame):
-# Ethernet 14 + IPv6 40 + SRH with 2 segments 40 + UDP 8 + BTH/RETH
+# Ethernet 14 + IPv6 40 + the route's 40 (SRH with 2 segments, or uSID's outer IPv6 header)
+# + UDP 8 + BTH/RETH
 MRC_OVERHEAD = 14 + 40 + 40 + 8 + DATA_HDR_LEN
 
 

@@ -140,11 +140,11 @@ def _add_up(sub: Subparsers) -> None:
     up.add_argument(
         "--srv6",
         choices=("srh", "usid"),
-        default="srh",
-        help="how a host names a path to the routers: srh (default), a Segment Routing Header"
-        " of End SIDs; usid, IPv6-in-IPv6 to a micro-SID container (leaf:spine:leaf:port)"
-        " that each router shifts, as the MRC paper's fabrics do: no routing header on the"
-        " wire (not yet with --trim)",
+        default="usid",
+        help="how a host names a path to the routers: usid (default), IPv6-in-IPv6 to a"
+        " micro-SID container (leaf:spine:leaf:port) that each router shifts, as the MRC"
+        " paper's fabrics do, with no routing header on the wire; srh, a Segment Routing"
+        " Header of End SIDs per packet, for routers without uSID",
     )
     up.add_argument(
         "--host-image",

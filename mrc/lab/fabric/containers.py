@@ -133,6 +133,10 @@ def _start(
         hostname,
         "--network",
         "none",
+        # scoped to the container's own network namespace: EV sockets on a uSID fabric set
+        # SO_MARK to pick their spine's table (mrc.srv6.usid)
+        "--cap-add",
+        "NET_ADMIN",
         "--label",
         f"{LABEL}={fabric}",
         "--volume",

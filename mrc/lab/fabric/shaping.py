@@ -9,6 +9,9 @@ from __future__ import annotations
 
 #: A host NIC's queue holds at least this many full frames (see :func:`tbf_params`).
 HOST_QUEUE_FRAMES = 64
+#: The longest GSO super-packet a socket hands its NIC: a 64 KiB IPv6 payload, an outer
+#: IPv6 header (uSID routes) and Ethernet's.
+GSO_FRAME = 65535 + 40 + 40 + 14
 
 
 def tbf_params(rate_bps: int, mtu: int, host: bool = False) -> tuple[int, int, int]:
@@ -26,13 +29,17 @@ def tbf_params(rate_bps: int, mtu: int, host: bool = False) -> tuple[int, int, i
     EV, ``QPConfig.burst`` <= 64).  With large frames 10 ms is few of them (~14 at 100 Mbit/s,
     MTU 9000), and a sender whose GSO bursts happen to land two or three in a row on one plane
     overflowed it: tail drops the fabric would have trimmed (docs/FABRIC.md, "Host queues").
+    Its burst passes one whole GSO super-packet (:data:`GSO_FRAME`): tbf cannot segment an
+    IPv6-in-IPv6 one (a uSID route's burst) and dropped every one longer than its burst,
+    where a NIC sends a burst's packets back to back.
     """
     rate_Bps = rate_bps // 8
     frame = mtu + 14
     burst = max(rate_Bps // 1000, 2 * frame, 3200)
     limit = max(rate_Bps // 100, burst + 4 * frame)
     if host:
-        limit = max(limit, HOST_QUEUE_FRAMES * frame)
+        burst = max(burst, GSO_FRAME)
+        limit = max(limit, HOST_QUEUE_FRAMES * frame, burst + 4 * frame)
     return rate_Bps, burst, limit
 
 

@@ -52,9 +52,10 @@ class FabricSpec:
     #: with ``trim``: router ports get an htb with a strict-priority band for trimmed headers
     #: and ACK/NACKs (kernel.NsHandle.prio_band); False keeps a plain tbf (for comparison)
     prio_band: bool = True
-    #: how hosts name a path to the routers: "srh" (a Segment Routing Header) or "usid"
-    #: (IPv6-in-IPv6 to a uSID container: no routing header on the wire, mrc.srv6.usid)
-    srv6: str = "srh"
+    #: how hosts name a path to the routers: "usid" (IPv6-in-IPv6 to a micro-SID container,
+    #: no routing header on the wire: mrc.srv6.usid) or "srh" (a Segment Routing Header of
+    #: End SIDs, for routers without uSID)
+    srv6: str = "usid"
 
     def validate(self) -> None:
         """Raise :class:`UsageError` with a one-line reason if this spec cannot be built."""
@@ -95,11 +96,6 @@ class FabricSpec:
             raise UsageError("--no-prio-band needs --trim: only --trim fabrics have the band")
         if self.srv6 not in SRV6_MODES:
             raise UsageError(f"--srv6 must be one of {', '.join(SRV6_MODES)}, got {self.srv6!r}")
-        if self.srv6 == "usid" and self.trim:
-            raise UsageError(
-                "--trim needs --srv6 srh for now: the trimming program does not yet read"
-                " IPv6-in-IPv6 (docs/FABRIC.md, 'uSID')"
-            )
         if self.host_image is not None and not IMAGE_RE.match(self.host_image):
             raise UsageError(f"bad --host-image {self.host_image!r}: not an image name")
         if self.namespace_count > MAX_NAMESPACES:

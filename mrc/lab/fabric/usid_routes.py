@@ -27,6 +27,12 @@ from .routes import via
 #: The device every router's seg6local routes hang on.
 SR_DEVICE = "sr0"
 
+#: An encapsulating route's path MTU, as sockets read it (IPV6_MTU), is its mtu less the room
+#: the kernel keeps for the outer header *and* a one-segment SRH (64 bytes), which encap.red
+#: with one segment leaves out. The route's mtu metric gives those 24 bytes back, so a socket
+#: sees exactly what an inner datagram may have (link MTU - 40) and sizes its payload to fit.
+UNUSED_SRH_ROOM = 24
+
 
 def _end(u: int) -> str:
     return (
@@ -97,5 +103,6 @@ def _host_routes(topo: Topology, node: str) -> list[str]:
                 lines.append(
                     f"route replace {dst.address}/128 encap seg6 mode encap.red segs {segs}"
                     f" via {nic.gateway} dev {nic.nic} table {usid.table(s)}"
+                    f" mtu {topo.mtu + UNUSED_SRH_ROOM}"
                 )
     return lines

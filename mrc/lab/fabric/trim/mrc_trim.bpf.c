@@ -7,20 +7,22 @@
  * bpf_fib_lookup() and charges the packet to that port's *virtual queue*: a byte counter
  * drained at the port's configured rate (the rate tbf shapes the real queue with).  When a
  * packet would push the virtual queue over its limit (set below the real tbf queue's limit)
- * and the packet is an MRC data packet (UDP, possibly behind an SRv6 routing header, whose
- * payload starts with a BTH of opcode 0x0A RDMA WRITE ONLY or 0x0B WRITE ONLY with immediate),
+ * and the packet is an MRC data packet (UDP, possibly behind an SRv6 routing header or inside
+ * an outer IPv6 header to a uSID container, whose payload starts with a BTH of opcode 0x0A RDMA WRITE ONLY or 0x0B WRITE ONLY with immediate),
  * its payload is cut off: the packet keeps the Ethernet/IPv6(/SRH)/UDP headers and the first
  * 28 (0x0A) or 32 (0x0B) bytes of UDP payload, i.e. BTH + RETH (+ ImmDt), plus the 28-byte
  * security block when BTH byte 8 has S (0x40) set: its header ICV must survive the cut so the
  * receiver can authenticate the trimmed header (docs/PROTOCOL.md section 11).  The IPv6 payload
- * length, UDP length and UDP checksum are rewritten and BTH byte 4 gets TRIMMED (0x20), plus
+ * length (both headers' with IPv6-in-IPv6), UDP length and UDP checksum are rewritten and BTH byte 4 gets TRIMMED (0x20), plus
  * LASTHOP (0x10) when the egress port faces the destination host.  Everything else passes
  * untouched (and may be tail-dropped by tbf).  The program never drops a packet.
  *
  * ECN: a packet that joins the virtual queue above the port's ECN threshold (ecn_limit) and
  * carries ECT(0) or ECT(1) in the IPv6 traffic class gets CE instead (no checksum covers the
  * traffic class; the UDP pseudo-header does not include it), except on a port that faces the
- * destination host: congestion there says nothing about the path (EGRESS_LASTHOP).  Trimmed
+ * destination host: congestion there says nothing about the path (EGRESS_LASTHOP).  In
+ * IPv6-in-IPv6 the inner header is marked as well: the receiving host's decapsulation
+ * (seg6local End.DT6) hands the socket the inner header only.  Trimmed
  * headers and MRC control packets are never marked: they do not wait in the data queue.
  *
  * Priority band: on ports whose egress qdisc is an htb with a priority class (EGRESS_PRIO),
@@ -28,6 +30,11 @@
  * PRIO_CLASS for trimmed headers and MRC control packets (ACK/NACK, probes), DATA_CLASS for
  * everything else.  htb takes skb->priority as the class id before any filter, and IPv6
  * forwarding keeps it (tests/fabric/test_fabric_signals.py checks that on this kernel).
+ *
+ * uSID routes (docs/FABRIC.md, "SRv6 uSID routes"): a packet whose outer destination starts
+ * with this router's own micro-SID is not forwarded on that address but on the address the
+ * kernel's End (next-csid) makes of it, the micro-SIDs after the 32-bit block shifted left by
+ * 16 bits: the program looks that one up.
  *
  * One program instance (with its own maps) is loaded per router and attached to all of its
  * ports, so every port into one egress link charges the same virtual queue.  Ports run on
@@ -46,6 +53,7 @@
 
 #define AF_INET6 10
 #define NEXTHDR_ROUTING 43
+#define NEXTHDR_IPV6 41
 #define SRH_TYPE 4
 #define NSEC_PER_SEC 1000000000ULL
 
@@ -155,12 +163,23 @@ static __always_inline __u32 sum_addr(const struct in6_addr *a)
 	return s;
 }
 
+/* What a uSID End with the next-csid flavour (32-bit block, 16-bit micro-SIDs) does to the
+ * destination: the first micro-SID is consumed, the rest move up, zeros fill the end. */
+static __always_inline void usid_shift(struct in6_addr *a)
+{
+#pragma unroll
+	for (int i = 2; i < 7; i++)
+		a->in6_u.u6_addr16[i] = a->in6_u.u6_addr16[i + 1];
+	a->in6_u.u6_addr16[7] = 0;
+}
+
 SEC("tc")
 int mrc_trim(struct __sk_buff *skb)
 {
 	__u32 zero = 0;
 	struct rstats *rs = bpf_map_lookup_elem(&rstats, &zero);
 	struct ipv6hdr ip6;
+	__u8 in6[8] = {}; /* IPv6-in-IPv6: the inner header's first 8 bytes */
 	struct srh_fixed rh;
 	struct in6_addr final, eff;
 	struct udphdr udp;
@@ -168,7 +187,7 @@ int mrc_trim(struct __sk_buff *skb)
 	__u8 *hb = (__u8 *)hdr;
 	__u32 l4off = ETH_HLEN + sizeof(struct ipv6hdr);
 	__u8 proto;
-	int has_srh = 0, srh_ok = 0;
+	int has_srh = 0, srh_ok = 0, encap = 0;
 	__u32 keep = 0;
 	int ctrl = 0; /* an MRC ACK/NACK or probe */
 
@@ -181,6 +200,17 @@ int mrc_trim(struct __sk_buff *skb)
 	proto = ip6.nexthdr;
 	final = ip6.daddr;
 	eff = ip6.daddr;
+
+	if (proto == NEXTHDR_IPV6) {
+		/* uSID routes: the outer destination is a container, the inner header is the
+		 * datagram's own (its addresses are the UDP checksum's) */
+		if (bpf_skb_load_bytes(skb, l4off, in6, sizeof(in6)) ||
+		    bpf_skb_load_bytes(skb, l4off + 24, &final, sizeof(final)))
+			return TC_ACT_OK;
+		encap = 1;
+		proto = in6[6]; /* next header */
+		l4off += sizeof(struct ipv6hdr);
+	}
 
 	if (proto == NEXTHDR_ROUTING) {
 		if (bpf_skb_load_bytes(skb, l4off, &rh, sizeof(rh)))
@@ -200,7 +230,7 @@ int mrc_trim(struct __sk_buff *skb)
 	/* Which port will the kernel forward this packet out of? */
 	struct bpf_fib_lookup fib = {};
 	fib.family = AF_INET6;
-	fib.l4_protocol = proto;
+	fib.l4_protocol = encap ? NEXTHDR_IPV6 : proto;
 	fib.ifindex = skb->ingress_ifindex;
 	__builtin_memcpy(fib.ipv6_src, &ip6.saddr, 16);
 	__builtin_memcpy(fib.ipv6_dst, &eff, 16);
@@ -215,6 +245,18 @@ int mrc_trim(struct __sk_buff *skb)
 		__builtin_memset(&fib, 0, sizeof(fib));
 		fib.family = AF_INET6;
 		fib.l4_protocol = proto;
+		fib.ifindex = skb->ingress_ifindex;
+		__builtin_memcpy(fib.ipv6_src, &ip6.saddr, 16);
+		__builtin_memcpy(fib.ipv6_dst, &eff, 16);
+		rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	}
+	if (encap && rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
+		/* Addressed to this router's own micro-SID (a seg6local route): the kernel will
+		 * shift the container and forward on what it becomes */
+		usid_shift(&eff);
+		__builtin_memset(&fib, 0, sizeof(fib));
+		fib.family = AF_INET6;
+		fib.l4_protocol = NEXTHDR_IPV6;
 		fib.ifindex = skb->ingress_ifindex;
 		__builtin_memcpy(fib.ipv6_src, &ip6.saddr, 16);
 		__builtin_memcpy(fib.ipv6_dst, &eff, 16);
@@ -340,7 +382,14 @@ int mrc_trim(struct __sk_buff *skb)
 		skb->priority = (trim || ctrl) ? PRIO_CLASS : DATA_CLASS;
 	if (mark) {
 		__u8 b1 = ((__u8 *)&ip6)[1] | (ECN_CE << IP6_ECN_SHIFT);
-		if (bpf_skb_store_bytes(skb, ETH_HLEN + 1, &b1, 1, BPF_F_RECOMPUTE_CSUM)) {
+		__u8 i1 = in6[1];
+		int err = bpf_skb_store_bytes(skb, ETH_HLEN + 1, &b1, 1, BPF_F_RECOMPUTE_CSUM);
+		if (!err && encap && ((i1 >> IP6_ECN_SHIFT) & ECN_MASK)) {
+			i1 |= ECN_CE << IP6_ECN_SHIFT;
+			err = bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr) + 1, &i1, 1,
+						  BPF_F_RECOMPUTE_CSUM);
+		}
+		if (err) {
 			bpf_spin_lock(&eg->lock);
 			eg->errors++;
 			bpf_spin_unlock(&eg->lock);
@@ -351,10 +400,16 @@ int mrc_trim(struct __sk_buff *skb)
 
 	/* --- cut the payload, fix lengths and checksum, mark -------------------------------- */
 	__u16 plen = bpf_htons((__u16)(tlen - ETH_HLEN - sizeof(struct ipv6hdr)));
+	__u16 iplen = bpf_htons((__u16)(tlen - ETH_HLEN - 2 * sizeof(struct ipv6hdr)));
 	__u16 nulen = bpf_htons((__u16)(sizeof(udp) + keep));
 	hb[4] |= BTH_TRIMMED | ((flags & EGRESS_LASTHOP) ? BTH_LASTHOP : 0);
 
-	/* UDP checksum over the IPv6 pseudo-header (final destination), UDP header, kept bytes */
+	/* UDP checksum over the IPv6 pseudo-header (the datagram's own source, its final
+	 * destination), UDP header, kept bytes.  In IPv6-in-IPv6 the source is the inner
+	 * header's: read into ip6.saddr, whose outer value only the route lookups needed. */
+	if (encap && bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr) + 8, &ip6.saddr,
+					sizeof(ip6.saddr)))
+		return TC_ACT_OK;
 	__u32 sum = sum_addr(&ip6.saddr) + sum_addr(&final);
 	sum += nulen + bpf_htons(IPPROTO_UDP);
 	sum += udp.source + udp.dest + nulen;
@@ -371,6 +426,8 @@ int mrc_trim(struct __sk_buff *skb)
 	/* change_tail is the expensive step: it makes the whole skb private and linear first */
 	if (bpf_skb_change_tail(skb, tlen, 0) ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN + 4, &plen, 2, BPF_F_RECOMPUTE_CSUM) ||
+	    (encap && bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr) + 4, &iplen, 2,
+					  BPF_F_RECOMPUTE_CSUM)) ||
 	    bpf_skb_store_bytes(skb, l4off + 4, lc, 4, BPF_F_RECOMPUTE_CSUM) ||
 	    bpf_skb_store_bytes(skb, l4off + sizeof(udp) + 4, &hb[4], 1, BPF_F_RECOMPUTE_CSUM)) {
 		bpf_spin_lock(&eg->lock);
