@@ -173,6 +173,20 @@ static __always_inline void usid_shift(struct in6_addr *a)
 	a->in6_u.u6_addr16[7] = 0;
 }
 
+/* The kernel's route for a packet from ``src`` to ``dst`` arriving on this port. */
+static __always_inline int egress_lookup(struct __sk_buff *skb, struct bpf_fib_lookup *fib,
+					 const struct in6_addr *src, const struct in6_addr *dst,
+					 __u8 l4)
+{
+	__builtin_memset(fib, 0, sizeof(*fib));
+	fib->family = AF_INET6;
+	fib->l4_protocol = l4;
+	fib->ifindex = skb->ingress_ifindex;
+	__builtin_memcpy(fib->ipv6_src, src, 16);
+	__builtin_memcpy(fib->ipv6_dst, dst, 16);
+	return bpf_fib_lookup(skb, fib, sizeof(*fib), 0);
+}
+
 SEC("tc")
 int mrc_trim(struct __sk_buff *skb)
 {
@@ -228,13 +242,9 @@ int mrc_trim(struct __sk_buff *skb)
 	}
 
 	/* Which port will the kernel forward this packet out of? */
-	struct bpf_fib_lookup fib = {};
-	fib.family = AF_INET6;
-	fib.l4_protocol = encap ? NEXTHDR_IPV6 : proto;
-	fib.ifindex = skb->ingress_ifindex;
-	__builtin_memcpy(fib.ipv6_src, &ip6.saddr, 16);
-	__builtin_memcpy(fib.ipv6_dst, &eff, 16);
-	int rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+	struct bpf_fib_lookup fib;
+	__u8 l4 = encap ? NEXTHDR_IPV6 : proto;
+	int rc = egress_lookup(skb, &fib, &ip6.saddr, &eff, l4);
 	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED && srh_ok && rh.segments_left > 0) {
 		/* Addressed to this router's SID: the kernel will advance the SRH and forward
 		 * towards Segment List[Segments Left - 1]. */
@@ -242,25 +252,13 @@ int mrc_trim(struct __sk_buff *skb)
 			    ((__u32)rh.segments_left - 1) * 16;
 		if (bpf_skb_load_bytes(skb, off, &eff, sizeof(eff)))
 			return TC_ACT_OK;
-		__builtin_memset(&fib, 0, sizeof(fib));
-		fib.family = AF_INET6;
-		fib.l4_protocol = proto;
-		fib.ifindex = skb->ingress_ifindex;
-		__builtin_memcpy(fib.ipv6_src, &ip6.saddr, 16);
-		__builtin_memcpy(fib.ipv6_dst, &eff, 16);
-		rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+		rc = egress_lookup(skb, &fib, &ip6.saddr, &eff, l4);
 	}
 	if (encap && rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
 		/* Addressed to this router's own micro-SID (a seg6local route): the kernel will
 		 * shift the container and forward on what it becomes */
 		usid_shift(&eff);
-		__builtin_memset(&fib, 0, sizeof(fib));
-		fib.family = AF_INET6;
-		fib.l4_protocol = NEXTHDR_IPV6;
-		fib.ifindex = skb->ingress_ifindex;
-		__builtin_memcpy(fib.ipv6_src, &ip6.saddr, 16);
-		__builtin_memcpy(fib.ipv6_dst, &eff, 16);
-		rc = bpf_fib_lookup(skb, &fib, sizeof(fib), 0);
+		rc = egress_lookup(skb, &fib, &ip6.saddr, &eff, l4);
 	}
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) {
 		if (rs)
