@@ -52,7 +52,7 @@ SNAP = 200  # Ethernet + IPv6 + SRH with two segments + UDP + an ACK: all we par
 
 
 @contextlib.contextmanager
-def _fabric(prio_band: bool) -> Iterator[Topology]:
+def _fabric(prio_band: bool, srv6: str = "usid") -> Iterator[Topology]:
     if TRIM_REASON is not None:
         pytest.skip(TRIM_REASON)
     spec = FabricSpec(
@@ -63,14 +63,16 @@ def _fabric(prio_band: bool) -> Iterator[Topology]:
         rate=RATE,
         trim=True,
         prio_band=prio_band,
+        srv6=srv6,
     )
     with running_fabric(spec) as topo:
         yield topo
 
 
-@pytest.fixture(scope="module")
-def band_fabric() -> Iterator[Topology]:
-    with _fabric(prio_band=True) as topo:
+@pytest.fixture(scope="module", params=["usid", "srh"])
+def band_fabric(request) -> Iterator[Topology]:
+    """With each kind of route: CE marks and the band act on uSID and SRH packets alike."""
+    with _fabric(prio_band=True, srv6=request.param) as topo:
         yield topo
 
 
