@@ -32,7 +32,7 @@ MAX_FILE_BYTES = 4 << 20
 #: Names appear in --to, --deny and EV reports: keep them to what a shell passes unquoted.
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-_TOP_KEYS = {"version": False, "name": True, "planes": True, "hosts": True}
+_TOP_KEYS = {"version": False, "name": True, "srv6": False, "planes": True, "hosts": True}
 _PLANE_KEYS = {"plane": True, "spines": True}
 _SPINE_KEYS = {"name": True, "sid": True}
 _HOST_KEYS = {"name": True, "nics": True}
@@ -195,6 +195,14 @@ def parse_real_fabric(doc: Any, where: str = "fabric file") -> Topology:
     if "version" in top and top["version"] != REAL_FORMAT_VERSION:
         c.fail("version", f"{top['version']!r}: this mrc reads version {REAL_FORMAT_VERSION}")
     fabric_name = c.name(top["name"], "name")
+    # which routes its routers take: SRHs of End SIDs, the only kind a file describes so far
+    # (a uSID fabric needs each router's micro-SID and encapsulation tables on every host)
+    if top.get("srv6", "srh") != "srh":
+        c.fail(
+            "srv6",
+            f"{top['srv6']!r}: a real fabric's routes are SRHs ('srh'); uSID routes are only"
+            " built by mrc-fabric so far",
+        )
 
     owner: dict[tuple[str, str], str] = {}  # (kind, value) -> the field that first used it
 

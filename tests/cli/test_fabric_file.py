@@ -17,7 +17,7 @@ import pytest
 
 from mrc.srv6.evroutes import fabric_routes
 from mrc.srv6.srh import decode_srh
-from mrc.topology.realfile import load_fabric
+from mrc.topology.realfile import load_fabric, parse_real_fabric
 
 GOOD: dict[str, Any] = {
     "name": "lab",
@@ -66,7 +66,7 @@ def _set(path: tuple[Any, ...], value: object) -> Callable[[dict[str, Any]], obj
     return change
 
 
-KNOWN_TOP = "(known: 'version', 'name', 'planes', 'hosts')"
+KNOWN_TOP = "(known: 'version', 'name', 'srv6', 'planes', 'hosts')"
 UNICAST = "give a unicast address routed in the fabric"
 
 # (id, file content: a JSON-able document or raw bytes, the error after "fabric file PATH: ")
@@ -98,6 +98,12 @@ BAD_FILES: list[tuple[str, object, str]] = [
     ),
     ("no-hosts", edit(lambda d: d.pop("hosts")), "top level: missing key 'hosts'"),
     ("version-2", edit(_set(("version",), 2)), "version: 2: this mrc reads version 1"),
+    (
+        "usid-routers",
+        edit(_set(("srv6",), "usid")),
+        "srv6: 'usid': a real fabric's routes are SRHs ('srh'); uSID routes are only built by"
+        " mrc-fabric so far",
+    ),
     (
         "bad-name",
         edit(_set(("name",), "my lab")),
@@ -390,3 +396,10 @@ def test_the_documented_example_is_a_good_file(tmp_path: Path) -> None:
     assert [h.name for h in topo.hosts] == ["gpu1", "gpu2"]
     assert [r.name for r in topo.routers] == ["red-s1", "red-s2", "blue-s1", "blue-s2"]
     assert topo.host("gpu2").nic(1).address == "2001:db8:1:2::10"
+
+
+def test_a_file_may_say_its_routers_take_srhs() -> None:
+    """``"srv6": "srh"`` is what a file without the key means: SRH routes, one per spine."""
+    said = parse_real_fabric(edit(_set(("srv6",), "srh")), "fabric file x")
+    assert said == parse_real_fabric(copy.deepcopy(GOOD), "fabric file x")
+    assert said.srv6 == "srh"
