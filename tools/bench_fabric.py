@@ -33,6 +33,7 @@ from mrc.cli.common import Parser, float_between, positive_int, rate_arg, run_ma
 from mrc.core.cc import names as cc_names
 from mrc.core.cc import spec as cc_spec
 from mrc.lab.bench.fabric import main as run_bench
+from mrc.topology.model import SRV6_MODES
 from mrc.units import SIZE_HELP
 
 PROG = "bench_fabric.py"
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mtu", type=positive_int, default=9000, help="fabric MTU (default 9000)")
     p.add_argument(
         "--srv6",
-        choices=("srh", "usid"),
+        choices=SRV6_MODES,
         default="usid",
         help="how paths reach the routers (mrc-fabric up --srv6; default usid)",
     )

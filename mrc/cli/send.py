@@ -205,6 +205,12 @@ DEFAULT_PAYLOAD = 1400
 FABRIC_PAYLOAD = 8192
 
 
+def _fabric_room(fabric: Topology) -> int | None:
+    """The UDP payload a datagram may carry on ``fabric`` without fragmenting: its MTU less
+    the IPv6 and UDP headers and what its routes add (None: MTU unknown)."""
+    return fabric.mtu - IPV6_UDP_HEADERS - route_overhead(fabric) if fabric.mtu > 0 else None
+
+
 def _default_payload(
     args: argparse.Namespace, fabric: Topology | None, host: str, port: int
 ) -> tuple[int, str]:
@@ -217,7 +223,7 @@ def _default_payload(
     seal = DATA_OVERHEAD if args.key_file else 0
     room: int | None = None
     if fabric is not None and fabric.mtu > 0:
-        room = fabric.mtu - IPV6_UDP_HEADERS - route_overhead(fabric)
+        room = _fabric_room(fabric)
         why = f"fabric MTU {fabric.mtu}"
     elif fabric is None:
         wanted = args.local or [None]
@@ -231,22 +237,28 @@ def _default_payload(
     return max(payload, 64), why
 
 
+def _refuse_lost_payload(payload: int, fabric: Topology, keyed: bool) -> None:
+    """On a uSID fabric a --payload that does not fit its MTU is refused: the kernel would
+    fragment the IPv6-in-IPv6 packet outside the tunnel, and the receiving host's
+    decapsulation (seg6local End.DT6) does not reassemble, so every such datagram would be
+    lost (docs/FABRIC.md, "SRv6 uSID routes")."""
+    room = _fabric_room(fabric)
+    if fabric.srv6 != "usid" or room is None:
+        return
+    fits = room - wire.DATA_IMM_HDR_LEN - (DATA_OVERHEAD if keyed else 0)
+    if payload > fits:
+        raise UsageError(
+            f"--payload {payload} does not fit fabric {fabric.name!r} (MTU {fabric.mtu}, uSID"
+            f" routes: a fragmented datagram is lost there); at most {fits} fits"
+        )
+
+
 def _payload(args: argparse.Namespace, fabric: Topology | None, host: str, port: int) -> int:
-    """--payload, or the default for this path (said with -v). On a uSID fabric a --payload
-    that does not fit its MTU is refused: the kernel would fragment the IPv6-in-IPv6 packet
-    outside the tunnel, and the receiving host's decapsulation (seg6local End.DT6) does not
-    reassemble, so every such datagram would be lost (docs/FABRIC.md, "SRv6 uSID routes")."""
+    """--payload (refused where it would be lost: :func:`_refuse_lost_payload`), or the
+    default for this path (said with -v)."""
     if args.payload is not None:
-        if fabric is not None and fabric.srv6 == "usid" and fabric.mtu > 0:
-            seal = DATA_OVERHEAD if args.key_file else 0
-            fits = fabric.mtu - IPV6_UDP_HEADERS - route_overhead(fabric) - seal
-            fits -= wire.DATA_IMM_HDR_LEN
-            if int(args.payload) > fits:
-                raise UsageError(
-                    f"--payload {args.payload} does not fit fabric {fabric.name!r} (MTU"
-                    f" {fabric.mtu}, uSID routes: a fragmented datagram is lost there);"
-                    f" at most {fits} fits"
-                )
+        if fabric is not None:
+            _refuse_lost_payload(int(args.payload), fabric, bool(args.key_file))
         return int(args.payload)
     payload, why = _default_payload(args, fabric, host, port)
     log.info("payload %d bytes per packet (%s; --payload to choose)", payload, why)

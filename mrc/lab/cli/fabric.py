@@ -34,7 +34,7 @@ from mrc.lab.fabric import netns as nsutil
 from mrc.lab.fabric.builder import require_root
 from mrc.lab.fabric.containers import exec_argv
 from mrc.lab.fabric.spec import NAME_RE
-from mrc.topology.model import Topology, topology_path
+from mrc.topology.model import SRV6_MODES, Topology, topology_path
 
 PROG = "mrc-fabric"
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def _add_up(sub: Subparsers) -> None:
     )
     up.add_argument(
         "--srv6",
-        choices=("srh", "usid"),
+        choices=SRV6_MODES,
         default="usid",
         help="how a host names a path to the routers: usid (default), IPv6-in-IPv6 to a"
         " micro-SID container (leaf:spine:leaf:port) that each router shifts, as the MRC"

@@ -8,12 +8,14 @@
  * drained at the port's configured rate (the rate tbf shapes the real queue with).  When a
  * packet would push the virtual queue over its limit (set below the real tbf queue's limit)
  * and the packet is an MRC data packet (UDP, possibly behind an SRv6 routing header or inside
- * an outer IPv6 header to a uSID container, whose payload starts with a BTH of opcode 0x0A RDMA WRITE ONLY or 0x0B WRITE ONLY with immediate),
+ * an outer IPv6 header to a uSID container, whose payload starts with a BTH of opcode 0x0A
+ * RDMA WRITE ONLY or 0x0B WRITE ONLY with immediate),
  * its payload is cut off: the packet keeps the Ethernet/IPv6(/SRH)/UDP headers and the first
  * 28 (0x0A) or 32 (0x0B) bytes of UDP payload, i.e. BTH + RETH (+ ImmDt), plus the 28-byte
  * security block when BTH byte 8 has S (0x40) set: its header ICV must survive the cut so the
  * receiver can authenticate the trimmed header (docs/PROTOCOL.md section 11).  The IPv6 payload
- * length (both headers' with IPv6-in-IPv6), UDP length and UDP checksum are rewritten and BTH byte 4 gets TRIMMED (0x20), plus
+ * length (both headers' with IPv6-in-IPv6), UDP length and UDP checksum are rewritten and
+ * BTH byte 4 gets TRIMMED (0x20), plus
  * LASTHOP (0x10) when the egress port faces the destination host.  Everything else passes
  * untouched (and may be tail-dropped by tbf).  The program never drops a packet.
  *
@@ -171,6 +173,14 @@ static __always_inline void usid_shift(struct in6_addr *a)
 	for (int i = 2; i < 7; i++)
 		a->in6_u.u6_addr16[i] = a->in6_u.u6_addr16[i + 1];
 	a->in6_u.u6_addr16[7] = 0;
+}
+
+/* A helper failed on a packet the program meant to change: it passes as it was. */
+static __always_inline void count_error(struct egress *eg)
+{
+	bpf_spin_lock(&eg->lock);
+	eg->errors++;
+	bpf_spin_unlock(&eg->lock);
 }
 
 /* The kernel's route for a packet from ``src`` to ``dst`` arriving on this port. */
@@ -387,18 +397,14 @@ int mrc_trim(struct __sk_buff *skb)
 			err = bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr) + 1, &i1, 1,
 						  BPF_F_RECOMPUTE_CSUM);
 		}
-		if (err) {
-			bpf_spin_lock(&eg->lock);
-			eg->errors++;
-			bpf_spin_unlock(&eg->lock);
-		}
+		if (err)
+			count_error(eg);
 	}
 	if (!trim)
 		return TC_ACT_OK;
 
 	/* --- cut the payload, fix lengths and checksum, mark -------------------------------- */
 	__u16 plen = bpf_htons((__u16)(tlen - ETH_HLEN - sizeof(struct ipv6hdr)));
-	__u16 iplen = bpf_htons((__u16)(tlen - ETH_HLEN - 2 * sizeof(struct ipv6hdr)));
 	__u16 nulen = bpf_htons((__u16)(sizeof(udp) + keep));
 	hb[4] |= BTH_TRIMMED | ((flags & EGRESS_LASTHOP) ? BTH_LASTHOP : 0);
 
@@ -424,14 +430,12 @@ int mrc_trim(struct __sk_buff *skb)
 	/* change_tail is the expensive step: it makes the whole skb private and linear first */
 	if (bpf_skb_change_tail(skb, tlen, 0) ||
 	    bpf_skb_store_bytes(skb, ETH_HLEN + 4, &plen, 2, BPF_F_RECOMPUTE_CSUM) ||
-	    (encap && bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr) + 4, &iplen, 2,
+	    /* the inner header's payload is the UDP datagram: its new length, lc[0] */
+	    (encap && bpf_skb_store_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr) + 4, lc, 2,
 					  BPF_F_RECOMPUTE_CSUM)) ||
 	    bpf_skb_store_bytes(skb, l4off + 4, lc, 4, BPF_F_RECOMPUTE_CSUM) ||
-	    bpf_skb_store_bytes(skb, l4off + sizeof(udp) + 4, &hb[4], 1, BPF_F_RECOMPUTE_CSUM)) {
-		bpf_spin_lock(&eg->lock);
-		eg->errors++;
-		bpf_spin_unlock(&eg->lock);
-	}
+	    bpf_skb_store_bytes(skb, l4off + sizeof(udp) + 4, &hb[4], 1, BPF_F_RECOMPUTE_CSUM))
+		count_error(eg);
 	return TC_ACT_OK;
 }
 
