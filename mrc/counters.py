@@ -44,10 +44,12 @@ CHANNEL_COUNTERS = (
 #: (``WindowLaw.COUNTERS``); those of the laws mrc ships are in the registry (a QP under another
 #: law reads 0 for them), a law loaded from elsewhere adds its own to ``read``'s answer
 CC_COUNTERS: tuple[CounterSpec, ...] = tuple(
-    spec
-    for name in names()
-    if law_class(name).__module__.startswith("mrc.")  # (not an example registered meanwhile)
-    for spec in law_class(name).COUNTERS
+    {
+        spec.name: spec  # (laws may share a counter: both NSCCs count their quick adapts)
+        for name in names()
+        if law_class(name).__module__.startswith("mrc.")  # (not an example registered meanwhile)
+        for spec in law_class(name).COUNTERS
+    }.values()
 )
 
 COUNTERS: tuple[CounterSpec, ...] = (*QP_COUNTERS, *CHANNEL_COUNTERS, *EV_COUNTERS, *CC_COUNTERS)

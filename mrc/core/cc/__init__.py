@@ -14,12 +14,15 @@ from mrc.core.cc.registry import (
     register,
     spec,
 )
+from mrc.core.cc.uet import UetNscc, UetNsccParams
 
 __all__ = [
     "FixedWindow",
     "NoParams",
     "Nscc",
     "NsccParams",
+    "UetNscc",
+    "UetNsccParams",
     "WindowLaw",
     "create",
     "law_class",

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 from mrc import wire
 from mrc.core.cc.base import WindowLaw
@@ -125,6 +126,42 @@ class NsccParams:
         for name in ("md_gain", "max_md", "ce_md"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"cc.{name} must be >= 0 and < 1")
+
+
+class _BurstSizing(Protocol):
+    """What :func:`burst_packets` reads of a window law."""
+
+    mss: int
+    limit: int
+    target: float
+    best_rate: float
+    burst_delay_fraction: float
+    burst_spread: int
+    per_send: int
+
+
+def burst_packets(law: _BurstSizing, most: int, planes: int) -> int:
+    """Packets per burst: what one plane drains in ``burst_delay_fraction`` of the law's
+    target delay at the best rate it measured (the QP's rate shared by its planes), at least
+    1 and at most ``most``. The last packet of a burst waits behind the others in the
+    sender's own NIC queue; kept below the target, that wait is not read as congestion (and
+    a slow path, where one packet takes longer than the budget, is sprayed packet by
+    packet). Both NSCC laws size bursts so."""
+    budget = law.burst_delay_fraction * law.target * law.best_rate / planes
+    k = int(budget // law.mss)
+    # and a window still holds burst_spread bursts per plane: EV health learns of a dead
+    # path from the EVs it tried, so bursts must not cut how many it tries per round trip
+    spread = law.limit // (planes * law.burst_spread)
+    if spread < k:
+        k = spread
+    if k > most:
+        k = most
+    # in whole GSO sends: 16 x 8 KiB would go out as 7 + 7 + 2, and the 2 cost a send
+    # and a receive of their own
+    per_send = law.per_send
+    if k > per_send:
+        k -= k % per_send
+    return k if k > 1 else 1
 
 
 class PeerShare:
@@ -289,27 +326,8 @@ class Nscc(WindowLaw):
             self._set(now, float(self.mss))
 
     def burst(self, most: int, planes: int) -> int:
-        """Packets per burst: what one plane drains in ``burst_delay_fraction`` of the target
-        delay at the best rate measured (the QP's rate shared by its planes), at least 1 and
-        at most ``most``. The last packet of a burst waits behind the others in the sender's
-        own NIC queue; kept below the target, that wait is not read as congestion (and a
-        slow path, where one packet takes longer than the budget, is sprayed packet by
-        packet)."""
-        budget = self.burst_delay_fraction * self.target * self.best_rate / planes
-        k = int(budget // self.mss)
-        # and a window still holds burst_spread bursts per plane: EV health learns of a dead
-        # path from the EVs it tried, so bursts must not cut how many it tries per round trip
-        spread = self.limit // (planes * self.burst_spread)
-        if spread < k:
-            k = spread
-        if k > most:
-            k = most
-        # in whole GSO sends: 16 x 8 KiB would go out as 7 + 7 + 2, and the 2 cost a send
-        # and a receive of their own
-        per_send = self.per_send
-        if k > per_send:
-            k -= k % per_send
-        return k if k > 1 else 1
+        """Packets per burst (:func:`burst_packets`, at this law's target and best rate)."""
+        return burst_packets(self, most, planes)
 
     def pace_gap(self) -> float:
         """Seconds between packets while the window is below one packet: one packet per

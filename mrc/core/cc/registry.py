@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from mrc.core.cc.base import WindowLaw
 from mrc.core.cc.fixed import FixedWindow
 from mrc.core.cc.nscc import Nscc
+from mrc.core.cc.uet import UetNscc
 
 if TYPE_CHECKING:
     from mrc.core.config import QPConfig
@@ -216,3 +217,4 @@ def _a(kind: type) -> str:
 
 register("fixed", FixedWindow)
 register("nscc", Nscc)
+register("uet-nscc", UetNscc)

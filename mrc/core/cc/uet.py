@@ -1,0 +1,448 @@
+"""NSCC as UET 1.0 defines it (``QPConfig.cc = "uet-nscc"``): the window of one queue pair.
+
+UET's network-signal-based congestion control, written from the public description of the
+algorithm (the UET 1.0 specification's NSCC and the Ultra Ethernet Consortium's htsim model of
+it), with its parameters named as OCP's ``mrc_ctl.h`` names them (``struct
+mrc_ctl_cc_nscc_cfg``). Its difference from mrc's own ``nscc`` law (mrc/core/cc/nscc.py) is
+what it does with the two signals together. Per ACK, with ``d`` the queueing delay of the
+ACK's subject (its RTT minus the base RTT) and ``T`` the target delay:
+
+=============  ==========================================================================
+no CE, d < T   *proportional increase*: the window grows by a gain times ``T - d`` (and
+               by ``fi_scale`` per acknowledged byte, *fast increase*, after a whole
+               window with next to no queue)
+no CE, d >= T  *fair increase*: a fixed ``fi`` per round trip, the same for every flow, so
+               that flows sharing a queue converge; delay alone never cuts the window
+CE, d >= T     *multiplicative decrease*, at most once per base RTT, by ``gamma`` times the
+               excess of the *average* delay over the target, at most ``max_md_jump``
+CE, d < T      NOOP: the mark is about a queue this flow is not building
+=============  ==========================================================================
+
+Increases are collected and applied together (``cwnd += collected / cwnd``) once
+``adjust_bytes_threshold`` bytes were acknowledged or ``adjust_period_threshold`` passed;
+after a period without one, the window also gains ``eta``. *Quick adapt*: once per base RTT +
+target, if a trim NACK, a loss, or a delay over ``qa_threshold`` came and the flow delivered
+less than ``max_cwnd >> qa_gate`` in that time, the window becomes what it delivered; the ECN
+marks of packets already in flight are then ignored. A trim NACK otherwise takes one packet
+off the window, and so does a loss or a timeout: losses over sprayed paths are the EV health's
+to handle (a dead path, not a full queue). The window stays between one packet and
+``max_cwnd`` (1.5 x the bandwidth-delay product).
+
+Where this must differ from a NIC (docs/CONGESTION.md, "UET's NSCC here"):
+
+* UET scales its gains by the network's BDP against a reference network (100 Gbit/s x 12 us,
+  37 packets of 4 KiB) and its target against the reference RTT. A NIC knows its link speed
+  and the fabric's RTT; a socket does not, so the BDP here is measured: the best delivery
+  rate any QP of this process to the same peer host saw, times the base RTT plus the target
+  (until a rate is known, ``initial_window``). The time-valued gains scale by the base RTT
+  where UET's use 12 us: the law behaves on a 1 ms path as UET's does on a 12 us one.
+* UET counts the bytes in flight when quick adapt cuts (its marks are then ignored); the law
+  does not see them and takes the window before the cut (it was full, or the flow would not
+  have queued).
+* UET's ACK covers a packet; here one ACK may cover several (``ack_every``): the delay
+  average weighs a sample by the packets it acknowledges, as if they had come one by one.
+
+Sans-IO: time comes in as ``now``; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mrc import wire
+from mrc.core.cc.base import WindowLaw
+from mrc.core.cc.nscc import Nscc, burst_packets
+from mrc.core.config import AUTO_BURST, GSO_MAX_BYTES, QPConfig
+
+_INF = float("inf")
+#: UET's reference network: 100 Gbit/s x 12 us = 150 kB, in 4 KiB packets (its MTU). Gains
+#: given "per packet x scaling factor" mean this many of them per reference BDP
+REFERENCE_BDP_PACKETS = 150_000 / 4096
+#: UET's target is 0.75 of the network RTT where the fabric trims (its reference b factor)
+TARGET_RTT_FRACTION = 0.75
+#: fast increase starts below 1 us of queueing delay on a 12 us network: 1/12 of the base RTT
+FAST_INCREASE_FRACTION = 1 / 12
+
+
+@dataclass(frozen=True, slots=True)
+class UetNsccParams:
+    """UET NSCC's parameters (``QPConfig.cc_params``, ``--qp cc.NAME=VALUE``), named as the
+    fields of ``mrc_ctl.h``'s ``struct mrc_ctl_cc_nscc_cfg``; times in seconds and sizes in
+    bytes where ``mrc_ctl`` has nanoseconds and bytes. 0 for a derived default."""
+
+    #: quick adapt off (``disable_qa``)
+    disable_qa: bool = False
+    #: apply the collected increases after this many acknowledged bytes (0: 8 packets)
+    adjust_bytes_threshold: int = 0
+    #: ... or after this long, seconds, when ``eta`` is added too (0: the base RTT)
+    adjust_period_threshold: float = 0.0
+    #: the network's round trip, seconds (0: measured, the smallest RTT sample)
+    base_rtt: float = 0.0
+    #: the additive increase per adjust period, packets x the BDP scaling factor
+    eta: float = 0.15
+    #: the fair increase per round trip, packets x the BDP scaling factor
+    fi: float = 5.0
+    #: the fast increase per acknowledged byte, x the BDP scaling factor
+    fi_scale: float = 0.25
+    #: the multiplicative decrease's weight of the average delay's excess over the target
+    gamma: float = 0.8
+    #: the largest multiplicative decrease, a fraction of the window
+    max_md_jump: float = 0.5
+    #: the largest window, bytes (0: 1.5 x the measured BDP, within max_outstanding)
+    max_cwnd: int = 0
+    #: quick adapt only while the flow delivered less than max_cwnd >> qa_gate per period
+    qa_gate: int = 3
+    #: a delay over this, seconds, triggers quick adapt (0: 4 x the target)
+    qa_threshold: float = 0.0
+    #: the queueing delay to aim at, seconds (0: 0.75 x the base RTT, UET's with trimming)
+    target_delay: float = 0.0
+    #: the window before a rate was measured, packets (UET starts at max_cwnd; the BDP is
+    #: not known here until a round trip was measured)
+    initial_window: int = 16
+    #: the weight of one packet's delay sample in the average (UET's 0.0125)
+    delay_alpha: float = 0.0125
+    #: the base RTT and the best rate are those of every QP of this process to the same peer
+    #: host (mrc's own ``nscc`` does the same, docs/CONGESTION.md, "Latecomers")
+    shared_base: bool = True
+
+    def validate(self) -> None:
+        """Raise ValueError, one line naming the parameter, for an impossible setting."""
+        for name in ("adjust_period_threshold", "base_rtt", "qa_threshold", "target_delay"):
+            if not 0 <= getattr(self, name) <= 10:
+                raise ValueError(f"cc.{name} must be between 0 and 10 seconds")
+        for name in ("eta", "fi", "fi_scale"):
+            if not 0 <= getattr(self, name) <= 1000:
+                raise ValueError(f"cc.{name} must be between 0 and 1000")
+        if not 0 <= self.gamma <= 1:
+            raise ValueError("cc.gamma must be between 0 and 1")
+        if not 0 < self.max_md_jump < 1:
+            raise ValueError("cc.max_md_jump must be > 0 and < 1")
+        if not 0 <= self.qa_gate <= 16:
+            raise ValueError("cc.qa_gate must be between 0 and 16")
+        if self.adjust_bytes_threshold < 0 or self.max_cwnd < 0:
+            raise ValueError("cc.adjust_bytes_threshold and cc.max_cwnd must be >= 0 bytes")
+        if self.initial_window < 1:
+            raise ValueError("cc.initial_window must be at least 1 packet")
+        if not 0 < self.delay_alpha <= 1:
+            raise ValueError("cc.delay_alpha must be > 0 and <= 1")
+
+
+class UetShare:
+    """What the windows of one process's QPs to one peer host share: the smallest round trip
+    and the best delivery rate any of them saw."""
+
+    __slots__ = ("base_rtt", "best_rate")
+
+    def __init__(self) -> None:
+        self.base_rtt = _INF
+        self.best_rate = 0.0
+
+
+class UetNscc(WindowLaw):
+    """UET 1.0's NSCC for one sender (see the module docstring)."""
+
+    COUNTERS = Nscc.COUNTERS  # decreases, quick adapts, losses not taken for congestion
+
+    __slots__ = (
+        "p",
+        "mss",
+        "cap",
+        "cwnd",
+        "target",
+        "base_rtt",
+        "best_rate",
+        "avg_delay",
+        "shared",
+        "decreases",
+        "quick_adapts",
+        "losses_ignored",
+        "fair_increases",
+        "trace",
+        "burst_delay_fraction",
+        "burst_spread",
+        "per_send",
+        "_inc",
+        "_received",
+        "_achieved",
+        "_ignored",
+        "_to_ignore",
+        "_trigger_qa",
+        "_qa_end",
+        "_last_adjust",
+        "_last_decrease",
+        "_fi_count",
+        "_increasing",
+        "_delivered",
+        "_rate_mark",
+    )
+
+    Params = UetNsccParams
+    default_burst = AUTO_BURST
+    plane_steering = True
+    prompt_acks = True
+
+    def __init__(self, params: UetNsccParams, config: QPConfig) -> None:
+        self.p = params
+        self.mss = config.payload_size
+        self.cap = float(config.payload_size * config.max_outstanding)
+        self.cwnd = float(self.mss * max(1, min(params.initial_window, config.max_outstanding)))
+        self.base_rtt = params.base_rtt or _INF
+        self.target = params.target_delay or 0.0
+        self.best_rate = 0.0  # bytes/s, the most delivered over one base RTT + target
+        self.avg_delay = 0.0
+        self.shared: UetShare | None = None
+        self.decreases = 0
+        self.quick_adapts = 0
+        self.losses_ignored = 0  # (none: a loss takes a packet off the window)
+        self.fair_increases = 0
+        #: (time, cwnd in bytes) after every change, once set to a list (tests, plots)
+        self.trace: list[tuple[float, float]] | None = None
+        self.burst_delay_fraction = config.burst_delay_fraction
+        self.burst_spread = config.burst_spread
+        self.per_send = max(1, GSO_MAX_BYTES // (self.mss + wire.DATA_IMM_HDR_LEN))
+        self._inc = 0.0  # increases collected until the next adjustment, bytes x bytes
+        self._received = 0  # bytes acknowledged since the last adjustment
+        self._achieved = 0  # bytes acknowledged since the quick adapt period began
+        self._ignored = 0  # bytes acknowledged or NACKed since the last quick adapt
+        self._to_ignore = 0  # ... until which CE marks are ignored
+        self._trigger_qa = False
+        self._qa_end = 0.0  # 0: quick adapt not armed yet (UET's first period only arms)
+        self._last_adjust = -_INF
+        self._last_decrease = -_INF
+        self._fi_count = 0  # bytes acknowledged in a row with next to no queueing
+        self._increasing = False  # fast increase under way
+        self._delivered = 0  # bytes acknowledged in all
+        self._rate_mark: tuple[float, int] | None = None  # (time, _delivered): rate sampling
+        self._retarget()
+        self._set(0.0, self.cwnd)
+
+    # ---- derived quantities ----------------------------------------------------------
+
+    @property
+    def interval(self) -> float:
+        """A round trip at the target: the base RTT plus the target delay."""
+        return self.base_rtt + self.target
+
+    @property
+    def bdp(self) -> float:
+        """The bandwidth-delay product the window is bounded by, bytes: UET's max_cwnd / 1.5
+        when given, else the best rate measured (this QP's or, shared, any QP's to the same
+        peer) over a round trip at the target (until then, ``initial_window``)."""
+        if self.p.max_cwnd:
+            return self.p.max_cwnd / 1.5
+        rate = self.best_rate
+        if self.shared is not None and self.shared.best_rate > rate:
+            rate = self.shared.best_rate
+        if rate <= 0.0 or self.base_rtt == _INF:
+            return self.mss * float(self.p.initial_window)
+        return rate * self.interval
+
+    @property
+    def max_cwnd(self) -> float:
+        if self.p.max_cwnd:
+            return min(self.cap, float(self.p.max_cwnd))
+        return min(self.cap, max(1.5 * self.bdp, self.mss * float(self.p.initial_window)))
+
+    @property
+    def scaling(self) -> float:
+        """UET's scaling factor a: the network's BDP over the reference network's. The
+        network's, not the flow's: the fair increase is fair only if every flow through a
+        queue adds the same. Given max_cwnd, its BDP; else ``initial_window`` packets, a
+        constant too (a BDP each flow measured would grow the flows that got a larger share
+        early faster: in an incast 15 -> 1 in the simulator, one flow finished at 0.23 x the
+        ideal time and the last at 1.6 x)."""
+        if self.p.max_cwnd:
+            return self.p.max_cwnd / 1.5 / (REFERENCE_BDP_PACKETS * self.mss)
+        return self.p.initial_window / REFERENCE_BDP_PACKETS
+
+    def burst(self, most: int, planes: int) -> int:
+        """Packets per burst, sized as mrc's own NSCC sizes them (:func:`burst_packets`)."""
+        return burst_packets(self, most, planes)
+
+    # ---- signals -----------------------------------------------------------------------
+
+    def join(self, peers: dict[str, object]) -> None:
+        if self.p.shared_base and self.shared is None:
+            shared = peers.setdefault("uet-nscc", UetShare())
+            assert isinstance(shared, UetShare)
+            self.shared = shared
+
+    def leave(self) -> None:
+        self.shared = None
+
+    def on_ack(self, now: float, acked: int, rtt: float | None, ce: bool) -> None:
+        """An ACK acknowledged ``acked`` new bytes; ``rtt``: its subject's sample (None:
+        none), ``ce``: the subject carried CE."""
+        if acked > 0:
+            self._achieved += acked
+            self._received += acked
+            self._ignored += acked
+            self._delivered += acked
+            self._note_rate(now)
+        if rtt is not None:
+            self._note_base(rtt)
+            delay = rtt - self.base_rtt
+            self._average(delay, ce, max(1, acked // self.mss))
+        else:
+            delay = self.avg_delay
+        if self._quick_adapt(now, False, ce, delay):
+            return
+        target = self.target
+        if not ce and delay >= target:
+            # fair increase: the same per round trip for every flow, whatever its window
+            self._inc += self.p.fi * self.mss * self.scaling * acked
+            self.fair_increases += 1
+        elif not ce:
+            self._proportional(now, acked, delay)
+        elif delay >= target:
+            self._decrease(now)
+        # else NOOP: a mark about a queue this flow's own delay does not show
+        self._bound(now)
+        period = self.p.adjust_period_threshold or self.base_rtt
+        threshold = self.p.adjust_bytes_threshold or 8 * self.mss
+        if self._received > threshold or now - self._last_adjust > period:
+            self._adjust(now, period)
+
+    def on_trim(self, now: float, rtt_hint: float) -> None:
+        """A trim NACK: a queue overflowed. Quick adapt if its period is over, else a packet
+        off the window."""
+        self._ignored += self.mss
+        if self.base_rtt == _INF and rtt_hint > 0.0:
+            # the only time scale yet. UET takes every NACK's round trip for a base RTT
+            # (update_base_rtt_on_nack); not here, where a data packet's own serialization is
+            # much of the round trip (8 KiB at 50 Mbit/s: 1.3 ms a hop) and a trimmed header
+            # has none: every ACK would then read as a queue of that much
+            self._note_base(rtt_hint)
+        if self.base_rtt != _INF:
+            # UET reads a trim as a queue at the trimming threshold: about a base RTT of delay
+            self._average(self.base_rtt, True, 1)
+        self._trigger_qa = True
+        if not self._quick_adapt(now, True, True, 0.0):
+            self._set(now, self.cwnd - self.mss)
+
+    def on_loss(self, now: float) -> None:
+        """Lost packets (SACKs): a packet off the window, as UET does for every packet it
+        marks for retransmission. A dead path is the EV health's."""
+        self._set(now, self.cwnd - self.mss)
+
+    on_timeout = on_loss
+
+    # ---- the law -----------------------------------------------------------------------
+
+    def _quick_adapt(self, now: float, loss: bool, ce: bool, delay: float) -> bool:
+        p = self.p
+        if p.disable_qa:
+            return False
+        done = False
+        if ce and self._ignored < self._to_ignore:
+            done = True  # a mark of a packet sent before the last quick adapt
+        elif now > self._qa_end and self.base_rtt != _INF:
+            if (
+                self._qa_end
+                and (self._trigger_qa or loss or delay > self._qa_threshold)
+                and self._achieved < self.max_cwnd / (1 << p.qa_gate)
+            ):
+                self.quick_adapts += 1
+                self._to_ignore = int(self.cwnd)  # (UET: the bytes in flight)
+                self._ignored = 0
+                self._trigger_qa = False
+                self._set(now, float(self._achieved))
+                done = True
+            self._achieved = 0
+            self._qa_end = now + self.interval
+        if done:
+            self._inc = 0.0
+            self._received = 0
+        return done
+
+    @property
+    def _qa_threshold(self) -> float:
+        return self.p.qa_threshold or 4 * self.target
+
+    def _proportional(self, now: float, acked: int, delay: float) -> None:
+        # fast increase: a whole window acknowledged with next to no queueing
+        if delay < FAST_INCREASE_FRACTION * self.base_rtt:
+            self._fi_count += acked
+            if self._fi_count > self.cwnd or self._increasing:
+                self._increasing = True
+                self._set(now, self.cwnd + acked * self.p.fi_scale * self.scaling)
+                return
+        else:
+            self._fi_count = 0
+        self._increasing = False
+        # UET's alpha = 4 x mss x a x b / target, b the target over the network RTT: summed
+        # over a window, 4 x mss x a x (target - delay) / base RTT per round trip
+        alpha = 4.0 * self.mss * self.scaling / self.base_rtt
+        self._inc += alpha * acked * (self.target - delay)
+
+    def _decrease(self, now: float) -> None:
+        self._increasing = False
+        self._fi_count = 0
+        avg = self.avg_delay
+        if avg > self.target and now - self._last_decrease > self.base_rtt:
+            factor = max(1.0 - self.p.gamma * (avg - self.target) / avg, 1.0 - self.p.max_md_jump)
+            self.decreases += 1
+            self._last_decrease = now
+            self._set(now, self.cwnd * factor)
+
+    def _adjust(self, now: float, period: float) -> None:
+        cwnd = self.cwnd + self._inc / self.cwnd
+        if now - self._last_adjust >= period:
+            cwnd += self.p.eta * self.mss * self.scaling
+            self._last_adjust = now
+        self._inc = 0.0
+        self._received = 0
+        self._set(now, cwnd)
+
+    # ---- measurements ------------------------------------------------------------------
+
+    def _note_base(self, rtt: float) -> None:
+        low = rtt
+        shared = self.shared
+        if shared is not None:
+            if rtt < shared.base_rtt:
+                shared.base_rtt = rtt
+            else:
+                low = shared.base_rtt  # another QP to this peer saw the path emptier
+        if low < self.base_rtt:
+            self.base_rtt = low
+            self._retarget()
+
+    def _retarget(self) -> None:
+        if not self.p.target_delay and self.base_rtt != _INF:
+            self.target = TARGET_RTT_FRACTION * self.base_rtt
+
+    def _average(self, delay: float, ce: bool, packets: int) -> None:
+        # a delay over target without a mark is not trusted: the average moves towards a
+        # quarter of the base RTT instead (UET's update_delay)
+        sample = delay if ce or delay <= self.target else 0.25 * self.base_rtt
+        keep = (1.0 - self.p.delay_alpha) ** packets
+        self.avg_delay = keep * self.avg_delay + (1.0 - keep) * sample
+
+    def _note_rate(self, now: float) -> None:
+        """The best delivery rate: bytes acknowledged over each stretch of one round trip at
+        the target."""
+        mark = self._rate_mark
+        if mark is None or self.base_rtt == _INF:
+            self._rate_mark = (now, self._delivered)
+            return
+        t0, d0 = mark
+        if now - t0 >= self.interval:
+            rate = (self._delivered - d0) / (now - t0)
+            if rate > self.best_rate:
+                self.best_rate = rate
+                if self.shared is not None and rate > self.shared.best_rate:
+                    self.shared.best_rate = rate
+            self._rate_mark = (now, self._delivered)
+
+    def _bound(self, now: float) -> None:
+        if self.cwnd > self.max_cwnd:
+            self._set(now, self.cwnd)
+
+    def _set(self, now: float, cwnd: float) -> None:
+        top = self.max_cwnd
+        cwnd = self.mss if cwnd < self.mss else top if cwnd > top else cwnd
+        self.cwnd = cwnd
+        self.limit = max(1, int(cwnd // self.mss))
+        if self.trace is not None:
+            self.trace.append((now, cwnd))
