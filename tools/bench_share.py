@@ -37,7 +37,7 @@ the machine: its CPU count and load). The fabric's namespaces are named mrc-<nam
 unique default name and are always removed, also on Ctrl-C / SIGTERM. Needs root.
 
     sudo .venv/bin/python tools/bench_share.py                        # 2 and 4 senders, nscc
-    sudo .venv/bin/python tools/bench_share.py --senders 2,4 --cc nscc,uet-nscc --runs 3
+    sudo .venv/bin/python tools/bench_share.py --senders 2,4 --cc nscc,nscc-mrc --runs 3
     sudo .venv/bin/python tools/bench_share.py --senders 2 --cc nscc,fixed --time 2 --json
 """
 

@@ -142,11 +142,12 @@ class QPConfig(EVConfig):
     # law chose): sprayed, those packets would fill each plane's NIC queue just the same
     # (docs/PERFORMANCE.md, "Bursts"); 0: the law's size alone
     burst_batch: bool = True
-    # congestion control: the window law's name (mrc/core/cc/, docs/CONGESTION.md): "nscc", an
-    # NSCC-style window capped by max_outstanding; "fixed", a window of max_outstanding
-    # packets; another registered name, or MODULE:CLASS to load a law from a module or file
+    # congestion control: the window law's name (mrc/core/cc/, docs/CONGESTION.md): "nscc",
+    # UET 1.0's NSCC capped by max_outstanding; "nscc-mrc", mrc's own NSCC-style law; "fixed",
+    # a window of max_outstanding packets; another registered name, or MODULE:CLASS to load a
+    # law from a module or file
     cc: str = "nscc"
-    # the law's parameters, by the names of its Params fields (NSCC: mrc.core.cc.NsccParams);
+    # the law's parameters, by the names of its Params fields (nscc: mrc.core.cc.UetNsccParams);
     # what is not given takes the law's default. Text form: --qp cc.NAME=VALUE
     cc_params: dict[str, float | int | bool] = field(default_factory=dict)
     # UDP source ports (one socket each) per route, on IPv6: the EVs of a route share them and

@@ -69,13 +69,13 @@ def test_settings_apply_in_order_and_the_psn_window_follows_the_window() -> None
 def test_cc_keys_are_parameters_of_the_law_the_settings_choose() -> None:
     """cc.NAME is read by the law's own Params, after every other key, so that a ``cc=``
     given later still decides which law it belongs to."""
-    assert apply_settings(QPConfig(), ["cc.gain=1"]).cc_params == {"gain": 1.0}
+    assert apply_settings(QPConfig(), ["cc.gamma=1"]).cc_params == {"gamma": 1.0}
     with pytest.raises(ValueError, match="window law fixed has no such parameter"):
-        apply_settings(QPConfig(), ["cc.gain=1", "cc=fixed"])
-    with pytest.raises(ValueError, match="cc.gain must be"):
-        apply_settings(QPConfig(), ["cc.gain=fast"])
-    cfg = apply_settings(QPConfig(cc="fixed"), ["cc.min_window=0.5", "cc=nscc"])
-    assert cfg.cc == "nscc" and cfg.cc_params == {"min_window": 0.5}
+        apply_settings(QPConfig(), ["cc.gamma=1", "cc=fixed"])
+    with pytest.raises(ValueError, match="cc.gamma must be"):
+        apply_settings(QPConfig(), ["cc.gamma=fast"])
+    cfg = apply_settings(QPConfig(cc="fixed"), ["cc.min_window=0.5", "cc=nscc-mrc"])
+    assert cfg.cc == "nscc-mrc" and cfg.cc_params == {"min_window": 0.5}
 
 
 def test_cc_keys_go_to_the_hook() -> None:

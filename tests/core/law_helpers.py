@@ -5,23 +5,23 @@ from __future__ import annotations
 import dataclasses
 
 from mrc.core import QPConfig
-from mrc.core.cc import Nscc, NsccParams
+from mrc.core.cc import MrcNscc, MrcNsccParams
 
 
 def nscc_window(
     mss: int, cap_packets: int, initial_packets: int, target_delay: float, **params: float
-) -> Nscc:
+) -> MrcNscc:
     """NSCC for ``mss``-byte packets, capped at ``cap_packets``, starting at
     ``initial_packets``, with the target ``target_delay`` alone (``target_rtt_fraction`` 0)
-    and a floor of one packet (``min_window`` 1), unless ``params`` (NsccParams fields) say
+    and a floor of one packet (``min_window`` 1), unless ``params`` (MrcNsccParams fields) say
     otherwise: the units the law's tests reason in."""
-    base = NsccParams(
+    base = MrcNsccParams(
         target_delay=target_delay,
         initial_window=initial_packets,
         target_rtt_fraction=0.0,
         min_window=1.0,
     )
-    return Nscc(
+    return MrcNscc(
         dataclasses.replace(base, **params),
         QPConfig(payload_size=mss, max_outstanding=cap_packets),
     )

@@ -1,6 +1,6 @@
-"""NSCC-style congestion control (mrc/core/cc/nscc.py, ``QPConfig.cc = "nscc"``) in the simulator's
-congestion model (mrc/lab/sim_links.py): the retransmit storm it ends, a single flow's utilization
-and queue, two flows' fairness, and the window's reaction to a trim burst.
+"""mrc's own NSCC-style law (mrc/core/cc/nscc.py, ``QPConfig.cc = "nscc-mrc"``) in the
+simulator's congestion model (mrc/lab/sim_links.py): the retransmit storm it ends, a single
+flow's utilization and queue, two flows' fairness, and the window's reaction to a trim burst.
 
 Every scenario checks the data (every byte in place, completions in order, via the harness's
 ``check_final``) and the counters it relies on. ``cc="fixed"`` is measured side by side where
@@ -15,7 +15,7 @@ import pytest
 
 from mrc import wire
 from mrc.core import QPConfig
-from mrc.core.cc import Nscc, NsccParams
+from mrc.core.cc import MrcNscc, MrcNsccParams
 from mrc.lab.sim import Faults
 from mrc.lab.sim_links import Fabric, Link, LinkSpec
 
@@ -27,7 +27,7 @@ PAYLOAD = 1000
 WIRE = PAYLOAD + wire.DATA_HDR_LEN
 PAYLOAD_RATE = RATE * PAYLOAD / WIRE  # the most goodput the bottleneck can carry
 QUEUE = 20_000  # bytes: 19 full packets waiting behind the one being sent
-TARGET = NsccParams().target_delay
+TARGET = MrcNsccParams().target_delay
 
 
 def _config(cc: str, window: int, **over: object) -> QPConfig:
@@ -57,9 +57,9 @@ class Flow:
         return self.fab.link("last:b/p0")
 
     @property
-    def cc(self) -> Nscc:
+    def cc(self) -> MrcNscc:
         cc = self.t.qp.requester.cc
-        assert isinstance(cc, Nscc)
+        assert isinstance(cc, MrcNscc)
         return cc
 
 
@@ -90,10 +90,10 @@ def test_nscc_ends_the_retransmit_storm_of_a_window_larger_than_the_queue() -> N
     spec = LinkSpec(rate=RATE, queue=QUEUE, trim=True)
     packets = 400
     fixed = _one_flow("fixed", spec, 64, packets)
-    nscc = _one_flow("nscc", spec, 64, packets, cc_params={"initial_window": 64})
+    nscc = _one_flow("nscc-mrc", spec, 64, packets, cc_params={"initial_window": 64})
     per_pkt = {}
     goodput = {}
-    for name, f in (("fixed", fixed), ("nscc", nscc)):
+    for name, f in (("fixed", fixed), ("nscc-mrc", nscc)):
         st, qs = f.last.stats, f.t.qp.stats
         assert st.dropped == 0 and qs.retransmits_timeout == 0
         assert qs.retransmits_nack == st.trimmed  # every trim NACKed and resent once
@@ -101,10 +101,10 @@ def test_nscc_ends_the_retransmit_storm_of_a_window_larger_than_the_queue() -> N
         goodput[name] = packets * PAYLOAD / f.net.now
     # measured: fixed 114 trims per packet at 3.0 MB/s; nscc 0.11 at 12.1 MB/s
     assert per_pkt["fixed"] > 50, per_pkt
-    assert per_pkt["nscc"] * 10 <= per_pkt["fixed"], per_pkt
-    assert per_pkt["nscc"] < 0.5, per_pkt
+    assert per_pkt["nscc-mrc"] * 10 <= per_pkt["fixed"], per_pkt
+    assert per_pkt["nscc-mrc"] < 0.5, per_pkt
     assert goodput["fixed"] < 0.5 * PAYLOAD_RATE, goodput
-    assert goodput["nscc"] >= 0.9 * PAYLOAD_RATE, goodput
+    assert goodput["nscc-mrc"] >= 0.9 * PAYLOAD_RATE, goodput
     cc = nscc.cc
     assert cc.quick_adapts >= 1
     assert cc.base_rtt < 1e-3 and cc.best_rate == pytest.approx(PAYLOAD_RATE, rel=0.05)
@@ -116,7 +116,7 @@ def test_one_flow_fills_the_bottleneck_with_a_bounded_queue_and_no_drops() -> No
     spec = LinkSpec(rate=RATE, queue=60_000, trim=False)
     packets = 800
     fixed = _one_flow("fixed", spec, 64, packets)
-    nscc = _one_flow("nscc", spec, 64, packets)
+    nscc = _one_flow("nscc-mrc", spec, 64, packets)
     fst, nst = fixed.last.stats, nscc.last.stats
     assert fst.dropped > 0  # the control: the fixed window overflows this queue
     assert nst.dropped == 0 and nst.trimmed == 0
@@ -140,8 +140,8 @@ def test_ecn_echo_drives_the_window_down_before_the_delay_target() -> None:
     # an ECN threshold of 3 packets, well under the delay target (6 packets at this rate): the
     # marks, echoed as BECN, keep the queue below what delay alone would allow
     packets = 600
-    plain = _one_flow("nscc", LinkSpec(rate=RATE, queue=60_000), 64, packets)
-    marked = _one_flow("nscc", LinkSpec(rate=RATE, queue=60_000, ecn=3 * WIRE), 64, packets)
+    plain = _one_flow("nscc-mrc", LinkSpec(rate=RATE, queue=60_000), 64, packets)
+    marked = _one_flow("nscc-mrc", LinkSpec(rate=RATE, queue=60_000, ecn=3 * WIRE), 64, packets)
     assert plain.last.stats.ecn_marked == 0
     assert marked.last.stats.ecn_marked > 0
     for f in (plain, marked):
@@ -168,7 +168,9 @@ def test_two_flows_from_two_hosts_share_the_last_hop_fairly() -> None:
     packets = 500
     transfers = []
     for i, src in enumerate(("a", "c")):
-        qa, qb = net.connect(src, "b", evs=16, config=_config("nscc", 64), qpn_a=i + 1, qpn_b=i + 1)
+        qa, qb = net.connect(
+            src, "b", evs=16, config=_config("nscc-mrc", 64), qpn_a=i + 1, qpn_b=i + 1
+        )
         t = make_transfer(net, src, "b", qa, qb, [packets * PAYLOAD + 2000], 20 + i)
         t.post(0, 1000, _pattern(packets * PAYLOAD, i), imm=i)
         transfers.append(t)
@@ -201,7 +203,7 @@ def test_the_window_shrinks_on_a_trim_burst_and_grows_back_when_the_queue_drains
     net.set_fabric(fab)
     for h in ("a", "c", "b"):
         net.add_host(h)
-    qa, qb = net.connect("a", "b", evs=16, config=_config("nscc", 64), qpn_a=1, qpn_b=1)
+    qa, qb = net.connect("a", "b", evs=16, config=_config("nscc-mrc", 64), qpn_a=1, qpn_b=1)
     qc, qd = net.connect("c", "b", evs=16, config=_config("fixed", 16), qpn_a=2, qpn_b=2)
     cc = qa.requester.cc
     assert cc is not None

@@ -1,4 +1,4 @@
-"""NSCC windows below one packet (``NsccParams.min_window``, ``--qp cc.min_window``): the law's
+"""NSCC windows below one packet (``MrcNsccParams.min_window``, ``--qp cc.min_window``): the law's
 units, pacing in the requester, RTT samples after a trim, and many flows into one last hop in the
 simulator."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mrc.core import QPConfig
-from mrc.core.cc import Nscc
+from mrc.core.cc import MrcNscc
 from mrc.lab.sim import Faults
 from mrc.lab.sim_links import Fabric, LinkSpec, trim_datagram
 
@@ -17,7 +17,7 @@ from .mrcsim_harness import DATA_OPS, RecordingNetwork, Sent, Transfer, make_tra
 MSS = 1000
 
 
-def _window(min_packets: float = 0.125) -> Nscc:
+def _window(min_packets: float = 0.125) -> MrcNscc:
     """Base RTT 1 ms, target 0.5 ms, a history of ACKs over 50 ms (one packet per ms)."""
     w = nscc_window(
         mss=MSS, cap_packets=64, initial_packets=4, target_delay=0.0005, min_window=min_packets
@@ -107,8 +107,8 @@ def test_a_whole_packet_floor_never_paces() -> None:
 def test_config_rejects_a_floor_out_of_range() -> None:
     for bad in (0.0, -1.0, 1.5):
         with pytest.raises(ValueError, match="cc.min_window"):
-            QPConfig(cc_params={"min_window": bad}).validate()
-    QPConfig(cc_params={"min_window": 1.0}).validate()
+            QPConfig(cc="nscc-mrc", cc_params={"min_window": bad}).validate()
+    QPConfig(cc="nscc-mrc", cc_params={"min_window": 1.0}).validate()
 
 
 # ---- the requester paces, and samples RTTs after trims ---------------------------------------
@@ -135,7 +135,10 @@ def _incast(
         host = f"s{i}"
         net.add_host(host)
         cfg = QPConfig(
-            payload_size=PAYLOAD, max_outstanding=64, cc_params={"min_window": min_window}
+            payload_size=PAYLOAD,
+            max_outstanding=64,
+            cc="nscc-mrc",
+            cc_params={"min_window": min_window},
         )
         qa, qb = net.connect(host, "r", evs=8, config=cfg, qpn_a=i + 1, qpn_b=i + 1, planes=1)
         t = make_transfer(net, host, "r", qa, qb, [size + 4096], 40 + i)
@@ -178,6 +181,7 @@ def test_a_paced_requester_holds_data_until_its_pace_and_asks_the_timer_for_it()
     cfg = QPConfig(
         payload_size=1000,
         max_outstanding=64,
+        cc="nscc-mrc",
         cc_params={"initial_window": 1, "min_window": 0.125},
     )
     qa, qb = net.connect("a", "b", evs=8, config=cfg)

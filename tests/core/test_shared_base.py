@@ -13,19 +13,19 @@ import pytest
 
 from mrc.core import QPConfig
 from mrc.core.cc import create
-from mrc.core.cc.nscc import Nscc, PeerShare
+from mrc.core.cc.nscc import MrcNscc, PeerShare
 
 MSS = 1400
 
 
-def _law(**params: object) -> Nscc:
-    cfg = QPConfig(payload_size=MSS, cc="nscc", cc_params=dict(params))
+def _law(**params: object) -> MrcNscc:
+    cfg = QPConfig(payload_size=MSS, cc="nscc-mrc", cc_params=dict(params))
     law = create(cfg.cc, cfg.cc_params, cfg)
-    assert isinstance(law, Nscc)
+    assert isinstance(law, MrcNscc)
     return law
 
 
-def _feed(law: Nscc, t0: float, rtt: float, acks: int, step: float = 0.001) -> float:
+def _feed(law: MrcNscc, t0: float, rtt: float, acks: int, step: float = 0.001) -> float:
     now = t0
     for _ in range(acks):
         now += step
@@ -81,5 +81,5 @@ def test_a_qp_joins_once() -> None:
     law.join(peers)
     law.join(peers)
     law.leave()
-    share = peers["nscc"]
+    share = peers["nscc-mrc"]
     assert isinstance(share, PeerShare) and share.members == 0

@@ -1,4 +1,4 @@
-"""UET 1.0's NSCC (mrc/core/cc/uet.py, ``QPConfig.cc = "uet-nscc"``): the law on its own, fed
+"""UET 1.0's NSCC (mrc/core/cc/uet.py, ``QPConfig.cc = "nscc"``): the law on its own, fed
 ACKs, trims and losses as the requester gives them, then in the simulator.
 
 The law's table is what UET adds over mrc's own ``nscc``: an ACK's (queueing delay, CE) pair
@@ -59,9 +59,9 @@ def _acks(law: UetNscc, t: float, n: int, delay: float, ce: bool, per_ack: int =
 
 
 def test_the_parameters_are_mrc_ctls_and_are_checked_in_one_line() -> None:
-    assert "uet-nscc" in names()
+    assert "nscc" in names()
     assert {f.name for f in dataclasses.fields(UetNsccParams)} >= MRC_CTL_NSCC_CFG
-    assert params_of("uet-nscc", {"gamma": 0.5, "qa_gate": 2}).gamma == 0.5
+    assert params_of("nscc", {"gamma": 0.5, "qa_gate": 2}).gamma == 0.5
     for bad, word in (
         ({"gamma": 1.5}, "cc.gamma"),
         ({"max_md_jump": 1.0}, "cc.max_md_jump"),
@@ -70,7 +70,7 @@ def test_the_parameters_are_mrc_ctls_and_are_checked_in_one_line() -> None:
         ({"max_cwnd": -1}, "cc.max_cwnd"),
     ):
         with pytest.raises(ValueError, match=word) as err:
-            params_of("uet-nscc", bad)
+            params_of("nscc", bad)
         assert "\n" not in str(err.value)
 
 
@@ -154,12 +154,15 @@ def test_a_flow_that_delivers_much_is_not_quick_adapted() -> None:
     assert law.cwnd > 32 * MSS
 
 
-def test_a_loss_takes_one_packet_and_the_window_keeps_a_packet() -> None:
+def test_a_loss_takes_one_packet_a_timeout_none_and_the_window_keeps_a_packet() -> None:
     law = _law(4)
     law.on_loss(0.0)
     assert law.cwnd == 3 * MSS and law.limit == 3
     for _ in range(10):
-        law.on_timeout(0.0)
+        law.on_timeout(0.0)  # a dead path's or a blackout's: the retry budget's to end
+    assert law.cwnd == 3 * MSS
+    for _ in range(10):
+        law.on_loss(0.0)
     assert law.cwnd == MSS and law.limit == 1
 
 
@@ -183,7 +186,7 @@ def test_three_senders_into_one_trimming_last_hop_deliver_every_byte() -> None:
     fab = Fabric(lasthop=LinkSpec(rate=12.5e6, queue=20_000, trim=True))
     net.set_fabric(fab)
     net.add_host("r")
-    cfg = QPConfig(payload_size=MSS, max_outstanding=24, cc="uet-nscc", ack_every=4)
+    cfg = QPConfig(payload_size=MSS, max_outstanding=24, cc="nscc", ack_every=4)
     transfers = []
     size = 300 * MSS
     for n, name in enumerate(("a", "b", "c")):

@@ -14,8 +14,8 @@ from mrc import wire
 from mrc.core import QPConfig
 from mrc.core.cc import (
     FixedWindow,
-    Nscc,
-    NsccParams,
+    MrcNscc,
+    MrcNsccParams,
     WindowLaw,
     create,
     law_class,
@@ -46,8 +46,8 @@ def _pattern(n: int, salt: int) -> bytes:
 
 
 def test_the_registry_names_the_laws_and_loads_one_from_a_file() -> None:
-    assert {"fixed", "nscc"} <= set(names())
-    assert law_class("fixed") is FixedWindow and law_class("nscc") is Nscc
+    assert {"fixed", "nscc-mrc"} <= set(names())
+    assert law_class("fixed") is FixedWindow and law_class("nscc-mrc") is MrcNscc
     dctcp = law_class(DCTCP)
     assert issubclass(dctcp, WindowLaw) and dctcp.__name__ == "Dctcp"
     assert law_class(DCTCP) is dctcp  # loaded once
@@ -56,7 +56,7 @@ def test_the_registry_names_the_laws_and_loads_one_from_a_file() -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(EXAMPLE.parent)
         assert spec("dctcp_window.py:Dctcp") == DCTCP
-    assert spec("nscc") == "nscc"
+    assert spec("nscc-mrc") == "nscc-mrc"
     for bad, why in (
         ("vegas", "cc must be one of"),
         ("no.such.module:Law", "cannot load"),
@@ -91,10 +91,10 @@ def test_register_takes_only_laws_with_plain_parameters() -> None:
 
 
 def test_a_laws_parameters_are_checked_in_one_line_naming_the_key() -> None:
-    assert params_of("nscc", {}) == NsccParams()
-    assert params_of("nscc", {"gain": 1, "initial_window": 4}).gain == 1.0  # an int does
+    assert params_of("nscc-mrc", {}) == MrcNsccParams()
+    assert params_of("nscc-mrc", {"gain": 1, "initial_window": 4}).gain == 1.0  # an int does
     for values, why in (
-        ({"gian": 0.5}, r"cc\.gian: window law nscc has no such parameter \(it has: target_"),
+        ({"gian": 0.5}, r"cc\.gian: window law nscc-mrc has no such parameter \(it has: target_"),
         ({"initial_window": 4.5}, r"cc\.initial_window must be an integer, not 4\.5"),
         ({"gain": True}, r"cc\.gain must be a number, not True"),
         ({"gain": -1.0}, r"cc\.gain must be >= 0"),
@@ -102,7 +102,7 @@ def test_a_laws_parameters_are_checked_in_one_line_naming_the_key() -> None:
         ({"min_window": 0.0}, r"cc\.min_window must be between 0\.001 and 1"),
     ):
         with pytest.raises(ValueError, match=why) as err:
-            QPConfig(cc_params=values).validate()
+            QPConfig(cc="nscc-mrc", cc_params=values).validate()
         assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match=r"cc\.min_window"):
         QPConfig(cc="fixed", cc_params={"min_window": 0.5}).validate()  # not fixed's
@@ -111,14 +111,14 @@ def test_a_laws_parameters_are_checked_in_one_line_naming_the_key() -> None:
 
 
 def test_a_parameter_from_text_takes_its_fields_type() -> None:
-    assert param_from_text("nscc", "min_window", "0.5") == 0.5
-    assert param_from_text("nscc", "initial_window", "32") == 32
-    assert isinstance(param_from_text("nscc", "gain", "1"), float)
+    assert param_from_text("nscc-mrc", "min_window", "0.5") == 0.5
+    assert param_from_text("nscc-mrc", "initial_window", "32") == 32
+    assert isinstance(param_from_text("nscc-mrc", "gain", "1"), float)
     assert param_from_text(DCTCP, "g", "0.125") == 0.125
     with pytest.raises(ValueError, match=r"cc\.initial_window must be an integer, not '1\.5'"):
-        param_from_text("nscc", "initial_window", "1.5")
+        param_from_text("nscc-mrc", "initial_window", "1.5")
     with pytest.raises(ValueError, match=r"cc\.gain must be a number, not 'x'"):
-        param_from_text("nscc", "gain", "x")
+        param_from_text("nscc-mrc", "gain", "x")
     with pytest.raises(ValueError, match="no such parameter"):
         param_from_text("fixed", "gain", "1")
 
@@ -137,7 +137,7 @@ def test_a_parameter_from_text_takes_its_fields_type() -> None:
 
 
 def test_nscc_keeps_the_defaults_it_had_as_qpconfig_fields() -> None:
-    assert dataclasses.asdict(NsccParams()) == {
+    assert dataclasses.asdict(MrcNsccParams()) == {
         "target_delay": 0.0005,
         "target_rtt_fraction": 0.25,
         "target_packets": 0.0,
@@ -151,8 +151,8 @@ def test_nscc_keeps_the_defaults_it_had_as_qpconfig_fields() -> None:
         "shared_base": True,
         "shared_target_packets": 4.0,
     }
-    law = create("nscc", {}, QPConfig(payload_size=1000))
-    assert isinstance(law, Nscc)
+    law = create("nscc-mrc", {}, QPConfig(payload_size=1000))
+    assert isinstance(law, MrcNscc)
     assert law.cwnd == 16_000 and law.min_cwnd == 250 and law.limit == 16
     assert law.counters() == {"cc_decreases": 0, "cc_quick_adapts": 0, "cc_losses_ignored": 0}
 
@@ -163,12 +163,12 @@ def test_what_a_law_decides_for_the_qp() -> None:
     assert QPConfig(cc="fixed").burst_max == 1
     assert QPConfig(cc=DCTCP).burst_max == 1  # the base class's default: spray
     assert QPConfig(cc=DCTCP, burst=4).burst_max == 4
-    assert Nscc.plane_steering and Nscc.prompt_acks and Nscc.adaptive
+    assert MrcNscc.plane_steering and MrcNscc.prompt_acks and MrcNscc.adaptive
     assert not (FixedWindow.plane_steering or FixedWindow.prompt_acks or FixedWindow.adaptive)
     net = RecordingNetwork(1)
     net.add_host("a")
     net.add_host("b")
-    for n, (cc, steered) in enumerate((("nscc", True), ("fixed", False), (DCTCP, False)), 1):
+    for n, (cc, steered) in enumerate((("nscc-mrc", True), ("fixed", False), (DCTCP, False)), 1):
         qa, _ = net.connect("a", "b", config=QPConfig(cc=cc), planes=2, qpn_a=n, qpn_b=n)
         assert (qa.evs.steering is not None) == steered, cc
 

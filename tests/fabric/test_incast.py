@@ -561,7 +561,7 @@ def _router_gso(topo: Topology) -> int:
 
 
 def test_incast_with_trim_and_nscc(trimmed_run) -> None:
-    """The same incast with the experimental NSCC window (--cc nscc, capped by the same
+    """The same incast with the NSCC window (--cc nscc, UET 1.0's, capped by the same
     --window): every transfer verifies, and the window reacts to trims, so the fabric trims
     fewer packets per data packet than the fixed window of the first run in this module."""
     topo, fixed = trimmed_run

@@ -4,7 +4,7 @@ the two that ship (``fixed``, ``nscc``) and the registry that names them (docs/C
 
 from mrc.core.cc.base import NoParams, WindowLaw
 from mrc.core.cc.fixed import FixedWindow
-from mrc.core.cc.nscc import Nscc, NsccParams
+from mrc.core.cc.nscc import MrcNscc, MrcNsccParams
 from mrc.core.cc.registry import (
     create,
     law_class,
@@ -19,8 +19,8 @@ from mrc.core.cc.uet import UetNscc, UetNsccParams
 __all__ = [
     "FixedWindow",
     "NoParams",
-    "Nscc",
-    "NsccParams",
+    "MrcNscc",
+    "MrcNsccParams",
     "UetNscc",
     "UetNsccParams",
     "WindowLaw",

@@ -60,7 +60,7 @@ _INF = float("inf")
 
 
 @dataclass(frozen=True, slots=True)
-class NsccParams:
+class MrcNsccParams:
     """NSCC's parameters (``QPConfig.cc_params``, ``--qp cc.NAME=VALUE``)."""
 
     #: the queueing delay (RTT above the smallest seen) the window aims at, seconds: the
@@ -175,7 +175,7 @@ class PeerShare:
         self.members = 0
 
 
-class Nscc(WindowLaw):
+class MrcNscc(WindowLaw):
     """The congestion window of one sender (see the module docstring for the law)."""
 
     COUNTERS = (
@@ -245,12 +245,12 @@ class Nscc(WindowLaw):
         "_horizon",
     )
 
-    Params = NsccParams
+    Params = MrcNsccParams
     default_burst = AUTO_BURST
     plane_steering = True
     prompt_acks = True
 
-    def __init__(self, params: NsccParams, config: QPConfig) -> None:
+    def __init__(self, params: MrcNsccParams, config: QPConfig) -> None:
         mss = config.payload_size
         cap_packets = config.max_outstanding
         self.mss = mss
@@ -354,7 +354,7 @@ class Nscc(WindowLaw):
 
     def join(self, peers: dict[str, object]) -> None:
         if self.share_base and self.shared is None:
-            shared = peers.setdefault("nscc", PeerShare())
+            shared = peers.setdefault("nscc-mrc", PeerShare())
             assert isinstance(shared, PeerShare)
             shared.members += 1
             self.shared = shared

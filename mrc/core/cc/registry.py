@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from mrc.core.cc.base import WindowLaw
 from mrc.core.cc.fixed import FixedWindow
-from mrc.core.cc.nscc import Nscc
+from mrc.core.cc.nscc import MrcNscc
 from mrc.core.cc.uet import UetNscc
 
 if TYPE_CHECKING:
@@ -216,5 +216,5 @@ def _a(kind: type) -> str:
 
 
 register("fixed", FixedWindow)
-register("nscc", Nscc)
-register("uet-nscc", UetNscc)
+register("nscc", UetNscc)
+register("nscc-mrc", MrcNscc)

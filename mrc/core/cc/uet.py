@@ -1,4 +1,4 @@
-"""NSCC as UET 1.0 defines it (``QPConfig.cc = "uet-nscc"``): the window of one queue pair.
+"""NSCC as UET 1.0 defines it (``QPConfig.cc = "nscc"``, the default): the window of one queue pair.
 
 UET's network-signal-based congestion control, written from the public description of the
 algorithm (the UET 1.0 specification's NSCC and the Ultra Ethernet Consortium's htsim model of
@@ -24,9 +24,9 @@ after a period without one, the window also gains ``eta``. *Quick adapt*: once p
 target, if a trim NACK, a loss, or a delay over ``qa_threshold`` came and the flow delivered
 less than ``max_cwnd >> qa_gate`` in that time, the window becomes what it delivered; the ECN
 marks of packets already in flight are then ignored. A trim NACK otherwise takes one packet
-off the window, and so does a loss or a timeout: losses over sprayed paths are the EV health's
-to handle (a dead path, not a full queue). The window stays between one packet and
-``max_cwnd`` (1.5 x the bandwidth-delay product).
+off the window, and so does a loss (a timeout does not, see ``on_timeout``): losses over
+sprayed paths are the EV health's to handle (a dead path, not a full queue). The window stays
+between one packet and ``max_cwnd`` (1.5 x the bandwidth-delay product).
 
 Where this must differ from a NIC (docs/CONGESTION.md, "UET's NSCC here"):
 
@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 from mrc import wire
 from mrc.core.cc.base import WindowLaw
-from mrc.core.cc.nscc import Nscc, burst_packets
+from mrc.core.cc.nscc import MrcNscc, burst_packets
 from mrc.core.config import AUTO_BURST, GSO_MAX_BYTES, QPConfig
 
 _INF = float("inf")
@@ -141,7 +141,7 @@ class UetShare:
 class UetNscc(WindowLaw):
     """UET 1.0's NSCC for one sender (see the module docstring)."""
 
-    COUNTERS = Nscc.COUNTERS  # decreases, quick adapts, losses not taken for congestion
+    COUNTERS = MrcNscc.COUNTERS  # decreases, quick adapts, losses not taken for congestion
 
     __slots__ = (
         "p",
@@ -263,7 +263,7 @@ class UetNscc(WindowLaw):
 
     def join(self, peers: dict[str, object]) -> None:
         if self.p.shared_base and self.shared is None:
-            shared = peers.setdefault("uet-nscc", UetShare())
+            shared = peers.setdefault("nscc", UetShare())
             assert isinstance(shared, UetShare)
             self.shared = shared
 
@@ -325,7 +325,13 @@ class UetNscc(WindowLaw):
         marks for retransmission. A dead path is the EV health's."""
         self._set(now, self.cwnd - self.mss)
 
-    on_timeout = on_loss
+    def on_timeout(self, now: float) -> None:
+        """A retransmission timer fired: nothing. UET takes a packet off the window here too,
+        but resends timed-out packets in loss recovery whatever the window; this requester
+        holds every resend below the window, so a blackout (every path dead) would shrink
+        the window to a packet and serialise the retries of all the others: a QP of 4
+        packets gave up after 23.6 s instead of the 10.6 its retry budget allows. A timeout
+        here is a dead path's (EV health) or a blackout's (the retry budget)."""
 
     # ---- the law -----------------------------------------------------------------------
 
