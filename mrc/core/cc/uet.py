@@ -102,7 +102,7 @@ class UetNsccParams:
     #: the weight of one packet's delay sample in the average (UET's 0.0125)
     delay_alpha: float = 0.0125
     #: the base RTT and the best rate are those of every QP of this process to the same peer
-    #: host (mrc's own ``nscc`` does the same, docs/CONGESTION.md, "Latecomers")
+    #: host (as ``nscc-mrc``'s, docs/CONGESTION.md, "Latecomers")
     shared_base: bool = True
 
     def validate(self) -> None:
