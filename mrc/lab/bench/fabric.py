@@ -56,6 +56,13 @@ def _child_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def _per_packet(seconds: float | None, packets: int | None) -> float | None:
+    """Microseconds of CPU per packet, or None without both figures."""
+    if seconds is None or not packets:
+        return None
+    return round(seconds * 1e6 / packets, 2)
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace, topo: Topology) -> None:
         self.args = args
@@ -114,6 +121,11 @@ class Bench:
             "duplicates": rj.get("duplicates"),
             "packets_per_route": routes,
             "cpu_seconds": round(_child_cpu() - cpu0, 3),  # sender + receiver processes
+            "send_cpu_seconds": sj.get("cpu_seconds"),
+            "recv_cpu_seconds": rj.get("cpu_seconds"),
+            # the receiving process's CPU per data packet it took: what GRO (plain UDP to the
+            # host, uSID) saves against one receive per datagram (an SRH, docs/FABRIC.md)
+            "recv_cpu_us_per_packet": _per_packet(rj.get("cpu_seconds"), sj.get("data_packets")),
         }
 
     # ---- kernel TCP on plane 0 ---------------------------------------------------------------
@@ -227,7 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"({r['goodput_bps'] / capacity:6.1%}), {r['retransmits']} retransmits, "
                     f"{r['evs_assumed_bad']} EVs assumed bad, "
                     f"mean burst {r['data_packets'] / max(1, r['bursts'] or 0):.1f}, "
-                    f"cpu {r['cpu_seconds']:.2f} s"
+                    f"cpu {r['cpu_seconds']:.2f} s, receiver {r['recv_cpu_us_per_packet']} us a packet"
                 )
             if not args.no_tcp:
                 r = bench.tcp_run(args.size)
