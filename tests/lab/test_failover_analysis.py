@@ -139,6 +139,7 @@ def test_analyse_one_mrc_run() -> None:
     assert out["ok"] and out["sha256_match"]
     assert out["max_stall_ms"] == pytest.approx(201.0) and out["max_stall_at_s"] == 0.399
     assert out["max_stall_in_failure_ms"] == out["max_stall_ms"]
+    assert out["max_stall_outside_failure_ms"] == pytest.approx(1.0)  # the steady samples'
     assert out["goodput_before_bps"] == 7_980_000  # from the first sample, which had 1000
     assert out["goodput_after_bps"] == 8_000_000
     assert out["during_vs_capacity"] == pytest.approx(out["goodput_during_bps"] / 8e6, abs=1e-3)

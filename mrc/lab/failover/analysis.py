@@ -55,11 +55,15 @@ def max_stall(
     t0: float,
     t1: float,
     overlapping: tuple[float, float] | None = None,
+    outside: tuple[float, float] | None = None,
 ) -> tuple[float, float]:
-    """Largest gap (s, start time); with ``overlapping``, only gaps that overlap it."""
+    """Largest gap (s, start time); with ``overlapping``, only gaps that overlap it; with
+    ``outside``, only gaps that do not."""
     best, at = 0.0, t0
     for a, b in gaps(t, v, t0, t1):
         if overlapping is not None and (b < overlapping[0] or a > overlapping[1]):
+            continue
+        if outside is not None and not (b < outside[0] or a > outside[1]):
             continue
         if b - a > best:
             best, at = b - a, a
@@ -247,6 +251,9 @@ def analyse(
     stall, stall_at = max_stall(t, placed, t_first, t_last)
     stall_io, _stall_io_at = max_stall(t, inorder, t_first, t_last)
     fail_stall, _ = max_stall(t, placed, t_first, t_last, overlapping=(t_fail, t_heal))
+    # the same run's stalls away from the outage: what this machine does to the transfer
+    # anyway (its processes not scheduled), the level a stall in the failure is judged by
+    calm_stall, _ = max_stall(t, placed, t_first, t_last, outside=(t_fail, t_heal))
     before = rate_between(t, placed, t_first, t_fail)
     during = rate_between(t, placed, t_fail, min(t_heal, t_last))
     after = rate_between(t, placed, t_heal, t_last)
@@ -258,6 +265,7 @@ def analyse(
         "max_stall_ms": round(stall * 1000, 1),
         "max_stall_at_s": round(stall_at - t_start, 3),
         "max_stall_in_failure_ms": round(fail_stall * 1000, 1),
+        "max_stall_outside_failure_ms": round(calm_stall * 1000, 1),
         "max_stall_inorder_ms": round(stall_io * 1000, 1),
         "goodput_before_bps": round(before) if before is not None else None,
         "goodput_during_bps": round(during) if during is not None else None,

@@ -11,6 +11,15 @@ TRANSPORTS = ("mrc", "tcp", "mptcp")
 COLORS = {"mrc": "tab:blue", "tcp": "tab:red", "mptcp": "tab:green"}
 
 
+def _stalls(res: Mapping[str, Any]) -> str:
+    """'in the failure / outside it' of one transport's row: the second is the same run's
+    level without a failure, what the machine does to any transfer."""
+    a, b = res.get("max_stall_in_failure_ms"), res.get("max_stall_outside_failure_ms")
+    if a is None:
+        return "-"
+    return f"{a:.1f} ms" if b is None else f"{a:.1f} / {b:.1f} ms"
+
+
 def _mbit(x: float | None) -> str:
     return "-" if x is None else f"{x / 1e6:.0f} Mbit/s"
 
@@ -84,6 +93,7 @@ def table(out: Mapping[str, Any]) -> str:
         ("data intact (SHA-256)", *[("yes" if out[n].get("sha256_match") else "NO") for n in names])
     )
     rows.append(("max delivery stall", *cells("max_stall_ms", lambda v: f"{v:.1f} ms")))
+    rows.append(("  in the failure / outside", *[_stalls(out[n]) for n in names]))
     rows.append(("longest < half rate", *cells("below_half_rate_ms", lambda v: f"{v:.0f} ms")))
     rows.append(("max in-order stall", *cells("max_stall_inorder_ms", lambda v: f"{v:.1f} ms")))
     for k, label in (
