@@ -1,9 +1,9 @@
-"""NSCC as UET 1.0 defines it (``QPConfig.cc = "nscc"``, the default): the window of one queue pair.
+"""NSCC as UET 1.0 defines it (``QPConfig.cc = "nscc"``, the default): one queue pair's window.
 
 UET's network-signal-based congestion control, written from the public description of the
 algorithm (the UET 1.0 specification's NSCC and the Ultra Ethernet Consortium's htsim model of
 it), with its parameters named as OCP's ``mrc_ctl.h`` names them (``struct
-mrc_ctl_cc_nscc_cfg``). Its difference from mrc's own ``nscc`` law (mrc/core/cc/nscc.py) is
+mrc_ctl_cc_nscc_cfg``). Its difference from mrc's own law, ``nscc-mrc`` (mrc/core/cc/nscc.py), is
 what it does with the two signals together. Per ACK, with ``d`` the queueing delay of the
 ACK's subject (its RTT minus the base RTT) and ``T`` the target delay:
 
@@ -28,14 +28,20 @@ off the window, and so does a loss (a timeout does not, see ``on_timeout``): los
 sprayed paths are the EV health's to handle (a dead path, not a full queue). The window stays
 between one packet and ``max_cwnd`` (1.5 x the bandwidth-delay product).
 
-Where this must differ from a NIC (docs/CONGESTION.md, "UET's NSCC here"):
+Where this must differ from a NIC (docs/CONGESTION.md, "Where it must differ from a NIC's"):
 
 * UET scales its gains by the network's BDP against a reference network (100 Gbit/s x 12 us,
   37 packets of 4 KiB) and its target against the reference RTT. A NIC knows its link speed
-  and the fabric's RTT; a socket does not, so the BDP here is measured: the best delivery
-  rate any QP of this process to the same peer host saw, times the base RTT plus the target
-  (until a rate is known, ``initial_window``). The time-valued gains scale by the base RTT
-  where UET's use 12 us: the law behaves on a 1 ms path as UET's does on a 12 us one.
+  and the fabric's RTT; a socket does not. The scaling factor is ``max_cwnd``'s BDP when
+  that is given, else a constant (``initial_window`` packets): one each flow measured would
+  make the fair increase unfair. The window's bound, ``max_cwnd``, is measured unless given:
+  1.5 x the best delivery rate any QP of this process to the same peer host saw, times the
+  base RTT plus the target. The time-valued gains scale by the base RTT where UET's use
+  12 us: the law behaves on a 1 ms path as UET's does on a 12 us one.
+* Trim NACKs do not lower the base RTT (UET's ``update_base_rtt_on_nack``): a data packet's
+  own serialization is much of the round trip at these link rates, and a trimmed header has
+  none.
+* A timeout does not take a packet off the window (``on_timeout``).
 * UET counts the bytes in flight when quick adapt cuts (its marks are then ignored); the law
   does not see them and takes the window before the cut (it was full, or the flow would not
   have queued).
