@@ -239,7 +239,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"({r['goodput_bps'] / capacity:6.1%}), {r['retransmits']} retransmits, "
                     f"{r['evs_assumed_bad']} EVs assumed bad, "
                     f"mean burst {r['data_packets'] / max(1, r['bursts'] or 0):.1f}, "
-                    f"cpu {r['cpu_seconds']:.2f} s, receiver {r['recv_cpu_us_per_packet']} us a packet"
+                    f"cpu {r['cpu_seconds']:.2f} s, "
+                    f"receiver {r['recv_cpu_us_per_packet']} us a packet"
                 )
             if not args.no_tcp:
                 r = bench.tcp_run(args.size)
