@@ -69,6 +69,7 @@ from mrc.core.cc import names
 from mrc.core.events import EVState, EVStateChanged, QPFailed, WriteCompleted
 from mrc.core.memory import MemoryRegion
 from mrc.core.qp import QueuePair
+from mrc.lab.bench.manyqp import jain
 from mrc.lab.sim import Faults, SimNetwork
 from mrc.lab.sim_links import Fabric, LinkSpec
 
@@ -130,11 +131,6 @@ class Flow:
 
 def pattern(salt: int, n: int) -> bytes:
     return random.Random(salt).randbytes(n)
-
-
-def jain(xs: Sequence[float]) -> float:
-    squares = sum(x * x for x in xs)
-    return sum(xs) ** 2 / (len(xs) * squares) if squares else 0.0
 
 
 def setup(run: Run, fab: Fabric, hosts: Sequence[str]) -> SimNetwork:
@@ -213,7 +209,7 @@ def incast(run: Run, senders: int, mbit: float, size: int) -> Result:
         "p100_over_ideal": p100 / ideal if p100 else None,
         "trims_per_packet": c["trimmed"] / (senders * -(-size // PAYLOAD)),
         "timeouts": c["timeouts"],
-        "jain": jain(goodputs),
+        "jain": jain(goodputs) or 0.0,
         "data_ok": p100 is not None,
     }
     raw = {"ideal_s": ideal, "p100_s": p100, "flow_done_s": times, "flow_goodput_Bps": goodputs}
@@ -277,7 +273,7 @@ def fair(run: Run, n: int) -> Result:
     bad = sum(b.bad for b in backlogs)
     c = counters(net, fab, flows)
     metrics = {
-        "jain": jain(goodputs),
+        "jain": jain(goodputs) or 0.0,
         "utilization": sum(goodputs) / (4 * 100 * MBIT),
         "timeouts": c["timeouts"],
         "data_ok": bad == 0 and not c["qps_failed"],

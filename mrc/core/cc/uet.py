@@ -147,7 +147,7 @@ class UetShare:
 class UetNscc(WindowLaw):
     """UET 1.0's NSCC for one sender (see the module docstring)."""
 
-    COUNTERS = MrcNscc.COUNTERS  # decreases, quick adapts, losses not taken for congestion
+    COUNTERS = MrcNscc.COUNTERS  # decreases, quick adapts, losses not acted on (timeouts)
 
     __slots__ = (
         "p",
@@ -159,10 +159,10 @@ class UetNscc(WindowLaw):
         "best_rate",
         "avg_delay",
         "shared",
+        "scaling",
         "decreases",
         "quick_adapts",
         "losses_ignored",
-        "fair_increases",
         "trace",
         "burst_delay_fraction",
         "burst_spread",
@@ -192,6 +192,16 @@ class UetNscc(WindowLaw):
         self.mss = config.payload_size
         self.cap = float(config.payload_size * config.max_outstanding)
         self.cwnd = float(self.mss * max(1, min(params.initial_window, config.max_outstanding)))
+        # UET's scaling factor a: the network's BDP over the reference network's. The
+        # network's, not the flow's: the fair increase is fair only if every flow through a
+        # queue adds the same. Given max_cwnd, its BDP; else initial_window packets, a
+        # constant too (a BDP each flow measured grew the flows that got a larger share early
+        # faster: in an incast 15 -> 1 in the simulator, one flow finished at 0.23 x the
+        # ideal time and the last at 1.6 x)
+        if params.max_cwnd:
+            self.scaling = params.max_cwnd / 1.5 / (REFERENCE_BDP_PACKETS * self.mss)
+        else:
+            self.scaling = params.initial_window / REFERENCE_BDP_PACKETS
         self.base_rtt = params.base_rtt or _INF
         self.target = params.target_delay or 0.0
         self.best_rate = 0.0  # bytes/s, the most delivered over one base RTT + target
@@ -199,8 +209,7 @@ class UetNscc(WindowLaw):
         self.shared: UetShare | None = None
         self.decreases = 0
         self.quick_adapts = 0
-        self.losses_ignored = 0  # (none: a loss takes a packet off the window)
-        self.fair_increases = 0
+        self.losses_ignored = 0  # timeouts, which take nothing off the window (on_timeout)
         #: (time, cwnd in bytes) after every change, once set to a list (tests, plots)
         self.trace: list[tuple[float, float]] | None = None
         self.burst_delay_fraction = config.burst_delay_fraction
@@ -249,18 +258,6 @@ class UetNscc(WindowLaw):
             return min(self.cap, float(self.p.max_cwnd))
         return min(self.cap, max(1.5 * self.bdp, self.mss * float(self.p.initial_window)))
 
-    @property
-    def scaling(self) -> float:
-        """UET's scaling factor a: the network's BDP over the reference network's. The
-        network's, not the flow's: the fair increase is fair only if every flow through a
-        queue adds the same. Given max_cwnd, its BDP; else ``initial_window`` packets, a
-        constant too (a BDP each flow measured would grow the flows that got a larger share
-        early faster: in an incast 15 -> 1 in the simulator, one flow finished at 0.23 x the
-        ideal time and the last at 1.6 x)."""
-        if self.p.max_cwnd:
-            return self.p.max_cwnd / 1.5 / (REFERENCE_BDP_PACKETS * self.mss)
-        return self.p.initial_window / REFERENCE_BDP_PACKETS
-
     def burst(self, most: int, planes: int) -> int:
         """Packets per burst, sized as mrc's own NSCC sizes them (:func:`burst_packets`)."""
         return burst_packets(self, most, planes)
@@ -297,7 +294,6 @@ class UetNscc(WindowLaw):
         if not ce and delay >= target:
             # fair increase: the same per round trip for every flow, whatever its window
             self._inc += self.p.fi * self.mss * self.scaling * acked
-            self.fair_increases += 1
         elif not ce:
             self._proportional(now, acked, delay)
         elif delay >= target:
@@ -338,6 +334,7 @@ class UetNscc(WindowLaw):
         the window to a packet and serialise the retries of all the others: a QP of 4
         packets gave up after 23.6 s instead of the 10.6 its retry budget allows. A timeout
         here is a dead path's (EV health) or a blackout's (the retry budget)."""
+        self.losses_ignored += 1
 
     # ---- the law -----------------------------------------------------------------------
 
