@@ -8,9 +8,10 @@ import pytest
 from fabric_helpers import SKIP_REASON, running_fabric, unique_name
 
 from mrc.lab.fabric import FabricSpec, Topology
+from mrc.topology.model import SRV6_MODES
 
 
-@pytest.fixture(scope="module", params=["usid", "srh"])
+@pytest.fixture(scope="module", params=SRV6_MODES)
 def fabric(request) -> Iterator[Topology]:
     """The default fabric (4 planes x 2 spines x 2 leaves, 4 hosts), one per test module, with
     each kind of route (uSID containers, the default, and SRHs)."""

@@ -36,6 +36,7 @@ from test_incast import TRIM_REASON, _udp_payload, check_complete, run_incast
 from mrc import wire
 from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
 from mrc.lab.fabric.kernel import HTB_PRIO_CLASS, NsHandle
+from mrc.topology.model import SRV6_MODES
 from mrc.transport.sockets import SO_RCVBUFFORCE
 
 pytestmark = [pytest.mark.netns]
@@ -69,7 +70,7 @@ def _fabric(prio_band: bool, srv6: str = "usid") -> Iterator[Topology]:
         yield topo
 
 
-@pytest.fixture(scope="module", params=["usid", "srh"])
+@pytest.fixture(scope="module", params=SRV6_MODES)
 def band_fabric(request) -> Iterator[Topology]:
     """With each kind of route: CE marks and the band act on uSID and SRH packets alike."""
     with _fabric(prio_band=True, srv6=request.param) as topo:

@@ -32,6 +32,7 @@ from mrc import wire
 from mrc.lab.fabric import Fabric, FabricSpec, Topology
 from mrc.srv6 import usid
 from mrc.srv6.paths import path_via
+from mrc.topology.model import SRV6_MODES
 
 pytestmark = [needs_netns, pytest.mark.netns]
 
@@ -40,7 +41,7 @@ PAYLOAD = 8192  # jumbo frames: 8192 + headers + SRH < 9000
 FAIR_LO, FAIR_HI = 0.6, 1.4  # every spine / plane within this factor of its fair share
 
 
-@pytest.fixture(scope="module", params=["srh", "usid"])
+@pytest.fixture(scope="module", params=SRV6_MODES)
 def jfab(request) -> Topology:
     """The fabric in each way its routers can be told a path: SRHs of End SIDs, and uSID
     containers in IPv6-in-IPv6 (mrc.srv6.usid)."""

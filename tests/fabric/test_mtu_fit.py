@@ -24,11 +24,12 @@ from fabric_helpers import (
 from mrc import wire
 from mrc.lab.fabric import FabricSpec, Topology
 from mrc.srv6.evroutes import route_overhead
+from mrc.topology.model import SRV6_MODES
 
 pytestmark = [needs_netns, pytest.mark.netns]
 
 
-@pytest.fixture(scope="module", params=["usid", "srh"])
+@pytest.fixture(scope="module", params=SRV6_MODES)
 def fab1500(request) -> Topology:
     if SKIP_REASON is not None:
         pytest.skip(SKIP_REASON)

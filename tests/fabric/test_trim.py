@@ -32,7 +32,7 @@ from mrc.lab.fabric.trim import read_router, router_pin_dir, unavailable_reason
 from mrc.security.handshake import new_nonce, session_keys, transcript
 from mrc.security.packet import DATA_OVERHEAD, SEC_BLOCK_LEN, Mode, Opener, Sealer
 from mrc.srv6.paths import default_path, path_via
-from mrc.topology.model import topology_path
+from mrc.topology.model import SRV6_MODES, topology_path
 from mrc.transport.gso import UDP_SEGMENT
 from mrc.transport.sockets import SO_RCVBUFFORCE
 
@@ -67,7 +67,7 @@ def _spec(tag: str, trim: bool, srv6: str = "usid") -> FabricSpec:
     )
 
 
-@pytest.fixture(scope="module", params=["usid", "srh"])
+@pytest.fixture(scope="module", params=SRV6_MODES)
 def tfab(request):
     """The trimming fabric with each kind of route: the program reads IPv6-in-IPv6 to uSID
     containers and SRHs alike."""

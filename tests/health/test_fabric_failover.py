@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from mrc.topology.model import SRV6_MODES
+
 pytestmark = pytest.mark.netns
 
 BIN = Path(sys.executable).parent
@@ -39,7 +41,7 @@ def _skip_reason() -> str | None:
     return None
 
 
-@pytest.fixture(params=["usid", "srh"])
+@pytest.fixture(params=SRV6_MODES)
 def fabric(request) -> Iterator[object]:
     """A fresh fabric per test, with each kind of route (uSID containers, SRHs)."""
     reason = _skip_reason()
