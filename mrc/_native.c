@@ -11,6 +11,9 @@
  * takes that one. Semantics, argument by argument, are those of fastpath.py_place_train, the
  * reference this file must match byte for byte (tests/core/test_fastpath.py checks it).
  *
+ * note_arrivals() sets the SACK bits of what place_train reported (fastpath.py_note_arrivals
+ * is the reference), one dict update per 64-packet block rather than per packet.
+ *
  * Every length is checked before the read or write it guards; no state outlives a call.
  */
 
@@ -202,6 +205,102 @@ done:
     return result;
 }
 
+/* blocks[b] |= bits, and b added to dirty; 0, or -1 with an exception set. A block's map must
+ * be an int of 64 bits at most (the responder never stores anything else). */
+static int set_bits(PyObject *blocks, PyObject *dirty, long long b, unsigned long long bits)
+{
+    int rc = -1;
+    PyObject *val = NULL;
+    PyObject *key = PyLong_FromLongLong(b);
+    if (key == NULL)
+        return -1;
+    PyObject *old = PyDict_GetItemWithError(blocks, key); /* borrowed */
+    if (old == NULL && PyErr_Occurred())
+        goto done;
+    if (old != NULL) {
+        unsigned long long have = PyLong_AsUnsignedLongLong(old);
+        if (have == (unsigned long long)-1 && PyErr_Occurred())
+            goto done;
+        bits |= have;
+    }
+    val = PyLong_FromUnsignedLongLong(bits);
+    if (val == NULL || PyDict_SetItem(blocks, key, val) < 0 || PySet_Add(dirty, key) < 0)
+        goto done;
+    rc = 0;
+done:
+    Py_XDECREF(val);
+    Py_DECREF(key);
+    return rc;
+}
+
+static PyObject *note_arrivals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "note_arrivals takes 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t stop = PyLong_AsSsize_t(args[3]);
+    long long hi = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "start must not be negative");
+        return NULL;
+    }
+    PyObject *blocks = args[4], *dirty = args[5];
+    if (!PyDict_Check(blocks) || !PySet_Check(dirty)) {
+        PyErr_SetString(PyExc_TypeError, "blocks must be a dict and dirty a set");
+        return NULL;
+    }
+    Py_buffer sb, mb;
+    if (PyObject_GetBuffer(args[0], &sb, PyBUF_FORMAT) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &mb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&sb);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (sb.itemsize != 8 || sb.format == NULL || strcmp(sb.format, "q") != 0) {
+        PyErr_SetString(PyExc_TypeError, "seqs must be an array('q')");
+        goto done;
+    }
+    const long long *seqs = (const long long *)sb.buf;
+    const unsigned char *marks = (const unsigned char *)mb.buf;
+    Py_ssize_t cap = sb.len / 8 < mb.len ? sb.len / 8 : mb.len;
+    if (stop > cap)
+        stop = cap;
+    int force = 0;
+    Py_ssize_t j = start;
+    long long block = 0;
+    unsigned long long bits = 0; /* of `block`, not yet in blocks */
+    while (j < stop) {
+        long long seq = seqs[j];
+        long long b = seq >> 6; /* arithmetic shift: floor, as Python's >> */
+        if (bits && b != block) {
+            if (set_bits(blocks, dirty, block, bits) < 0)
+                goto done;
+            bits = 0;
+        }
+        block = b;
+        bits |= 1ull << (seq & 63);
+        if (seq > hi)
+            hi = seq;
+        if (marks[j++] & MARK_ACKREQ) {
+            force = 1;
+            break;
+        }
+    }
+    if (bits && set_bits(blocks, dirty, block, bits) < 0)
+        goto done;
+    result = Py_BuildValue("(nLO)", j, hi, force ? Py_True : Py_False);
+done:
+    PyBuffer_Release(&mb);
+    PyBuffer_Release(&sb);
+    return result;
+}
+
 static void put32(unsigned char *p, uint32_t v)
 {
     p[0] = (unsigned char)(v >> 24);
@@ -312,14 +411,16 @@ static PyObject *pack_burst(PyObject *module, PyObject *const *args, Py_ssize_t 
 static PyMethodDef methods[] = {
     {"place_train", (PyCFunction)(void (*)(void))place_train, METH_FASTCALL,
      "Place the common-case segments of a GRO train (see mrc/core/fastpath.py)."},
+    {"note_arrivals", (PyCFunction)(void (*)(void))note_arrivals, METH_FASTCALL,
+     "Set the SACK bits of a run of placed arrivals (see mrc/core/fastpath.py)."},
     {"pack_burst", (PyCFunction)(void (*)(void))pack_burst, METH_FASTCALL,
      "Write the headers of a burst of data packets (see mrc/core/fastpath.py)."},
     {NULL, NULL, 0, NULL},
 };
 
 /* What the kernels can do, for mrc.core.fastpath to tell a stale build from this one:
- * 2 = place_train takes `skip` (protected trains). */
-#define KERNEL_VERSION 2
+ * 2 = place_train takes `skip` (protected trains); 3 = note_arrivals. */
+#define KERNEL_VERSION 3
 
 static int exec_module(PyObject *m)
 {

@@ -33,3 +33,13 @@ def pack_burst(
     imm: int,
     /,
 ) -> int: ...
+def note_arrivals(
+    seqs: array[int],
+    marks: bytearray,
+    start: int,
+    stop: int,
+    blocks: dict[int, int],
+    dirty: set[int],
+    hi: int,
+    /,
+) -> tuple[int, int, bool]: ...

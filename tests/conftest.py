@@ -272,14 +272,17 @@ def mrc_port() -> int:
 
 @pytest.fixture(params=["native", "python"])
 def rx_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test once with each train kernel (mrc.core.fastpath): the C one, which is skipped
-    only where mrc._native was not built, and its pure-Python twin."""
+    """Run a test once with each pair of receive kernels (mrc.core.fastpath: place_train and
+    note_arrivals): the C ones, which are skipped only where mrc._native was not built, and
+    their pure-Python twins."""
     from mrc.core import fastpath
 
     if request.param == "native":
-        if fastpath.native_place_train is None:
+        if fastpath.native_place_train is None or fastpath.native_note_arrivals is None:
             pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
         monkeypatch.setattr(fastpath, "place_train", fastpath.native_place_train)
+        monkeypatch.setattr(fastpath, "note_arrivals", fastpath.native_note_arrivals)
     else:
         monkeypatch.setattr(fastpath, "place_train", fastpath.py_place_train)
+        monkeypatch.setattr(fastpath, "note_arrivals", fastpath.py_note_arrivals)
     return str(request.param)

@@ -1,6 +1,8 @@
-"""The two batch kernels of the data path, each native (``mrc._native``) or Python.
+"""The batch kernels of the data path, each native (``mrc._native``) or Python.
 
 * :func:`place_train` (receiver): the common case of a GRO train, placed in one call.
+* :func:`note_arrivals` (receiver): the SACK bits of what a train placed, set in one call
+  (see its docstring below).
 * :func:`pack_burst` (sender): the headers of a burst of data packets, written in one call
   (see its docstring below).
 
@@ -94,6 +96,9 @@ if TYPE_CHECKING:  # array is generic only for type checkers before Python 3.12
     PackBurst = Callable[
         [bytearray | memoryview, int, int, int, int, int, int, int, int, bool, int], int
     ]
+    NoteArrivals = Callable[
+        [array[int], bytearray, int, int, dict[int, int], set[int], int], tuple[int, int, bool]
+    ]
 
 
 def py_place_train(
@@ -163,6 +168,45 @@ def py_place_train(
         nbytes += length
         o = end
     return min(o, n), placed, nbytes
+
+
+def py_note_arrivals(
+    seqs: array[int],
+    marks: bytearray,
+    start: int,
+    stop: int,
+    blocks: dict[int, int],
+    dirty: set[int],
+    hi: int,
+) -> tuple[int, int, bool]:
+    """Set the SACK bits of the arrivals ``seqs[start:stop]``, in order, and stop after the
+    first whose mark asks for an ACK (``MARK_ACKREQ``); ``mrc._native.note_arrivals`` mirrors
+    it. Returns ``(end, hi, force)``: the index after the last arrival taken, the highest
+    sequence number seen (``hi`` or above) and whether one asked for an ACK.
+
+    For each arrival, bit ``seq & 63`` of ``blocks[seq >> 6]`` is set and the block number
+    added to ``dirty`` (the blocks the next ACK reports), exactly as the responder records a
+    single arrival. This is what the responder does with what :func:`place_train` reports,
+    once per run of a train; per packet in Python it cost about as much as the placement copy
+    (docs/PERFORMANCE.md). ``stop`` past the end of ``seqs`` or ``marks`` is cut to it; a
+    negative ``start`` raises ValueError."""
+    if start < 0:
+        raise ValueError("start must not be negative")
+    stop = min(stop, len(seqs), len(marks))
+    force = False
+    j = start
+    while j < stop:
+        seq = seqs[j]
+        j += 1
+        b = seq >> 6
+        blocks[b] = blocks.get(b, 0) | (1 << (seq & 63))
+        dirty.add(b)
+        if seq > hi:
+            hi = seq
+        if marks[j - 1] & MARK_ACKREQ:
+            force = True
+            break
+    return j, hi, force
 
 
 def py_pack_burst(
@@ -239,10 +283,19 @@ native_place_train: PlaceTrain | None = (
     else None
 )
 native_pack_burst: PackBurst | None = getattr(_module, "pack_burst", None)
-#: True when :data:`place_train` and :data:`pack_burst` are the C kernels
-NATIVE = native_place_train is not None and native_pack_burst is not None
+native_note_arrivals: NoteArrivals | None = (
+    getattr(_module, "note_arrivals", None) if getattr(_module, "KERNEL_VERSION", 0) >= 3 else None
+)
+#: True when :data:`place_train`, :data:`note_arrivals` and :data:`pack_burst` are the C kernels
+NATIVE = (
+    native_place_train is not None
+    and native_pack_burst is not None
+    and native_note_arrivals is not None
+)
 #: what the responder calls for every train (tests may swap it)
 place_train: PlaceTrain = native_place_train or py_place_train
+#: what the responder calls for every run of a train (tests may swap it)
+note_arrivals: NoteArrivals = native_note_arrivals or py_note_arrivals
 #: what the requester calls for every burst (tests may swap it)
 pack_burst: PackBurst = native_pack_burst or py_pack_burst
 

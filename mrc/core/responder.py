@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from mrc import wire
 from mrc.core import fastpath
@@ -27,7 +27,6 @@ _FECN = wire.BTH_FECN << 24
 _ACKREQ = wire.BTH_ACKREQ << 24
 _TLP = wire.BTH_TLP << 24
 _MARK_FECN = fastpath.MARK_FECN
-_MARK_ACKREQ = fastpath.MARK_ACKREQ
 _OP_WRITE = int(wire.Opcode.RDMA_WRITE_ONLY)
 #: segments one call of the train kernel may place (a GRO train holds at most 64)
 TRAIN_CAP = 64
@@ -219,7 +218,7 @@ class Responder:
         return placed
 
     def _arrived(
-        self, seqs: Sequence[int], marks: Sequence[int], count: int, src_ev: int, now: float
+        self, seqs: array[int], marks: bytearray, count: int, src_ev: int, now: float
     ) -> None:
         """Record the first ``count`` of ``seqs``, newly placed, in arrival order: SACK bits,
         the cumulative point and ACKs come out exactly as if :meth:`on_data` had recorded
@@ -227,12 +226,13 @@ class Responder:
 
         The arrivals are taken in runs that end where one of them makes an ACK due (the
         ``ack_every``-th since the last ACK, or one that asked for an ACK): per run, the
-        bitmaps are updated, then the cumulative point, then the ACK bookkeeping once
-        (:meth:`_note_arrival`), about the run's last arrival (its CE mark is the one echoed,
-        as for a single arrival)."""
+        bitmaps are updated (``fastpath.note_arrivals``, one call), then the cumulative
+        point, then the ACK bookkeeping once (:meth:`_note_arrival`), about the run's last
+        arrival (its CE mark is the one echoed, as for a single arrival)."""
         blocks = self._blocks
         dirty = self._dirty
         ack_batch_max = self.config.ack_batch_max
+        note = fastpath.note_arrivals  # the SACK bits of a run, in one call
         hi = self._hi
         i = 0
         while i < count:
@@ -242,19 +242,7 @@ class Responder:
             if self._ack_due and ack_batch_max < owed:
                 owed = ack_batch_max
             stop = min(count, i + max(owed - self._pending, 1))
-            force = False
-            j = i
-            while j < stop:
-                seq = seqs[j]
-                j += 1
-                b = seq >> 6
-                blocks[b] = blocks.get(b, 0) | (1 << (seq & 63))
-                dirty.add(b)
-                if seq > hi:
-                    hi = seq
-                if marks[j - 1] & _MARK_ACKREQ:
-                    force = True
-                    break
+            j, hi, force = note(seqs, marks, i, stop, blocks, dirty, hi)
             self._hi = hi
             nxt = self._cum + 1
             if (blocks.get(nxt >> 6, 0) >> (nxt & 63)) & 1:

@@ -284,11 +284,13 @@ def test_mutated_trains_observe_exactly_what_single_datagrams_do(rx_impl: str, s
 
 
 def test_both_kernels_place_the_same_segments(monkeypatch: pytest.MonkeyPatch) -> None:
-    if fastpath.native_place_train is None:
+    if fastpath.native_place_train is None or fastpath.native_note_arrivals is None:
         pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
     monkeypatch.setattr(fastpath, "place_train", fastpath.native_place_train)
+    monkeypatch.setattr(fastpath, "note_arrivals", fastpath.native_note_arrivals)
     native = _run(5, "train", 4)
     monkeypatch.setattr(fastpath, "place_train", fastpath.py_place_train)
+    monkeypatch.setattr(fastpath, "note_arrivals", fastpath.py_note_arrivals)
     python = _run(5, "train", 4)
     assert native == python  # the fast counts too
 
@@ -430,6 +432,72 @@ def test_kernels_agree_on_mutated_trains(seed: int) -> None:
             )  # fmt: skip
             results.append((res, bytes(seqs), bytes(marks), bytes(region)))
         assert results[0] == results[1]
+
+
+def _note_impls() -> list[fastpath.NoteArrivals]:
+    if fastpath.native_note_arrivals is None:
+        pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
+    return [fastpath.native_note_arrivals, fastpath.py_note_arrivals]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_both_note_arrivals_kernels_set_the_same_bits(seed: int) -> None:
+    """Random runs (consecutive, reordered, straddling and revisiting 64-packet blocks, with
+    AckReq marks anywhere, over bitmaps that already hold bits): the C kernel leaves exactly
+    the twin's blocks (insertion order included), dirty set and result, run after run."""
+    impls = _note_impls()
+    rng = random.Random(seed)
+    for _ in range(400):
+        count = rng.randint(0, 40)
+        base = rng.randint(0, 1000)
+        if rng.random() < 0.5:
+            seq_list = list(range(base, base + count))  # a burst, as GSO sends it
+        else:
+            seq_list = [base + rng.randint(0, 200) for _ in range(count)]
+        mark_list = [rng.choice((0, 0, 0, 1, 2, 3)) if rng.random() < 0.2 else 0 for _ in seq_list]
+        have = {b: rng.getrandbits(64) for b in rng.sample(range(40), rng.randint(0, 5))}
+        start = rng.randint(0, count)
+        stop = rng.randint(start, count + 3)
+        hi = base + rng.randint(-5, 250)
+        length = count + rng.choice((0, 4))  # outputs longer than what was placed, or not
+        seen = []
+        for impl in impls:
+            blocks, dirty = dict(have), {7}
+            seqs = array("q", seq_list + [0] * 4)[:length]
+            marks = bytearray(mark_list + [0] * 4)[:length]
+            res = impl(seqs, marks, start, stop, blocks, dirty, hi)
+            seen.append((res, list(blocks.items()), dirty))
+        assert seen[0] == seen[1]
+        (end, new_hi, force), blocks_after, _dirty = seen[1]
+        taken = seq_list[start:end]
+        assert force == any(m & fastpath.MARK_ACKREQ for m in mark_list[start:end])
+        assert new_hi == max([hi, *taken])
+        for seq in taken:
+            assert dict(blocks_after)[seq >> 6] >> (seq & 63) & 1
+
+
+def test_note_arrivals_rejects_bad_arguments() -> None:
+    """Both kernels refuse what the responder never passes, with the same exceptions, and
+    change nothing."""
+    for impl in _note_impls():
+        blocks: dict[int, int] = {}
+        dirty: set[int] = set()
+        seqs, marks = array("q", [1, 2, 3]), bytearray(3)
+        with pytest.raises(ValueError):
+            impl(seqs, marks, -1, 3, blocks, dirty, 0)
+        assert blocks == {} and dirty == set()
+        # stop past either output is cut to the shorter one
+        assert impl(seqs, bytearray(2), 0, 99, blocks, dirty, 0) == (2, 2, False)
+        assert blocks == {0: 0b110} and dirty == {0}
+        # a start past stop takes nothing
+        assert impl(seqs, marks, 3, 1, blocks, dirty, 9) == (3, 9, False)
+    native = _note_impls()[0]
+    with pytest.raises(TypeError):
+        native(array("i", [1]), bytearray(1), 0, 1, {}, set(), 0)
+    with pytest.raises(TypeError):
+        native(array("q", [1]), bytearray(1), 0, 1, {}, [], 0)
+    with pytest.raises(TypeError):
+        native(array("q", [1]), bytearray(1), 0, 1)
 
 
 def test_single_datagram_is_a_train_of_one(rx_impl: str) -> None:
