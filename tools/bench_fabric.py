@@ -80,6 +80,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-tcp", action="store_true", help="skip the kernel TCP baseline")
     p.add_argument(
+        "--no-mptcp",
+        action="store_true",
+        help="skip the kernel MPTCP baseline (one connection, a subflow per plane)",
+    )
+    p.add_argument(
         "--timeout", type=float_between(0, 3600), default=120.0, help="per transfer, seconds"
     )
     p.add_argument(

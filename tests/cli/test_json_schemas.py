@@ -212,7 +212,7 @@ def test_bench_qp_matches_its_schema() -> None:
 @pytest.mark.netns
 def test_bench_fabric_matches_its_schema() -> None:
     """--quick (16 MiB, one run) on the smallest fabric it builds, 2 planes of 1 spine; with
-    TCP, so its object is checked too."""
+    TCP and MPTCP, so their objects are checked too."""
     _needs_netns()
     name = f"t{os.getpid()}j1"  # the fabric tests' naming: a crashed run's fabric is swept
     tool = [sys.executable, str(REPO / "tools" / "bench_fabric.py"), "--quick", "--json"]
@@ -223,6 +223,8 @@ def test_bench_fabric_matches_its_schema() -> None:
     (run,) = row["runs"]
     assert run["packets_per_route"].keys() == {"p0s0", "p1s0"}  # both planes carried data
     assert out["tcp"] is not None and len(out["tcp"]["runs"]) == 1
+    (mptcp,) = out["mptcp"]["runs"]
+    assert mptcp["subflows"] == 1  # plane 1 joined: the baseline really is multipath
 
 
 @pytest.mark.netns

@@ -10,8 +10,11 @@ spine):
 * **tcp**: kernel TCP (a small Python sender/receiver, one connection) between h0's and h3's
   *plane 0* addresses: one path (destination routing goes via spine 0), so at most one link's
   rate.  This is the single-path baseline MRC should beat by about the number of planes.
+* **mptcp**: kernel MPTCP, one connection from h0's plane-0 address to h3's, with a subflow
+  to each address h3 announces on its other planes: the kernel's own multipath transport over
+  the same planes, the figure MRC must reach.
 
-The two alternate within each run, so both see the same noise; medians over the runs.
+They alternate within each run, so all see the same noise; medians over the runs.
 tools/bench_fabric.py parses the arguments and calls :func:`main`;
 :mod:`mrc.lab.bench.fabric_report` prints the table.
 """
@@ -29,6 +32,7 @@ from typing import Any
 
 from mrc.cli.common import emit_json
 from mrc.errors import MRCError
+from mrc.lab.bench.common import IPPROTO_MPTCP, mptcp_subflows, setup_mptcp_outside
 from mrc.lab.bench.fabric_report import fmt_rate, table
 from mrc.lab.fabric import FabricSpec, Topology, netns
 from mrc.lab.harness.children import Children
@@ -43,6 +47,7 @@ from mrc.wire import DATA_HDR_LEN, DEFAULT_PORT
 TOOL = "bench_fabric"
 MRC_PORT = DEFAULT_PORT
 TCP_PORT = 5201
+MPTCP_PORT = 5202
 # bytes of one MRC data frame besides the payload, as tbf counts it (L2 frame):
 # Ethernet 14 + IPv6 40 + the route's 40 (SRH with 2 segments, or uSID's outer IPv6 header)
 # + UDP 8 + BTH/RETH
@@ -128,19 +133,26 @@ class Bench:
             "recv_cpu_us_per_packet": _per_packet(rj.get("cpu_seconds"), sj.get("data_packets")),
         }
 
-    # ---- kernel TCP on plane 0 ---------------------------------------------------------------
+    # ---- kernel TCP on plane 0, and MPTCP over every plane -----------------------------------
 
-    def tcp_run(self, size: int) -> dict[str, Any]:
+    def tcp_run(self, size: int, mptcp: bool = False) -> dict[str, Any]:
+        """One kernel TCP (or, ``mptcp``, MPTCP) transfer of ``size`` bytes from h0's plane-0
+        address to h3's. MPTCP's in-kernel path manager opens a subflow to each address h3
+        announces, one per other plane (:meth:`mptcp_setup`); the clock starts once they are
+        up (at most 3 s), so the figure is that of every plane, not of the joins."""
         src = self.topo.host("h0").nic(0).address
         dst = self.topo.host("h3").nic(0).address
+        proto = IPPROTO_MPTCP if mptcp else 0
+        port = MPTCP_PORT if mptcp else TCP_PORT
         with netns.entered(self.topo.netns_of("h3")):
-            lsock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            lsock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
         with netns.entered(self.topo.netns_of("h0")):
-            csock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            csock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
         result: dict[str, Any] = {}
         try:
             lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            lsock.bind((dst, TCP_PORT))
+            # MPTCP: every address, so that joins to h3's announced plane addresses find it
+            lsock.bind(("::" if mptcp else dst, port))
             lsock.listen(1)
             lsock.settimeout(10)
 
@@ -167,7 +179,13 @@ class Bench:
             rx.start()
             csock.bind((src, 0))
             csock.settimeout(self.args.timeout)
-            csock.connect((dst, TCP_PORT))
+            csock.connect((dst, port))
+            subflows = None
+            if mptcp:
+                want = self.args.planes - 1
+                until = time.monotonic() + 3.0
+                while (subflows := mptcp_subflows(csock) or 0) < want and time.monotonic() < until:
+                    time.sleep(0.01)
             chunk = memoryview(os.urandom(1 << 22))
             start = time.perf_counter()
             left = size
@@ -178,20 +196,34 @@ class Bench:
             csock.shutdown(socket.SHUT_WR)
             rx.join(self.args.timeout)
             if rx.is_alive() or "error" in result or result.get("bytes") != size:
-                raise MRCError(f"tcp transfer incomplete: {result}")
+                what = "mptcp" if mptcp else "tcp"
+                raise MRCError(f"{what} transfer incomplete: {result}")
             seconds = result["last"] - start
-            return {
+            out: dict[str, Any] = {
                 "goodput_bps": round(size * 8 / seconds),
                 "seconds": round(seconds, 6),
-                "path": f"[{src}] -> [{dst}] (plane 0, default route via p0s0)",
             }
+            if mptcp:
+                out["subflows"] = subflows
+            else:
+                out["path"] = f"[{src}] -> [{dst}] (plane 0, default route via p0s0)"
+            return out
         finally:
             csock.close()
             lsock.close()
 
+    def mptcp_setup(self) -> None:
+        """MPTCP's path manager in h0 and h3: h3 announces its other planes' addresses."""
+        for host in ("h0", "h3"):
+            setup_mptcp_outside(self.topo, host)
+
     def warm_up(self) -> None:
         self.mrc_run(1 << 20, self.args.window[0], self.args.burst[0])
-        self.tcp_run(1 << 20)
+        if not self.args.no_tcp:
+            self.tcp_run(1 << 20)
+        if not self.args.no_mptcp:
+            self.mptcp_setup()
+            self.tcp_run(1 << 20, mptcp=True)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -226,6 +258,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     combos = [(c, w, b) for c in args.cc for w in args.window for b in args.burst]
     mrc: dict[tuple[str, int, int], list[dict[str, Any]]] = {c: [] for c in combos}
     tcp: list[dict[str, Any]] = []
+    mptcp: list[dict[str, Any]] = []
     with fabric(spec) as topo:
         bench = Bench(args, topo)
         bench.warm_up()
@@ -249,6 +282,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"  run {i + 1}: tcp plane 0    : {fmt_rate(r['goodput_bps'])} "
                     f"({r['goodput_bps'] / rate_bps:6.1%} of one link)"
                 )
+            if not args.no_mptcp:
+                r = bench.tcp_run(args.size, mptcp=True)
+                mptcp.append(r)
+                log(
+                    f"  run {i + 1}: mptcp          : {fmt_rate(r['goodput_bps'])} "
+                    f"({r['goodput_bps'] / capacity:6.1%}), {r['subflows']} extra subflows"
+                )
     frame = args.payload + MRC_OVERHEAD
     out: dict[str, Any] = {
         "fabric": {
@@ -271,6 +311,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "mrc_wire_ceiling": round(args.payload / frame, 4),  # goodput / line rate at best
         "mrc": [],
         "tcp": None,
+        "mptcp": None,
         "seconds": round(time.monotonic() - t0, 1),
     }
     for (c, w, b), rs in mrc.items():
@@ -295,6 +336,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "wire_ceiling": round((args.mtu - 72) / (args.mtu + 14), 4),
             "runs": tcp,
         }
+    if mptcp:
+        med = median([r["goodput_bps"] for r in mptcp])
+        assert med is not None
+        out["mptcp"] = {
+            "goodput_bps": round(med),
+            "fraction_of_capacity": round(med / capacity, 4),
+            "runs": mptcp,
+        }
     best = max(out["mrc"], key=lambda m: m["goodput_bps"] or 0)
     out["best_cc"] = best["cc"]
     out["best_window"] = best["window"]
@@ -304,6 +353,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out["mrc_over_tcp"] = (
         round(best["goodput_bps"] / out["tcp"]["goodput_bps"], 2)
         if tcp and best["goodput_bps"]
+        else None
+    )
+    out["mrc_over_mptcp"] = (
+        round(best["goodput_bps"] / out["mptcp"]["goodput_bps"], 2)
+        if mptcp and best["goodput_bps"]
         else None
     )
     return envelope(TOOL, machine_info(load0), out)
@@ -327,6 +381,12 @@ def main(args: argparse.Namespace) -> int:
                 f"tcp {out['tcp']['goodput_bps'] / 1e6:.1f} Mbit/s; ratio {out['mrc_over_tcp']}x"
                 if out["tcp"]
                 else "no tcp"
+            )
+            + (
+                f"; mptcp {out['mptcp']['goodput_bps'] / 1e6:.1f} Mbit/s; "
+                f"ratio {out['mrc_over_mptcp']}x"
+                if out["mptcp"]
+                else "; no mptcp"
             )
         )
     return 0

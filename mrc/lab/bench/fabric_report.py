@@ -1,4 +1,5 @@
-"""What bench_fabric prints for people: the table of MRC's goodput next to kernel TCP's."""
+"""What bench_fabric prints for people: the table of MRC's goodput next to kernel TCP's and
+MPTCP's."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ def fmt_rate(bps: float | None) -> str:
 
 
 def table(out: Mapping[str, Any]) -> str:
-    """The human table: a row per MRC combination and one for TCP, the machine last."""
+    """The human table: a row per MRC combination, one for TCP and one for MPTCP, the machine
+    last."""
     f = out["fabric"]
     row = "{:<34}{:>16}  {:>24}  {:>11}"
     lines = [
@@ -45,6 +47,18 @@ def table(out: Mapping[str, Any]) -> str:
             f"mrc / tcp: {out['mrc_over_tcp']}x (planes: {f['planes']}); "
             f"MRC wire ceiling {out['mrc_wire_ceiling']:.1%} of line rate"
         )
+    if out["mptcp"]:
+        t = out["mptcp"]
+        flows = sorted({r["subflows"] for r in t["runs"]}, key=lambda n: (n is None, n or 0))
+        lines.append(
+            row.format(
+                f"kernel mptcp, {'/'.join(str(n) for n in flows)} extra subflows",
+                fmt_rate(t["goodput_bps"]),
+                f"{t['fraction_of_capacity']:.1%} of {cap / 1e6:.0f} Mbit/s",
+                "-",
+            )
+        )
+        lines.append(f"mrc / mptcp: {out['mrc_over_mptcp']}x")
     m = out["machine"]
     lines.append(
         f"machine: {m['cpus']} cpus, load {m['loadavg_start'][0]} -> "
