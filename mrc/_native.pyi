@@ -1,6 +1,7 @@
 """Type stub of the C batch kernels (mrc/_native.c); semantics in mrc/core/fastpath.py."""
 
 from array import array
+from collections.abc import Callable
 
 def place_train(
     view: memoryview,
@@ -43,3 +44,23 @@ def note_arrivals(
     hi: int,
     /,
 ) -> tuple[int, int, bool]: ...
+def open_in_place(
+    data: memoryview,
+    hdr_len: int,
+    kid: bytes,
+    open_header: Callable[..., bytes],
+    open_payload: Callable[..., bytes],
+    invalid_tag: type,
+    seen: bytearray,
+    top: int,
+    /,
+) -> tuple[str | None, int, int]: ...
+def seal_data(
+    headers: bytes,
+    payload: bytes | memoryview,
+    kid: bytes,
+    counter: int,
+    seal_header: Callable[..., bytes],
+    seal_payload: Callable[..., bytes],
+    /,
+) -> bytes: ...

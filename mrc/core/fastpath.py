@@ -5,6 +5,9 @@
   (see its docstring below).
 * :func:`pack_burst` (sender): the headers of a burst of data packets, written in one call
   (see its docstring below).
+* :data:`open_in_place` and :data:`seal_data`: integrity mode's per-packet work around the
+  AES-GCM calls (which stay ``cryptography``'s, passed in), C only: their reference and fallback
+  is the Python of ``mrc.security.packet``'s Opener and Sealer.
 
 A receiver spends most of its time on plain data packets that are exactly what it expects:
 an untrimmed, unprotected RDMA WRITE ONLY to this QP, under the rkey of the region being
@@ -98,6 +101,13 @@ if TYPE_CHECKING:  # array is generic only for type checkers before Python 3.12
     ]
     NoteArrivals = Callable[
         [array[int], bytearray, int, int, dict[int, int], set[int], int], tuple[int, int, bool]
+    ]
+    OpenInPlace = Callable[
+        [memoryview, int, bytes, Callable[..., bytes], Callable[..., bytes], type, bytearray, int],
+        tuple[str | None, int, int],
+    ]
+    SealData = Callable[
+        [bytes, bytes | memoryview, bytes, int, Callable[..., bytes], Callable[..., bytes]], bytes
     ]
 
 
@@ -286,11 +296,24 @@ native_pack_burst: PackBurst | None = getattr(_module, "pack_burst", None)
 native_note_arrivals: NoteArrivals | None = (
     getattr(_module, "note_arrivals", None) if getattr(_module, "KERNEL_VERSION", 0) >= 3 else None
 )
-#: True when :data:`place_train`, :data:`note_arrivals` and :data:`pack_burst` are the C kernels
+#: integrity mode's unsealing of a whole data packet in place, in C (None: not built, stale
+#: or MRC_NATIVE=0); its reference is mrc.security.packet.Opener.unseal's Python path, which
+#: passes it the AES-GCM calls (this module never imports ``cryptography``)
+open_in_place: OpenInPlace | None = (
+    getattr(_module, "open_in_place", None) if getattr(_module, "KERNEL_VERSION", 0) >= 4 else None
+)
+#: its sender's side: the sealed first part of an integrity-mode data packet (reference:
+#: mrc.security.packet.Sealer.seal_pair's Python path)
+seal_data: SealData | None = (
+    getattr(_module, "seal_data", None) if getattr(_module, "KERNEL_VERSION", 0) >= 4 else None
+)
+#: True when every kernel here is the C one
 NATIVE = (
     native_place_train is not None
     and native_pack_burst is not None
     and native_note_arrivals is not None
+    and open_in_place is not None
+    and seal_data is not None
 )
 #: what the responder calls for every train (tests may swap it)
 place_train: PlaceTrain = native_place_train or py_place_train
