@@ -806,6 +806,7 @@ class Listener:
                 addrs=tuple(self.plane_addrs),
                 regions=tuple(_describe(r) for r in ([granted] if granted else []) + shared),
                 max_imm=cfg.max_imm_dest,
+                start_bytes=self.endpoint.start_share(),
             )
             await control.send(welcome.to_json())
             assert evsocks is not None  # (for the type checker: opened above)
@@ -1275,6 +1276,8 @@ async def _client_setup(
         qp.connect(reply.qpn, reply.psn)
         if reply.max_imm is not None:
             qp.peer_takes_imms(reply.max_imm)
+        if reply.start_bytes is not None:
+            qp.requester.cc.start_within(reply.start_bytes // cfg.payload_size)
         if protection is not None:
             qp.protect(protection)
         channel = endpoint.attach(qp, evsocks)

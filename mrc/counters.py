@@ -38,6 +38,15 @@ CHANNEL_COUNTERS = (
         metric="mrc_qp_received_ce_packets",
         json=RECV,
     ),
+    CounterSpec(
+        "queue_marks",
+        Source.CHANNEL,
+        "Datagrams marked CE on arrival because this host's receive queue held more than "
+        "half of what it may (every QP into the host fills it; marked, it says congested as "
+        "a fabric port would, before it overflows)",
+        metric="mrc_qp_queue_marked_packets",
+        json=RECV,
+    ),
 )
 
 #: the window laws', read from the QP's law (``Source.CC``): each law declares its own

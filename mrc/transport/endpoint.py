@@ -34,7 +34,7 @@ from mrc.transport import ecn as _ecn
 from mrc.transport import flowlabel, gso
 from mrc.transport.evsockets import EVSockets
 from mrc.transport.linkstate import PlaneLinks, plane_interfaces
-from mrc.transport.sockets import datagram_room, rcvbuf_drops
+from mrc.transport.sockets import RCVBUF, datagram_room, rcvbuf_drops
 
 # The core's clock: CLOCK_MONOTONIC with microsecond resolution. (uvloop's loop.time() has
 # millisecond resolution, which would round every send time, RTT sample and reordering window.)
@@ -45,6 +45,10 @@ _log = logging.getLogger(__name__)
 
 RX_BATCH = 512
 RX_BUFFER = 65536
+# SO_MEMINFO (linux/sock_diag.h): a socket's memory counters; the first is what its
+# receive queue holds, as the kernel charges it against SO_RCVBUF
+_SO_MEMINFO = 55
+_MEMINFO_LEN = 4  # bytes: the first u32 only
 
 # what sendmsg takes for one datagram (header, payload) or one GSO burst of them
 Buffers = list[bytes | memoryview]
@@ -80,6 +84,22 @@ def rx_meta(ancillary: list[tuple[int, int, bytes]], ecn: bool = True) -> tuple[
     return seg, ce, label
 
 
+def queue_mark_at(sock: socket.socket) -> int:
+    """Bytes of ``sock``'s receive queue above which what is read from it is marked CE (0:
+    never). Every QP into this host fills that one queue, which, unlike a switch port,
+    neither trims nor marks: overflowing, it loses datagrams, which the senders blame on
+    their EVs and repair by timeouts, and NSCC's window grows on delay alone. Marked, the
+    queue says "congested" as a fabric port would, before it overflows: half of what the
+    kernel lets it hold (``SO_RCVBUF`` as reported: a 16 MiB buffer holds about 1,000
+    datagrams of 8 KiB on loopback), above what one QP's whole window (512 packets) fills."""
+    try:
+        room: int = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, _MEMINFO_LEN)
+    except OSError:
+        return 0  # no SO_MEMINFO: no marks
+    return room // 2
+
+
 def _split(bufs: Buffers, ev: int) -> list[gso.Send]:
     """A GSO burst (header, payload, header, payload...) as one send per datagram."""
     return [(ev, [bufs[i], bufs[i + 1]], [], 1) for i in range(0, len(bufs), 2)]
@@ -106,6 +126,8 @@ class QPChannel:
         self.send_errors = 0
         # datagrams for this QP that arrived with CE in the IP ECN field
         self.ce_received = 0
+        # datagrams for this QP marked CE here: read from a receive queue over its threshold
+        self.queue_marks = 0
         # sends the socket would not take yet, in order
         self.backlog: deque[gso.Send] = deque()
         # False once a GSO send was refused (e.g. a device without checksum offload), or
@@ -226,6 +248,10 @@ class Endpoint:
         space = (gso.GRO_CMSG_SPACE if self.gro else 0) + (_ecn.CMSG_SPACE if self.ecn else 0)
         space += flowlabel.CMSG_SPACE if self.labels else 0
         self._meta_space = space  # 0: plain recvfrom_into, no control messages
+        # a receive queue over this many bytes marks what is read from it CE, as a switch
+        # port marks its queue (queue_mark_at)
+        self._mark_at = {s.fileno(): queue_mark_at(s) for s in listen_sockets}
+        self.queue_marks = 0  # datagrams marked CE because this host's receive queue was deep
         for sock in listen_sockets:
             self.loop.add_reader(sock.fileno(), self._on_readable, sock)
         # the link state of the QPs' plane NICs: a plane whose NIC goes down is out at once
@@ -235,6 +261,23 @@ class Endpoint:
     def port(self) -> int:
         port: int = self.listen_sockets[0].getsockname()[1]
         return port
+
+    def start_share(self) -> int:
+        """Payload bytes a newly attached QP's peer may send before its first ACK: its share
+        of this endpoint's receive buffer, among every QP attached (itself included).
+
+        Every sender of a host's QPs fills one receive socket here, which, unlike a switch
+        port, neither trims nor marks: what overflows it is lost, blamed on the EVs it came
+        by, and repaired by timeouts. A window law's first window is sent before any signal
+        can come back, so 256 QPs starting with 16 packets of 8 KiB each (32 MiB) overran a
+        16 MiB buffer and collapsed (docs/PERFORMANCE.md, "Many QPs into one host"). Half
+        the buffer is shared out, counting a datagram at twice its payload (what the kernel
+        charges for one on loopback); the welcome tells the peer (``start_bytes``)."""
+        try:
+            room = self.listen_sockets[0].getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+        except OSError:
+            room = RCVBUF
+        return max(1, room // 4 // max(1, len(self.channels)))
 
     # ---- QPs ---------------------------------------------------------------------------
 
@@ -312,6 +355,7 @@ class Endpoint:
         ecn = self.ecn
         now = _clock()
         touched: dict[int, int] = {}
+        deep = self._queue_is_deep(sock)
         for _ in range(RX_BATCH):
             try:
                 n, anc, _flags, addr = recv(bufs, space)
@@ -323,8 +367,8 @@ class Endpoint:
             ev = addr[1] << _LABEL_BITS | label
             if seg <= 0 or seg >= n:
                 seg = 0  # a single datagram
-            if ce:
-                self._receive_ce(n, seg, ev, now, touched)
+            if ce or deep:
+                self._receive_ce(n, seg, ev, now, touched, local=not ce)
                 continue
             if not seg:
                 qp = rx(view[:n], ev, now)
@@ -336,19 +380,45 @@ class Endpoint:
                 touched[qpn] = 1
         self._pump_touched(touched)
 
-    def _receive_ce(self, n: int, seg: int, ev: int, now: float, touched: dict[int, int]) -> None:
+    def _queue_is_deep(self, sock: socket.socket) -> bool:
+        """Whether ``sock``'s receive queue holds more than its marking threshold now."""
+        mark_at = self._mark_at.get(sock.fileno())
+        if not mark_at:
+            return False
+        try:
+            held = int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 4), "little")
+        except OSError:
+            return False
+        return held > mark_at
+
+    def _receive_ce(
+        self,
+        n: int,
+        seg: int,
+        ev: int,
+        now: float,
+        touched: dict[int, int],
+        local: bool = False,
+    ) -> None:
         """The datagram(s) of one receive that arrived with CE: FECN set in each one's BTH
-        (the core echoes it as BECN, docs/PROTOCOL.md 3.1), counted, then received as usual."""
+        (the core echoes it as BECN, docs/PROTOCOL.md 3.1), counted, then received as usual.
+        ``local``: not marked on the way but here, read from a receive queue over its
+        threshold (counted as ``queue_marks``, not as CE received)."""
         buf = self._rxbuf
         view = self._rxview
         channels = self.channels
         if seg:
             self.gro_trains += 1
         step = seg or max(n, 1)  # an empty datagram too: the core counts it as short
+        marked = 0
         for off in range(0, max(n, 1), step):
             if min(off + step, n) - off > _BTH_MARKS:
                 buf[off + _BTH_MARKS] |= wire.BTH_FECN
-            self.ce_received += 1
+            marked += 1
+        if local:
+            self.queue_marks += marked
+        else:
+            self.ce_received += marked
         if seg:
             taken = self.core.receive_train(view[:n], seg, ev, now)
         else:
@@ -357,7 +427,11 @@ class Endpoint:
         for qpn, count in taken.items():
             touched[qpn] = 1
             ch = channels.get(qpn)
-            if ch is not None:
+            if ch is None:
+                continue
+            if local:
+                ch.queue_marks += count
+            else:
                 ch.ce_received += count
 
     def _pump_touched(self, touched: dict[int, int]) -> None:

@@ -34,6 +34,8 @@ MAX_REGION_SIZE = 1 << 48  # bytes: region lengths and requested sizes (256 TiB)
 MAX_EVS = 52428
 #: the largest max_imm a peer may announce (QPConfig.max_imm_dest's bound)
 MAX_IMM = 1 << 20
+#: the largest start_bytes a welcome may grant (more means no limit anyway)
+MAX_START_BYTES = 1 << 40
 MAX_PLANES = wire.MAX_PLANES  # addresses in ``addrs``: an ACK's port-state bits
 MAX_REGIONS = 1024  # regions announced in one message
 MAX_NAME = 1024  # characters of a region name
@@ -423,6 +425,9 @@ class Welcome:
     addrs: tuple[str, ...] = ()
     regions: tuple[RemoteRegion, ...] = ()
     max_imm: int | None = None  # WRITE_IMMs the listener takes in flight (its max_imm_dest)
+    # payload bytes the sender may have in flight before its first ACK: its share of the
+    # listener's receive buffer (Endpoint.start_share)
+    start_bytes: int | None = None
 
     @classmethod
     def from_json(cls, obj: object) -> Welcome:
@@ -437,6 +442,9 @@ class Welcome:
             addrs=f.addrs("addrs") if f.has("addrs") else (),
             regions=f.regions("regions") if f.has("regions") else (),
             max_imm=f.integer("max_imm", 1, MAX_IMM) if f.has("max_imm") else None,
+            start_bytes=(
+                f.integer("start_bytes", 1, MAX_START_BYTES) if f.has("start_bytes") else None
+            ),
         )
 
     def to_json(self) -> JSON:
@@ -451,6 +459,8 @@ class Welcome:
         }
         if self.max_imm is not None:
             out["max_imm"] = self.max_imm
+        if self.start_bytes is not None:
+            out["start_bytes"] = self.start_bytes
         return out
 
 

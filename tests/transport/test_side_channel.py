@@ -248,6 +248,8 @@ BAD_WELCOMES = [
     ({"udp_port": 70000}, "bad welcome: udp_port must be an integer in 1..65535, not 70000"),
     ({"qpn": 0}, "bad welcome: qpn"),
     ({"max_imm": 1 << 21}, "bad welcome: max_imm must be an integer in 1..1048576"),
+    ({"start_bytes": 0}, "bad welcome: start_bytes must be an integer in 1..1099511627776"),
+    ({"start_bytes": "64K"}, "bad welcome: start_bytes must be an integer"),
     ({"psn": -1}, "bad welcome: psn"),
     ({"regions": [1]}, "bad welcome: regions[0] must be an object"),
     ({"regions": [{"name": "in", "rkey": 1, "addr": 0, "length": 1.5}]}, "regions[0].length"),
@@ -277,6 +279,8 @@ def test_messages_round_trip() -> None:
     minimal = Hello.from_json({"mrc": 1, "qpn": 1, "psn": 0, "udp_port": 1})
     assert minimal == Hello(1, 0, 1)
     assert parse_reply(GOOD_WELCOME.to_json()) == GOOD_WELCOME
+    granted = Welcome(qpn=9, psn=0, udp_port=1, max_imm=3, start_bytes=1 << 20)
+    assert parse_reply(granted.to_json()) == granted
     refusal = Refusal("no room")
     assert parse_reply(refusal.to_json()) == refusal
     assert parse_reply({"mrc": 1, "ok": False}) == Refusal("no reason")

@@ -110,6 +110,13 @@ class WindowLaw:
         """A packet's retransmission timer fired (once per packet)."""
         self.on_loss(now)
 
+    def start_within(self, packets: int) -> None:
+        """The receiver takes at most ``packets`` (at least 1) from this QP before it can
+        say anything: its share of the receive buffer that every QP into that host fills
+        (its welcome's ``start_bytes``). Called once, before the first send. A law whose
+        first window is larger starts at this one and grows from there as usual; this one
+        (a fixed window, what it was asked to be) ignores it."""
+
     def join(self, peers: dict[str, Any]) -> None:
         """This QP's sender shares its host with other QPs to the same peer: ``peers`` is one
         dict per (process, peer host), the same object for all of them, where a law may keep

@@ -525,6 +525,12 @@ class MrcNscc(WindowLaw):
                 target = own
         self.target = target if target > self.target_min else self.target_min
 
+    def start_within(self, packets: int) -> None:
+        cwnd = max(float(self.mss * max(1, packets)), self.min_cwnd)
+        if cwnd < self.cwnd:
+            self.cwnd = cwnd
+            self.limit = max(1, int(cwnd // self.mss))
+
     def _set(self, now: float, cwnd: float) -> None:
         cwnd = min(max(cwnd, self.min_cwnd), self.ceiling)
         self.cwnd = cwnd

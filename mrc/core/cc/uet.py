@@ -444,6 +444,12 @@ class UetNscc(WindowLaw):
                     self.shared.best_rate = rate
             self._rate_mark = (now, self._delivered)
 
+    def start_within(self, packets: int) -> None:
+        cwnd = float(self.mss * max(1, packets))
+        if cwnd < self.cwnd:
+            self.cwnd = cwnd
+            self.limit = max(1, int(cwnd // self.mss))
+
     def _bound(self, now: float) -> None:
         if self.cwnd > self.max_cwnd:
             self._set(now, self.cwnd)
