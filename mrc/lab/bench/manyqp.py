@@ -63,7 +63,7 @@ SENDER_COUNTERS = (
 )
 RTX_KINDS = ("timeout", "nack", "tlp", "sack")  # the table's retransmission columns
 #: the receiver's per-transfer counters summed over its JSON lines
-RECEIVER_COUNTERS = ("acks_sent", "duplicates")
+RECEIVER_COUNTERS = ("acks_sent", "duplicates", "queue_marks")
 #: the figures of a phase whose medians over the runs make the summary
 SUMMARY_KEYS = (
     "streams_ok",
@@ -432,6 +432,7 @@ COLUMNS: tuple[tuple[str, int, Cell], ...] = (
     ("drops r/s", 9, _joined(list(UDP6_DROPS.values()), ".0f")),
     ("acks", 6, _num("acks_sent", ".0f")),
     ("dups", 5, _num("duplicates", ".0f")),
+    ("marks", 6, _num("queue_marks", ".0f")),
 )
 HEAD = f"{'run':>6} {'phase':<11} " + " ".join(f"{h:>{w}}" for h, w, _ in COLUMNS)
 
