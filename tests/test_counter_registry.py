@@ -19,6 +19,7 @@ from mrc.metrics.exporter import exported
 class _Channel:
     send_errors = 3
     ce_received = 4
+    queue_marks = 6
 
 
 def test_the_generated_documents_are_up_to_date(tmp_path: Path) -> None:
@@ -68,4 +69,5 @@ def test_read_takes_every_counter_from_where_it_is_declared() -> None:
     assert list(got) == [spec.name for spec in registry.COUNTERS]
     assert got["packets_sent"] == 7 and got["evs_assumed_bad"] == 2
     assert got["evs_penalized"] == 5 and got["send_errors"] == 3 and got["ce_received"] == 4
+    assert got["queue_marks"] == 6
     assert {k: got[k] for k in qp.evs.counters()} == qp.evs.counters()
