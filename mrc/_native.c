@@ -14,10 +14,11 @@
  * note_arrivals() sets the SACK bits of what place_train reported (fastpath.py_note_arrivals
  * is the reference), one dict update per 64-packet block rather than per packet.
  *
- * open_in_place() checks and unprotects a whole integrity-mode data packet in its receive
- * buffer, as mrc.security.packet.Opener.unseal's Python path does (the reference; the AES-GCM
- * calls are the caller's, from `cryptography`): key id, replay window, header ICV, payload ICV,
- * then the headers moved up to the payload and the counter recorded. seal_data() is its
+ * open_in_place() checks and unprotects a whole data packet in its receive buffer, as
+ * mrc.security.packet.Opener.unseal's Python path does (the reference; the AES-GCM calls are
+ * the caller's, from `cryptography`): key id, replay window, header ICV, payload ICV (or, in
+ * encrypt mode, the decryption, its plaintext copied to the packet's end), then the headers
+ * moved up to the payload and the counter recorded. seal_data() is its
  * sender's side (Sealer.seal_pair's Python path is the reference).
  *
  * Every length is checked before the read or write it guards; no state outlives a call.
@@ -339,10 +340,13 @@ static PyObject *verdict(const char *reason, unsigned long long top, Py_ssize_t 
 static PyObject *open_in_place(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 8) {
-        PyErr_Format(PyExc_TypeError, "open_in_place takes 8 arguments (%zd given)", nargs);
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "open_in_place takes 9 arguments (%zd given)", nargs);
         return NULL;
     }
+    int encrypt = PyObject_IsTrue(args[8]);
+    if (encrypt < 0)
+        return NULL;
     Py_ssize_t hdr_len = PyLong_AsSsize_t(args[1]);
     unsigned long long top = PyLong_AsUnsignedLongLong(args[7]);
     if (PyErr_Occurred())
@@ -419,13 +423,16 @@ static PyObject *open_in_place(PyObject *module, PyObject *const *args, Py_ssize
         result = verdict("security_short", top, -1);
         goto done;
     }
+    /* integrity: the payload (after its ICV) is the AAD of open(nonce, icv, payload);
+     * encrypt: the ciphertext and its tag are open(nonce, ciphertext + tag, None) */
+    Py_ssize_t at = encrypt ? end : end + ICV_LEN;
     Py_DECREF(icv);
-    icv = PyBytes_FromStringAndSize((const char *)data + end, ICV_LEN);
-    /* the payload, as AAD, through a memoryview of the caller's object (no copy) */
-    whole = PyMemoryView_FromObject(args[0]);
+    icv = encrypt ? Py_NewRef(Py_None)
+                  : PyBytes_FromStringAndSize((const char *)data + end, ICV_LEN);
+    whole = PyMemoryView_FromObject(args[0]); /* a view of the caller's object: no copy */
     if (icv == NULL || whole == NULL)
         goto done;
-    PyObject *lo = PyLong_FromSsize_t(end + ICV_LEN);
+    PyObject *lo = PyLong_FromSsize_t(at);
     if (lo == NULL)
         goto done;
     slice = PySlice_New(lo, NULL, NULL);
@@ -435,15 +442,38 @@ static PyObject *open_in_place(PyObject *module, PyObject *const *args, Py_ssize
     payload = PyObject_GetItem(whole, slice);
     if (payload == NULL)
         goto done;
-    bad = gcm_open(open_pay, nonce, icv, payload, invalid);
-    if (bad < 0)
-        goto done;
-    if (bad) {
-        result = verdict("security_bad_tag", top, -1);
-        goto done;
+    Py_ssize_t plain_len = n - end - ICV_LEN; /* the payload's bytes, in either mode */
+    if (encrypt) {
+        PyObject *plain = PyObject_CallFunctionObjArgs(open_pay, nonce, payload, Py_None, NULL);
+        if (plain == NULL) {
+            if (!PyErr_ExceptionMatches(invalid))
+                goto done;
+            PyErr_Clear();
+            result = verdict("security_bad_tag", top, -1);
+            goto done;
+        }
+        if (!PyBytes_Check(plain) || PyBytes_GET_SIZE(plain) != plain_len) {
+            Py_DECREF(plain);
+            PyErr_SetString(PyExc_TypeError, "the plaintext is not as long as the ciphertext");
+            goto done;
+        }
+        /* the data's views are released before it is written */
+        Py_CLEAR(payload);
+        Py_CLEAR(whole);
+        /* the plaintext ends where the packet ends (over the ciphertext's end and tag) */
+        memcpy(data + n - plain_len, PyBytes_AS_STRING(plain), (size_t)plain_len);
+        Py_DECREF(plain);
+    } else {
+        bad = gcm_open(open_pay, nonce, icv, payload, invalid);
+        if (bad < 0)
+            goto done;
+        if (bad) {
+            result = verdict("security_bad_tag", top, -1);
+            goto done;
+        }
     }
-    /* the headers, S cleared, right before the payload (over the security block and ICV) */
-    Py_ssize_t start = end + ICV_LEN - hdr_len;
+    /* the headers, S cleared, right before the payload: DATA_OVERHEAD bytes into the packet */
+    Py_ssize_t start = n - plain_len - hdr_len;
     memmove(data + start, data, (size_t)hdr_len);
     data[start + SECURE_BYTE] &= (unsigned char)~0x40;
     /* the counter is seen (Opener's ReplayWindow.accept) */
@@ -659,7 +689,7 @@ static PyMethodDef methods[] = {
     {"note_arrivals", (PyCFunction)(void (*)(void))note_arrivals, METH_FASTCALL,
      "Set the SACK bits of a run of placed arrivals (see mrc/core/fastpath.py)."},
     {"open_in_place", (PyCFunction)(void (*)(void))open_in_place, METH_FASTCALL,
-     "Check and unprotect a whole integrity-mode data packet in place (see "
+     "Check and unprotect a whole data packet in place (see "
      "mrc/security/packet.py)."},
     {"seal_data", (PyCFunction)(void (*)(void))seal_data, METH_FASTCALL,
      "The sealed first part of an integrity-mode data packet (see mrc/security/packet.py)."},
@@ -670,8 +700,8 @@ static PyMethodDef methods[] = {
 
 /* What the kernels can do, for mrc.core.fastpath to tell a stale build from this one:
  * 2 = place_train takes `skip` (protected trains); 3 = note_arrivals; 4 = open_in_place and
- * seal_data. */
-#define KERNEL_VERSION 4
+ * seal_data; 5 = open_in_place takes `encrypt`. */
+#define KERNEL_VERSION 5
 
 static int exec_module(PyObject *m)
 {

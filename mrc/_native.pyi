@@ -53,6 +53,7 @@ def open_in_place(
     invalid_tag: type,
     seen: bytearray,
     top: int,
+    encrypt: bool,
     /,
 ) -> tuple[str | None, int, int]: ...
 def seal_data(

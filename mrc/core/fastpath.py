@@ -103,7 +103,17 @@ if TYPE_CHECKING:  # array is generic only for type checkers before Python 3.12
         [array[int], bytearray, int, int, dict[int, int], set[int], int], tuple[int, int, bool]
     ]
     OpenInPlace = Callable[
-        [memoryview, int, bytes, Callable[..., bytes], Callable[..., bytes], type, bytearray, int],
+        [
+            memoryview,
+            int,
+            bytes,
+            Callable[..., bytes],
+            Callable[..., bytes],
+            type,
+            bytearray,
+            int,
+            bool,
+        ],
         tuple[str | None, int, int],
     ]
     SealData = Callable[
@@ -296,11 +306,11 @@ native_pack_burst: PackBurst | None = getattr(_module, "pack_burst", None)
 native_note_arrivals: NoteArrivals | None = (
     getattr(_module, "note_arrivals", None) if getattr(_module, "KERNEL_VERSION", 0) >= 3 else None
 )
-#: integrity mode's unsealing of a whole data packet in place, in C (None: not built, stale
+#: the unsealing of a whole data packet in place, in C (None: not built, stale
 #: or MRC_NATIVE=0); its reference is mrc.security.packet.Opener.unseal's Python path, which
 #: passes it the AES-GCM calls (this module never imports ``cryptography``)
 open_in_place: OpenInPlace | None = (
-    getattr(_module, "open_in_place", None) if getattr(_module, "KERNEL_VERSION", 0) >= 4 else None
+    getattr(_module, "open_in_place", None) if getattr(_module, "KERNEL_VERSION", 0) >= 5 else None
 )
 #: its sender's side: the sealed first part of an integrity-mode data packet (reference:
 #: mrc.security.packet.Sealer.seal_pair's Python path)

@@ -189,11 +189,11 @@ class ReplayWindow:
 class Opener:
     """Checks and unprotects the datagrams a connection receives (one per direction).
 
-    A whole data packet in integrity mode, in a writable receive buffer (the common case of a
-    keyed transfer), is checked and unprotected by ``mrc._native.open_in_place`` where it was
-    built: the same checks in the same order, the same AES-GCM calls (``cryptography``'s, passed
-    to it), the same result, without the per-packet Python around them (about 6 µs a packet
-    where the two AES-GCM calls take about 5). The Python below is the reference and the
+    A whole data packet in a writable receive buffer (the common case of a keyed transfer) is
+    checked and unprotected by ``mrc._native.open_in_place`` where it was received: the same
+    checks in the same order, the same AES-GCM calls (``cryptography``'s, passed to it), the
+    same result, without the per-packet Python around them (integrity mode: about 6 µs a
+    packet, where the two AES-GCM calls take about 5). The Python below is the reference and the
     fallback (``in_place`` None: no extension, ``MRC_NATIVE=0``, or a test);
     tests/security/test_open_in_place.py holds the two to the same verdicts, bytes and replay
     state.
@@ -207,7 +207,7 @@ class Opener:
         self._pay = AESGCM(keys.payload_key).decrypt
         self._encrypt = mode is Mode.ENCRYPT
         self.replay = ReplayWindow()
-        self.in_place = fastpath.open_in_place if mode is Mode.INTEGRITY else None
+        self.in_place = fastpath.open_in_place
 
     def _headers(self, data: memoryview, hdr_len: int) -> tuple[int, bytearray]:
         """Authenticate headers and security block: (counter, headers + key id + counter
@@ -268,7 +268,15 @@ class Opener:
         if is_data and self.in_place is not None and not data.readonly:
             replay = self.replay
             reason, top, start = self.in_place(
-                data, hdr_len, self._kid, self._hdr, self._pay, InvalidTag, replay.seen, replay.top
+                data,
+                hdr_len,
+                self._kid,
+                self._hdr,
+                self._pay,
+                InvalidTag,
+                replay.seen,
+                replay.top,
+                self._encrypt,
             )
             if reason is not None:
                 raise SecurityDrop(reason)
@@ -282,12 +290,19 @@ class Opener:
         head[8] &= _CLEAR_SECURE
         if is_data and len(data) > hdr_len + SEC_BLOCK_LEN:
             payload = self.open_payload(data, hdr_len, ctr)
-            if self._encrypt or data.readonly:
+            if data.readonly:
                 head += payload
             else:
-                # integrity, in a receive buffer of ours: put the headers right before the
-                # payload where it lies (over the security block and ICV), no payload copy
-                start = len(data) - len(payload) - hdr_len
+                # in a receive buffer of ours, the datagram ends where the packet ends: the
+                # headers right before the payload (integrity: where it lies, over the
+                # security block and ICV, no payload copy; encrypt: the plaintext over the
+                # ciphertext's end and tag). So a whole data packet always unseals
+                # DATA_OVERHEAD bytes into its segment, in either mode (the train kernel's
+                # skip, Protection.in_place_skip)
+                n = len(data)
+                start = n - len(payload) - hdr_len
+                if self._encrypt:
+                    data[n - len(payload) :] = payload
                 data[start : start + hdr_len] = head
                 self.replay.accept(ctr)
                 return data[start:]
@@ -308,10 +323,10 @@ class Protection:
         self.mode = mode
         self.sealer = Sealer(send, mode)
         self.opener = Opener(receive, mode)
-        #: integrity mode unseals a whole data packet in place, its headers moved up to the
-        #: payload over the security block and payload ICV (Opener.unseal): trains of them
-        #: go to the train kernel (QueuePair.receive_train)
-        self.in_place_skip = DATA_OVERHEAD if mode is Mode.INTEGRITY else 0
+        #: a whole data packet unseals in place, DATA_OVERHEAD bytes into its segment, in
+        #: either mode (Opener.unseal): trains of them go to the train kernel
+        #: (QueuePair.receive_train)
+        self.in_place_skip = DATA_OVERHEAD
 
     def seal(
         self, headers: bytes, payload: bytes | memoryview, is_data: bool

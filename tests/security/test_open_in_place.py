@@ -1,5 +1,6 @@
-"""Integrity mode's data packets unsealed in place by the C kernel (``mrc._native.open_in_place``)
-against the Python reference (``Opener.unseal`` with ``in_place`` None).
+"""Data packets unsealed in place by the C kernel (``mrc._native.open_in_place``), in
+integrity and encrypt mode, against the Python reference (``Opener.unseal`` with ``in_place``
+None).
 
 Two openers with the same keys take the same seeded stream of sealed data packets: good ones,
 duplicates, counters far behind (a small replay window, so "too old" and wrapped gaps occur),
@@ -18,6 +19,7 @@ import pytest
 from mrc import wire
 from mrc.core import fastpath
 from mrc.security.packet import (
+    DATA_OVERHEAD,
     SEC_BLOCK_LEN,
     DirectionKeys,
     Mode,
@@ -37,8 +39,10 @@ def _native() -> fastpath.OpenInPlace:
     return fastpath.open_in_place
 
 
-def _opener(in_place: fastpath.OpenInPlace | None, window: int) -> Opener:
-    opener = Opener(_KEYS, Mode.INTEGRITY)
+def _opener(
+    in_place: fastpath.OpenInPlace | None, window: int, mode: Mode = Mode.INTEGRITY
+) -> Opener:
+    opener = Opener(_KEYS, mode)
     opener.in_place = in_place
     opener.replay = ReplayWindow(window)
     return opener
@@ -54,10 +58,10 @@ def _verdict(opener: Opener, packet: bytes, hdr_len: int) -> tuple[str, bytes, b
     return "ok", plain, bytes(buf)
 
 
-def _stream(seed: int, count: int) -> list[tuple[bytes, int]]:
+def _stream(seed: int, count: int, mode: Mode = Mode.INTEGRITY) -> list[tuple[bytes, int]]:
     """Sealed data packets (and the length of their headers), in a hostile order."""
     rng = random.Random(seed)
-    sealer, other = Sealer(_KEYS, Mode.INTEGRITY), Sealer(_OTHER, Mode.INTEGRITY)
+    sealer, other = Sealer(_KEYS, mode), Sealer(_OTHER, mode)
     sent: list[tuple[bytes, int]] = []
     out: list[tuple[bytes, int]] = []
     for i in range(count):
@@ -93,12 +97,15 @@ def _stream(seed: int, count: int) -> list[tuple[bytes, int]]:
     return out
 
 
+@pytest.mark.parametrize("mode", [Mode.INTEGRITY, Mode.ENCRYPT])
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("window", [64, 1 << 14])
-def test_the_kernel_and_the_reference_reach_the_same_verdicts(seed: int, window: int) -> None:
-    native, reference = _opener(_native(), window), _opener(None, window)
+def test_the_kernel_and_the_reference_reach_the_same_verdicts(
+    seed: int, window: int, mode: Mode
+) -> None:
+    native, reference = _opener(_native(), window, mode), _opener(None, window, mode)
     reasons: set[str] = set()
-    for packet, hdr_len in _stream(seed, 600):
+    for packet, hdr_len in _stream(seed, 600, mode):
         got = _verdict(native, packet, hdr_len)
         want = _verdict(reference, packet, hdr_len)
         assert got == want
@@ -118,9 +125,11 @@ def test_the_kernel_and_the_reference_reach_the_same_verdicts(seed: int, window:
         assert "security_too_old" in reasons
 
 
-def test_good_packets_take_the_kernel_and_come_out_as_sent() -> None:
+@pytest.mark.parametrize("mode", [Mode.INTEGRITY, Mode.ENCRYPT])
+def test_good_packets_take_the_kernel_and_come_out_as_sent(mode: Mode) -> None:
     """The kernel really is the path taken (the reference's header check never runs for a
-    whole data packet), and what comes out is the unprotected datagram."""
+    whole data packet), and what comes out is the unprotected datagram, ending where the
+    packet ends: DATA_OVERHEAD bytes into it, in either mode (the train kernel's skip)."""
     native = _native()
     calls = []
 
@@ -128,16 +137,18 @@ def test_good_packets_take_the_kernel_and_come_out_as_sent() -> None:
         calls.append(1)
         return native(*args)  # type: ignore[arg-type]
 
-    opener = _opener(counted, 1 << 14)
+    opener = _opener(counted, 1 << 14, mode)
     opener._headers = None  # type: ignore[assignment, method-assign]  # must not be needed
-    sealer = Sealer(_KEYS, Mode.INTEGRITY)
+    sealer = Sealer(_KEYS, mode)
     for i in range(50):
         hdr = wire.pack_data(1, i, 8192 * i, 9, 8192, False, None)
         payload = bytes([i]) * 8192
         head, rest = sealer.seal_pair(hdr, payload)
         assert head[8] & 0x40
-        out = opener.unseal(memoryview(bytearray(head + bytes(rest))), len(hdr), True)
+        buf = bytearray(head + bytes(rest))
+        out = opener.unseal(memoryview(buf), len(hdr), True)
         assert bytes(out) == hdr + payload
+        assert bytes(buf[DATA_OVERHEAD:]) == hdr + payload
     assert len(calls) == 50 and opener.replay.top == 50
 
 
@@ -154,13 +165,16 @@ def test_errors_other_than_a_bad_tag_are_not_verdicts() -> None:
         raise MemoryError("out of memory")
 
     with pytest.raises(MemoryError):
-        native(memoryview(buf), 28, (5).to_bytes(4, "big"), broken, broken, ValueError, seen, 0)
+        native(
+            memoryview(buf), 28, (5).to_bytes(4, "big"), broken, broken, ValueError, seen, 0, False
+        )
     assert seen == bytearray(64) and bytes(buf) == head + bytes(rest)
     for bad in (
-        (memoryview(buf), 28, b"\0\0\0", broken, broken, ValueError, seen, 0),  # 3-byte key id
-        (memoryview(buf), 28, b"\0\0\0\5", broken, broken, ValueError, bytearray(), 0),
-        (memoryview(buf), 4, b"\0\0\0\5", broken, broken, ValueError, seen, 0),
-        (memoryview(bytes(buf)), 28, b"\0\0\0\5", broken, broken, ValueError, seen, 0),
+        (memoryview(buf), 28, b"\0\0\0", broken, broken, ValueError, seen, 0, 0),  # 3-byte id
+        (memoryview(buf), 28, b"\0\0\0\5", broken, broken, ValueError, bytearray(), 0, 0),
+        (memoryview(buf), 4, b"\0\0\0\5", broken, broken, ValueError, seen, 0, 0),
+        (memoryview(bytes(buf)), 28, b"\0\0\0\5", broken, broken, ValueError, seen, 0, 0),
+        (memoryview(buf), 28, b"\0\0\0\5", broken, broken, ValueError, seen, 0),  # 8 args
     ):
         with pytest.raises((TypeError, ValueError, BufferError)):
             native(*bad)  # type: ignore[arg-type]
