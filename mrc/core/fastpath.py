@@ -5,9 +5,10 @@
   (see its docstring below).
 * :func:`pack_burst` (sender): the headers of a burst of data packets, written in one call
   (see its docstring below).
-* :data:`open_in_place` and :data:`seal_data`: integrity mode's per-packet work around the
-  AES-GCM calls (which stay ``cryptography``'s, passed in), C only: their reference and fallback
-  is the Python of ``mrc.security.packet``'s Opener and Sealer.
+* :data:`open_in_place` and :data:`seal_data`: keyed mode's per-packet work around the AES-GCM
+  calls (which stay ``cryptography``'s, passed in; unsealing in both modes, sealing in
+  integrity mode), C only: their reference and fallback is the Python of
+  ``mrc.security.packet``'s Opener and Sealer.
 
 A receiver spends most of its time on plain data packets that are exactly what it expects:
 an untrimmed, unprotected RDMA WRITE ONLY to this QP, under the rkey of the region being

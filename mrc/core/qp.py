@@ -68,8 +68,8 @@ class Protection(Protocol):
     def unseal(self, data: memoryview, hdr_len: int, is_data: bool) -> memoryview: ...
 
     #: where ``unseal`` leaves a whole data packet of a writable buffer in place (its
-    #: headers moved up to the payload): the bytes before them, a constant. 0: it does not
-    #: (encrypt mode decrypts into a new buffer), and trains go datagram by datagram
+    #: headers moved up to the payload, which ends where the packet ends): the bytes before
+    #: them, a constant. 0: it does not, and trains go datagram by datagram
     in_place_skip: int
 
 
@@ -255,8 +255,8 @@ class QueuePair:
         Plain WRITEs of an unprotected, connected QP go to the kernel
         (``Responder.on_data_train``); the first segment it does not take goes through
         :meth:`receive_datagram` like any lone datagram, so its fate is the same either way.
-        A protected QP whose unsealing works in place (integrity mode) unseals its WRITEs
-        first (:meth:`_receive_sealed_train`); in encrypt mode every segment goes alone.
+        A protected QP whose unsealing works in place (``in_place_skip``: both of mrc's
+        modes) unseals its WRITEs first (:meth:`_receive_sealed_train`).
         """
         if self.remote_qpn is not None:
             if self.protection is None:
