@@ -34,7 +34,12 @@ from mrc.transport import ecn as _ecn
 from mrc.transport import flowlabel, gso
 from mrc.transport.evsockets import EVSockets
 from mrc.transport.linkstate import PlaneLinks, plane_interfaces
-from mrc.transport.sockets import RCVBUF, datagram_room, rcvbuf_drops
+from mrc.transport.sockets import (
+    datagram_room,
+    rcvbuf_drops,
+    receive_queue_bytes,
+    receive_room,
+)
 
 # The core's clock: CLOCK_MONOTONIC with microsecond resolution. (uvloop's loop.time() has
 # millisecond resolution, which would round every send time, RTT sample and reordering window.)
@@ -45,10 +50,6 @@ _log = logging.getLogger(__name__)
 
 RX_BATCH = 512
 RX_BUFFER = 65536
-# SO_MEMINFO (linux/sock_diag.h): a socket's memory counters; the first is what its
-# receive queue holds, as the kernel charges it against SO_RCVBUF
-_SO_MEMINFO = 55
-_MEMINFO_LEN = 4  # bytes: the first u32 only
 
 # what sendmsg takes for one datagram (header, payload) or one GSO burst of them
 Buffers = list[bytes | memoryview]
@@ -93,11 +94,10 @@ def queue_mark_at(sock: socket.socket) -> int:
     kernel lets it hold (``SO_RCVBUF`` as reported: a 16 MiB buffer holds about 1,000
     datagrams of 8 KiB on loopback), above what one QP's whole window (512 packets) fills."""
     try:
-        room: int = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, _MEMINFO_LEN)
+        receive_queue_bytes(sock)
     except OSError:
         return 0  # no SO_MEMINFO: no marks
-    return room // 2
+    return receive_room(sock) // 2
 
 
 def _split(bufs: Buffers, ev: int) -> list[gso.Send]:
@@ -273,10 +273,7 @@ class Endpoint:
         16 MiB buffer and collapsed (docs/PERFORMANCE.md, "Many QPs into one host"). Half
         the buffer is shared out, counting a datagram at twice its payload (what the kernel
         charges for one on loopback); the welcome tells the peer (``start_bytes``)."""
-        try:
-            room = self.listen_sockets[0].getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
-        except OSError:
-            room = RCVBUF
+        room = receive_room(self.listen_sockets[0])
         return max(1, room // 4 // max(1, len(self.channels)))
 
     # ---- QPs ---------------------------------------------------------------------------
@@ -386,10 +383,9 @@ class Endpoint:
         if not mark_at:
             return False
         try:
-            held = int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 4), "little")
+            return receive_queue_bytes(sock) > mark_at
         except OSError:
             return False
-        return held > mark_at
 
     def _receive_ce(
         self,

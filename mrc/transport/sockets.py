@@ -47,6 +47,29 @@ def udp6_counters() -> dict[str, int]:
     return out
 
 
+# SO_MEMINFO (linux/sock_diag.h): a socket's memory counters, u32 each; the first is what its
+# receive queue holds, as the kernel charges it against SO_RCVBUF
+_SO_MEMINFO = 55
+
+
+def receive_queue_bytes(sock: socket.socket) -> int:
+    """What ``sock``'s receive queue holds now, in the bytes the kernel charges against its
+    ``SO_RCVBUF`` (about twice a datagram's payload on loopback). Raises OSError where the
+    kernel has no ``SO_MEMINFO``."""
+    return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 4), "little")
+
+
+def receive_room(sock: socket.socket) -> int:
+    """What ``sock``'s receive queue may hold, as the kernel reports ``SO_RCVBUF`` (twice what
+    was asked for), in the units of :func:`receive_queue_bytes`; :data:`RCVBUF` if it will
+    not say."""
+    try:
+        room: int = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    except OSError:
+        return RCVBUF
+    return room
+
+
 def rcvbuf_drops() -> int | None:
     """Datagrams this namespace's kernel dropped for lack of room in a UDP socket's receive
     buffer, all sockets together (None: unknown). A QP that fails reports how many more there

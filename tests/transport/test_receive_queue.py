@@ -23,13 +23,7 @@ from transport.test_side_channel import HOST, listening
 import mrc
 from mrc.core import EndpointCore, QPConfig
 from mrc.transport.endpoint import Endpoint, queue_mark_at
-from mrc.transport.sockets import udp_socket
-
-_SO_MEMINFO = 55
-
-
-def _held(sock: socket.socket) -> int:
-    return int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 4), "little")
+from mrc.transport.sockets import receive_queue_bytes, udp_socket
 
 
 async def _read_all(ep: Endpoint, count: int) -> None:
@@ -54,7 +48,7 @@ async def test_a_deep_receive_queue_marks_what_is_read_from_it() -> None:
         assert ep.queue_marks == 0
         # the loop cannot read while this coroutine runs: the queue fills past the mark
         sent = 8
-        while _held(sock) <= mark_at:
+        while receive_queue_bytes(sock) <= mark_at:
             tx.sendto(junk, sock.getsockname())
             sent += 1
             assert sent < 100_000
