@@ -226,6 +226,11 @@ class Bench:
             self.tcp_run(1 << 20, mptcp=True)
 
 
+def _over(bps: int | None, reference: dict[str, Any] | None) -> float | None:
+    """MRC's best goodput over a kernel baseline's median (None: no baseline or no goodput)."""
+    return round(bps / reference["goodput_bps"], 2) if reference and bps else None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every run on a fabric built for them (always removed); the result object without its
     envelope."""
@@ -350,16 +355,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out["best_burst"] = best["burst"]
     out["mrc_goodput_bps"] = best["goodput_bps"]
     out["mrc_fraction_of_capacity"] = best["fraction_of_capacity"]
-    out["mrc_over_tcp"] = (
-        round(best["goodput_bps"] / out["tcp"]["goodput_bps"], 2)
-        if tcp and best["goodput_bps"]
-        else None
-    )
-    out["mrc_over_mptcp"] = (
-        round(best["goodput_bps"] / out["mptcp"]["goodput_bps"], 2)
-        if mptcp and best["goodput_bps"]
-        else None
-    )
+    out["mrc_over_tcp"] = _over(best["goodput_bps"], out["tcp"])
+    out["mrc_over_mptcp"] = _over(best["goodput_bps"], out["mptcp"])
     return envelope(TOOL, machine_info(load0), out)
 
 
