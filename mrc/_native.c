@@ -26,6 +26,8 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -683,6 +685,375 @@ static PyObject *pack_burst(PyObject *module, PyObject *const *args, Py_ssize_t 
     return PyLong_FromLongLong(end);
 }
 
+/* ---- the sender's records: Packet, record_burst, take_acked ----------------------------
+ *
+ * A packet in flight has a record (mrc.core.fastpath.PyPacket is the reference: the same
+ * attributes, the same constructor). Packet is that record as a C struct: made in one
+ * allocation, read by take_acked without attribute lookups. It takes no part in the cyclic
+ * GC: a record refers to its work request (which refers to no record) and, for a tail loss
+ * probe, to a list of (EV, send time) tuples, so it can close no cycle. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *wr;
+    PyObject *probed;
+    Py_ssize_t offset;
+    Py_ssize_t length;
+    double sent_at;
+    double deadline;
+    int ev;
+    int timeouts;
+    int nacks;
+    char last;
+    char nacked;
+    char retransmitted;
+    char ambiguous;
+    char silenced;
+} PacketObject;
+
+static PyTypeObject PacketType;
+
+static PyMemberDef packet_members[] = {
+    {"wr", T_OBJECT_EX, offsetof(PacketObject, wr), 0, "the work request it belongs to"},
+    {"offset", T_PYSSIZET, offsetof(PacketObject, offset), 0, "its first byte in the request"},
+    {"length", T_PYSSIZET, offsetof(PacketObject, length), 0, "its payload bytes"},
+    {"last", T_BOOL, offsetof(PacketObject, last), 0, "the request's last packet"},
+    {"ev", T_INT, offsetof(PacketObject, ev), 0, "the EV index of its latest transmission"},
+    {"sent_at", T_DOUBLE, offsetof(PacketObject, sent_at), 0, "when that one left"},
+    {"deadline", T_DOUBLE, offsetof(PacketObject, deadline), 0, "its retransmission deadline"},
+    {"timeouts", T_INT, offsetof(PacketObject, timeouts), 0, NULL},
+    {"nacks", T_INT, offsetof(PacketObject, nacks), 0, NULL},
+    {"nacked", T_BOOL, offsetof(PacketObject, nacked), 0, NULL},
+    {"retransmitted", T_BOOL, offsetof(PacketObject, retransmitted), 0, NULL},
+    {"ambiguous", T_BOOL, offsetof(PacketObject, ambiguous), 0, NULL},
+    {"probed", T_OBJECT, offsetof(PacketObject, probed), 0, NULL},
+    {"silenced", T_BOOL, offsetof(PacketObject, silenced), 0, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PacketObject *packet_make(PyObject *wr, Py_ssize_t offset, Py_ssize_t length, int last,
+                                 int ev, double sent_at, double deadline)
+{
+    PacketObject *p = PyObject_New(PacketObject, &PacketType);
+    if (p == NULL)
+        return NULL;
+    Py_INCREF(wr);
+    p->wr = wr;
+    p->probed = NULL;
+    p->offset = offset;
+    p->length = length;
+    p->sent_at = sent_at;
+    p->deadline = deadline;
+    p->ev = ev;
+    p->timeouts = 0;
+    p->nacks = 0;
+    p->last = (char)(last != 0);
+    p->nacked = p->retransmitted = p->ambiguous = p->silenced = 0;
+    return p;
+}
+
+static PyObject *packet_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    (void)type;
+    static char *names[] = {"wr", "offset", "length", "last", "ev", "sent_at", "deadline", NULL};
+    PyObject *wr;
+    Py_ssize_t offset, length;
+    int last, ev;
+    double sent_at, deadline;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Onnpidd:Packet", names, &wr, &offset, &length,
+                                     &last, &ev, &sent_at, &deadline))
+        return NULL;
+    return (PyObject *)packet_make(wr, offset, length, last, ev, sent_at, deadline);
+}
+
+static void packet_dealloc(PacketObject *p)
+{
+    Py_XDECREF(p->wr);
+    Py_XDECREF(p->probed);
+    PyObject_Free(p);
+}
+
+static PyTypeObject PacketType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "mrc._native.Packet",
+    .tp_basicsize = sizeof(PacketObject),
+    .tp_dealloc = (destructor)packet_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A packet in flight: the record mrc.core.fastpath.PyPacket is in Python.",
+    .tp_members = packet_members,
+    .tp_new = packet_new,
+};
+
+/* a Python int argument as a long long (TypeError/OverflowError as PyLong_AsLongLong) */
+static int arg_ll(PyObject *o, long long *out)
+{
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Whether `view` is a memoryview of plain bytes (1-D, item size 1, contiguous): one that
+ * append_slice may cut by hand. */
+static int plain_bytes(PyObject *view)
+{
+    if (!PyMemoryView_Check(view))
+        return 0;
+    Py_buffer *b = PyMemoryView_GET_BUFFER(view);
+    return b->ndim == 1 && b->itemsize == 1 && b->shape != NULL &&
+           (b->strides == NULL || b->strides[0] == 1) && b->suboffsets == NULL;
+}
+
+/* bufs.append(view[start:stop]), 0 <= start <= stop <= len(view). A plain-bytes memoryview
+ * is cut as memoryview slicing cuts one (a new view of the same managed buffer, its private
+ * Py_buffer moved to the slice), without the slice object and index ints; anything else is
+ * sliced by the sequence protocol. */
+static int append_slice(PyObject *bufs, PyObject *view, Py_ssize_t start, Py_ssize_t stop,
+                        int plain)
+{
+    PyObject *part;
+    if (plain && 0 <= start && start <= stop && stop <= PyMemoryView_GET_BUFFER(view)->len) {
+        part = PyMemoryView_FromObject(view);
+        if (part == NULL)
+            return -1;
+        Py_buffer *b = PyMemoryView_GET_BUFFER(part);
+        b->buf = (char *)b->buf + start;
+        b->len = stop - start;
+        b->shape[0] = stop - start;
+    } else {
+        part = PySequence_GetSlice(view, start, stop);
+    }
+    if (part == NULL)
+        return -1;
+    int rc = PyList_Append(bufs, part);
+    Py_DECREF(part);
+    return rc;
+}
+
+/* ring[seq & mask] = (seq << 32) | ev_value */
+static int ring_set(PyObject *ring, Py_ssize_t mask, long long seq, long long ev_value)
+{
+    PyObject *v = PyLong_FromLongLong((long long)(((unsigned long long)seq << 32) | (unsigned long long)ev_value));
+    if (v == NULL)
+        return -1;
+    return PyList_SetItem(ring, (Py_ssize_t)(seq & mask), v); /* steals v, drops the old */
+}
+
+static PyObject *record_burst(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 18) {
+        PyErr_Format(PyExc_TypeError, "record_burst takes 18 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *outstanding = args[0], *ring = args[1], *wr = args[2], *hview = args[3];
+    PyObject *view = args[4], *bufs = args[17];
+    long long seq, n, ev, ev_value, h, off, payload, last_len, final_hdr;
+    if (arg_ll(args[5], &seq) < 0 || arg_ll(args[6], &n) < 0 || arg_ll(args[7], &ev) < 0 ||
+        arg_ll(args[8], &ev_value) < 0 || arg_ll(args[9], &h) < 0 || arg_ll(args[10], &off) < 0 ||
+        arg_ll(args[11], &payload) < 0 || arg_ll(args[12], &last_len) < 0 ||
+        arg_ll(args[14], &final_hdr) < 0)
+        return NULL;
+    int last = PyObject_IsTrue(args[13]);
+    if (last < 0)
+        return NULL;
+    double now = PyFloat_AsDouble(args[15]);
+    if (now == -1.0 && PyErr_Occurred())
+        return NULL;
+    double deadline = PyFloat_AsDouble(args[16]);
+    if (deadline == -1.0 && PyErr_Occurred())
+        return NULL;
+    if (!PyDict_CheckExact(outstanding) || !PyList_CheckExact(ring) || !PyList_CheckExact(bufs)) {
+        PyErr_SetString(PyExc_TypeError, "record_burst wants a dict and two lists");
+        return NULL;
+    }
+    Py_ssize_t size = PyList_GET_SIZE(ring);
+    if (size < 1 || (size & (size - 1)) != 0) {
+        PyErr_SetString(PyExc_ValueError, "the ring's length must be a power of two");
+        return NULL;
+    }
+    if (n < 1 || seq < 0 || seq > (LLONG_MAX >> 33) || n > (LLONG_MAX >> 33) - seq ||
+        ev < 0 || ev > INT_MAX || ev_value < 0 || ev_value > 0xFFFFFFFFll || h < 0 ||
+        off < 0 || payload < 0 || last_len < 0 || final_hdr < 0) {
+        PyErr_SetString(PyExc_ValueError, "a burst's field is out of range");
+        return NULL;
+    }
+    Py_ssize_t mask = size - 1;
+    int plain_h = plain_bytes(hview), plain_v = plain_bytes(view);
+    long long o = off;
+    for (long long s = seq; s < seq + n; s++) {
+        int final = s == seq + n - 1;
+        long long len = final ? last_len : payload;
+        long long hl = final ? final_hdr : HDR_LEN;
+        PacketObject *p = packet_make(wr, (Py_ssize_t)o, (Py_ssize_t)len, final && last, (int)ev,
+                                      now, deadline);
+        if (p == NULL)
+            return NULL;
+        PyObject *key = PyLong_FromLongLong(s);
+        if (key == NULL) {
+            Py_DECREF(p);
+            return NULL;
+        }
+        int rc = PyDict_SetItem(outstanding, key, (PyObject *)p);
+        Py_DECREF(key);
+        Py_DECREF(p);
+        if (rc < 0 || ring_set(ring, mask, s, ev_value) < 0 ||
+            append_slice(bufs, hview, (Py_ssize_t)h, (Py_ssize_t)(h + hl), plain_h) < 0 ||
+            append_slice(bufs, view, (Py_ssize_t)o, (Py_ssize_t)(o + len), plain_v) < 0)
+            return NULL;
+        h += hl;
+        o += len;
+    }
+    Py_RETURN_NONE;
+}
+
+/* a record's ev, sent_at and deadline: from the struct, or (a PyPacket) by attribute */
+static int packet_fields(PyObject *pkt, long long *ev, double *sent_at, double *deadline)
+{
+    if (Py_IS_TYPE(pkt, &PacketType)) {
+        PacketObject *p = (PacketObject *)pkt;
+        *ev = p->ev;
+        *sent_at = p->sent_at;
+        *deadline = p->deadline;
+        return 0;
+    }
+    PyObject *o = PyObject_GetAttrString(pkt, "ev");
+    if (o == NULL)
+        return -1;
+    *ev = PyLong_AsLongLong(o);
+    Py_DECREF(o);
+    if (*ev == -1 && PyErr_Occurred())
+        return -1;
+    o = PyObject_GetAttrString(pkt, "sent_at");
+    if (o == NULL)
+        return -1;
+    *sent_at = PyFloat_AsDouble(o);
+    Py_DECREF(o);
+    if (*sent_at == -1.0 && PyErr_Occurred())
+        return -1;
+    o = PyObject_GetAttrString(pkt, "deadline");
+    if (o == NULL)
+        return -1;
+    *deadline = PyFloat_AsDouble(o);
+    Py_DECREF(o);
+    if (*deadline == -1.0 && PyErr_Occurred())
+        return -1;
+    return 0;
+}
+
+/* list[i] as a double / an index, with the bounds and types checked */
+static int list_double(PyObject *list, long long i, double *out)
+{
+    if (i < 0 || i >= PyList_GET_SIZE(list)) {
+        PyErr_SetString(PyExc_IndexError, "take_acked: an index is out of range");
+        return -1;
+    }
+    *out = PyFloat_AsDouble(PyList_GET_ITEM(list, i));
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int list_index(PyObject *list, long long i, long long *out)
+{
+    if (i < 0 || i >= PyList_GET_SIZE(list)) {
+        PyErr_SetString(PyExc_IndexError, "take_acked: an index is out of range");
+        return -1;
+    }
+    *out = PyLong_AsLongLong(PyList_GET_ITEM(list, i));
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int list_put_double(PyObject *list, long long i, double v)
+{
+    PyObject *f = PyFloat_FromDouble(v);
+    if (f == NULL)
+        return -1;
+    return PyList_SetItem(list, (Py_ssize_t)i, f);
+}
+
+/* One acknowledged sequence number: pop its record, if any, and note what it delivered. */
+static int take_one(PyObject *outstanding, long long seq, PyObject *planes, PyObject *delivered,
+                    PyObject *route_ix, PyObject *route_alive, PyObject *judge,
+                    long long *newly, long long *cancelled)
+{
+    PyObject *key = PyLong_FromLongLong(seq);
+    if (key == NULL)
+        return -1;
+    /* a dict pop (PyDict_Pop is 3.13's): look up, hold, delete */
+    PyObject *pkt = PyDict_GetItemWithError(outstanding, key);
+    if (pkt == NULL) {
+        Py_DECREF(key);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    Py_INCREF(pkt);
+    if (PyDict_DelItem(outstanding, key) < 0) {
+        Py_DECREF(key);
+        Py_DECREF(pkt);
+        return -1;
+    }
+    Py_DECREF(key);
+    long long ev, plane;
+    double sent_at, deadline, seen;
+    int rc = packet_fields(pkt, &ev, &sent_at, &deadline);
+    Py_DECREF(pkt);
+    if (rc < 0)
+        return -1;
+    (*newly)++;
+    if (route_ix != Py_None) {
+        long long r;
+        if (list_index(route_ix, ev, &r) < 0 || list_double(route_alive, r, &seen) < 0)
+            return -1;
+        if (sent_at > seen && list_put_double(route_alive, r, sent_at) < 0)
+            return -1;
+    }
+    if (judge != Py_None) {
+        PyObject *res = PyObject_CallFunction(judge, "Ld", ev, sent_at);
+        if (res == NULL)
+            return -1;
+        Py_DECREF(res);
+    }
+    if (deadline == Py_HUGE_VAL)
+        (*cancelled)++;
+    if (list_index(planes, ev, &plane) < 0 || list_double(delivered, plane, &seen) < 0)
+        return -1;
+    if (sent_at > seen && list_put_double(delivered, plane, sent_at) < 0)
+        return -1;
+    return 1;
+}
+
+static PyObject *take_acked(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "take_acked takes 9 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *outstanding = args[0], *sacked = args[3], *planes = args[4];
+    PyObject *delivered = args[5], *route_ix = args[6], *route_alive = args[7], *judge = args[8];
+    long long start, stop;
+    if (arg_ll(args[1], &start) < 0 || arg_ll(args[2], &stop) < 0)
+        return NULL;
+    if (!PyDict_CheckExact(outstanding) || !PyList_CheckExact(sacked) ||
+        !PyList_CheckExact(planes) || !PyList_CheckExact(delivered) ||
+        (route_ix != Py_None && (!PyList_CheckExact(route_ix) || !PyList_CheckExact(route_alive)))) {
+        PyErr_SetString(PyExc_TypeError, "take_acked wants a dict and lists");
+        return NULL;
+    }
+    long long newly = 0, cancelled = 0;
+    for (long long seq = start; seq < stop; seq++)
+        if (take_one(outstanding, seq, planes, delivered, route_ix, route_alive, judge, &newly,
+                     &cancelled) < 0)
+            return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(sacked); i++) {
+        long long seq = PyLong_AsLongLong(PyList_GET_ITEM(sacked, i));
+        if (seq == -1 && PyErr_Occurred())
+            return NULL;
+        if (take_one(outstanding, seq, planes, delivered, route_ix, route_alive, judge, &newly,
+                     &cancelled) < 0)
+            return NULL;
+    }
+    return Py_BuildValue("(LL)", newly, cancelled);
+}
+
 static PyMethodDef methods[] = {
     {"place_train", (PyCFunction)(void (*)(void))place_train, METH_FASTCALL,
      "Place the common-case segments of a GRO train (see mrc/core/fastpath.py)."},
@@ -695,16 +1066,27 @@ static PyMethodDef methods[] = {
      "The sealed first part of an integrity-mode data packet (see mrc/security/packet.py)."},
     {"pack_burst", (PyCFunction)(void (*)(void))pack_burst, METH_FASTCALL,
      "Write the headers of a burst of data packets (see mrc/core/fastpath.py)."},
+    {"record_burst", (PyCFunction)(void (*)(void))record_burst, METH_FASTCALL,
+     "The records, ring entries and send buffers of a burst (see mrc/core/fastpath.py)."},
+    {"take_acked", (PyCFunction)(void (*)(void))take_acked, METH_FASTCALL,
+     "Remove the records an ACK acknowledged (see mrc/core/fastpath.py)."},
     {NULL, NULL, 0, NULL},
 };
 
 /* What the kernels can do, for mrc.core.fastpath to tell a stale build from this one:
  * 2 = place_train takes `skip` (protected trains); 3 = note_arrivals; 4 = open_in_place and
- * seal_data; 5 = open_in_place takes `encrypt`. */
-#define KERNEL_VERSION 5
+ * seal_data; 5 = open_in_place takes `encrypt`; 6 = Packet, record_burst and take_acked. */
+#define KERNEL_VERSION 6
 
 static int exec_module(PyObject *m)
 {
+    if (PyType_Ready(&PacketType) < 0)
+        return -1;
+    Py_INCREF(&PacketType);
+    if (PyModule_AddObject(m, "Packet", (PyObject *)&PacketType) < 0) {
+        Py_DECREF(&PacketType);
+        return -1;
+    }
     return PyModule_AddIntConstant(m, "KERNEL_VERSION", KERNEL_VERSION);
 }
 

@@ -65,3 +65,63 @@ def seal_data(
     seal_payload: Callable[..., bytes],
     /,
 ) -> bytes: ...
+
+class Packet:
+    wr: object
+    offset: int
+    length: int
+    last: bool
+    ev: int
+    sent_at: float
+    deadline: float
+    timeouts: int
+    nacks: int
+    nacked: bool
+    retransmitted: bool
+    ambiguous: bool
+    probed: list[tuple[int, float]] | None
+    silenced: bool
+    def __init__(
+        self,
+        wr: object,
+        offset: int,
+        length: int,
+        last: bool,
+        ev: int,
+        sent_at: float,
+        deadline: float,
+    ) -> None: ...
+
+def record_burst(
+    outstanding: dict[int, object],
+    ring: list[int],
+    wr: object,
+    hview: memoryview,
+    view: memoryview,
+    seq: int,
+    n: int,
+    ev: int,
+    ev_value: int,
+    h: int,
+    off: int,
+    payload: int,
+    last_len: int,
+    last: bool,
+    final_hdr: int,
+    now: float,
+    deadline: float,
+    bufs: list[bytes | memoryview],
+    /,
+) -> None: ...
+def take_acked(
+    outstanding: dict[int, object],
+    start: int,
+    stop: int,
+    sacked: list[int],
+    planes: list[int],
+    delivered: list[float],
+    route_ix: list[int] | None,
+    route_alive: list[float],
+    judge: Callable[[int, float], None] | None,
+    /,
+) -> tuple[int, int]: ...

@@ -5,6 +5,10 @@
   (see its docstring below).
 * :func:`pack_burst` (sender): the headers of a burst of data packets, written in one call
   (see its docstring below).
+* :class:`Packet`, :func:`record_burst` and :func:`take_acked` (sender): the record of a
+  packet in flight, the records and send buffers of a burst made in one call, and the records
+  an ACK acknowledged removed in one call (see :class:`PyPacket` and the two functions'
+  docstrings below).
 * :data:`open_in_place` and :data:`seal_data`: keyed mode's per-packet work around the AES-GCM
   calls (which stay ``cryptography``'s, passed in; unsealing in both modes, sealing in
   integrity mode), C only: their reference and fallback is the Python of
@@ -52,8 +56,9 @@ from __future__ import annotations
 import os
 from array import array
 from collections.abc import Callable
+from itertools import chain
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mrc import wire
 
@@ -72,6 +77,7 @@ _U32 = (1 << 32) - 1
 _U64 = (1 << 64) - 1
 _PSN_MASK = wire.PSN_MASK
 _HALF = 1 << 23
+_INF = float("inf")
 # BTH byte 4 marks that take a segment off the common path: trimmed (and last hop)
 _TRIM = wire.BTH_TRIMMED
 _SECURE = wire.BTH_SECURE
@@ -119,6 +125,43 @@ if TYPE_CHECKING:  # array is generic only for type checkers before Python 3.12
     ]
     SealData = Callable[
         [bytes, bytes | memoryview, bytes, int, Callable[..., bytes], Callable[..., bytes]], bytes
+    ]
+    RecordBurst = Callable[
+        [
+            dict[int, Any],
+            list[int],
+            Any,
+            memoryview,
+            memoryview,
+            int,
+            int,
+            int,
+            int,
+            int,
+            int,
+            int,
+            int,
+            bool,
+            int,
+            float,
+            float,
+            list[bytes | memoryview],
+        ],
+        None,
+    ]
+    TakeAcked = Callable[
+        [
+            dict[int, Any],
+            int,
+            int,
+            list[int],
+            list[int],
+            list[float],
+            list[int] | None,
+            list[float],
+            Callable[[int, float], None] | None,
+        ],
+        tuple[int, int],
     ]
 
 
@@ -285,6 +328,153 @@ def py_pack_burst(
     return end
 
 
+class PyPacket:
+    """The record of a packet in flight (``Requester._outstanding``): the reference of
+    ``mrc._native.Packet``, which has these attributes and this constructor."""
+
+    __slots__ = (
+        "wr",
+        "offset",
+        "length",
+        "last",
+        "ev",
+        "sent_at",
+        "deadline",
+        "timeouts",
+        "nacks",
+        "nacked",
+        "retransmitted",
+        "ambiguous",
+        "probed",
+        "silenced",
+    )
+
+    def __init__(
+        self,
+        wr: Any,
+        offset: int,
+        length: int,
+        last: bool,
+        ev: int,
+        sent_at: float,
+        deadline: float,
+    ) -> None:
+        self.wr = wr  # its work request (Requester's _WorkRequest)
+        self.offset = offset  # its first byte in the request
+        self.length = length
+        self.last = last  # the request's last packet
+        self.ev = ev  # the EV (index) of its latest transmission
+        self.sent_at = sent_at
+        self.deadline = deadline
+        self.timeouts = 0
+        self.nacks = 0
+        self.nacked = False  # a NACK of its latest transmission was acted on
+        self.retransmitted = False
+        # an earlier transmission may still arrive, so an ACK does not say which one it
+        # answers (Karn's rule: no RTT sample). Not so after a trim: the trimmed copy's
+        # payload is gone, and only the NACK of its header came back
+        self.ambiguous = False
+        # a tail loss probe's transmissions before it, as (ev, sent_at), until an ACK of the
+        # probe tells whether they were lost (docs/EV_HEALTH.md, "Evidence of loss"); None
+        self.probed: list[tuple[int, float]] | None = None
+        # this transmission timed out in a silence of the whole peer and was left to wait
+        # for the oldest one's resend (``_time_out_silence``): its loss is no evidence
+        # against its EV or plane, however it is found later
+        self.silenced = False
+
+
+def py_record_burst(
+    outstanding: dict[int, Any],
+    ring: list[int],
+    wr: Any,
+    hview: memoryview,
+    view: memoryview,
+    seq: int,
+    n: int,
+    ev: int,
+    ev_value: int,
+    h: int,
+    off: int,
+    payload: int,
+    last_len: int,
+    last: bool,
+    final_hdr: int,
+    now: float,
+    deadline: float,
+    bufs: list[bytes | memoryview],
+) -> None:
+    """Record a burst of ``n`` packets sent on EV ``ev`` (its value ``ev_value``) and append
+    their send buffers to ``bufs``; ``mrc._native.record_burst`` mirrors it.
+
+    Packet ``seq + i`` carries ``payload`` bytes of ``wr``'s ``view`` from ``off + i *
+    payload``, its header ``HDR_LEN`` bytes of ``hview`` from ``h + i * HDR_LEN``, except the
+    last: ``last_len`` bytes and a ``final_hdr``-byte header, and ``last`` (the end of the
+    request). Each gets a :class:`PyPacket` in ``outstanding`` (sent ``now``, due at
+    ``deadline``), ``(seq << 32) | ev_value`` at ``ring[seq % len(ring)]`` (a power of two),
+    and two buffers, header then payload. The per-packet part of a burst's send: in Python
+    about as dear as a packet's kernel send (docs/PERFORMANCE.md)."""
+    mask = len(ring) - 1
+    if len(ring) < 1 or len(ring) & mask:
+        raise ValueError("the ring's length must be a power of two")
+    if n < 1:
+        raise ValueError("a burst's field is out of range")
+    add = bufs.append
+    o = off
+    for s in range(seq, seq + n - 1):
+        outstanding[s] = PyPacket(wr, o, payload, False, ev, now, deadline)
+        ring[s & mask] = (s << 32) | ev_value
+        add(hview[h : h + _HDR_LEN])
+        add(view[o : o + payload])
+        h += _HDR_LEN
+        o += payload
+    s = seq + n - 1
+    outstanding[s] = PyPacket(wr, o, last_len, last, ev, now, deadline)
+    ring[s & mask] = (s << 32) | ev_value
+    add(hview[h : h + final_hdr])
+    add(view[o : o + last_len])
+
+
+def py_take_acked(
+    outstanding: dict[int, Any],
+    start: int,
+    stop: int,
+    sacked: list[int],
+    planes: list[int],
+    delivered: list[float],
+    route_ix: list[int] | None,
+    route_alive: list[float],
+    judge: Callable[[int, float], None] | None,
+) -> tuple[int, int]:
+    """Remove the records of ``range(start, stop)`` then ``sacked`` (those still in
+    ``outstanding``), in that order, and note what each delivered; ``mrc._native.take_acked``
+    mirrors it. Returns ``(newly, cancelled)``: records removed, and of them those queued for a
+    resend (deadline infinite) that is no longer needed.
+
+    For each: ``delivered[planes[ev]]`` and, unless ``route_ix`` is None,
+    ``route_alive[route_ix[ev]]`` rise to its send time if that is later; ``judge(ev,
+    sent_at)`` is called unless None (EVSet.route_delivered, while retirements are judged)."""
+    newly = cancelled = 0
+    for seq in chain(range(start, stop), sacked):
+        pkt = outstanding.pop(seq, None)
+        if pkt is None:
+            continue
+        newly += 1
+        ev = pkt.ev
+        sent_at = pkt.sent_at
+        if route_ix is not None:
+            r = route_ix[ev]
+            if sent_at > route_alive[r]:
+                route_alive[r] = sent_at
+        if judge is not None:
+            judge(ev, sent_at)
+        if pkt.deadline == _INF:
+            cancelled += 1
+        plane = planes[ev]
+        if sent_at > delivered[plane]:
+            delivered[plane] = sent_at
+    return newly, cancelled
+
+
 def _native() -> ModuleType | None:
     if os.environ.get("MRC_NATIVE", "1").strip() == "0":
         return None
@@ -318,6 +508,16 @@ open_in_place: OpenInPlace | None = (
 seal_data: SealData | None = (
     getattr(_module, "seal_data", None) if getattr(_module, "KERNEL_VERSION", 0) >= 4 else None
 )
+_sender_records = getattr(_module, "KERNEL_VERSION", 0) >= 6
+#: the sender's records in C: their type and the two kernels that make and take them (None:
+#: not built, stale or MRC_NATIVE=0)
+native_packet: type | None = getattr(_module, "Packet", None) if _sender_records else None
+native_record_burst: RecordBurst | None = (
+    getattr(_module, "record_burst", None) if _sender_records else None
+)
+native_take_acked: TakeAcked | None = (
+    getattr(_module, "take_acked", None) if _sender_records else None
+)
 #: True when every kernel here is the C one
 NATIVE = (
     native_place_train is not None
@@ -325,6 +525,8 @@ NATIVE = (
     and native_note_arrivals is not None
     and open_in_place is not None
     and seal_data is not None
+    and native_record_burst is not None
+    and native_take_acked is not None
 )
 #: what the responder calls for every train (tests may swap it)
 place_train: PlaceTrain = native_place_train or py_place_train
@@ -332,6 +534,12 @@ place_train: PlaceTrain = native_place_train or py_place_train
 note_arrivals: NoteArrivals = native_note_arrivals or py_note_arrivals
 #: what the requester calls for every burst (tests may swap it)
 pack_burst: PackBurst = native_pack_burst or py_pack_burst
+#: what the requester calls to record every burst, and what those records are (tests may
+#: swap them, together: record_burst makes its own kind of record)
+record_burst: RecordBurst = native_record_burst or py_record_burst
+Packet: type = native_packet or PyPacket
+#: what the requester calls for every ACK (tests may swap it; it takes either kind of record)
+take_acked: TakeAcked = native_take_acked or py_take_acked
 
 
 def describe() -> str:

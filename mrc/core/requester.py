@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import chain, islice
+from itertools import islice
 
 from mrc import wire
 from mrc.core import fastpath
@@ -69,56 +69,8 @@ class _WorkRequest:
     last_seq: int = -1  # sequence number of its last packet, once segmented
 
 
-class _Packet:
-    __slots__ = (
-        "wr",
-        "offset",
-        "length",
-        "last",
-        "ev",
-        "sent_at",
-        "deadline",
-        "timeouts",
-        "nacks",
-        "nacked",
-        "retransmitted",
-        "ambiguous",
-        "probed",
-        "silenced",
-    )
-
-    def __init__(
-        self,
-        wr: _WorkRequest,
-        offset: int,
-        length: int,
-        last: bool,
-        ev: int,
-        sent_at: float,
-        deadline: float,
-    ) -> None:
-        self.wr = wr
-        self.offset = offset
-        self.length = length
-        self.last = last
-        self.ev = ev
-        self.sent_at = sent_at
-        self.deadline = deadline
-        self.timeouts = 0
-        self.nacks = 0
-        self.nacked = False  # a NACK of its latest transmission was acted on
-        self.retransmitted = False
-        # an earlier transmission may still arrive, so an ACK does not say which one it
-        # answers (Karn's rule: no RTT sample). Not so after a trim: the trimmed copy's
-        # payload is gone, and only the NACK of its header came back
-        self.ambiguous = False
-        # a tail loss probe's transmissions before it, as (ev, sent_at), until an ACK of the
-        # probe tells whether they were lost (docs/EV_HEALTH.md, "Evidence of loss"); None
-        self.probed: list[tuple[int, float]] | None = None
-        # this transmission timed out in a silence of the whole peer and was left to wait
-        # for the oldest one's resend (``_time_out_silence``): its loss is no evidence
-        # against its EV or plane, however it is found later
-        self.silenced = False
+#: the record of a packet in flight (``mrc._native.Packet`` where built: the same attributes)
+_Packet = fastpath.PyPacket
 
 
 class Requester:
@@ -449,13 +401,27 @@ class Requester:
         h_end = self._hpos = fastpath.pack_burst(
             self._hbuf, h, qpn, psn, wr.remote_addr + off, wr.rkey, payload, n, last_len, last, imm
         )
-        ev_value = self.evs.values[ev]
-        bufs = self._leading(wr, off, seq, full, ev, ev_value, h, now, deadline) if full else []
-        s = seq + full
-        self._outstanding[s] = _Packet(wr, o, last_len, last, ev, now, deadline)
-        self._sent_ring[s & _RING_MASK] = (s << 32) | ev_value
-        bufs.append(self._hview[h + full * _HDR_LEN : h_end])
-        bufs.append(wr.view[o : o + last_len])
+        bufs: list[bytes | memoryview] = []
+        fastpath.record_burst(
+            self._outstanding,
+            self._sent_ring,
+            wr,
+            self._hview,
+            wr.view,
+            seq,
+            n,
+            ev,
+            self.evs.values[ev],
+            h,
+            off,
+            payload,
+            last_len,
+            last,
+            final,
+            now,
+            deadline,
+            bufs,
+        )
         heapq.heappush(self._deadlines, (deadline, seq, n))
         self.evs.packets[ev] += n  # EVSet.count_sent, once per burst
         seg = _HDR_LEN + payload  # the segment size of a burst of more than one
@@ -467,37 +433,6 @@ class Requester:
         else:
             out.append((ev, bufs, n, seg))
         return n, full * payload + last_len
-
-    def _leading(
-        self,
-        wr: _WorkRequest,
-        off: int,
-        seq: int,
-        full: int,
-        ev: int,
-        ev_value: int,
-        h: int,
-        now: float,
-        deadline: float,
-    ) -> list[bytes | memoryview]:
-        """The records and buffers (header, payload) of the ``full`` packets of payload size
-        that lead a burst: ``seq...`` of ``wr`` from byte ``off``, headers from ``h`` on."""
-        payload = self.config.payload_size
-        outstanding = self._outstanding
-        ring = self._sent_ring
-        hv = self._hview
-        view = wr.view
-        bufs: list[bytes | memoryview] = []
-        add = bufs.append
-        o = off
-        for s in range(seq, seq + full):
-            outstanding[s] = _Packet(wr, o, payload, False, ev, now, deadline)
-            ring[s & _RING_MASK] = (s << 32) | ev_value
-            add(hv[h : h + _HDR_LEN])
-            add(view[o : o + payload])
-            h += _HDR_LEN
-            o += payload
-        return bufs
 
     def _header_room(self, nbytes: int) -> tuple[bytearray, int]:
         """Where the next ``nbytes`` of headers go: the header arena at its fill mark, or a
@@ -818,7 +753,7 @@ class Requester:
         else:
             rtt_sample = self._ack_signals(subject, latest, subj, qpw, ev_echo, now)
         acked, sacked, una = self._acknowledged(psnw, base, bitmap, subj_sent)
-        newly, delivered = self._take_acked(chain(acked, sacked))
+        newly, delivered = self._take_acked(acked, sacked)
         if newly:
             self._progress_at = now
         news = max(delivered)
@@ -1000,35 +935,28 @@ class Requester:
             self.stats.ack_beyond_sent += 1
         return acked, sacked, una
 
-    def _take_acked(self, seqs: Iterable[int]) -> tuple[int, list[float]]:
-        """Remove the records of ``seqs`` (those still outstanding) and note, per route and
-        per plane, the latest send time each delivered. Returns how many were outstanding
-        and, per plane, the send time of the latest-sent packet it delivered (-inf: none)."""
+    def _take_acked(self, acked: range, sacked: list[int]) -> tuple[int, list[float]]:
+        """Remove the records of ``acked`` then ``sacked`` (those still outstanding) and note,
+        per route and per plane, the latest send time each delivered (``fastpath.take_acked``,
+        one call). Returns how many were outstanding and, per plane, the send time of the
+        latest-sent packet it delivered (-inf: none)."""
         evs = self.evs
-        outstanding = self._outstanding
         delivered = [_NEG_INF] * evs.nplanes
-        planes = evs.planes
-        newly = 0
-        judging = evs.judging  # retirements still open to being proved false
-        track = evs.track_routes  # per route, the latest send time it delivered
-        route_ix = evs.route_ix
-        route_alive = evs.route_alive_sent
-        for seq in seqs:
-            pkt = outstanding.pop(seq, None)
-            if pkt is not None:
-                newly += 1
-                if track:
-                    r = route_ix[pkt.ev]
-                    if pkt.sent_at > route_alive[r]:
-                        route_alive[r] = pkt.sent_at
-                if judging:
-                    evs.route_delivered(pkt.ev, pkt.sent_at)
-                if pkt.deadline == _INF:
-                    self._waiting -= 1  # queued for a resend that is no longer needed
-                    self.stats.retransmits_cancelled += 1
-                plane = planes[pkt.ev]
-                if pkt.sent_at > delivered[plane]:
-                    delivered[plane] = pkt.sent_at
+        newly, cancelled = fastpath.take_acked(
+            self._outstanding,
+            acked.start,
+            acked.stop,
+            sacked,
+            evs.planes,
+            delivered,
+            evs.route_ix if evs.track_routes else None,
+            evs.route_alive_sent,
+            # retirements still open to being proved false
+            evs.route_delivered if evs.judging else None,
+        )
+        if cancelled:
+            self._waiting -= cancelled  # queued for resends that are no longer needed
+            self.stats.retransmits_cancelled += cancelled
         return newly, delivered
 
     def _advance(self, una: int) -> None:
