@@ -28,6 +28,10 @@
 #include <Python.h>
 #include <structmember.h>
 #include <limits.h>
+#include <errno.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -1054,6 +1058,160 @@ static PyObject *take_acked(PyObject *module, PyObject *const *args, Py_ssize_t 
     return Py_BuildValue("(LL)", newly, cancelled);
 }
 
+/* ---- the receive batch: recv_batch ------------------------------------------------------
+ *
+ * Up to `most` receives from a nonblocking UDP socket into consecutive `slot`-byte slots of
+ * `buf` (64 at most), without the GIL; then, per receive, a tuple (bytes, GRO segment size as
+ * the control message said, CE, flow label's EV bits, source port). What
+ * mrc.transport.rxbatch.py_recv_batch does with recvmsg_into and rx_meta, the reference. */
+
+#define META 5
+#define MAX_SLOTS 64 /* receives per call at most */
+#define LABEL_MASK 0xFFFFu
+#define CE_IN_FLOWINFO (3u << 20)
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+#ifndef IPV6_FLOWINFO
+#define IPV6_FLOWINFO 11
+#endif
+#ifndef IPV6_TCLASS
+#define IPV6_TCLASS 67
+#endif
+
+/* the least significant byte of a control message's integer, as Python's
+ * int.from_bytes(data, sys.byteorder) reads it */
+static unsigned char low_byte(const unsigned char *p, size_t len)
+{
+    const uint16_t one = 1;
+    return *(const unsigned char *)&one ? p[0] : p[len - 1];
+}
+
+static void read_meta(struct msghdr *mh, int ecn, long long *out)
+{
+    long long seg = 0, ce = 0, label = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c != NULL; c = CMSG_NXTHDR(mh, c)) {
+        const unsigned char *d = CMSG_DATA(c);
+        size_t len = c->cmsg_len - (size_t)(d - (const unsigned char *)c);
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+            if (len >= 4) {
+                int v;
+                memcpy(&v, d, sizeof v);
+                seg = v;
+            } else if (len >= 2) {
+                uint16_t v;
+                memcpy(&v, d, sizeof v);
+                seg = v;
+            } else {
+                seg = 0;
+            }
+        } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_FLOWINFO) {
+            /* int.from_bytes(data, "big"): the bytes as they came, most significant first */
+            unsigned long long info = 0;
+            for (size_t i = 0; i < len && i < 8; i++)
+                info = (info << 8) | d[i];
+            label = (long long)(info & LABEL_MASK);
+            if (ecn && (info & CE_IN_FLOWINFO) == CE_IN_FLOWINFO)
+                ce = 1;
+        } else if ((c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS) ||
+                   (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS)) {
+            if (len > 0 && (low_byte(d, len) & 3) == 3)
+                ce = 1;
+        }
+    }
+    out[1] = seg;
+    out[2] = ce;
+    out[3] = label;
+}
+
+static PyObject *recv_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "recv_batch takes 6 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    int fd = PyObject_AsFileDescriptor(args[0]);
+    if (fd < 0)
+        return NULL;
+    long long slot, most;
+    if (arg_ll(args[2], &slot) < 0 || arg_ll(args[3], &most) < 0)
+        return NULL;
+    int ecn = PyObject_IsTrue(args[4]);
+    if (ecn < 0)
+        return NULL;
+    if (slot < 1) {
+        PyErr_SetString(PyExc_ValueError, "a slot holds at least one byte");
+        return NULL;
+    }
+    Py_buffer bb;
+    if (PyObject_GetBuffer(args[1], &bb, PyBUF_WRITABLE) < 0)
+        return NULL;
+    long long slots = (long long)bb.len / slot;
+    if (slots > MAX_SLOTS)
+        slots = MAX_SLOTS;
+    long long meta[MAX_SLOTS * META];
+    long long got = 0, tries = 0;
+    int empty = 0;
+    Py_BEGIN_ALLOW_THREADS
+    union {
+        struct cmsghdr align;
+        char bytes[256];
+    } control;
+    struct sockaddr_storage src;
+    while (tries < most && got < slots) {
+        struct iovec iov = {(char *)bb.buf + got * slot, (size_t)slot};
+        struct msghdr mh;
+        memset(&mh, 0, sizeof mh);
+        mh.msg_name = &src;
+        mh.msg_namelen = sizeof src;
+        mh.msg_iov = &iov;
+        mh.msg_iovlen = 1;
+        mh.msg_control = control.bytes;
+        mh.msg_controllen = sizeof control.bytes;
+        ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue; /* retried, as Python retries an interrupted call (PEP 475) */
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                empty = 1;
+                break;
+            }
+            tries++; /* a pending socket error (ICMP): nothing was read */
+            continue;
+        }
+        tries++;
+        long long *out = meta + got * META;
+        out[0] = (long long)n;
+        read_meta(&mh, ecn, out);
+        if (src.ss_family == AF_INET6)
+            out[4] = ntohs(((struct sockaddr_in6 *)&src)->sin6_port);
+        else if (src.ss_family == AF_INET)
+            out[4] = ntohs(((struct sockaddr_in *)&src)->sin_port);
+        else
+            out[4] = 0;
+        got++;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&bb);
+    PyObject *list = PyList_New((Py_ssize_t)got);
+    if (list == NULL)
+        return NULL;
+    for (long long i = 0; i < got; i++) {
+        const long long *m = meta + i * META;
+        PyObject *row = Py_BuildValue("(LLOLL)", m[0], m[1], m[2] ? Py_True : Py_False, m[3], m[4]);
+        if (row == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, row);
+    }
+    return Py_BuildValue("(NLO)", list, tries, empty ? Py_True : Py_False);
+}
+
 static PyMethodDef methods[] = {
     {"place_train", (PyCFunction)(void (*)(void))place_train, METH_FASTCALL,
      "Place the common-case segments of a GRO train (see mrc/core/fastpath.py)."},
@@ -1070,12 +1228,14 @@ static PyMethodDef methods[] = {
      "The records, ring entries and send buffers of a burst (see mrc/core/fastpath.py)."},
     {"take_acked", (PyCFunction)(void (*)(void))take_acked, METH_FASTCALL,
      "Remove the records an ACK acknowledged (see mrc/core/fastpath.py)."},
+    {"recv_batch", (PyCFunction)(void (*)(void))recv_batch, METH_FASTCALL,
+     "Receive a batch of datagrams with their metadata (see mrc/transport/rxbatch.py)."},
     {NULL, NULL, 0, NULL},
 };
 
 /* What the kernels can do, for mrc.core.fastpath to tell a stale build from this one:
  * 2 = place_train takes `skip` (protected trains); 3 = note_arrivals; 4 = open_in_place and
- * seal_data; 5 = open_in_place takes `encrypt`; 6 = Packet, record_burst and take_acked. */
+ * seal_data; 5 = open_in_place takes `encrypt`; 6 = Packet, record_burst, take_acked and recv_batch. */
 #define KERNEL_VERSION 6
 
 static int exec_module(PyObject *m)

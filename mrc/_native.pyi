@@ -125,3 +125,12 @@ def take_acked(
     judge: Callable[[int, float], None] | None,
     /,
 ) -> tuple[int, int]: ...
+def recv_batch(
+    sock: object,
+    buf: bytearray,
+    slot: int,
+    most: int,
+    ecn: bool,
+    space: int,
+    /,
+) -> tuple[list[tuple[int, int, bool, int, int]], int, bool]: ...

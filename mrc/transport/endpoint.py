@@ -31,7 +31,7 @@ from mrc.core.qp import QueuePair
 from mrc.errors import WriteError
 from mrc.security.packet import DATA_OVERHEAD as _SEAL_OVERHEAD
 from mrc.transport import ecn as _ecn
-from mrc.transport import flowlabel, gso
+from mrc.transport import flowlabel, gso, rxbatch
 from mrc.transport.evsockets import EVSockets
 from mrc.transport.linkstate import PlaneLinks, plane_interfaces
 from mrc.transport.sockets import (
@@ -50,39 +50,14 @@ _log = logging.getLogger(__name__)
 
 RX_BATCH = 512
 RX_BUFFER = 65536
+#: receives per receive batch (rxbatch.recv_batch), each into a slot of RX_BUFFER bytes
+RX_SLOTS = 4
 
 # what sendmsg takes for one datagram (header, payload) or one GSO burst of them
 Buffers = list[bytes | memoryview]
 
 _BTH_MARKS = 4  # BTH byte 4: FECN BECN T L
-_NO_META = (0, False, 0)
-_SOL_UDP = gso.SOL_UDP
-_UDP_GRO = gso.UDP_GRO
-_IPPROTO_IPV6 = socket.IPPROTO_IPV6
-_FLOWINFO = flowlabel.IPV6_FLOWINFO
-_LABEL_MASK = wire.EV_LABEL_MASK
 _LABEL_BITS = wire.EV_LABEL_BITS
-_CE_IN_FLOWINFO = _ecn.CE << flowlabel.TCLASS_SHIFT
-
-
-def rx_meta(ancillary: list[tuple[int, int, bytes]], ecn: bool = True) -> tuple[int, bool, int]:
-    """(GRO segment size or 0, CE, the flow label's EV bits) from the control messages of
-    one receive. The flow information carries the traffic class too: its ECN field is read
-    from it where it came (IPv6), from the traffic class / TOS message elsewhere; ``ecn``
-    False: CE is never reported."""
-    seg = 0
-    ce = False
-    label = 0
-    for level, kind, data in ancillary:
-        if level == _SOL_UDP and kind == _UDP_GRO:
-            seg = gso.segment_size(data)
-        elif level == _IPPROTO_IPV6 and kind == _FLOWINFO:
-            info = int.from_bytes(data, "big")
-            label = info & _LABEL_MASK
-            ce = ce or (ecn and info & _CE_IN_FLOWINFO == _CE_IN_FLOWINFO)
-        else:
-            ce = _ecn.is_ce(level, kind, data) or ce
-    return seg, ce, label
 
 
 def queue_mark_at(sock: socket.socket) -> int:
@@ -223,6 +198,9 @@ class Endpoint:
         self.channels: dict[int, QPChannel] = {}
         self._rxbuf = bytearray(RX_BUFFER)
         self._rxview = memoryview(self._rxbuf)
+        # the receive batch's slots
+        self._rxbatch = bytearray(RX_SLOTS * RX_BUFFER)
+        self._rxbatch_view = memoryview(self._rxbatch)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
@@ -342,10 +320,12 @@ class Endpoint:
         """As _on_readable, with control messages: a receive may hold a GRO train of datagrams
         (the core takes it whole, EndpointCore.receive_train), and carries the IP ECN field
         (CE: FECN set in each datagram's BTH) and the flow label (with the source port, the
-        datagram's EV)."""
-        recv = sock.recvmsg_into
-        bufs = [self._rxbuf]
-        view = self._rxview
+        datagram's EV). The receives come ``RX_SLOTS`` at a time (``rxbatch.recv_batch``: in
+        C, one call and no GIL for them), into the slots of one buffer small enough to stay
+        in the cache while the core places them."""
+        recv = rxbatch.recv_batch
+        buf = self._rxbatch
+        view = self._rxbatch_view
         rx = self.core.receive_datagram
         rx_train = self.core.receive_train
         space = self._meta_space
@@ -353,28 +333,30 @@ class Endpoint:
         now = _clock()
         touched: dict[int, int] = {}
         deep = self._queue_is_deep(sock)
-        for _ in range(RX_BATCH):
-            try:
-                n, anc, _flags, addr = recv(bufs, space)
-            except BlockingIOError:
+        left = RX_BATCH
+        while left > 0:
+            metas, tries, empty = recv(sock, buf, RX_BUFFER, left, ecn, space)
+            left -= tries
+            at = 0
+            for n, seg, ce, label, port in metas:
+                data = view[at : at + n]
+                at += RX_BUFFER
+                ev = port << _LABEL_BITS | label
+                if seg <= 0 or seg >= n:
+                    seg = 0  # a single datagram
+                if ce or deep:
+                    self._receive_ce(data, seg, ev, now, touched, local=not ce)
+                    continue
+                if not seg:
+                    qp = rx(data, ev, now)
+                    if qp is not None:
+                        touched[qp.qpn] = 1
+                    continue
+                self.gro_trains += 1
+                for qpn in rx_train(data, seg, ev, now):
+                    touched[qpn] = 1
+            if empty or not tries:
                 break
-            except OSError:
-                continue
-            seg, ce, label = rx_meta(anc, ecn) if anc else _NO_META
-            ev = addr[1] << _LABEL_BITS | label
-            if seg <= 0 or seg >= n:
-                seg = 0  # a single datagram
-            if ce or deep:
-                self._receive_ce(n, seg, ev, now, touched, local=not ce)
-                continue
-            if not seg:
-                qp = rx(view[:n], ev, now)
-                if qp is not None:
-                    touched[qp.qpn] = 1
-                continue
-            self.gro_trains += 1
-            for qpn in rx_train(view[:n], seg, ev, now):
-                touched[qpn] = 1
         self._pump_touched(touched)
 
     def _queue_is_deep(self, sock: socket.socket) -> bool:
@@ -389,7 +371,7 @@ class Endpoint:
 
     def _receive_ce(
         self,
-        n: int,
+        data: memoryview,
         seg: int,
         ev: int,
         now: float,
@@ -400,8 +382,7 @@ class Endpoint:
         (the core echoes it as BECN, docs/PROTOCOL.md 3.1), counted, then received as usual.
         ``local``: not marked on the way but here, read from a receive queue over its
         threshold (counted as ``queue_marks``, not as CE received)."""
-        buf = self._rxbuf
-        view = self._rxview
+        n = len(data)
         channels = self.channels
         if seg:
             self.gro_trains += 1
@@ -409,16 +390,16 @@ class Endpoint:
         marked = 0
         for off in range(0, max(n, 1), step):
             if min(off + step, n) - off > _BTH_MARKS:
-                buf[off + _BTH_MARKS] |= wire.BTH_FECN
+                data[off + _BTH_MARKS] |= wire.BTH_FECN
             marked += 1
         if local:
             self.queue_marks += marked
         else:
             self.ce_received += marked
         if seg:
-            taken = self.core.receive_train(view[:n], seg, ev, now)
+            taken = self.core.receive_train(data, seg, ev, now)
         else:
-            qp = self.core.receive_datagram(view[:n], ev, now)
+            qp = self.core.receive_datagram(data, ev, now)
             taken = {qp.qpn: 1} if qp is not None else {}
         for qpn, count in taken.items():
             touched[qpn] = 1

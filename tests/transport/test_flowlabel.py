@@ -18,8 +18,9 @@ from mrc import wire
 from mrc.core.endpoint import EndpointCore
 from mrc.errors import MRCError
 from mrc.transport import ecn, flowlabel, gso
-from mrc.transport.endpoint import Endpoint, rx_meta
+from mrc.transport.endpoint import Endpoint
 from mrc.transport.messages import MAX_EVS
+from mrc.transport.rxbatch import rx_meta
 from mrc.transport.sockets import ev_socket, udp_socket
 
 
