@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Check lint, format and types (tools/lint.sh, before anything needs root), set everything up
-# (tools/setup.sh), then run the whole test suite. Any failing step fails the run. Extra
-# arguments go to pytest.
+# (tools/setup.sh), then run the whole test suite, then the core's and the loopback transport's
+# tests again with MRC_NATIVE=0 (the pure-Python twins of the native kernels, what a machine
+# without a compiler runs). Any failing step fails the run. Extra arguments go to pytest, and
+# then only the first pass runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # the checks need only .venv; a machine whose Python cannot make one yet gets the full setup
@@ -11,4 +13,9 @@ bash tools/lint.sh
 bash tools/setup.sh
 
 printf '[test] %s\n' "pytest" >&2
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+if [ "$#" -gt 0 ]; then
+  exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+fi
+.venv/bin/python -m pytest -q -p no:cacheprovider
+printf '[test] %s\n' "pytest tests/core tests/transport with MRC_NATIVE=0 (the Python twins)" >&2
+MRC_NATIVE=0 exec .venv/bin/python -m pytest -q -p no:cacheprovider tests/core tests/transport
