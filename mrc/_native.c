@@ -911,6 +911,17 @@ static PyObject *record_burst(PyObject *module, PyObject *const *args, Py_ssize_
     Py_RETURN_NONE;
 }
 
+/* obj.name as a double */
+static int attr_double(PyObject *obj, const char *name, double *out)
+{
+    PyObject *o = PyObject_GetAttrString(obj, name);
+    if (o == NULL)
+        return -1;
+    *out = PyFloat_AsDouble(o);
+    Py_DECREF(o);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
 /* a record's ev, sent_at and deadline: from the struct, or (a PyPacket) by attribute */
 static int packet_fields(PyObject *pkt, long long *ev, double *sent_at, double *deadline)
 {
@@ -928,21 +939,9 @@ static int packet_fields(PyObject *pkt, long long *ev, double *sent_at, double *
     Py_DECREF(o);
     if (*ev == -1 && PyErr_Occurred())
         return -1;
-    o = PyObject_GetAttrString(pkt, "sent_at");
-    if (o == NULL)
-        return -1;
-    *sent_at = PyFloat_AsDouble(o);
-    Py_DECREF(o);
-    if (*sent_at == -1.0 && PyErr_Occurred())
-        return -1;
-    o = PyObject_GetAttrString(pkt, "deadline");
-    if (o == NULL)
-        return -1;
-    *deadline = PyFloat_AsDouble(o);
-    Py_DECREF(o);
-    if (*deadline == -1.0 && PyErr_Occurred())
-        return -1;
-    return 0;
+    return attr_double(pkt, "sent_at", sent_at) < 0 || attr_double(pkt, "deadline", deadline) < 0
+               ? -1
+               : 0;
 }
 
 /* list[i] as a double / an index, with the bounds and types checked */

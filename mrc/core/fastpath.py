@@ -485,38 +485,40 @@ def _native() -> ModuleType | None:
     return native
 
 
-_module = _native()
+#: the native extension where it is in use (None: not built, or MRC_NATIVE=0); its kernels are
+#: picked below, and by mrc.transport.rxbatch for the receive batch
+native_module: ModuleType | None = _native()
+#: what its kernels can do (mrc/_native.c, KERNEL_VERSION): a stale build serves the older ones
+_version: int = getattr(native_module, "KERNEL_VERSION", 0)
 #: the C kernels, or None where they were not built (or MRC_NATIVE=0); getattr: an extension
 #: built from an older mrc/_native.c (before pack_burst) still serves place_train
 native_place_train: PlaceTrain | None = (
-    getattr(_module, "place_train", None)
-    if getattr(_module, "KERNEL_VERSION", 0) >= 2  # older builds take no skip
+    getattr(native_module, "place_train", None)
+    if _version >= 2  # older builds take no skip
     else None
 )
-native_pack_burst: PackBurst | None = getattr(_module, "pack_burst", None)
+native_pack_burst: PackBurst | None = getattr(native_module, "pack_burst", None)
 native_note_arrivals: NoteArrivals | None = (
-    getattr(_module, "note_arrivals", None) if getattr(_module, "KERNEL_VERSION", 0) >= 3 else None
+    getattr(native_module, "note_arrivals", None) if _version >= 3 else None
 )
 #: the unsealing of a whole data packet in place, in C (None: not built, stale
 #: or MRC_NATIVE=0); its reference is mrc.security.packet.Opener.unseal's Python path, which
 #: passes it the AES-GCM calls (this module never imports ``cryptography``)
 open_in_place: OpenInPlace | None = (
-    getattr(_module, "open_in_place", None) if getattr(_module, "KERNEL_VERSION", 0) >= 5 else None
+    getattr(native_module, "open_in_place", None) if _version >= 5 else None
 )
 #: its sender's side: the sealed first part of an integrity-mode data packet (reference:
 #: mrc.security.packet.Sealer.seal_pair's Python path)
-seal_data: SealData | None = (
-    getattr(_module, "seal_data", None) if getattr(_module, "KERNEL_VERSION", 0) >= 4 else None
-)
-_sender_records = getattr(_module, "KERNEL_VERSION", 0) >= 6
+seal_data: SealData | None = getattr(native_module, "seal_data", None) if _version >= 4 else None
+_sender_records = _version >= 6
 #: the sender's records in C: their type and the two kernels that make and take them (None:
 #: not built, stale or MRC_NATIVE=0)
-native_packet: type | None = getattr(_module, "Packet", None) if _sender_records else None
+native_packet: type | None = getattr(native_module, "Packet", None) if _sender_records else None
 native_record_burst: RecordBurst | None = (
-    getattr(_module, "record_burst", None) if _sender_records else None
+    getattr(native_module, "record_burst", None) if _sender_records else None
 )
 native_take_acked: TakeAcked | None = (
-    getattr(_module, "take_acked", None) if _sender_records else None
+    getattr(native_module, "take_acked", None) if _sender_records else None
 )
 #: True when every kernel here is the C one
 NATIVE = (
@@ -548,7 +550,7 @@ def describe() -> str:
         return "native (mrc._native)"
     if os.environ.get("MRC_NATIVE", "1").strip() == "0":
         reason = "MRC_NATIVE=0"
-    elif _module is None:
+    elif native_module is None:
         reason = "not built"
     else:
         reason = "mrc._native is stale: rebuild it with tools/setup.sh"

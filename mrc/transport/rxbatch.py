@@ -21,12 +21,12 @@ full (``MAX_SLOTS`` at most).
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from mrc import wire
+from mrc.core import fastpath
 from mrc.transport import ecn as _ecn
 from mrc.transport import flowlabel, gso
 
@@ -101,15 +101,10 @@ def py_recv_batch(
 
 
 def _native_recv_batch() -> RecvBatch | None:
-    if os.environ.get("MRC_NATIVE", "1").strip() == "0":
+    native = fastpath.native_module  # (None where MRC_NATIVE=0 or not built)
+    if getattr(native, "KERNEL_VERSION", 0) < 6:
         return None
-    try:
-        from mrc import _native
-    except ImportError:
-        return None
-    if getattr(_native, "KERNEL_VERSION", 0) < 6:
-        return None
-    kernel: RecvBatch | None = getattr(_native, "recv_batch", None)
+    kernel: RecvBatch | None = getattr(native, "recv_batch", None)
     return kernel
 
 
