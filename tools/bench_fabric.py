@@ -32,11 +32,17 @@ import sys
 from mrc.cli.common import Parser, float_between, positive_int, rate_arg, run_main, size_arg
 from mrc.core.cc import names as cc_names
 from mrc.core.cc import spec as cc_spec
+from mrc.lab.bench.fabric import UNSHAPED
 from mrc.lab.bench.fabric import main as run_bench
 from mrc.topology.model import SRV6_MODES
 from mrc.units import SIZE_HELP
 
 PROG = "bench_fabric.py"
+
+
+def fabric_rate(text: str) -> str:
+    """--rate: a tc rate, or "unshaped"."""
+    return UNSHAPED if text.strip().lower() == UNSHAPED else rate_arg(text)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,7 +52,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--rate", type=rate_arg, default="200mbit", help="tbf rate of every link (default 200mbit)"
+        "--rate",
+        type=fabric_rate,
+        default="200mbit",
+        help="tbf rate of every link (default 200mbit), or 'unshaped': no tbf, the links as fast "
+        "as this machine forwards (no capacity then: the fractions are null; compare with TCP "
+        "and MPTCP)",
     )
     p.add_argument("--planes", type=positive_int, default=4, help="planes (default 4)")
     p.add_argument("--spines", type=positive_int, default=2, help="spines per plane (default 2)")

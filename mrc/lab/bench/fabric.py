@@ -45,6 +45,8 @@ from mrc.units import parse_rate
 from mrc.wire import DATA_HDR_LEN, DEFAULT_PORT
 
 TOOL = "bench_fabric"
+#: --rate of a fabric whose links have no tbf (as fast as the machine forwards)
+UNSHAPED = "unshaped"
 MRC_PORT = DEFAULT_PORT
 TCP_PORT = 5201
 MPTCP_PORT = 5202
@@ -231,11 +233,21 @@ def _over(bps: int | None, reference: dict[str, Any] | None) -> float | None:
     return round(bps / reference["goodput_bps"], 2) if reference and bps else None
 
 
+def _share(bps: float | None, of: int | None) -> float | None:
+    """``bps`` as a fraction of ``of`` (None: no figure, or an unshaped fabric's capacity)."""
+    return round(bps / of, 4) if bps and of else None
+
+
+def _pct(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:6.1%}"
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every run on a fabric built for them (always removed); the result object without its
-    envelope."""
-    rate_bps = parse_rate(args.rate)
-    capacity = args.planes * rate_bps
+    envelope. ``args.rate`` UNSHAPED: links without tbf, so no capacity to be a fraction of."""
+    shaped = args.rate != UNSHAPED
+    rate_bps = parse_rate(args.rate) if shaped else None
+    capacity = args.planes * rate_bps if rate_bps else None
     name = args.name or f"bench{os.getpid()}"
     spec = FabricSpec(
         name=name,
@@ -243,7 +255,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         spines=args.spines,
         leaves=2,
         hosts=4,
-        rate=args.rate,
+        rate=args.rate if shaped else None,
         mtu=args.mtu,
         srv6=args.srv6,
     )
@@ -255,7 +267,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load0 = loadavg()
     log(
         f"fabric {name}: {args.planes} planes x {args.spines} spines, links {args.rate} "
-        f"(MRC ceiling {capacity / 1e6:.0f} Mbit/s), MTU {args.mtu}; "
+        + (f"(MRC ceiling {capacity / 1e6:.0f} Mbit/s), " if capacity else "(no ceiling), ")
+        + f"MTU {args.mtu}; "
         f"{args.size >> 20} MiB x {args.runs} runs; load {load0[0]:.2f}"
     )
     t0 = time.monotonic()
@@ -274,7 +287,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 log(
                     f"  run {i + 1}: mrc {c:5} window {w:4d} burst {b or 'auto':>4}: "
                     f"{fmt_rate(r['goodput_bps'])} "
-                    f"({r['goodput_bps'] / capacity:6.1%}), {r['retransmits']} retransmits, "
+                    f"({_pct(_share(r['goodput_bps'], capacity))}), "
+                    f"{r['retransmits']} retransmits, "
                     f"{r['evs_assumed_bad']} EVs assumed bad, "
                     f"mean burst {r['data_packets'] / max(1, r['bursts'] or 0):.1f}, "
                     f"cpu {r['cpu_seconds']:.2f} s, "
@@ -285,14 +299,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 tcp.append(r)
                 log(
                     f"  run {i + 1}: tcp plane 0    : {fmt_rate(r['goodput_bps'])} "
-                    f"({r['goodput_bps'] / rate_bps:6.1%} of one link)"
+                    f"({_pct(_share(r['goodput_bps'], rate_bps))} of one link)"
                 )
             if not args.no_mptcp:
                 r = bench.tcp_run(args.size, mptcp=True)
                 mptcp.append(r)
                 log(
                     f"  run {i + 1}: mptcp          : {fmt_rate(r['goodput_bps'])} "
-                    f"({r['goodput_bps'] / capacity:6.1%}), {r['subflows']} extra subflows"
+                    f"({_pct(_share(r['goodput_bps'], capacity))}), "
+                    f"{r['subflows']} extra subflows"
                 )
     frame = args.payload + MRC_OVERHEAD
     out: dict[str, Any] = {
@@ -327,7 +342,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "window": w,
                 "burst": b,
                 "goodput_bps": round(med) if med else None,
-                "fraction_of_capacity": round(med / capacity, 4) if med else None,
+                "fraction_of_capacity": _share(med, capacity),
                 "retransmits": median([r["retransmits"] for r in rs]),
                 "runs": rs,
             }
@@ -337,7 +352,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         assert med is not None
         out["tcp"] = {
             "goodput_bps": round(med),
-            "fraction_of_link": round(med / rate_bps, 4),
+            "fraction_of_link": _share(med, rate_bps),
             "wire_ceiling": round((args.mtu - 72) / (args.mtu + 14), 4),
             "runs": tcp,
         }
@@ -346,7 +361,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         assert med is not None
         out["mptcp"] = {
             "goodput_bps": round(med),
-            "fraction_of_capacity": round(med / capacity, 4),
+            "fraction_of_capacity": _share(med, capacity),
             "runs": mptcp,
         }
     best = max(out["mrc"], key=lambda m: m["goodput_bps"] or 0)
@@ -371,9 +386,10 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(out, indent=2)
     else:
+        frac, cap = out["mrc_fraction_of_capacity"], out["capacity_bps"]
         print(
             f"mrc {out['mrc_goodput_bps'] / 1e6:.1f} Mbit/s "
-            f"({out['mrc_fraction_of_capacity']:.1%} of {out['capacity_bps'] / 1e6:.0f}); "
+            + (f"({frac:.1%} of {cap / 1e6:.0f}); " if frac is not None and cap else "(unshaped); ")
             + (
                 f"tcp {out['tcp']['goodput_bps'] / 1e6:.1f} Mbit/s; ratio {out['mrc_over_tcp']}x"
                 if out["tcp"]

@@ -11,6 +11,11 @@ def fmt_rate(bps: float | None) -> str:
     return "-" if bps is None else f"{bps / 1e6:8.1f} Mbit/s"
 
 
+def _of(fraction: float | None, bps: int | None) -> str:
+    """ "12.3% of 10000 Mbit/s", or "-" on an unshaped fabric (no capacity)."""
+    return "-" if fraction is None or not bps else f"{fraction:.1%} of {bps / 1e6:.0f} Mbit/s"
+
+
 def table(out: Mapping[str, Any]) -> str:
     """The human table: a row per MRC combination, one for TCP and one for MPTCP, the machine
     last."""
@@ -29,7 +34,7 @@ def table(out: Mapping[str, Any]) -> str:
                 f"mrc {m['cc']}, window {m['window']}"
                 + (f", burst {m['burst'] or 'auto'}" if m["burst"] is not None or bursts else ""),
                 fmt_rate(m["goodput_bps"]),
-                f"{m['fraction_of_capacity']:.1%} of {cap / 1e6:.0f} Mbit/s",
+                _of(m["fraction_of_capacity"], cap),
                 f"{m['retransmits']:g}",
             )
         )
@@ -39,7 +44,7 @@ def table(out: Mapping[str, Any]) -> str:
             row.format(
                 "kernel tcp, plane 0",
                 fmt_rate(t["goodput_bps"]),
-                f"{t['fraction_of_link']:.1%} of {f['rate_bps'] / 1e6:.0f} Mbit/s",
+                _of(t["fraction_of_link"], f["rate_bps"]),
                 "-",
             )
         )
@@ -54,7 +59,7 @@ def table(out: Mapping[str, Any]) -> str:
             row.format(
                 f"kernel mptcp, {'/'.join(str(n) for n in flows)} extra subflows",
                 fmt_rate(t["goodput_bps"]),
-                f"{t['fraction_of_capacity']:.1%} of {cap / 1e6:.0f} Mbit/s",
+                _of(t["fraction_of_capacity"], cap),
                 "-",
             )
         )
