@@ -1,7 +1,8 @@
 """The sending half of a queue pair: segmentation, spraying, SACK/NACK, retransmission.
 
 Posted work requests are cut into packets lazily, as the window opens. Every packet in flight
-has a record in ``_outstanding``; a packet is acknowledged when its record is removed, and
+has a record in ``_outstanding`` (``fastpath.Packet``: made and removed by the batch kernels
+``record_burst`` and ``take_acked``); a packet is acknowledged when its record is removed, and
 ``_snd_una`` is the lowest sequence number still outstanding. Retransmission deadlines live in
 a heap with lazy deletion (an entry is live only while its packet is outstanding with that very
 deadline): deadlines are not monotone in send order (per-packet backoff, a changing RTO), and
@@ -207,9 +208,10 @@ class Requester:
         in bursts (consecutive packets of one work request on one EV), as the window allows.
 
         Each packet keeps its own record (loss detection, SACK, NACK, retransmission and EV
-        health are per packet); what a burst's packets share is done once per burst: the
-        headers (one ``fastpath.pack_burst`` call into the header arena), the deadline heap
-        entry, the counters.
+        health are per packet), made with its ring entry and send buffers by one
+        ``fastpath.record_burst`` call per burst; what a burst's packets share is done once
+        per burst: the headers (one ``fastpath.pack_burst`` call into the header arena), the
+        deadline heap entry, the counters.
         """
         if self.failed or self.remote_qpn is None:
             return
