@@ -488,29 +488,32 @@ def _native() -> ModuleType | None:
 #: the native extension where it is in use (None: not built, or MRC_NATIVE=0); its kernels are
 #: picked below, and by mrc.transport.rxbatch for the receive batch
 native_module: ModuleType | None = _native()
-#: what its kernels can do (mrc/_native.c, KERNEL_VERSION): a stale build serves the older ones
-_version: int = getattr(native_module, "KERNEL_VERSION", 0)
+#: what its kernels can do (mrc/_native.c, KERNEL_VERSION; 0: none): a stale build serves the
+#: older ones
+native_version: int = getattr(native_module, "KERNEL_VERSION", 0)
 #: the C kernels, or None where they were not built (or MRC_NATIVE=0); getattr: an extension
 #: built from an older mrc/_native.c (before pack_burst) still serves place_train
 native_place_train: PlaceTrain | None = (
     getattr(native_module, "place_train", None)
-    if _version >= 2  # older builds take no skip
+    if native_version >= 2  # older builds take no skip
     else None
 )
 native_pack_burst: PackBurst | None = getattr(native_module, "pack_burst", None)
 native_note_arrivals: NoteArrivals | None = (
-    getattr(native_module, "note_arrivals", None) if _version >= 3 else None
+    getattr(native_module, "note_arrivals", None) if native_version >= 3 else None
 )
 #: the unsealing of a whole data packet in place, in C (None: not built, stale
 #: or MRC_NATIVE=0); its reference is mrc.security.packet.Opener.unseal's Python path, which
 #: passes it the AES-GCM calls (this module never imports ``cryptography``)
 open_in_place: OpenInPlace | None = (
-    getattr(native_module, "open_in_place", None) if _version >= 5 else None
+    getattr(native_module, "open_in_place", None) if native_version >= 5 else None
 )
 #: its sender's side: the sealed first part of an integrity-mode data packet (reference:
 #: mrc.security.packet.Sealer.seal_pair's Python path)
-seal_data: SealData | None = getattr(native_module, "seal_data", None) if _version >= 4 else None
-_sender_records = _version >= 6
+seal_data: SealData | None = (
+    getattr(native_module, "seal_data", None) if native_version >= 4 else None
+)
+_sender_records = native_version >= 6
 #: the sender's records in C: their type and the two kernels that make and take them (None:
 #: not built, stale or MRC_NATIVE=0)
 native_packet: type | None = getattr(native_module, "Packet", None) if _sender_records else None

@@ -196,11 +196,10 @@ class Endpoint:
         self.listen_sockets = listen_sockets
         self.loop = asyncio.get_running_loop()
         self.channels: dict[int, QPChannel] = {}
-        self._rxbuf = bytearray(RX_BUFFER)
+        # where receives land: RX_SLOTS slots of RX_BUFFER bytes for the receive batch (a
+        # plain receive, without control messages, takes the first)
+        self._rxbuf = bytearray(RX_SLOTS * RX_BUFFER)
         self._rxview = memoryview(self._rxbuf)
-        # the receive batch's slots
-        self._rxbatch = bytearray(RX_SLOTS * RX_BUFFER)
-        self._rxbatch_view = memoryview(self._rxbatch)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._closed = False
@@ -299,7 +298,7 @@ class Endpoint:
             self._on_readable_meta(sock)
             return
         recv = sock.recvfrom_into
-        buf = self._rxbuf
+        buf = self._rxview[:RX_BUFFER]
         view = self._rxview
         rx = self.core.receive_datagram
         now = _clock()
@@ -324,8 +323,8 @@ class Endpoint:
         C, one call and no GIL for them), into the slots of one buffer small enough to stay
         in the cache while the core places them."""
         recv = rxbatch.recv_batch
-        buf = self._rxbatch
-        view = self._rxbatch_view
+        buf = self._rxbuf
+        view = self._rxview
         rx = self.core.receive_datagram
         rx_train = self.core.receive_train
         space = self._meta_space

@@ -100,15 +100,9 @@ def py_recv_batch(
     return metas, tries, False
 
 
-def _native_recv_batch() -> RecvBatch | None:
-    native = fastpath.native_module  # (None where MRC_NATIVE=0 or not built)
-    if getattr(native, "KERNEL_VERSION", 0) < 6:
-        return None
-    kernel: RecvBatch | None = getattr(native, "recv_batch", None)
-    return kernel
-
-
 #: the C kernel, or None where it was not built (or MRC_NATIVE=0, or a stale build)
-native_recv_batch: RecvBatch | None = _native_recv_batch()
+native_recv_batch: RecvBatch | None = (
+    getattr(fastpath.native_module, "recv_batch", None) if fastpath.native_version >= 6 else None
+)
 #: what the endpoint calls for every readable socket (tests may swap it)
 recv_batch: RecvBatch = native_recv_batch or py_recv_batch
