@@ -132,8 +132,10 @@ class QueuePair:
 
     def protect(self, protection: Protection) -> None:
         """From now on seal every datagram sent and accept only datagrams that unseal
-        (before any is exchanged: a connection is protected from its first packet or never)."""
+        (before any is exchanged: a connection is protected from its first packet or never).
+        The peer's ACKs are then authenticated, so its fatal NACKs are believed at once."""
         self.protection = protection
+        self.requester.authenticated = True
 
     def connect(self, remote_qpn: int, remote_initial_psn: int) -> None:
         """Bind to the peer QP (numbers exchanged out of band)."""

@@ -58,6 +58,13 @@ _ARENA = 1 << 16
 _SUBJECT_DUP = wire.ACK_SUBJECT_DUP
 _TLP_MARKS = wire.BTH_TLP | wire.BTH_ACKREQ  # BTH byte 8 of a tail loss probe
 _TRIM_CODES = (wire.NackCode.TRIMMED, wire.NackCode.TRIMMED_LASTHOP)
+#: the NACK codes an mrc responder sends (docs/PROTOCOL.md 7); any other is refused
+_SENT_CODES = frozenset((*_TRIM_CODES, wire.NackCode.REMOTE_ACCESS_ERROR))
+#: trim NACKs proved false (the copy they named arrived whole) after which trims only resend:
+#: they no longer cut the window or skip EVs (a keyless forger's flood, bounded)
+_TRIM_DISTRUST = 8
+#: trim-NACKed transmissions remembered (pruned to those in flight beyond this)
+_TRIMMED_KEEP = 4096
 
 
 @dataclass(slots=True)
@@ -93,6 +100,18 @@ class Requester:
         self.rtt = RttEstimator(config.initial_rto, config.min_rto, config.max_rto)
         self.remote_qpn: int | None = None
         self.failed = False
+        #: ACKs and NACKs carry an ICV checked before they reach us (keyed mode): a fatal
+        #: NACK is then believed at once, instead of on a second transmission's
+        self.authenticated = False
+        # seq -> the reason of a fatal NACK held until the packet's next transmission is
+        # refused too (keyless: one forged packet must not end a QP)
+        self._held_nacks: dict[int, str] = {}
+        # peer planes its port-state bits took down, not yet confirmed by a loss on them:
+        # what is in flight there is resent once one is (_confirm_plane)
+        self._told_down: set[int] = set()
+        # seq -> the EV value of the transmission a trim NACK named: an ACK of that very copy
+        # proves the NACK false (a trimmed copy is never placed)
+        self._trimmed_copy: dict[int, int] = {}
         self._next_wr_id = 1
         self.imms_outstanding = 0  # WRITE_IMMs posted and not completed nor failed
         # at most this many of them: our max_imm_outstanding, or the peer's max_imm_dest if
@@ -592,6 +611,8 @@ class Requester:
         self._waiting += 1
         self.stats.retransmits_timeout += 1
         self.cc.on_timeout(now)
+        if self._told_down and self.evs.planes[pkt.ev] in self._told_down:
+            self._confirm_plane(self.evs.planes[pkt.ev])
         return True
 
     def _what_was_heard(self, now: float) -> str:
@@ -734,16 +755,17 @@ class Requester:
         # answers an earlier one, or the subject was acknowledged already)
         latest = subject if subject is not None and evs.values[subject.ev] == ev_echo else None
         if (is_nack or latest is None) and not self._believed(
-            is_nack, subj_seq, subject, ev_echo, psnw, bitmap, ports
+            syndrome if is_nack else -1, subj_seq, subject, ev_echo, psnw, bitmap, ports
         ):
             return
         self._heard_at = now
+        if self._trimmed_copy and not is_nack:
+            self._trim_check(subj_seq, subject, ev_echo, bool(subj & _SUBJECT_DUP))
         subj_sent = self.recovery.subject_sent_at(
             subj_seq, latest.sent_at if latest is not None else None
         )
         if self.health and (ports != 0xFFFF or any(evs.peer_plane_down)):
-            for plane in evs.set_peer_planes(ports):
-                self.resend_plane(plane)
+            self._take_port_state(ports)
         if now >= evs.pen_next:
             evs.lift_penalties(now)
         rtt_sample: float | None = None
@@ -758,6 +780,8 @@ class Requester:
         newly, delivered = self._take_acked(acked, sacked)
         if newly:
             self._progress_at = now
+            if self._held_nacks:
+                self._contradicted()
         news = max(delivered)
         if news != _NEG_INF:
             evs.delivered(delivered)
@@ -779,7 +803,7 @@ class Requester:
 
     def _believed(
         self,
-        is_nack: bool,
+        nack: int,
         subj_seq: int,
         subject: _Packet | None,
         ev_echo: int,
@@ -787,18 +811,21 @@ class Requester:
         bitmap: int,
         ports: int,
     ) -> bool:
-        """Whether on_ack acts on an ACK (NACK: ``is_nack``) about ``subj_seq`` (``subject``:
-        its record, if in flight) echoing ``ev_echo``; counts what it refuses. A peer's
-        announcement of its port state alone is taken here, and not acted on further.
+        """Whether on_ack acts on an ACK (a NACK: ``nack`` its AETH syndrome, else -1) about
+        ``subj_seq`` (``subject``: its record, if in flight) echoing ``ev_echo``; counts what
+        it refuses. A peer's announcement of its port state alone is taken here, and not acted
+        on further.
 
-        A NACK must echo the latest transmission (one of an earlier copy is stale: the packet
-        has been resent since); an ACK may echo any (``_resent_evs``, counted as
-        ``acks_earlier_copy``)."""
+        A NACK must carry a code an mrc responder sends, and echo the latest transmission (one
+        of an earlier copy is stale: the packet has been resent since); an ACK may echo any
+        (``_resent_evs``, counted as ``acks_earlier_copy``)."""
         stats = self.stats
         evs = self.evs
-        if is_nack:
+        if nack >= 0:
             stats.nacks += 1
-            if subject is None:
+            if nack & 0x1F not in _SENT_CODES:
+                refused = "nack_code_unused"  # never sent by mrc: a forgery, or a stranger
+            elif subject is None:
                 refused = "nack_not_in_flight"
             elif evs.values[subject.ev] != ev_echo:
                 refused = "nack_wrong_ev"
@@ -818,12 +845,15 @@ class Requester:
             and to_seq(self.initial_psn, psnw & wire.PSN_MASK, 0) == -1
         ):
             # the peer has received nothing from us and says so: it only announces its
-            # port state (see QueuePair.datagrams_to_send), which we take. Unverifiable,
-            # but a forgery of it can only steer our packets between planes.
+            # port state (see QueuePair.datagrams_to_send), which we take. Unverifiable: once
+            # the peer acknowledged anything it contradicts what we know and is refused;
+            # before, a forgery of it can only steer our packets (_take_port_state)
+            if self._heard_at != _NEG_INF:
+                stats.dropped_by_reason["ack_nothing_late"] += 1
+                return False
             stats.sacks += 1
             if self.health:
-                for plane in evs.set_peer_planes(ports):
-                    self.resend_plane(plane)
+                self._take_port_state(ports)
             return False
         nxt = self._next_seq
         if subject is None and (not 0 <= subj_seq < nxt or nxt - subj_seq > _RING):
@@ -1008,6 +1038,8 @@ class Requester:
             self._retransmit.append(seq)
             self._waiting += 1
             self.stats.retransmits_sack += 1
+            if self._told_down and self.evs.planes[pkt.ev] in self._told_down:
+                self._confirm_plane(self.evs.planes[pkt.ev])
             if not self.health:
                 continue
             if blame and not pkt.silenced:
@@ -1055,6 +1087,15 @@ class Requester:
                 self._retransmit.append(seq)
                 self._waiting += 1
                 self.stats.retransmits_nack += 1
+            if self.stats.trims_contradicted >= _TRIM_DISTRUST and not self.authenticated:
+                self.stats.trims_distrusted += 1  # a resend, and nothing more
+                return
+            trimmed = self._trimmed_copy
+            if len(trimmed) >= _TRIMMED_KEEP:
+                self._trimmed_copy = trimmed = {
+                    k: v for k, v in trimmed.items() if k in self._outstanding
+                }
+            trimmed[seq] = self.evs.values[pkt.ev]
             self.cc.on_trim(now, now - pkt.sent_at)
             if self.health:
                 if code == wire.NackCode.TRIMMED:
@@ -1062,23 +1103,79 @@ class Requester:
                 else:
                     self.evs.lasthop_trimmed(pkt.ev, now)  # incast: no path is to blame
             return
-        if code == wire.NackCode.REMOTE_ACCESS_ERROR:
-            wr = pkt.wr
-            self.fail(
-                f"remote access error: rkey {wr.rkey:#x} refused a write of {pkt.length} bytes "
-                f"at {wr.remote_addr + pkt.offset:#x} (outside the region or no write access)",
-                wr,
-                WCStatus.REMOTE_ACCESS_ERROR,
-            )
-        elif code == wire.NackCode.PSN_SEQUENCE_ERROR:
-            self.fail(
-                "peer reports PSN out of window (QP state mismatch)",
-                pkt.wr,
-                WCStatus.REMOTE_OPERATION_ERROR,
-            )
+        # REMOTE_ACCESS_ERROR, the one fatal code a responder sends (_believed refuses others)
+        wr = pkt.wr
+        reason = (
+            f"remote access error: the receiver refused PSN {to_psn(self.initial_psn, seq)} "
+            f"(NAK code {code}, REMOTE_ACCESS_ERROR): rkey {wr.rkey:#x}, a write of "
+            f"{pkt.length} bytes at {wr.remote_addr + pkt.offset:#x} (outside the region, "
+            "region closed, or no write access)"
+        )
+        if not self.authenticated and seq not in self._held_nacks:
+            # keyless: held until the packet's next transmission, on another EV, is refused
+            # too; an ACK of it in the meantime contradicts it (_contradicted)
+            self._held_nacks[seq] = reason
+            self.stats.nacks_unconfirmed += 1
+            if pkt.deadline != _INF:
+                pkt.deadline = _INF
+                self._retransmit.append(seq)
+                self._waiting += 1
+                self.stats.retransmits_nack += 1
+            return
+        if seq in self._held_nacks:
+            reason += "; refused again on its next transmission"
+        self.fail(reason, wr, WCStatus.REMOTE_ACCESS_ERROR)
+
+    def _trim_check(self, seq: int, subject: _Packet | None, ev_echo: int, dup: bool) -> None:
+        """A believed ACK about ``seq``, which a trim NACK said arrived trimmed on the copy
+        sent on EV value ``_trimmed_copy[seq]``. A trimmed copy is never placed, so the NACK
+        was false (forged) if this ACK answers that very copy, or says the resend after it
+        was a duplicate while that copy was the only one before it."""
+        nacked = self._trimmed_copy.get(seq)
+        if nacked is None:
+            return
+        earlier = self._resent_evs.get(seq, ())
+        if subject is not None:
+            last = self.evs.values[subject.ev]
         else:
-            self.fail(
-                f"peer rejected the request (NAK code {code})",
-                pkt.wr,
-                WCStatus.REMOTE_OPERATION_ERROR,
-            )
+            entry = self._sent_ring[seq & _RING_MASK]
+            if entry >> 32 != seq:
+                return
+            last = entry & 0xFFFFFFFF
+        if ev_echo == last:
+            proof = dup and len(earlier) == 1 and earlier[0][0] == nacked
+        else:
+            proof = ev_echo == nacked and sum(v == nacked for v, _t in earlier) == 1
+        if proof:
+            del self._trimmed_copy[seq]
+            self.stats.trims_contradicted += 1
+
+    def _contradicted(self) -> None:
+        """Held fatal NACKs whose packet was acknowledged after all were false (forged):
+        forgotten, and counted as ``nacks_contradicted``."""
+        outstanding = self._outstanding
+        for seq in [s for s in self._held_nacks if s not in outstanding]:
+            del self._held_nacks[seq]
+            self.stats.nacks_contradicted += 1
+
+    def _take_port_state(self, ports: int) -> None:
+        """The peer's port-state bits (bit p clear: its plane p lost its link). Our packets
+        avoid a plane said to be down at once; what is in flight on it is resent only when a
+        loss there confirms it (:meth:`_confirm_plane`), so that a bitmap we cannot verify
+        (keyless) can steer, not make us resend. A bitmap with every plane down is refused:
+        the ACK that carries it came over one of them."""
+        evs = self.evs
+        if not ports & ((1 << evs.nplanes) - 1):
+            self.stats.port_states_refused += 1
+            return
+        told = self._told_down
+        told.update(evs.set_peer_planes(ports))
+        if told:
+            self._told_down = {p for p in told if evs.peer_plane_down[p]}
+
+    def _confirm_plane(self, plane: int) -> None:
+        """A loss on ``plane``, which the peer said is down: the second signal. What is still
+        in flight there is resent at once, as for a link down of ours."""
+        self._told_down.discard(plane)
+        if self.evs.peer_plane_down[plane]:
+            self.resend_plane(plane)

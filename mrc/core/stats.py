@@ -83,6 +83,27 @@ class QPStats:
     )
     nacks: int = counter("NACKs received from the peer", metric="mrc_qp_received_nacks", json=SEND)
     nacks_ignored: int = counter("NACKs received and not acted on (in dropped_by_reason too)")
+    nacks_unconfirmed: int = counter(
+        "Fatal NACKs (remote access error) held, keyless, until the packet's next transmission "
+        "is refused too: one forged NACK cannot end a QP",
+        json=SEND,
+    )
+    nacks_contradicted: int = counter(
+        "Held fatal NACKs whose packet was acknowledged after all (false: forged)", json=SEND
+    )
+    trims_contradicted: int = counter(
+        "Trim NACKs proved false: an ACK answered the very copy they said was trimmed (forged)",
+        json=SEND,
+    )
+    trims_distrusted: int = counter(
+        "Trim NACKs taken only as a reason to resend (no window cut, no EV skipped): after "
+        "8 were proved false on a keyless QP",
+        json=SEND,
+    )
+    port_states_refused: int = counter(
+        "Port-state bitmaps refused: every plane of the peer down, in an ACK that came over one",
+        json=SEND,
+    )
     sacks: int = counter(
         "ACKs (SACKs) received from the peer", metric="mrc_qp_received_acks", json=SEND
     )

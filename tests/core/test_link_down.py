@@ -92,20 +92,35 @@ def test_our_link_down_resends_what_was_in_flight_on_its_plane_at_once() -> None
     assert all(p in _plane_ports(qa, 0) for p, _s in _data_seqs(qa, sent[mark:]))
 
 
-def test_the_peer_told_of_a_link_down_resends_its_plane_at_once() -> None:
+def test_the_peer_told_of_a_link_down_resends_its_plane_on_the_first_loss_there() -> None:
+    """The port-state bits steer at once; what is in flight on the plane is resent when a
+    loss there confirms them (a bitmap is unverifiable without keys: issue 36)."""
     net, qa, qb, buf, data, sent = _setup()
     assert net.run(lambda: qa.requester.in_flight >= 32, max_time=5)
     # the receiver's plane-1 NIC lost its link: what it receives there, and its ACKs there,
-    # vanish; it says so in the port-state bitmap of its next ACKs (on plane 0)
+    # vanish; it says so in the port-state bitmap of its next ACKs (on plane 0), a moment
+    # after packets sent on plane 1 began to vanish
     net.faults.dead_evs.update(_plane_ports(qb, 1) | _plane_ports(qa, 1))
+    mark = qa.stats.packets_sent
+    assert net.run(lambda: qa.stats.packets_sent >= mark + 16, max_time=5)
     assert qb.link_down(1, net.now)
     assert qb.evs.port_state() & 0b10 == 0
-    assert net.run(lambda: qa.evs.peer_plane_down[1], max_time=1)
-    assert qa.stats.retransmits_link >= 8
+    assert net.run(lambda: qa.evs.peer_plane_down[1], max_time=5)
+    told_at, told_sent = net.now, len(sent)
+    assert qa.stats.retransmits_link == 0  # not on the bitmap's word alone
+    assert net.run(lambda: qa.stats.retransmits_link >= 1, max_time=5)
+    # confirmed by a loss the SACKs of what went on plane 0 showed
+    assert qa.stats.retransmits_sack >= 1
+    assert net.now - told_at < 0.02  # a few round trips of 4 ms
+    # nothing new went on plane 1 after the bitmap said it is down
+    assert not {p for p, _s in _data_seqs(qa, sent[told_sent:])} & _plane_ports(qa, 1)
 
     assert net.run(lambda: qa.idle, max_time=30)
     assert bytes(buf) == data
     st = qa.stats
     assert st.retransmits_timeout == 0
     assert _reasons(net.hosts["b"].events, 1) == {EVReason.LINK_DOWN}
-    assert _reasons(net.hosts["b"].events, 0) == set()
+    # packets sent on plane 1 before the fault arrived, their ACKs on plane 1 did not: the
+    # plane's resend brings them again on plane 0, which the receiver may take for an ACK
+    # lost on the way back; no other evidence against plane 0
+    assert _reasons(net.hosts["b"].events, 0) <= {EVReason.ACK_LOST}

@@ -16,7 +16,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mrc import wire
-from mrc.core import Access, EndpointCore, QPConfig, QPFailed, QueuePair, WCStatus, WriteFailed
+from mrc.core import (
+    Access,
+    EndpointCore,
+    QPConfig,
+    QPFailed,
+    QueuePair,
+    WCStatus,
+    WriteCompleted,
+    WriteFailed,
+)
 from mrc.core.psn import to_psn, to_seq
 from mrc.lab.sim import Faults
 
@@ -250,14 +259,56 @@ def test_forged_remote_access_nack_does_not_fail_sender() -> None:
     # also from a port that is none of the sender's
     _forge_and_bounce(qa, qb, cb, hdr, 9999)
     assert not qa.failed and qa.stats.nacks_ignored == 8
-    # control: had it come from the EV the packet really used, the NACK is believed
+    # from the EV the packet really used (an on-path observer sees it), the NACK is believed
+    # but held: without keys one packet must not end the QP; the packet goes out again
     _forge_and_bounce(qa, qb, cb, hdr, qa.evs.values[ev])
+    assert not qa.failed and qa.next_event() is None
+    assert qa.stats.nacks_unconfirmed == 1 and qa.stats.retransmits_nack == 1
+    (again,) = qa.datagrams_to_send(0.0)
+    assert again[0] != ev and again[1][9:12] == hdr[9:12]  # the same PSN, on another EV
+    # refused on that transmission too, as a real receiver refuses every copy: now it fails,
+    # and the reason names the signal
+    _forge_and_bounce(qa, qb, cb, again[1], qa.evs.values[again[0]])
     assert qa.failed
     write_failed, failed = qa.next_event(), qa.next_event()
     assert isinstance(write_failed, WriteFailed)
     assert write_failed.status is WCStatus.REMOTE_ACCESS_ERROR
     assert isinstance(failed, QPFailed) and "remote access error" in failed.reason
+    psn = int.from_bytes(hdr[9:12], "big")
+    assert f"refused PSN {psn} (NAK code 2, REMOTE_ACCESS_ERROR)" in failed.reason
+    assert "refused again on its next transmission" in failed.reason
     assert buf == bytearray(1000)
+
+
+def test_a_held_remote_access_nack_is_contradicted_by_the_ack_of_its_packet() -> None:
+    """The observer's NACK arrives before the real ACK: held, and forgotten (counted) when the
+    receiver acknowledges the packet; the write completes, the QP lives."""
+    qa, qb, ca, cb = _pair()
+    buf = bytearray(1000)
+    mr = cb.pd.register(buf)
+    qa.post_write(b"\x5a" * 300, mr.addr, mr.rkey)
+    ((ev, hdr, payload),) = qa.datagrams_to_send(0.0)
+    _forge_and_bounce(qa, qb, cb, hdr, qa.evs.values[ev])
+    assert qa.stats.nacks_unconfirmed == 1 and not qa.failed
+    # the real packet reaches the receiver and is acknowledged
+    cb.receive_datagram(memoryview(bytes(hdr) + bytes(payload)), qa.evs.values[ev], 0.001)
+    for out_ev, ack, _ in qb.datagrams_to_send(0.002):
+        ca.receive_datagram(memoryview(bytes(ack)), qb.evs.values[out_ev], 0.002)
+    assert not qa.failed
+    assert qa.stats.nacks_contradicted == 1
+    assert isinstance(qa.next_event(), WriteCompleted)
+    assert bytes(buf[:300]) == b"\x5a" * 300
+
+
+def test_a_keyed_qp_believes_a_remote_access_nack_at_once() -> None:
+    """With keys every NACK is authenticated before it counts: no second transmission needed."""
+    qa, qb, ca, cb = _pair()
+    qa.requester.authenticated = True  # what QueuePair.protect sets
+    mr = cb.pd.register(bytearray(1000))
+    qa.post_write(bytes(300), mr.addr, mr.rkey)
+    ((ev, hdr, _),) = qa.datagrams_to_send(0.0)
+    _forge_and_bounce(qa, qb, cb, hdr, qa.evs.values[ev])
+    assert qa.failed and qa.stats.nacks_unconfirmed == 0
 
 
 @pytest.mark.parametrize(
@@ -268,7 +319,9 @@ def test_forged_remote_access_nack_does_not_fail_sender() -> None:
         wire.NackCode.REMOTE_OPERATIONAL_ERROR,
     ],
 )
-def test_forged_fatal_nack_needs_the_right_ev(code: int) -> None:
+def test_nack_codes_mrc_never_sends_are_refused_even_on_the_right_ev(code: int) -> None:
+    """Codes 0, 1 and 3 (and any other an mrc responder never sends): dropped and counted,
+    whatever EV they echo; once they failed the QP (six forged packets ended a transfer)."""
     qa, qb, ca, cb = _pair()
     mr = cb.pd.register(bytearray(5000))
     qa.post_write(bytes(3000), mr.addr, mr.rkey)
@@ -282,9 +335,13 @@ def test_forged_fatal_nack_needs_the_right_ev(code: int) -> None:
 
     ca.receive_datagram(memoryview(nack(qa.evs.values[(ev + 1) % 8])), 1, 0.0)
     ca.receive_datagram(memoryview(nack(12345)), 1, 0.0)
-    assert not qa.failed and qa.stats.nacks_ignored == 2
-    ca.receive_datagram(memoryview(nack(qa.evs.values[ev])), 1, 0.0)
-    assert qa.failed
+    for _ in range(6):
+        ca.receive_datagram(memoryview(nack(qa.evs.values[ev])), 1, 0.0)
+    assert not qa.failed and qa.next_event() is None
+    assert qa.stats.nacks_ignored == 8
+    assert qa.stats.dropped_by_reason["nack_code_unused"] == 8
+    assert qa.stats.retransmits == 0 and qa.requester.in_flight == len(out)
+    assert ca.unaccounted() == 0
 
 
 def test_genuine_out_of_bounds_write_fails_the_sender() -> None:
