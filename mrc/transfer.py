@@ -40,6 +40,9 @@ DONE_IMM = 0x4D524321  # "MRC!"
 ROUND_IMM = 0x52000000
 ROUND_MASK = 0xFFFFFF
 RESULT_TIMEOUT = 30.0
+#: how long the receiver waits for the DONE_IMM once the sender said its checksum (the
+#: sender saw the WRITE_IMM acknowledged, so the completion is a round trip away at most)
+DONE_GRACE = 5.0
 #: default for both sides: fail a transfer on which nothing moved for this long (a peer stopped
 #: with SIGSTOP keeps its TCP connection open, so only the data path can tell)
 IDLE_TIMEOUT = 30.0
@@ -176,6 +179,9 @@ async def conclude(
         on_progress(n)
     if reply is None:
         raise MRCError("the receiver closed the connection without a verdict")
+    if reply.get("type") != "result":
+        # the receiver gave up instead (an Abort names why), or said something else
+        raise MRCError(f"the receiver gave up: {reason(reply)}")
     try:
         verdict = Result.from_json(reply)
     except MessageError as exc:
@@ -248,8 +254,17 @@ async def receive_buffer(
                     raise MRCError("sender went away before the transfer completed")
                 if early.get("type") != "done":
                     raise MRCError(f"sender gave up: {reason(early)}")
-                # the sender saw its WRITE_IMM acknowledged: the completion is imminent
-                await asyncio.wait_for(asyncio.shield(imm), 5.0)
+                # the sender saw its WRITE_IMM acknowledged: the completion is imminent,
+                # unless acknowledgements we never sent told it so (forged, without a key)
+                try:
+                    await asyncio.wait_for(asyncio.shield(imm), DONE_GRACE)
+                except TimeoutError:
+                    raise MRCError(
+                        f"the sender says all {n} bytes were acknowledged, but only "
+                        f"{conn.bytes_placed} arrived here and no WRITE_IMM completed: it was "
+                        "told so by acknowledgements this receiver did not send (forged? "
+                        "a key, --key-file, makes ACKs unforgeable)"
+                    ) from None
         rounds = imm.result()
         seconds = time.perf_counter() - start
         if conn.granted is not None:  # what is hashed is what stays: nothing lands after

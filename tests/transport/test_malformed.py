@@ -15,8 +15,11 @@ import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 
+import pytest
+
 import mrc
 from mrc import wire
+from mrc.errors import MRCError
 
 MiB = 1 << 20
 
@@ -385,3 +388,205 @@ async def test_unknown_rkey_and_out_of_window_psn_get_no_answer() -> None:
         assert conn.stats()["nacks"] == 0
         assert bytes(inbox[1000:]) == bytes(size - 1000)
         assert listener.endpoint.core.unaccounted() == 0
+
+
+# ---- an on-path observer without keys (issue 36) -------------------------------------------
+#
+# This forger sees which EV each packet took (it reads it from the requester, as a party on the
+# path reads it from the packets), so its NACKs pass every check an ACK can be put to. What
+# it says must still not end the QP, and what it can cost is bounded.
+
+
+async def test_six_observed_nacks_with_code_0_do_not_end_the_transfer() -> None:
+    """Code 0 (PSN sequence error) is never sent by an mrc responder: six of them, each
+    echoing the EV its PSN really took, are dropped and counted; the data arrives. Before,
+    the first believed one failed the QP ("peer reports PSN out of window")."""
+    size = 64 * 1000
+    data = os.urandom(size)
+    async with pair(size, **SLOW_RTO) as (listener, conn, peer, inbox, forger):
+        region = conn.remote["inbox"]
+        forger.connect(("::1", conn.endpoint.port))
+        req = conn.qp.requester
+        ports = conn.qp.evs.values
+        with paused(listener.endpoint):
+            fut = conn.post_write(data, region)
+            seqs = list(req._outstanding)[:6]
+            volley = [
+                nack(
+                    conn,
+                    (conn.qp.initial_psn + s) & wire.PSN_MASK,
+                    ports[req._outstanding[s].ev],
+                    wire.NackCode.PSN_SEQUENCE_ERROR,
+                )
+                for s in seqs
+            ]
+            before = received(conn)
+            for d in volley:
+                forger.send(d)
+            await until(lambda: received(conn) - before == len(volley), "volley not received")
+            st = conn.stats()
+            assert not conn.error, conn.error
+            assert st["dropped_by_reason"].get("nack_code_unused") == 6, st["dropped_by_reason"]
+            assert st["retransmits"] == 0
+        assert await asyncio.wait_for(fut, 10) == size
+        assert hashlib.sha256(inbox).digest() == hashlib.sha256(data).digest()
+        assert conn.endpoint.core.unaccounted() == 0
+
+
+async def test_an_observed_remote_access_nack_is_held_and_contradicted() -> None:
+    """REMOTE_ACCESS_ERROR, which a responder does send, echoing the right EV: without keys
+    it is held until the packet's next transmission is refused too; the real receiver
+    acknowledges that one, the NACK is counted as contradicted, the data arrives."""
+    size = 64 * 1000
+    data = os.urandom(size)
+    async with pair(size, **SLOW_RTO) as (listener, conn, peer, inbox, forger):
+        region = conn.remote["inbox"]
+        forger.connect(("::1", conn.endpoint.port))
+        req = conn.qp.requester
+        ports = conn.qp.evs.values
+        with paused(listener.endpoint):
+            fut = conn.post_write(data, region)
+            first = req._outstanding[0]
+            before = received(conn)
+            forger.send(
+                nack(conn, conn.qp.initial_psn, ports[first.ev], wire.NackCode.REMOTE_ACCESS_ERROR)
+            )
+            await until(lambda: received(conn) - before == 1, "NACK not received")
+            assert not conn.error, conn.error
+            assert conn.stats()["nacks_unconfirmed"] == 1
+        assert await asyncio.wait_for(fut, 10) == size
+        assert hashlib.sha256(inbox).digest() == hashlib.sha256(data).digest()
+        st = conn.stats()
+        assert st["nacks_contradicted"] == 1 and not conn.error
+        assert st["retransmits_nack"] == 1  # the one resend it cost
+
+
+async def test_forged_port_state_announcements_cost_no_resends() -> None:
+    """Forged "nothing received" ACKs (the one ACK no EV check applies to) flap the peer's port
+    state between 0x0000 and 0xFFFE, 400 of them mid-transfer: once the peer acknowledged
+    anything they contradict what the sender knows and are dropped; and a believed ACK
+    saying every plane is down is refused. Before, each flap resent a window (5322
+    retransmissions in one run)."""
+    size = 64 * 1000
+    data = os.urandom(size)
+    async with pair(size, **SLOW_RTO) as (listener, conn, peer, inbox, forger):
+        region = conn.remote["inbox"]
+        forger.connect(("::1", conn.endpoint.port))
+        qpn, ip = conn.qp.qpn, conn.qp.initial_psn
+        # something acknowledged first: the peer has been heard
+        assert await conn.write(data[:1000], region) == 1000
+        below = (ip - 1) & wire.PSN_MASK
+        with paused(listener.endpoint):
+            fut = conn.post_write(data, region)
+            volley = [
+                wire.pack_ack(qpn, below, wire.AETH_ACK, ip, 0, 0, 0, 0xFFFE if i % 2 else 0)
+                for i in range(400)
+            ]
+            before = received(conn)
+            for d in volley:
+                forger.send(d)
+            # (at least: the last ACK of the write before may still come in meanwhile)
+            await until(lambda: received(conn) - before >= len(volley), "volley not received")
+            st = conn.stats()
+            assert st["dropped_by_reason"].get("ack_nothing_late") == 400, st["dropped_by_reason"]
+            # (a tail loss probe into the paused receiver's silence is timing, not forgery)
+            assert st["retransmits_link"] == 0 and st["retransmits"] == st["retransmits_tlp"]
+            assert not any(conn.qp.evs.peer_plane_down)
+        assert await asyncio.wait_for(fut, 10) == size
+        assert hashlib.sha256(inbox).digest() == hashlib.sha256(data).digest()
+        assert conn.endpoint.core.unaccounted() == 0
+
+
+async def test_acks_the_receiver_never_sent_are_named_on_both_sides() -> None:
+    """The observer acknowledges a whole transfer that never arrived (one ACK echoing the
+    EV of the last packet: unavoidable without keys). The sender's write completes, and the
+    end-to-end check names what happened on both sides instead of "verdict unreadable"."""
+    from mrc.transfer import receive_buffer, send_buffer
+    from mrc.transport.messages import Abort
+
+    size = 20 * 1000
+    listener = await mrc.listen("::1", 0, region_factory=lambda n, _req: bytearray(n))
+    conn = None
+    forger = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        conn = await mrc.connect(
+            "::1", listener.port, evs=16, request_size=size, config=mrc.QPConfig(**SLOW_RTO)
+        )
+        peer = await listener.accept(timeout=5)
+        forger.connect(("::1", conn.endpoint.port))
+        req = conn.qp.requester
+
+        async def receiver() -> str:
+            try:
+                await receive_buffer(peer, peer.granted.view)
+            except MRCError as exc:  # what mrc-recv does: tell the sender why, then fail
+                await peer.send_message(Abort(str(exc)).to_json())
+                return str(exc)
+            return "completed"
+
+        with paused(listener.endpoint):
+            recv_task = asyncio.ensure_future(receiver())
+            send_task = asyncio.ensure_future(send_buffer(conn, memoryview(os.urandom(size))))
+            await until(lambda: req.in_flight == 21, "the data and its WRITE_IMM not in flight")
+            last = max(req._outstanding)
+            psn = (conn.qp.initial_psn + last) & wire.PSN_MASK
+            echo = conn.qp.evs.values[req._outstanding[last].ev]
+            forger.send(wire.pack_ack(conn.qp.qpn, psn, wire.AETH_ACK, psn, 0, 0, echo))
+            with pytest.raises(MRCError) as err:
+                await asyncio.wait_for(send_task, 20)
+            said = await asyncio.wait_for(recv_task, 20)
+        assert peer.bytes_placed == 0
+        assert "acknowledgements this receiver did not send" in said, said
+        assert f"all {size} bytes were acknowledged, but only 0 arrived" in said
+        assert str(err.value).startswith("the receiver gave up: the sender says all")
+        assert "unreadable" not in str(err.value)
+    finally:
+        forger.close()
+        if conn is not None:
+            await conn.close()
+        await listener.close()
+
+
+async def test_observed_trim_nacks_proved_false_stop_cutting_the_window() -> None:
+    """The observer sends a TRIMMED NACK for every packet it sees (each echoing the right EV):
+    each costs one resend (one NACK per transmission is believed), and the ACKs of the very
+    copies they named prove them false; after 8 such, trims only resend: they no longer cut
+    the window or skip EVs. The data arrives."""
+    size = 64 * 1000
+    data = os.urandom(size)
+    async with pair(size, **SLOW_RTO, ack_every=1) as (listener, conn, peer, inbox, forger):
+        region = conn.remote["inbox"]
+        forger.connect(("::1", conn.endpoint.port))
+        req = conn.qp.requester
+        ports = conn.qp.evs.values
+        with paused(listener.endpoint):
+            fut = conn.post_write(data, region)
+            volley = [
+                nack(conn, (conn.qp.initial_psn + s) & wire.PSN_MASK, ports[p.ev])
+                for s, p in list(req._outstanding.items())
+            ]
+            before = received(conn)
+            for d in volley:
+                forger.send(d)
+            await until(lambda: received(conn) - before >= len(volley), "volley not received")
+            assert conn.stats()["retransmits_nack"] == len(volley)
+        assert await asyncio.wait_for(fut, 10) == size
+        assert hashlib.sha256(inbox).digest() == hashlib.sha256(data).digest()
+        st = conn.stats()
+        assert st["trims_contradicted"] >= 8, st
+        assert not conn.error
+        # a second volley, now that trims are known to be forged here: resends only
+        with paused(listener.endpoint):
+            fut = conn.post_write(data, region)
+            volley = [
+                nack(conn, (conn.qp.initial_psn + s) & wire.PSN_MASK, ports[p.ev])
+                for s, p in list(req._outstanding.items())
+            ]
+            before = received(conn)
+            for d in volley:
+                forger.send(d)
+            # (at least: a probe of the paused receiver's EVs may be answered meanwhile)
+            await until(lambda: received(conn) - before >= len(volley), "volley not received")
+            assert conn.stats()["trims_distrusted"] == len(volley)
+        assert await asyncio.wait_for(fut, 10) == size
+        assert hashlib.sha256(inbox).digest() == hashlib.sha256(data).digest()
