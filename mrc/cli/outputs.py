@@ -1,9 +1,10 @@
 """Where mrc-recv puts what it receives: memory for ``--discard``, part files for ``--out``.
 
-A part file is created new beside its output, locked (``flock``) for as long as its receiver
-holds it, and renamed into place only once its transfer is verified. A receiver killed with
-SIGKILL cannot delete its part files; the lock is what tells the next receiver that nobody
-owns them any more (:func:`stale_parts`).
+A part file is created new beside its output (``FILE.mrc-<random>.part``), locked (``flock``)
+for as long as its receiver holds it, and renamed into place only once its transfer is
+verified. A receiver killed with SIGKILL cannot delete its part files; the lock is what tells
+the next receiver that nobody owns them any more (:func:`stale_parts`), and the ``mrc-`` in the
+name what tells it that the file is mrc-recv's, whatever ``--out`` it was for.
 """
 
 from __future__ import annotations
@@ -13,19 +14,45 @@ import contextlib
 import errno
 import fcntl
 import glob
+import itertools
 import mmap
 import os
+import re
 import secrets
+import shlex
 import stat
 import threading
+import time
+from dataclasses import dataclass, field
 
 from mrc.cli.prefault import Prefault, map_region
 from mrc.errors import MRCError
 
 #: ``--discard``: a transfer larger than this comes through a window of this many bytes
 DISCARD_WINDOW = 64 << 20
-#: random bytes in a part file's name (PATH.<hex>.part)
+#: random bytes in a part file's name (PATH.mrc-<hex>.part)
 PART_TOKEN_BYTES = 4
+#: what marks a part file as mrc-recv's, before its random hex
+PART_MARK = "mrc-"
+#: how long a new part file waits for its lock while a receiver starting beside it holds a
+#: shared one for a moment (checking whether it is stale: :func:`stale_parts`)
+LOCK_WAIT = 0.5
+#: :func:`stale_parts` reads at most this many directory entries, opens at most this many part
+#: files, looks in at most this many directories (``{n}`` in a directory name), and names at
+#: most this many (the rest are counted)
+STALE_SCAN_ENTRIES = 100_000
+STALE_SCAN_CHECKS = 1_000
+STALE_SCAN_DIRS = 64
+STALE_NAMED = 32
+#: an empty part file nobody holds, younger than this, may be one a receiver has created and
+#: not yet locked: not called stale
+CREATING_GRACE = 10.0
+
+_HEX = f"[0-9a-f]{{{2 * PART_TOKEN_BYTES}}}"
+#: a part file: FILE.mrc-<hex>.part (FILE: any name, newlines included)
+_PART = re.compile(rf"(?s).+\.{re.escape(PART_MARK)}{_HEX}\.part")
+#: a part file as receivers before the mark named them: FILE.<hex>.part
+_LEGACY_PART = re.compile(rf"(?s)(.+)\.{_HEX}\.part")
 
 
 def discard_bytes(size: int, window: int) -> int:
@@ -168,11 +195,11 @@ def check_target(path: str, force: bool) -> None:
 
 
 def _create_part(path: str) -> tuple[int, str]:
-    """A new part file beside ``path``: ``PATH.<random>.part``, created exclusively and locked
-    (the lock goes with the descriptor: keep it open while the part is ours)."""
+    """A new part file beside ``path``: ``PATH.mrc-<random>.part``, created exclusively and
+    locked (the lock goes with the descriptor: keep it open while the part is ours)."""
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(8):
-        part = f"{path}.{secrets.token_hex(PART_TOKEN_BYTES)}.part"
+        part = f"{path}.{PART_MARK}{secrets.token_hex(PART_TOKEN_BYTES)}.part"
         try:
             fd = os.open(part, flags, 0o600)  # partial data: its owner's only
         except FileExistsError:
@@ -180,8 +207,8 @@ def _create_part(path: str) -> tuple[int, str]:
         except OSError as exc:
             raise MRCError(f"cannot create {part}: {exc.strerror}") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:  # a new file nobody else can know yet: not expected
+            _lock_new(fd)
+        except OSError as exc:
             os.close(fd)
             os.unlink(part)
             raise MRCError(f"cannot lock {part}: {exc.strerror}") from None
@@ -189,27 +216,191 @@ def _create_part(path: str) -> tuple[int, str]:
     raise MRCError(f"cannot create a part file beside {path}")
 
 
-def stale_parts(out: str) -> list[str]:
-    """Part files of ``--out`` (every ``{n}``) that no live receiver holds: left by one that was
-    killed before it could delete them. Only files named as this module names part files, and
-    only regular files, are looked at; none is opened for writing or changed."""
-    pattern = glob.escape(out).replace(glob.escape("{n}"), "*")
-    stale = []
-    for candidate in sorted(glob.glob(f"{pattern}.{'[0-9a-f]' * (2 * PART_TOKEN_BYTES)}.part")):
+def _lock_new(fd: int) -> None:
+    """Lock a new part file for good. Only a receiver checking whether it is stale can hold
+    it now (a shared lock, for as long as one ``flock`` and ``close`` take): wait that out."""
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
         try:
-            fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            continue  # gone meanwhile, a link, unreadable: not ours to judge
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.001)
+
+
+@dataclass
+class StaleParts:
+    """What :func:`stale_parts` found."""
+
+    #: stale part files (the directory as ``--out`` gives it, joined with the name), at most
+    #: :data:`STALE_NAMED`, by name
+    paths: list[str] = field(default_factory=list)
+    #: stale part files found beyond those
+    more: int = 0
+    #: False when a bound cut the search short (there may be more)
+    complete: bool = True
+    #: part files that could not be opened to be checked (another user's, say)
+    unchecked: int = 0
+    #: one line each: a directory that could not be read, a search cut short
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.paths) + self.more
+
+
+def stale_parts(out: str) -> StaleParts:
+    """Part files in ``--out``'s directory (every ``{n}``'s) that no live receiver holds: left
+    by one that was killed before it could delete them, for whatever ``--out``.
+
+    A file is taken for one of ours only when it is a regular file (never a link: nothing is
+    followed), named ``FILE.mrc-<hex>.part``, and nobody holds its lock: a receiver holds the
+    lock of each of its part files for as long as it lives. A name from before the mark,
+    ``FILE.<hex>.part``, counts when ``FILE`` is ``--out``'s name, as it always did, or when the
+    file is private (mode 0600 or less) and this user's, as every part file is until verified.
+    None is opened for writing or changed; the work is bounded (``STALE_SCAN_*``)."""
+    found = StaleParts()
+    budget = _Budget(STALE_SCAN_ENTRIES, STALE_SCAN_CHECKS)
+    head = os.path.dirname(out)
+    base = re.escape(os.path.basename(out)).replace(re.escape("{n}"), ".*")
+    same = re.compile(f"(?s){base}")
+    if "{n}" in head:
+        pattern = glob.escape(head).replace("{n}", "*")
+        dirs = sorted(
+            d
+            for d in itertools.islice(glob.iglob(pattern), STALE_SCAN_DIRS)
+            if os.path.isdir(d) and not os.path.islink(d)
+        )
+    else:
+        dirs = [head]
+    for directory in dirs:
+        _scan_dir(directory, same, found, budget)
+    return found
+
+
+@dataclass
+class _Budget:
+    entries: int
+    checks: int
+
+
+def _scan_dir(directory: str, same: re.Pattern[str], found: StaleParts, budget: _Budget) -> None:
+    shown = shell_word(directory or ".")
+    try:
+        dfd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return  # nothing left there; the transfer will say what is wrong with it
+    except OSError as exc:
+        found.notes.append(f"cannot look for stale part files in {shown}: {exc.strerror}")
+        return
+    try:
+        candidates = []
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            with os.scandir(dfd) as entries:
+                for entry in entries:
+                    if budget.entries <= 0:
+                        found.complete = False
+                        found.notes.append(
+                            f"stopped looking for stale part files in {shown} after "
+                            f"{STALE_SCAN_ENTRIES} directory entries"
+                        )
+                        break
+                    budget.entries -= 1
+                    name = entry.name
+                    if not name.endswith(".part"):
+                        continue
+                    kind = _part_kind(name, same)
+                    if kind is None:
+                        continue
+                    with contextlib.suppress(OSError):
+                        if entry.is_file(follow_symlinks=False):  # no link, FIFO, device
+                            candidates.append((name, kind))
+        except OSError as exc:
+            found.notes.append(f"cannot read {shown} for stale part files: {exc.strerror}")
+        now = time.time()
+        for name, kind in sorted(candidates):
+            if budget.checks <= 0:
+                found.complete = False
+                found.notes.append(
+                    f"stopped checking part files in {shown} after {STALE_SCAN_CHECKS}"
+                )
+                break
+            budget.checks -= 1
+            verdict = _judge(dfd, name, kind, now)
+            if verdict is None:
                 continue
+            if not verdict:
+                found.unchecked += 1
+            elif len(found.paths) < STALE_NAMED:
+                found.paths.append(os.path.join(directory, name))
+            else:
+                found.more += 1
+    finally:
+        os.close(dfd)
+
+
+#: kinds of part file name (:func:`_part_kind`)
+_MARKED, _LEGACY_SAME, _LEGACY = "marked", "legacy-same", "legacy"
+
+
+def _part_kind(name: str, same: re.Pattern[str]) -> str | None:
+    if _PART.fullmatch(name):
+        return _MARKED
+    legacy = _LEGACY_PART.fullmatch(name)
+    if legacy is None:
+        return None
+    return _LEGACY_SAME if same.fullmatch(legacy.group(1)) else _LEGACY
+
+
+def _judge(dfd: int, name: str, kind: str, now: float) -> bool | None:
+    """True: the part file ``name`` (in the directory ``dfd``) is stale; None: it is not, or is
+    not a part file of ours; False: it could not be opened to tell."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags, dir_fd=dfd)
+    except PermissionError:
+        return False
+    except OSError:
+        return None  # gone meanwhile, a link now (ELOOP): not ours to judge
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if kind == _LEGACY and (st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077):
+            return None  # an old-style name for another FILE: only a private file of ours
+        try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            continue  # locked: a receiver is writing it right now
-        finally:
-            os.close(fd)
-        stale.append(candidate)
-    return stale
+            return None  # locked: a receiver is writing it right now
+        if st.st_size == 0 and st.st_ctime > now - CREATING_GRACE:
+            return None  # perhaps created by a receiver this instant, not yet locked
+        again = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):
+            return None  # renamed or replaced meanwhile
+        return True
+    except OSError:
+        return None  # gone meanwhile
+    finally:
+        os.close(fd)
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one word of a shell command line, on one line: shlex.quote's quoting, or,
+    when it holds a newline or another character that does not print, bash's ``$'...'`` with
+    those characters as ``\\xHH`` (the bytes of the name, undecodable ones too)."""
+    if text.isprintable():
+        return shlex.quote(text)
+    chars = []
+    for ch in text:
+        if ch in "\\'":
+            chars.append("\\" + ch)
+        elif ch.isprintable():
+            chars.append(ch)
+        else:
+            chars.extend(f"\\x{b:02x}" for b in os.fsencode(ch))
+    return "$'" + "".join(chars) + "'"
 
 
 def _reserve(fd: int, size: int, part: str) -> None:

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import logging
 import mmap
-import shlex
 import signal
 import sys
 import time
@@ -33,7 +32,14 @@ from mrc.cli.common import (
 )
 from mrc.cli.lineout import LineWriter
 from mrc.cli.metricsopts import add_metrics_args, check_metrics_usage, start_metrics
-from mrc.cli.outputs import DISCARD_WINDOW, Outputs, check_target, discard_bytes, stale_parts
+from mrc.cli.outputs import (
+    DISCARD_WINDOW,
+    Outputs,
+    check_target,
+    discard_bytes,
+    shell_word,
+    stale_parts,
+)
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
 from mrc.cli.qpopts import add_qp_arg, apply_settings
 from mrc.connection import START_TIMEOUT, Connection, Listener, listen
@@ -77,8 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the data here ({n} in the name is replaced by the transfer "
         "number when --count > 1: 1, 2, ..., never the same twice, also when a sender that "
-        "never started is dropped); written to a new FILE.<random>.part, renamed to FILE once "
-        "verified, deleted on any failure; an existing FILE is refused unless --force",
+        "never started is dropped); written to a new FILE.mrc-<random>.part, renamed to FILE "
+        "once verified, deleted on any failure; an existing FILE is refused unless --force",
     )
     out.add_argument(
         "--discard",
@@ -415,15 +421,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _warn_stale_parts(out: str) -> None:
-    """Name the part files a killed receiver left beside ``--out``, and how to remove them:
-    nobody else ever will, and each can be as large as its transfer."""
-    stale = stale_parts(out)
-    if stale:
+    """Name the part files a killed receiver left in ``--out``'s directory (for any ``--out``),
+    and how to remove them: nobody else ever will, and each can be as large as its transfer.
+    Nothing is removed here. What could not be looked at is said with -v, one line each."""
+    found = stale_parts(out)
+    for note in found.notes:
+        log.info("%s", note)
+    if found.unchecked:
+        log.info(
+            "%d part file(s) could not be opened to check whether they are stale", found.unchecked
+        )
+    if found.paths:
         log.warning(
-            "%d part file(s) left by a receiver that is gone (their transfers never completed);"
-            " remove with: rm -- %s",
-            len(stale),
-            " ".join(shlex.quote(p) for p in stale),
+            "%s%d part file(s) left by a receiver that is gone (their transfers never completed)"
+            "%s; remove with: rm -- %s",
+            "" if found.complete else "at least ",
+            found.count,
+            f" (the first {len(found.paths)} named here)" if found.more else "",
+            " ".join(shell_word(p) for p in found.paths),
         )
 
 
