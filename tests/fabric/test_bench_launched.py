@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -67,9 +68,14 @@ def _leftover_ranks(marker: str) -> list[str]:
 
 
 def _start_env_ranks(
-    topo: Topology, port: int, bench_args: list[str], prefix: tuple[str, ...] = ()
+    topo: Topology,
+    port: int,
+    bench_args: list[str],
+    prefix: tuple[str, ...] = (),
+    token: str | None = None,
 ) -> list[subprocess.Popen]:
-    """One rank per host with torchrun's variables, rank 0 at h0's last-plane address."""
+    """One rank per host with torchrun's variables, rank 0 at h0's last-plane address; with
+    ``token``, the job's MRC_BENCH_TOKEN on every rank."""
     master = topo.hosts[0].nics[-1].address
     procs = []
     for h in range(HOSTS):
@@ -80,6 +86,9 @@ def _start_env_ranks(
             "MASTER_ADDR": master,
             "MASTER_PORT": str(port),
         }
+        env.pop("MRC_BENCH_TOKEN", None)
+        if token:
+            env["MRC_BENCH_TOKEN"] = token
         bench = [str(BIN / "mrc-bench"), "--launcher", "env", "--fabric", topo.name]
         procs.append(
             subprocess.Popen(
@@ -169,6 +178,7 @@ def test_mpiexec_runs_the_bench_across_fabric_hosts_and_a_plane_fails_mid_run() 
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=300)
         took = time.monotonic() - t0
         assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "unauthenticated" not in proc.stderr  # MPI shares a job token
         doc = json.loads(proc.stdout)  # rank 0's one object; the other ranks print nothing
         rows = _check_rows(doc, {"clean", "link_down"})
         _check_ranks(doc, topo, "mpi")
@@ -194,12 +204,12 @@ def test_mpiexec_runs_the_bench_across_fabric_hosts_and_a_plane_fails_mid_run() 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="no setpriv (util-linux)")
 def test_env_rendezvous_without_privileges_leaves_mptcp_out_and_verifies_the_rest() -> None:
-    """torchrun's variables, one process per host started by hand; the ranks lack
-    CAP_NET_ADMIN, as an ordinary user's would, so MPTCP is left out with the reason."""
+    """torchrun's variables and a job token, one process per host started by hand; the ranks
+    lack CAP_NET_ADMIN, as an ordinary user's would, so MPTCP is left out with the reason."""
     with running_fabric(_spec()) as topo:
         drop = ("setpriv", "--bounding-set=-net_admin", "--inh-caps=-net_admin")
         args = ["--quick", "--json", "--workloads", "alltoall,pair"]
-        procs = _start_env_ranks(topo, 29518, args, drop)
+        procs = _start_env_ranks(topo, 29518, args, drop, token=secrets.token_hex(16))
         outs = []
         try:
             for p in procs:
@@ -208,6 +218,7 @@ def test_env_rendezvous_without_privileges_leaves_mptcp_out_and_verifies_the_res
             _kill_all(procs)
         for h, (p, (out, err)) in enumerate(zip(procs, outs, strict=True)):
             assert p.returncode == 0, f"rank {h}: {err[-2000:]}"
+            assert "unauthenticated" not in err, f"rank {h}: {err[-2000:]}"
             if h:
                 assert out == "", f"rank {h} printed on stdout"
         doc = json.loads(outs[0][0])
@@ -239,6 +250,8 @@ def test_a_rank_that_dies_ends_the_job_with_one_line_and_no_rank_left() -> None:
                     break
                 seen += line
             assert "step 3 " in seen, seen[-2000:]
+            # no MRC_BENCH_TOKEN: rank 0 said at start that anyone could take a rank's place
+            assert "the control channel is unauthenticated" in seen, seen[-2000:]
             os.killpg(procs[2].pid, signal.SIGKILL)
             results = [p.communicate(timeout=120) for p in procs]
         finally:

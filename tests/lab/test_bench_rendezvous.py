@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,18 @@ import pytest
 from mrc.errors import UsageError
 from mrc.lab.bench import launched
 from mrc.lab.bench.planes import find, from_addrs, from_nics, local_ipv6
-from mrc.lab.bench.rendezvous import DEFAULT_PORT, Rendezvous, detect, from_env, from_slurm
+from mrc.lab.bench.rendezvous import (
+    DEFAULT_PORT,
+    RANK,
+    RANK0,
+    Rendezvous,
+    detect,
+    from_env,
+    from_slurm,
+    listen_addrs,
+    proof,
+    proves,
+)
 
 BIN = Path(sys.executable).parent
 
@@ -86,6 +99,18 @@ def test_auto_detects_the_launcher_from_its_variables() -> None:
         detect({})
 
 
+def test_rank0_listens_on_the_family_and_address_master_addr_names() -> None:
+    """An address literal is bound as it is, in its own family (an IPv4 MASTER_ADDR once got
+    a v6-only socket on [::]); a name only tells the families, whose wildcards are bound."""
+    v4, v6 = int(socket.AF_INET), int(socket.AF_INET6)
+    assert listen_addrs(["127.0.0.1"]) == [(v4, "127.0.0.1", True)]
+    assert listen_addrs(["fd00::2", "fd01::2"]) == [(v6, "fd00::2", True), (v6, "fd01::2", True)]
+    assert listen_addrs(["0.0.0.0", "127.0.0.1"]) == [(v4, "0.0.0.0", False)]
+    assert listen_addrs(["localhost"]) and all(
+        addr in ("0.0.0.0", "::") and not exact for _, addr, exact in listen_addrs(["localhost"])
+    )
+
+
 # ---- plane addresses ------------------------------------------------------------------------
 
 
@@ -126,59 +151,99 @@ def test_net_admin_is_read_from_the_effective_capabilities(tmp_path: Path) -> No
 # ---- rank 0's hellos -----------------------------------------------------------------------
 
 
-def _hello(rank: object, world: object = 3, token: str = "secret", **kw: object) -> bytes:
-    msg = {"hello": 1, "rank": rank, "world": world, "token": token, "name": f"r{rank}"}
-    msg.update({"addrs": ["fd00::2"], "mtus": [1500], "net_admin": False, **kw})
-    return (json.dumps(msg) + "\n").encode()
+def _line(obj: object) -> bytes:
+    return (json.dumps(obj) + "\n").encode()
 
 
-async def _say(port: int, data: bytes) -> dict | None:
+async def _hello(
+    port: int,
+    rank: object,
+    world: object = 3,
+    token: str = "secret",
+    raw: bytes | None = None,
+    rank0_token: str = "secret",
+    **body: object,
+) -> tuple[dict | None, dict | None]:
+    """A rank's hello, as the protocol has it (or ``raw`` bytes instead of its first line):
+    rank 0's challenge, and its answer to the rest of the hello (None when it never came).
+    The challenge's proof is checked here, so every admitted rank saw rank 0 prove the token."""
     reader, writer = await asyncio.open_connection("::1", port)
-    writer.write(data)
-    if not data.endswith(b"\n"):
+    nonce = secrets.token_hex(16)
+    writer.write(
+        raw
+        if raw is not None
+        else _line({"hello": 2, "rank": rank, "world": world, "nonce": nonce})
+    )
+    if raw == b"":
         writer.write_eof()
     await writer.drain()
     line = await asyncio.wait_for(reader.readline(), 5)
+    challenge = json.loads(line) if line else None
+    answer = None
+    if challenge and challenge["ok"]:
+        assert isinstance(rank, int)
+        if rank0_token:
+            assert proves(rank0_token, challenge["proof"], RANK0, nonce, challenge["nonce"], rank)
+        mine = {"name": f"r{rank}", "addrs": ["fd00::2"], "mtus": [1500], "net_admin": False}
+        mine |= {"pid": 1, "proof": proof(token, RANK, challenge["nonce"], nonce, rank), **body}
+        writer.write(_line(mine))
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), 5)
+        answer = json.loads(line) if line else None
     writer.close()
-    return json.loads(line) if line else None
+    return challenge, answer
 
 
 def test_rank0_refuses_forged_and_confused_hellos_and_admits_the_ranks(monkeypatch) -> None:
     monkeypatch.setattr(launched, "HELLO_TIMEOUT", 0.5)
 
-    async def main() -> tuple[list[dict | None], launched.Gathering]:
+    async def main() -> tuple[list[tuple[dict | None, dict | None]], launched.Gathering]:
         gathering = launched.Gathering(Rendezvous("env", 0, 3), "secret")
         port = await gathering.open(0)
         answers = []
-        for data in (
-            b"GET / HTTP/1.0\r\n\r\n",  # not JSON
-            b"[1, 2, 3]\n",  # JSON, not a hello
-            b'{"hello": 2}\n',  # another protocol's version
-            _hello(1, token="guess"),
-            _hello(1, world=4),
-            _hello(0),  # rank 0 is the listener itself
-            _hello(7),
-            _hello("1"),
-            _hello(1, addrs=[]),
-            b"",  # connects, says nothing: timed out
+        for rank, kw in (
+            (1, {"raw": b"GET / HTTP/1.0\r\n\r\n"}),  # not JSON
+            (1, {"raw": b"[1, 2, 3]\n"}),  # JSON, not a hello
+            (1, {"raw": _line({"hello": 1, "rank": 1, "world": 3, "token": "secret"})}),  # v1
+            (1, {"token": "guess"}),
+            (1, {"world": 4}),
+            (0, {}),  # rank 0 is the listener itself
+            (7, {}),
+            ("1", {}),
+            (True, {}),  # a boolean is not rank 1
+            (1, {"addrs": []}),
+            (1, {"raw": b""}),  # connects, says nothing
         ):
-            answers.append(await _say(port, data))
+            answers.append(await _hello(port, rank, **kw))
         assert not gathering.all_here.is_set()
-        answers.append(await _say(port, _hello(1)))
-        answers.append(await _say(port, _hello(1)))  # the same rank twice
-        answers.append(await _say(port, _hello(2)))
+        answers.append(await _hello(port, 1))
+        answers.append(await _hello(port, 1))  # the same rank twice
+        answers.append(await _hello(port, 2))
         await gathering.wait(5)
         await gathering.close()
         return answers, gathering
 
     answers, gathering = asyncio.run(main())
-    refusals = answers[:10] + [answers[11]]
-    assert all(a is None or a["ok"] is False for a in refusals), refusals
-    assert answers[10] == {"ok": True} and answers[12] == {"ok": True}
+    refusals = answers[:11] + [answers[12]]
+    for challenge, answer in refusals:  # refused at the challenge or at the answer
+        assert (challenge is None or challenge["ok"] is False) or answer["ok"] is False
+    assert answers[11][1] == {"ok": True} and answers[13][1] == {"ok": True}
     assert sorted(gathering.links) == [1, 2]
-    assert len(gathering.refused) == 11
-    joined = " | ".join(gathering.refused)
-    for words in ("wrong job token", "counts 4 ranks", "no rank 0", "no rank 7", "rank 1 twice"):
+    assert gathering.links[1].hello["name"] == "r1" and "proof" not in gathering.links[1].hello
+    assert gathering.refused == 12
+    joined = " | ".join(gathering.refusals.reasons)
+    for words in (
+        "not a JSON line",
+        "not an mrc-bench hello of protocol 2 (it speaks 1)",
+        "wrong job token",
+        "counts 4 ranks",
+        "no rank 0",
+        "no rank 7",
+        'rank must be an integer, not "1"',
+        "rank must be an integer, not true",
+        "addrs must have 1..16 items, not 0",
+        "rank 1 twice",
+    ):
         assert words in joined, joined
 
 
@@ -186,7 +251,8 @@ def test_rank0_names_the_ranks_that_never_came(monkeypatch) -> None:
     async def main() -> None:
         gathering = launched.Gathering(Rendezvous("env", 0, 4), "")
         port = await gathering.open(0)
-        await _say(port, _hello(2, world=4, token=""))
+        _, answer = await _hello(port, 2, world=4, token="", rank0_token="")
+        assert answer == {"ok": True}
         try:
             await gathering.wait(0.3)
         finally:
@@ -217,6 +283,26 @@ def test_rank0_names_the_ranks_that_never_came(monkeypatch) -> None:
             ["--launcher", "env", "--nics", "lo", "--fault-rank", "5"],
             {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "::1"},
             "--fault-rank 5: there are only 2 ranks",
+        ),
+        (  # anyone who reached the control port could run them: a token is a must
+            ["--launcher", "env", "--nics", "lo", "--fault-cmd", "true", "--heal-cmd", "true"],
+            {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "::1"},
+            "--fault-cmd and --heal-cmd need MRC_BENCH_TOKEN",
+        ),
+        (
+            ["--launcher", "slurm", "--nics", "lo", "--fault-cmd", "true", "--heal-cmd", "true"],
+            {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "MASTER_ADDR": "::1"},
+            "--fault-cmd and --heal-cmd need MRC_BENCH_TOKEN",
+        ),
+        (  # with the token the commands are fine (the plane NIC is what is wrong here)
+            ["--launcher", "env", "--nics", "nosuch0", "--fault-cmd", "true", "--heal-cmd", "x"],
+            {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "::1", "MRC_BENCH_TOKEN": "s"},
+            "nosuch0 has no global IPv6 address",
+        ),
+        (
+            ["--launcher", "env", "--nics", "lo", *["--qp", "ack_every=2"] * 62],
+            {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "::1"},
+            "a launched run takes at most 61 --qp settings",
         ),
     ],
 )

@@ -52,7 +52,10 @@ from mrc.lab.bench.common import (
     send_offset,
     sha256,
 )
+from mrc.lab.bench.schema import Refused, parse_line, read_line
 
+QUEUE_MAX = 64  # requests waiting for their turn (the coordinator sends one at a time)
+ASIDE_MAX = 8  # out-of-turn requests running at once (a fault and a heal)
 HDR = struct.Struct("!II")  # stream framing: step number, byte count
 HELLO = struct.Struct("!I")  # stream hello: the connecting host's index
 
@@ -107,7 +110,8 @@ class MrcTransport(Transport):
 
     def _config(self, opts: dict[str, Any]) -> Any:
         """The QPConfig of every QP: the coordinator's ``--qp`` settings, as mrc-send reads
-        them (mrc/cli/qpopts.py)."""
+        them (mrc/cli/qpopts.py). Callers pass them through :meth:`Agent.check_laws` first,
+        as applying a ``cc=MODULE:CLASS`` setting loads its code."""
         from mrc.cli.qpopts import apply_settings
         from mrc.core.config import QPConfig
 
@@ -116,6 +120,7 @@ class MrcTransport(Transport):
     async def listen(self, opts: dict[str, Any]) -> dict[str, Any]:
         import mrc
 
+        self.agent.check_laws(opts)
         self.opts = opts
         a = self.agent
         self.listener = await mrc.listen(
@@ -147,6 +152,7 @@ class MrcTransport(Transport):
         import mrc
 
         a = self.agent
+        a.check_laws(opts)
         cfg = self._config(opts)
         # the side channel (set-up only) goes over the last plane: the plane a link_down
         # condition breaks is plane 0, and a re-connect must not depend on it
@@ -490,6 +496,7 @@ class Agent:
         mptcp_ready: bool = False,
         ports: Any = None,
         shared_host: bool = False,
+        laws: frozenset[str] | None = None,
     ) -> None:
         self.topo = topo
         self.me = me
@@ -501,6 +508,10 @@ class Agent:
         self.ports = ports  # mrc.transport.ports.PortRange or None
         #: a launched rank's host is the user's own: leave its MPTCP endpoints alone
         self.shared_host = shared_host
+        #: the window laws named as code (MODULE:CLASS) a request may choose, besides the
+        #: registered ones: a launched rank's own --cc; None: any (the built-in coordinator's
+        #: agents, its own children)
+        self.laws = laws
         self.slot = max_size
         self.mptcp_ready = mptcp_ready
         self.pool = make_pool(seed, self.me, max_size)
@@ -546,6 +557,27 @@ class Agent:
             self.transports[name] = t
         return t
 
+    def check_laws(self, opts: dict[str, Any]) -> list[str]:
+        """The ``--qp`` settings of ``opts``; :class:`Refused` if one would load code
+        (``cc=MODULE:CLASS``, a law file) this agent may not load (:attr:`laws`): a launched
+        rank takes code only from its own command line, never from the control connection."""
+        from mrc.cli.qpopts import parse_setting
+        from mrc.core.cc import names
+
+        settings = [str(s) for s in opts.get("qp", [])]
+        if self.laws is None:
+            return settings
+        for text in settings:
+            key, value = parse_setting(text)
+            if key == "cc" and value not in names() and value not in self.laws:
+                own = ", ".join(sorted(self.laws)) or "none"
+                raise Refused(
+                    f"--qp {text[:200]!r} names code, which a rank takes only from its own"
+                    f" command line: a registered law ({', '.join(names())}) or its --cc"
+                    f" ({own})"
+                )
+        return settings
+
     def send_view(self, k: int, dst: int, size: int) -> memoryview:
         off = send_offset(k, dst)
         return self.pool_view[off : off + size]
@@ -554,6 +586,8 @@ class Agent:
         op = msg.get("op")
         if op == "ping":
             return {"host": self.name, "addrs": self.addrs, "pid": os.getpid(), "now": now()}
+        if op in ("listen", "connect"):
+            self.check_laws(msg.get("opts", {}))  # before anything is set up
         if op == "listen":
             return await self.transport(msg["transport"], create=True).listen(msg.get("opts", {}))
         if op == "connect":
@@ -573,10 +607,15 @@ class Agent:
 
     async def step(self, msg: dict[str, Any]) -> dict[str, Any]:
         t_cmd = now()
-        t = self.transport(msg["transport"])
         k = int(msg["k"])
         sends = [(int(d), int(n)) for d, n in msg.get("sends", [])]
         recvs = [(int(s), int(n)) for s, n in msg.get("recvs", [])]
+        for peer, size in sends + recvs:  # a slice of the pool or inbox, never past it
+            if not 0 <= peer < len(self.peers) or peer == self.me:
+                raise Refused(f"step {k}: no peer h{peer} to exchange with")
+            if not 0 <= size <= self.slot:
+                raise Refused(f"step {k}: {size} bytes do not fit a slot of {self.slot}")
+        t = self.transport(msg["transport"])
         self.last = {"k": k, "sends": sends, "recvs": recvs}
         done: dict[str, float] = {}
         errors: list[str] = []
@@ -634,27 +673,31 @@ async def serve_lines(
     reply: Callable[[dict[str, Any]], None],
     handle: Handler,
     out_of_turn: frozenset[str] = frozenset(),
+    max_line: int | None = None,
+    refused: Callable[[str], None] | None = None,
 ) -> bool:
     """Answer one JSON request per line from ``reader`` with ``handle``, in turn, until the
     stream ends (False) or an ``exit`` request (True). Errors go back as ``{"ok": false,
     "error": ...}``. Requests whose op is in ``out_of_turn`` run beside the others (a fault
-    command must not wait for the step it interrupts); their replies carry their ids."""
+    command must not wait for the step it interrupts); their replies carry their ids.
+    A line longer than ``max_line``, or not a JSON object, is answered with an error, passed
+    to ``refused`` and skipped."""
 
     async def answer(msg: dict[str, Any]) -> None:
+        mid = _id(msg)
         try:
             result = await handle(msg)
-            reply({"id": msg.get("id"), "ok": True, **result})
+            reply({"id": mid, "ok": True, **result})
         except (MRCError, OSError, TimeoutError, KeyError, ValueError, TypeError) as exc:
-            reply({"id": msg.get("id"), "ok": False, "error": str(exc) or type(exc).__name__})
+            reply({"id": mid, "ok": False, "error": str(exc) or type(exc).__name__})
         except Exception as exc:  # noqa: BLE001 - report, keep serving
             log(traceback.format_exc())
-            reply(
-                {
-                    "id": msg.get("id"),
-                    "ok": False,
-                    "error": f"internal error: {type(exc).__name__}: {exc}",
-                }
-            )
+            reply({"id": mid, "ok": False, "error": f"internal error: {type(exc).__name__}: {exc}"})
+
+    def refuse(msg: dict[str, Any], why: str) -> None:
+        if refused is not None:
+            refused(why)
+        reply({"id": _id(msg), "ok": False, "error": f"refused: {why}"})
 
     # in-turn requests go through one worker while this loop keeps reading, so an out-of-turn
     # request is read (and run) even while a long step is being answered
@@ -669,16 +712,21 @@ async def serve_lines(
     aside: set[asyncio.Task[None]] = set()
     try:
         while True:
-            msg = await _next_request(reader, reply)
+            msg = await _next_request(reader, reply, max_line, refused)
             if msg is None:
                 return False
             if msg.get("op") == "exit":  # whatever still runs is abandoned (finally below)
-                reply({"id": msg.get("id"), "ok": True})
+                reply({"id": _id(msg), "ok": True})
                 return True
             if msg.get("op") in out_of_turn:
+                if len(aside) >= ASIDE_MAX:
+                    refuse(msg, f"more than {ASIDE_MAX} {msg.get('op')} requests at once")
+                    continue
                 task = loop.create_task(answer(msg))
                 aside.add(task)
                 task.add_done_callback(aside.discard)
+            elif queue.qsize() >= QUEUE_MAX:
+                refuse(msg, f"more than {QUEUE_MAX} requests waiting")
             else:
                 queue.put_nowait(msg)
     finally:
@@ -687,29 +735,35 @@ async def serve_lines(
         await asyncio.gather(worker, *aside, return_exceptions=True)
 
 
+def _id(msg: dict[str, Any]) -> int | None:
+    """A request's id to put in its reply: an integer, or None (never an echo of junk)."""
+    mid = msg.get("id")
+    return mid if type(mid) is int else None
+
+
 async def _next_request(
-    reader: asyncio.StreamReader, reply: Callable[[dict[str, Any]], None]
+    reader: asyncio.StreamReader,
+    reply: Callable[[dict[str, Any]], None],
+    max_line: int | None = None,
+    refused: Callable[[str], None] | None = None,
 ) -> dict[str, Any] | None:
     """The next request object from ``reader`` (malformed lines answered and skipped), or
     None when the stream ends or breaks."""
-    import json
-
     while True:
         try:
-            line = await reader.readline()
+            if max_line is None:
+                line = await reader.readline()
+            else:
+                line = await read_line(reader, max_line, skip_long=True)
+            if not line:
+                return None
+            return parse_line(line)
+        except Refused as exc:  # a line too long, not JSON, nested too deep
+            if refused is not None:
+                refused(str(exc))
+            reply({"id": None, "ok": False, "error": f"refused: {exc}"})
         except (ConnectionError, ValueError):  # a reset, or a line past the reader's limit
             return None
-        if not line:
-            return None
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            reply({"error": "bad request line"})
-            continue
-        if not isinstance(msg, dict):
-            reply({"error": "a request is a JSON object"})
-            continue
-        return msg
 
 
 async def serve(args: argparse.Namespace) -> int:

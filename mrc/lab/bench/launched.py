@@ -9,23 +9,45 @@ its own host's part in-process. No fabric is built: the hosts are whatever the l
 and a plane failure is a command the user gives (``--fault-cmd``/``--heal-cmd``) that one rank
 runs on its own host.
 
-Control protocol: a rank connects to rank 0 and sends one hello line (``{"hello": 1, "rank",
-"world", "token", "name", "addrs", "mtus", "net_admin", "pid"}``); rank 0 answers
-``{"ok": true}`` or ``{"ok": false, "error"}`` and from then on sends the agents' requests
-(mrc.lab.bench.agent) plus ``init`` (every rank's addresses), ``fault`` and ``heal``; ``exit``
-ends the rank. A hello with a wrong token, rank or world size is refused and counted.
+The control port is reachable by anyone on the network, and before rank 0 binds it anyone
+can answer there, so nothing on a control connection is trusted (docs/CLUSTER.md, "Rendezvous
+and hostile input"):
+
+* Both ends prove the job token before a rank says anything about itself, and the token never
+  crosses the connection. The rank sends ``{"hello": 2, "rank", "world", "nonce"}``; rank 0
+  answers ``{"ok": true, "hello": 2, "nonce", "proof"}``, proof = HMAC-SHA256(token,
+  "mrc-bench rank0|nonce_rank|nonce0|rank"); the rank checks it (if wrong, it hangs up, says
+  so in one line and tries again until the rendezvous timeout), then sends ``{"proof", "name",
+  "addrs", "mtus", "net_admin", "pid"}`` with its own proof, HMAC(token, "mrc-bench
+  rank|nonce0|nonce_rank|rank"); rank 0 answers ``{"ok": true}`` or ``{"ok": false,
+  "error"}``. Without a token (env or slurm and no MRC_BENCH_TOKEN) the proofs are "", every
+  rank says at start that the channel is unauthenticated, and --fault-cmd is refused.
+* Every line is data, checked field by field (:mod:`mrc.lab.bench.schema`) both ways: rank
+  0's requests (the agents' ``listen``, ``connect``, ``step``, ``verify``, ``stats``,
+  ``close``, ``ping``, and ``init`` with every rank's planes, ``fault``, ``heal``, ``exit``),
+  the hellos, and every reply rank 0 uses. A refused request is answered ``{"ok": false,
+  "error"}`` and the rank serves on; a refused hello is answered and closed; a refused reply
+  fails its request as an error from the rank would. Each is counted, and logged in one line.
+  No request names code: a rank's fault and heal commands and any window law given as code
+  (``cc=MODULE:CLASS``) come from its own command line only.
+* Bounded: lines (8 KiB during the hello, :func:`~mrc.lab.bench.schema.line_max` after),
+  connections in their hello (the ranks still missing plus :data:`EXTRA_PENDING`; more are
+  closed at once and counted), the time to finish the hello (10 s). Rank 0 listens on the
+  address MASTER_ADDR names (:func:`~mrc.lab.bench.rendezvous.listen_addrs`), and stops
+  listening once every rank is in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import errno
+import logging
 import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mrc.errors import AgentError, MRCError, UsageError
@@ -33,11 +55,44 @@ from mrc.lab.bench.agent import Agent, Peer, PlaneNic, serve_lines
 from mrc.lab.bench.common import dumps
 from mrc.lab.bench.coordinator import AgentLink, Bench, BenchConfig
 from mrc.lab.bench.planes import Planes
-from mrc.lab.bench.rendezvous import Rendezvous, new_token
+from mrc.lab.bench.rendezvous import (
+    RANK,
+    RANK0,
+    WILDCARD,
+    Rendezvous,
+    listen_addrs,
+    new_nonce,
+    new_token,
+    proof,
+    proves,
+)
+from mrc.lab.bench.schema import (
+    ANSWER,
+    CHALLENGE,
+    HELLO,
+    HELLO_BODY,
+    HELLO_LINE_MAX,
+    PROTOCOL,
+    READ_LIMIT,
+    LineTooLong,
+    Refused,
+    check_reply,
+    check_request,
+    line_max,
+    parse_line,
+    read_line,
+)
 
-HELLO_TIMEOUT = 10.0  # a connection that sends no hello in this long is dropped
+log = logging.getLogger(__name__)
+
+HELLO_TIMEOUT = 10.0  # a connection that has not finished its hello in this long is dropped
 CONNECT_TRY = 2.0  # one attempt to reach rank 0
+RETRY = 0.5  # pause before a rank tries rank 0 again after a failed hello
 FAULT_TIMEOUT = 60.0  # a --fault-cmd/--heal-cmd that runs longer fails
+EXTRA_PENDING = 4  # connections in their hello beyond the ranks still missing
+LOG_REFUSALS = 20  # refusals logged one line each; the rest only counted
+REASONS_KEPT = 20
+WRITE_BUFFER_MAX = 16 << 20  # replies a peer leaves unread before its connection is dropped
 LAUNCHED_CONDITIONS = ("clean", "link_down")
 
 
@@ -54,6 +109,9 @@ class LaunchOptions:
     payload_given: bool = False  # --payload on the command line: else from the NICs' MTU
     transports_given: bool = False
     ports: Any = None  # mrc.transport.ports.PortRange
+    #: window laws given as code on this rank's own command line (--cc, --qp cc=): the only
+    #: MODULE:CLASS a request from rank 0 may choose (registered names are always fine)
+    laws: frozenset[str] = field(default_factory=frozenset)
 
 
 CAP_NET_ADMIN = 12
@@ -79,6 +137,24 @@ def _mtu(nic: str) -> int | None:
         return None
 
 
+class _Tally:
+    """Refusals: counted, the first few kept and logged one line each."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.count = 0
+        self.reasons: list[str] = []
+
+    def __call__(self, why: str) -> None:
+        self.count += 1
+        if len(self.reasons) < REASONS_KEPT:
+            self.reasons.append(why)
+        if self.count <= LOG_REFUSALS:
+            log.warning("%s: %s", self.what, why)
+        elif self.count == LOG_REFUSALS + 1:
+            log.warning("%s: more refusals are counted, not shown", self.what)
+
+
 # ---- a rank's side ---------------------------------------------------------------------------
 
 
@@ -90,13 +166,13 @@ class RankServer:
         self.planes = planes
         self.opts = opts
         self.agent: Agent | None = None
+        self.refused = _Tally(f"rank {rv.rank}: refused a request from rank 0")
 
     def hello(self) -> dict[str, Any]:
+        """This rank's facts, as rank 0 keeps them (the hello without its proof)."""
         return {
-            "hello": 1,
             "rank": self.rv.rank,
             "world": self.rv.world,
-            "token": self.rv.token,
             "name": socket.gethostname() + f"/{self.rv.rank}",
             "addrs": list(self.planes.addrs),
             "mtus": [_mtu(n) if n else None for n in self.planes.nics],
@@ -104,26 +180,36 @@ class RankServer:
             "pid": os.getpid(),
         }
 
+    def hello_body(self, proof: str) -> dict[str, Any]:
+        """The rest of the hello, sent once rank 0 has proved the job token."""
+        h = self.hello()
+        del h["rank"], h["world"]
+        return {"proof": proof, **h}
+
     def _init(self, msg: dict[str, Any]) -> dict[str, Any]:
-        peers = [
-            Peer(int(p["rank"]), str(p["name"]), tuple(str(a) for a in p["addrs"]))
-            for p in msg["peers"]
-        ]
-        if [p.index for p in peers] != list(range(len(peers))) or self.rv.rank >= len(peers):
-            raise MRCError("init: the peer table is not in rank order")
+        if self.agent is not None:
+            raise Refused("init: this rank has its peers already")
+        peers = [Peer(p["rank"], p["name"], tuple(p["addrs"])) for p in msg["peers"]]
+        if [p.index for p in peers] != list(range(self.rv.world)):
+            raise Refused("init: the peer table is not in rank order")
+        mine = self.planes.addrs
+        if peers[self.rv.rank].addrs != mine:
+            raise Refused(f"init: this rank's planes are {', '.join(mine)}, not those given")
+        if any(len(p.addrs) != len(mine) for p in peers):
+            raise Refused(f"init: every rank must have {len(mine)} planes, as this one")
         nics = [
-            PlaneNic(i, n, a)
-            for i, (n, a) in enumerate(zip(self.planes.nics, self.planes.addrs, strict=True))
+            PlaneNic(i, n, a) for i, (n, a) in enumerate(zip(self.planes.nics, mine, strict=True))
         ]
         self.agent = Agent(
             self.rv.rank,
             peers,
             nics,
             self.planes.topo,
-            int(msg["max_size"]),
-            int(msg["seed"]),
+            msg["max_size"],
+            msg["seed"],
             ports=self.opts.ports,
             shared_host=True,
+            laws=self.opts.laws,
         )
         return {}
 
@@ -137,6 +223,7 @@ class RankServer:
         for p, (nic, addr) in enumerate(zip(self.planes.nics, self.planes.addrs, strict=True)):
             env[f"MRC_NIC{p}"] = nic
             env[f"MRC_ADDR{p}"] = addr
+        env.pop("MRC_BENCH_TOKEN", None)  # the job's secret is not the command's business
         proc = await asyncio.create_subprocess_shell(
             cmd,
             stdin=asyncio.subprocess.DEVNULL,
@@ -156,18 +243,34 @@ class RankServer:
         return {"t": time.monotonic()}
 
     async def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
-        op = msg.get("op")
-        if op == "init":
-            return self._init(msg)
-        if op in ("fault", "heal"):
-            return await self._run_own(str(op))
-        if self.agent is None:
-            raise MRCError(f"{op}: this rank has not been given its peers (init) yet")
-        return await self.agent.handle(msg)
+        """One request from rank 0, checked against its schema first; a refusal is counted."""
+        try:
+            msg = check_request(msg, self.rv.world)
+            op = msg["op"]
+            if op == "init":
+                return self._init(msg)
+            if op in ("fault", "heal"):
+                return await self._run_own(op)
+            if self.agent is None:
+                raise MRCError(f"{op}: this rank has not been given its peers (init) yet")
+            return await self.agent.handle(msg)
+        except Refused as exc:
+            self.refused(str(exc))
+            raise
 
     async def close(self) -> None:
         if self.agent is not None:
             await self.agent.close()
+
+
+class _TryAgain(MRCError):
+    """Whoever answered at rank 0's address did not (yet) let this rank in, and may not be
+    rank 0 at all: try again until the rendezvous timeout. ``kind``: the message without
+    what the other end said, so that a stranger cannot make the rank log a line per try."""
+
+    def __init__(self, why: str, kind: str | None = None) -> None:
+        super().__init__(why)
+        self.kind = kind or why
 
 
 async def _reach(rv: Rendezvous, deadline: float) -> tuple[asyncio.StreamReader, Any]:
@@ -180,7 +283,7 @@ async def _reach(rv: Rendezvous, deadline: float) -> tuple[asyncio.StreamReader,
                 raise MRCError(f"rank 0 not reachable at {_where(rv)}: {last}")
             try:
                 return await asyncio.wait_for(
-                    asyncio.open_connection(host, port, limit=1 << 24), min(CONNECT_TRY, left)
+                    asyncio.open_connection(host, port, limit=READ_LIMIT), min(CONNECT_TRY, left)
                 )
             except (OSError, TimeoutError) as exc:
                 last = str(exc) or "timed out"
@@ -191,33 +294,109 @@ def _where(rv: Rendezvous) -> str:
     return ", ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in rv.coordinator)
 
 
+async def _handshake(
+    rv: Rendezvous, server: RankServer, reader: asyncio.StreamReader, writer: Any
+) -> None:
+    """This rank's side of the hello (module docstring). Raises :class:`_TryAgain` while the
+    other end has not proved the job token, MRCError when rank 0 (proved) refuses the rank."""
+    mine = new_nonce()
+    writer.write(dumps({"hello": PROTOCOL, "rank": rv.rank, "world": rv.world, "nonce": mine}))
+    await writer.drain()
+    try:
+        line = await read_line(reader, HELLO_LINE_MAX)
+        if not line:
+            raise _TryAgain("the connection closed before rank 0 answered the hello")
+        answer = CHALLENGE(parse_line(line), "")
+    except Refused as exc:
+        raise _TryAgain(f"the answer to the hello was refused: {exc}") from None
+    theirs = answer.get("nonce", "")
+    if rv.token and not proves(rv.token, answer.get("proof"), RANK0, mine, theirs, rv.rank):
+        why = f"the party at {_where(rv)} did not prove the job token"
+        said = f" (it said: {answer['error'][:200]})" if answer.get("error") else ""
+        raise _TryAgain(why + said, why)
+    if not answer["ok"]:
+        raise MRCError(f"rank 0 refused rank {rv.rank}: {answer.get('error')}")
+    if not theirs:
+        raise _TryAgain("rank 0 sent no challenge")
+    writer.write(dumps(server.hello_body(proof(rv.token, RANK, theirs, mine, rv.rank))))
+    await writer.drain()
+    try:
+        line = await read_line(reader, HELLO_LINE_MAX)
+        if not line:
+            raise _TryAgain("the connection closed during the hello")
+        final = ANSWER(parse_line(line), "")
+    except Refused as exc:
+        raise _TryAgain(f"rank 0's answer was refused: {exc}") from None
+    if not final["ok"]:
+        raise MRCError(f"rank 0 refused rank {rv.rank}: {final.get('error')}")
+
+
+async def _join(
+    rv: Rendezvous, server: RankServer, timeout: float
+) -> tuple[asyncio.StreamReader, Any]:
+    """A control connection to rank 0 that has passed the hello, within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    said: set[str] = set()
+    while True:
+        reader, writer = await _reach(rv, deadline)
+        try:
+            left = max(0.1, min(HELLO_TIMEOUT, deadline - time.monotonic()))
+            await asyncio.wait_for(_handshake(rv, server, reader, writer), left)
+            return reader, writer
+        except _TryAgain as exc:
+            why, kind = str(exc), exc.kind
+        except TimeoutError:
+            why = kind = f"no answer to the hello in {left:g} s"
+        except (ConnectionError, OSError) as exc:
+            why = kind = f"the connection broke during the hello ({exc})"
+        except BaseException:
+            await _shut(writer)
+            raise
+        await _shut(writer)
+        if time.monotonic() >= deadline:
+            raise MRCError(f"no rank 0 let rank {rv.rank} in within {timeout:g} s: {why}")
+        if kind not in said:
+            said.add(kind)
+            log.warning("rank %d: %s; trying again", rv.rank, why)
+        await asyncio.sleep(min(RETRY, max(0.0, deadline - time.monotonic())))
+
+
+async def _shut(writer: Any) -> None:
+    writer.close()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(writer.wait_closed(), 2.0)
+
+
 async def serve_rank(rv: Rendezvous, server: RankServer, timeout: float) -> None:
     """A rank other than 0: say hello to rank 0, then answer its requests until ``exit``."""
     if rv.launcher == "mpi":
         await asyncio.to_thread(rv.publish, [], "")
-    reader, writer = await _reach(rv, time.monotonic() + timeout)
+    reader, writer = await _join(rv, server, timeout)
     try:
-        writer.write(dumps(server.hello()))
-        await writer.drain()
-        line = await asyncio.wait_for(reader.readline(), timeout)
-        answer = json.loads(line) if line else {"error": "rank 0 closed the connection"}
-        if not isinstance(answer, dict) or not answer.get("ok"):
-            raise MRCError(f"rank 0 refused rank {rv.rank}: {answer.get('error')}")
 
         def reply(obj: dict[str, Any]) -> None:
+            if writer.transport.get_write_buffer_size() > WRITE_BUFFER_MAX:
+                writer.transport.abort()  # rank 0 does not read what it asked for
+                return
             writer.write(dumps(obj))
 
-        if not await serve_lines(reader, reply, server.handle, frozenset({"fault", "heal"})):
+        served = await serve_lines(
+            reader,
+            reply,
+            server.handle,
+            frozenset({"fault", "heal"}),
+            max_line=line_max(rv.world),
+            refused=server.refused,
+        )
+        if not served:
             raise MRCError("rank 0 went away before the run ended")
         with contextlib.suppress(ConnectionError):
             await writer.drain()
-    except (TimeoutError, ValueError):
-        raise MRCError("rank 0 did not answer the hello") from None
     finally:
+        if server.refused.count:
+            log.warning("rank %d: refused %d requests in all", rv.rank, server.refused.count)
         await server.close()
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
+        await _shut(writer)
 
 
 # ---- rank 0's side ---------------------------------------------------------------------------
@@ -225,45 +404,62 @@ async def serve_rank(rv: Rendezvous, server: RankServer, timeout: float) -> None
 
 class RankLink(AgentLink):
     """Rank 0's control connection to another rank. Replies are matched to requests by id,
-    so a fault command can run on a rank while a step waits there."""
+    so a fault command can run on a rank while a step waits there; each is checked against
+    its request's schema before the coordinator sees it."""
 
     def __init__(
-        self, index: int, reader: asyncio.StreamReader, writer: Any, hello: dict[str, Any]
+        self,
+        index: int,
+        reader: asyncio.StreamReader,
+        writer: Any,
+        hello: dict[str, Any],
+        world: int,
     ) -> None:
         super().__init__(index)
         self.reader = reader
         self.writer = writer
         self.hello = hello
+        self.world = world
+        self.refused = _Tally(f"rank {index}: refused its reply")
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._reading: asyncio.Task[None] | None = None
 
     async def exit_reason(self) -> str:
         return f"rank {self.index} ({self.hello.get('name')}) closed its control connection"
 
-    async def _read_replies(self) -> None:
-        try:
-            while True:
-                line = await self.reader.readline()
-                if not line:
-                    break
-                try:
-                    reply = json.loads(line)
-                except ValueError:
-                    continue
-                rid = reply.get("id") if isinstance(reply, dict) else None
-                fut = self._pending.pop(rid, None) if isinstance(rid, int) else None
-                if fut is not None and not fut.done():
-                    fut.set_result(reply)
-        except (ConnectionError, ValueError):
-            pass
-        self.dead = True
-        why = await self.exit_reason()
+    def _fail_pending(self, why: str) -> None:
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(AgentError(f"h{self.index}: {why}"))
         self._pending.clear()
 
+    async def _read_replies(self) -> None:
+        cap = line_max(self.world)
+        try:
+            while True:
+                try:
+                    line = await read_line(self.reader, cap, skip_long=True)
+                    if not line:
+                        break
+                    reply = parse_line(line)
+                except LineTooLong as exc:  # whose reply it was is unknown: all of them
+                    self.refused(str(exc))
+                    self._fail_pending(f"its reply was refused: {exc}")
+                    continue
+                except Refused as exc:
+                    self.refused(str(exc))
+                    continue
+                rid = reply.get("id")
+                fut = self._pending.pop(rid, None) if type(rid) is int else None
+                if fut is not None and not fut.done():
+                    fut.set_result(reply)
+        except (ConnectionError, ValueError, asyncio.IncompleteReadError):
+            pass
+        self.dead = True
+        self._fail_pending(await self.exit_reason())
+
     async def request(self, msg: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+        op = str(msg.get("op"))
         if self.dead:
             raise AgentError(f"h{self.index}: {await self.exit_reason()}")
         loop = asyncio.get_running_loop()
@@ -279,16 +475,19 @@ class RankLink(AgentLink):
                 await self.writer.drain()
             reply = await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            raise AgentError(
-                f"h{self.index}: {msg.get('op')} not answered in {timeout:g} s"
-            ) from None
+            raise AgentError(f"h{self.index}: {op} not answered in {timeout:g} s") from None
         except (ConnectionError, OSError):
             self.dead = True
             raise AgentError(f"h{self.index}: {await self.exit_reason()}") from None
         finally:
             self._pending.pop(mid, None)
-        if not reply.get("ok"):
-            raise AgentError(f"h{self.index}: {msg.get('op')} failed: {reply.get('error')}")
+        try:
+            reply = check_reply(op, reply, self.world)
+        except Refused as exc:
+            self.refused(f"{op}: {exc}")
+            raise AgentError(f"h{self.index}: {op}: its reply was refused: {exc}") from None
+        if not reply["ok"]:
+            raise AgentError(f"h{self.index}: {op} failed: {reply.get('error')}")
         return reply
 
     async def stop(self) -> None:
@@ -323,6 +522,32 @@ class LocalLink(AgentLink):
         await self.server.close()
 
 
+class _HelloRefused(Refused):
+    """A hello refused after its challenge was read: the answer carries rank 0's proof, so a
+    rank can tell a refusal from rank 0 from a stranger's."""
+
+    def __init__(self, why: str, answer: dict[str, Any]) -> None:
+        super().__init__(why)
+        self.answer = answer
+
+
+def _bind(family: int, addr: str, port: int) -> socket.socket:
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:  # the IPv4 wildcard, if wanted, is a socket of its own
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        flags = socket.AI_NUMERICHOST | socket.AI_PASSIVE
+        sockaddr = socket.getaddrinfo(addr, port, family, socket.SOCK_STREAM, 0, flags)[0][4]
+        s.bind(sockaddr)
+        s.listen(128)
+        s.setblocking(False)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
 class Gathering:
     """Rank 0's control listener: collects one hello per rank, refuses the rest."""
 
@@ -330,64 +555,146 @@ class Gathering:
         self.rv = rv
         self.token = token
         self.links: dict[int, RankLink] = {}
-        self.refused: list[str] = []
+        self.refusals = _Tally("rank 0: refused a control connection")
+        self.pending = 0  # connections in their hello
         self.all_here = asyncio.Event()
-        self.server: asyncio.Server | None = None
+        self.servers: list[asyncio.Server] = []
+        self._hellos: set[asyncio.Task[Any]] = set()
 
-    async def open(self, port: int) -> int:
-        self.server = await asyncio.start_server(
-            self._hello, host="::", port=port, limit=1 << 24, reuse_address=True
-        )
-        return int(self.server.sockets[0].getsockname()[1])
+    @property
+    def refused(self) -> int:
+        """Connections refused so far (``launch.refused_hellos``)."""
+        return self.refusals.count
 
-    def _refuse(self, writer: Any, why: str) -> None:
-        self.refused.append(why)
+    async def open(self, port: int, hosts: list[str] | None = None) -> int:
+        """Listen where ``hosts`` (MASTER_ADDR, or the addresses MPI announces) reach this
+        host (:func:`~mrc.lab.bench.rendezvous.listen_addrs`), on one ``port`` (0: a free
+        one); the port."""
+        for family, addr, exact in listen_addrs(hosts or ["::"]):
+            try:
+                try:
+                    sock = _bind(family, addr, port)
+                except OSError as exc:
+                    if not exact or exc.errno != errno.EADDRNOTAVAIL:
+                        raise
+                    log.info("%s is not an address of this host: listening on all", addr)
+                    addr = WILDCARD[family]
+                    sock = _bind(family, addr, port)
+            except OSError as exc:
+                await self.close()
+                where = f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+                raise MRCError(f"rank 0 cannot listen on {where}: {exc.strerror}") from None
+            port = port or int(sock.getsockname()[1])
+            self.servers.append(
+                await asyncio.start_server(self._hello, sock=sock, limit=READ_LIMIT)
+            )
+        return port
+
+    def _room(self) -> int:
+        return self.rv.world - 1 - len(self.links) + EXTRA_PENDING
+
+    def _refuse(
+        self, writer: Any, why: str, peer: str, answer: dict[str, Any] | None = None
+    ) -> None:
+        self.refusals(f"{peer}: {why}")
         with contextlib.suppress(Exception):
-            writer.write(dumps({"ok": False, "error": why}))
+            writer.write(dumps({"ok": False, "error": why, **(answer or {})}))
         writer.close()
 
     async def _hello(self, reader: asyncio.StreamReader, writer: Any) -> None:
+        peer = _peer(writer)
+        if self.pending >= self._room():
+            self.refusals(f"{peer}: more than {self._room()} connections waiting for a hello")
+            writer.transport.abort()
+            return
+        self.pending += 1
+        task = asyncio.current_task()
+        if task is not None:
+            self._hellos.add(task)
         try:
-            line = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT)
-            hello = json.loads(line)
-        except (TimeoutError, ValueError, ConnectionError):
-            self._refuse(writer, "no hello")
-            return
-        if not isinstance(hello, dict) or hello.get("hello") != 1:
-            self._refuse(writer, "not an mrc-bench hello")
-            return
-        rank, world = hello.get("rank"), hello.get("world")
-        if self.token and hello.get("token") != self.token:
-            self._refuse(writer, f"rank {rank}: wrong job token")
-        elif world != self.rv.world:
-            self._refuse(writer, f"rank {rank} counts {world} ranks, rank 0 {self.rv.world}")
-        elif not isinstance(rank, int) or not 1 <= rank < self.rv.world:
-            self._refuse(writer, f"no rank {rank!r} in a world of {self.rv.world}")
-        elif rank in self.links:
-            self._refuse(writer, f"rank {rank} twice")
-        elif not isinstance(hello.get("addrs"), list) or not hello["addrs"]:
-            self._refuse(writer, f"rank {rank} gave no plane addresses")
-        else:
-            writer.write(dumps({"ok": True}))
-            self.links[rank] = RankLink(rank, reader, writer, hello)
-            if len(self.links) == self.rv.world - 1:
-                self.all_here.set()
+            await asyncio.wait_for(self._handshake(reader, writer), HELLO_TIMEOUT)
+        except asyncio.CancelledError:  # rank 0 is done: end quietly (asyncio's stream
+            writer.close()  # callback reports a cancelled handler as an error)
+        except TimeoutError:
+            self._refuse(writer, f"no hello in {HELLO_TIMEOUT:g} s", peer)
+        except _HelloRefused as exc:
+            self._refuse(writer, str(exc), peer, exc.answer)
+        except Refused as exc:
+            self._refuse(writer, str(exc), peer)
+        except (ConnectionError, OSError, asyncio.IncompleteReadError):
+            self._refuse(writer, "the connection broke during the hello", peer)
+        finally:
+            self.pending -= 1
+            if task is not None:
+                self._hellos.discard(task)
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: Any) -> None:
+        """Rank 0's side of the hello (module docstring): refused with Refused."""
+        line = await read_line(reader, HELLO_LINE_MAX)
+        if not line:
+            raise Refused("no hello (the connection closed)")
+        msg = parse_line(line)
+        if msg.get("hello") != PROTOCOL:
+            v = msg.get("hello")
+            speaks = f" (it speaks {v})" if type(v) is int else ""
+            raise Refused(f"not an mrc-bench hello of protocol {PROTOCOL}{speaks}")
+        first = HELLO(msg, "")
+        rank, world, theirs = first["rank"], first["world"], first["nonce"]
+        mine = new_nonce()
+        answer = {"nonce": mine, "proof": proof(self.token, RANK0, theirs, mine, rank)}
+        if world != self.rv.world:
+            raise _HelloRefused(f"rank {rank} counts {world} ranks, rank 0 {self.rv.world}", answer)
+        if not 1 <= rank < world:
+            raise _HelloRefused(f"no rank {rank} in a world of {world} (0 is this one)", answer)
+        if rank in self.links:
+            raise _HelloRefused(f"rank {rank} twice", answer)
+        writer.write(dumps({"ok": True, "hello": PROTOCOL, **answer}))
+        await writer.drain()
+        line = await read_line(reader, HELLO_LINE_MAX)
+        if not line:
+            raise Refused(f"rank {rank}: the connection closed after the challenge")
+        body = HELLO_BODY(parse_line(line), "")
+        if self.token and not proves(self.token, body["proof"], RANK, mine, theirs, rank):
+            raise Refused(f"rank {rank}: wrong job token")
+        if rank in self.links:
+            raise Refused(f"rank {rank} twice")
+        if len(body["mtus"]) != len(body["addrs"]):
+            raise Refused(f"rank {rank}: {len(body['addrs'])} planes, {len(body['mtus'])} MTUs")
+        writer.write(dumps({"ok": True}))
+        del body["proof"]
+        hello = {"rank": rank, "world": world, **body}
+        self.links[rank] = RankLink(rank, reader, writer, hello, world)
+        if len(self.links) == self.rv.world - 1:
+            self.all_here.set()
+            for server in self.servers:  # nobody else is expected: stop listening
+                server.close()
 
     async def wait(self, timeout: float) -> None:
         try:
             await asyncio.wait_for(self.all_here.wait(), timeout)
         except TimeoutError:
             missing = [str(r) for r in range(1, self.rv.world) if r not in self.links]
-            extra = f"; refused: {'; '.join(self.refused[:3])}" if self.refused else ""
+            reasons = self.refusals.reasons[:3]
+            extra = f"; refused: {'; '.join(reasons)}" if reasons else ""
             raise MRCError(
                 f"ranks {', '.join(missing)} did not reach rank 0 in {timeout:g} s{extra}"
             ) from None
 
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        for task in list(self._hellos):
+            task.cancel()
+        await asyncio.gather(*self._hellos, return_exceptions=True)
+        for server in self.servers:
+            server.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.server.wait_closed(), 2.0)
+                await asyncio.wait_for(server.wait_closed(), 2.0)
+
+
+def _peer(writer: Any) -> str:
+    addr = writer.get_extra_info("peername")
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}"
+    return "a peer"
 
 
 class LaunchedBench(Bench):
@@ -477,11 +784,18 @@ async def coordinate(
     t0 = time.monotonic()
     token = rv.token or (new_token() if rv.launcher == "mpi" else "")
     gathering = Gathering(rv, token)
-    port = await gathering.open(rv.listen_port)
     mine = list(server.planes.addrs)
     cands = [opts.control_addr] if opts.control_addr else mine[::-1]  # the last plane first
+    # listen where the ranks are told to connect: MASTER_ADDR, or what MPI announces
+    port = await gathering.open(
+        rv.listen_port, cands if rv.launcher == "mpi" else [h for h, _ in rv.coordinator]
+    )
     if rv.launcher == "mpi":
-        await asyncio.to_thread(rv.publish, [(a, port) for a in cands], token)
+        try:
+            await asyncio.to_thread(rv.publish, [(a, port) for a in cands], token)
+        except BaseException:
+            await gathering.close()
+            raise
     progress(
         f"rank 0 of {rv.world} ({rv.launcher}): control port {port}, planes {', '.join(mine)};"
         f" waiting for {rv.world - 1} ranks"
@@ -513,7 +827,10 @@ async def coordinate(
         init = {"op": "init", "peers": peers, "max_size": cfg.max_size(), "seed": cfg.seed}
         await asyncio.gather(*(link.request(init) for link in links))
         startup = time.monotonic() - t0
-        progress(f"{rv.world} ranks ready in {startup:.2f} s")
+        progress(
+            f"{rv.world} ranks ready in {startup:.2f} s;"
+            f" {gathering.refused} control connections refused"
+        )
         bench = LaunchedBench(cfg, progress, links, opts)
         clocks = await bench.measure_clocks()
         await bench.run()
@@ -531,7 +848,7 @@ async def coordinate(
             "startup_s": round(startup, 3),
             "clocks": {str(r): c for r, c in clocks.items()},
             "control_port": port,
-            "refused_hellos": len(gathering.refused),
+            "refused_hellos": gathering.refused,
             "left_out": skipped_transports,
             "fault": None
             if not opts.fault_cmd

@@ -15,13 +15,22 @@ address. Three ways in, as the usual launchers provide them:
 
 ``auto`` picks from the environment: MPI launchers' variables (when mpi4py is installed, or
 there is no Slurm to fall back on), then Slurm's, then ``RANK``.
+
+The job token (MPI's random one, or ``MRC_BENCH_TOKEN`` for env and slurm) never crosses the
+control connection: each side proves it holds it with :func:`proof`, an HMAC-SHA256 over
+both sides' fresh nonces (mrc/lab/bench/launched.py). Rank 0 listens where ``MASTER_ADDR``
+says (:func:`listen_addrs`): an IPv4 address gets an IPv4 socket.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import ipaddress
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -192,3 +201,65 @@ def rendezvous(launcher: str, env: Mapping[str, str] | None = None) -> Rendezvou
 
 def new_token() -> str:
     return secrets.token_hex(16)
+
+
+def new_nonce() -> str:
+    """A challenge: 128 random bits, never used twice."""
+    return secrets.token_hex(16)
+
+
+#: who computes a proof; the labels differ, so a proof rank 0 gives can never pass as a rank's
+RANK0, RANK = "mrc-bench rank0", "mrc-bench rank"
+
+
+def proof(token: str, who: str, first: str, second: str, rank: int) -> str:
+    """HMAC-SHA256 with the job token over ``who | first | second | rank``: rank 0 proves the
+    token with ``(RANK0, the rank's nonce, its own, rank)``, a rank with ``(RANK, rank 0's
+    nonce, its own, rank)``. Each side's fresh nonce makes a recorded proof useless, and the
+    token itself is never sent. "" without a token."""
+    if not token:
+        return ""
+    msg = f"{who}|{first}|{second}|{rank}".encode()
+    return hmac.new(token.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def proves(token: str, got: object, who: str, first: str, second: str, rank: int) -> bool:
+    """Whether ``got`` is the :func:`proof` (in constant time); always False without a token."""
+    if not token or not isinstance(got, str):
+        return False
+    return hmac.compare_digest(got.encode(), proof(token, who, first, second, rank).encode())
+
+
+WILDCARD = {int(socket.AF_INET): "0.0.0.0", int(socket.AF_INET6): "::"}
+
+
+def listen_addrs(names: list[str]) -> list[tuple[int, str, bool]]:
+    """Where rank 0 binds so that ``names`` (MASTER_ADDR, or the addresses MPI announces)
+    reach it: (family, address, exact) per socket. An address literal is bound as it is
+    (``exact``: the caller falls back to its family's wildcard if it is not local); a host
+    name is resolved for its families only and gets their wildcards, because on the host
+    itself a name may resolve to a loopback address (Debian's 127.0.1.1) that no other host
+    can reach."""
+    out: list[tuple[int, str, bool]] = []
+    for name in names:
+        try:
+            ip = ipaddress.ip_address(name)
+        except ValueError:
+            try:
+                infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+                families = sorted({int(i[0]) for i in infos if i[0] in WILDCARD})
+            except (OSError, UnicodeError):
+                families = []
+            for fam in families or list(WILDCARD):
+                out.append((fam, WILDCARD[fam], False))
+            continue
+        fam = int(socket.AF_INET6 if ip.version == 6 else socket.AF_INET)
+        out.append((fam, name, not ip.is_unspecified))
+    wild = {fam for fam, addr, exact in out if not exact}
+    seen: list[tuple[int, str, bool]] = []
+    for fam, addr, exact in out:
+        if exact and fam in wild:
+            continue  # the family's wildcard covers it (and both cannot be bound)
+        if (fam, addr) not in [(f, a) for f, a, _ in seen]:
+            seen.append((fam, addr, exact))
+    return seen

@@ -142,9 +142,11 @@ def _launched_args(p: argparse.ArgumentParser) -> None:
         "--launcher",
         choices=LAUNCHERS,
         help="this process is one rank of a launched job: mpi (mpi4py: rank 0 broadcasts its"
-        " control address), env (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as torchrun sets"
-        " them), slurm (SLURM_PROCID, SLURM_NTASKS; MASTER_ADDR or the first node), auto."
-        " Rank 0 prints the results; the others print nothing on stdout",
+        " control address and a job token), env (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT as"
+        " torchrun sets them), slurm (SLURM_PROCID, SLURM_NTASKS; MASTER_ADDR or the first"
+        " node), auto. With env and slurm set MRC_BENCH_TOKEN to the same secret on every rank:"
+        " the ranks and rank 0 prove it to each other. Rank 0 prints the results; the others"
+        " print nothing on stdout",
     )
     g.add_argument(
         "--nics",
@@ -178,7 +180,7 @@ def _launched_args(p: argparse.ArgumentParser) -> None:
         metavar="CMD",
         help="link_down: a shell command that takes a plane away, run by --fault-rank on its"
         " own host; $MRC_NIC0.. and $MRC_ADDR0.. name its planes (e.g. 'ip link set $MRC_NIC0"
-        " down', which needs root there)",
+        " down', which needs root there). env and slurm: only with MRC_BENCH_TOKEN",
     )
     g.add_argument("--heal-cmd", metavar="CMD", help="link_down: the command that brings it back")
     g.add_argument(
@@ -541,6 +543,24 @@ def _report(
     return 0
 
 
+def _launched_qp(cfg: BenchConfig) -> frozenset[str]:
+    """The window laws given as code (MODULE:CLASS) on this rank's command line, the only ones
+    a request from rank 0 may name (mrc/lab/bench/agent.py); and a usage error if the --qp
+    settings rank 0 sends would not pass the ranks' request schema (mrc/lab/bench/schema.py)."""
+    from mrc.cli.qpopts import parse_setting
+    from mrc.lab.bench.schema import QP_MAX, QP_TEXT_MAX
+
+    for condition in cfg.conditions:
+        settings = cfg.qp_settings(condition)
+        if len(settings) > QP_MAX or any(len(t) > QP_TEXT_MAX for t in settings):
+            raise UsageError(
+                f"a launched run takes at most {QP_MAX - 3} --qp settings, and every QP setting"
+                f" (--cc's too) at most {QP_TEXT_MAX} characters long"
+            )
+    given = [cfg.cc] + [str(v) for k, v in map(parse_setting, cfg.qp) if k == "cc"]
+    return frozenset(law for law in given if ":" in law)
+
+
 # options of a launched run only
 _LAUNCHED_ONLY = ("nics", "addrs", "fabric", "control_addr", "fault_cmd", "heal_cmd", "ports")
 
@@ -595,6 +615,7 @@ def _launched_main(args: argparse.Namespace) -> int:
     if args.conditions is None:
         cfg.conditions = ["clean"] + (["link_down"] if args.fault_cmd else [])
     validate_qp(cfg)
+    laws = _launched_qp(cfg)
     _check_plots(args)
     opts = LaunchOptions(
         rendezvous_timeout=args.rendezvous_timeout,
@@ -606,11 +627,24 @@ def _launched_main(args: argparse.Namespace) -> int:
         payload_given=args.payload is not None,
         transports_given=args.transports is not None,
         ports=args.ports,
+        laws=laws,
     )
     rv = rendezvous(args.launcher)
     if opts.fault_rank >= rv.world:
         raise UsageError(f"--fault-rank {opts.fault_rank}: there are only {rv.world} ranks")
+    authenticated = bool(rv.token) or rv.launcher == "mpi"  # MPI makes and shares a token
+    if not authenticated and args.fault_cmd is not None:
+        raise UsageError(
+            "--fault-cmd and --heal-cmd need MRC_BENCH_TOKEN (the same secret on every"
+            " rank): without it anyone who reaches the control port could run them"
+        )
     planes = find(args.nics, args.addrs, args.fabric)
+    if not authenticated:
+        log.warning(
+            "rank %d: the control channel is unauthenticated: anyone who reaches rank 0's"
+            " port first can take a rank's place (set MRC_BENCH_TOKEN, the same on every rank)",
+            rv.rank,
+        )
     progress = progress_printer() if rv.rank == 0 else log.debug
     load_start = loadavg()
     t0 = time.monotonic()
