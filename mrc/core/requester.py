@@ -1070,8 +1070,14 @@ class Requester:
 
     def _blame(self, ev: int, sent: float, reason: EVReason, now: float) -> None:
         """A packet sent on ``ev`` at ``sent`` was lost (``reason``): evidence against the EV
-        unless its path showed congestion since ``_ce_memory`` before the send."""
-        self.evs.lost(ev, now, reason, sent_at=sent, congestion_since=sent - self._ce_memory())
+        unless its path showed congestion since ``_ce_memory`` before the send, or its plane
+        is one the peer said lost its link (the loss confirms that, :meth:`_confirm_plane`;
+        no EV of it is to blame)."""
+        evs = self.evs
+        if evs.peer_plane_down[evs.planes[ev]]:
+            self.losses_unblamed += 1
+            return
+        evs.lost(ev, now, reason, sent_at=sent, congestion_since=sent - self._ce_memory())
 
     def _on_nack(self, code: int, seq: int, pkt: _Packet, now: float) -> None:
         """A NACK on_ack believed: about ``pkt`` (seq ``seq``), in flight, echoing the EV of
