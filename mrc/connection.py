@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import hmac
+import ipaddress
 import logging
 import os
 import secrets
@@ -53,8 +55,10 @@ from mrc.transport.memory import default_budget, usable_memory
 from mrc.transport.messages import (
     MAX_EVS,
     MAX_REGION_SIZE,
+    PROTOCOL_VERSION,
     Abort,
     Hello,
+    Join,
     Refusal,
     RefusedForNow,
     RegionRequest,
@@ -63,6 +67,13 @@ from mrc.transport.messages import (
     parse_reply,
 )
 from mrc.transport.ports import PortRange, RangeExhausted
+from mrc.transport.sidechannel import (
+    JOIN_TIMEOUT,
+    SideChannel,
+    join_proof,
+    key_path,
+    tune_path,
+)
 from mrc.transport.sockets import family_of, udp_socket
 from mrc.wire import DEFAULT_PORT, MAX_PLANES
 
@@ -156,6 +167,48 @@ def _route_ids(labels: list[str]) -> list[int]:
     return [ids.setdefault(label, len(ids)) for label in labels]
 
 
+def _primary_plane(pairs: list[tuple[str, str]], control: ControlChannel) -> int | None:
+    """Which plane pair the set-up's TCP connection runs over (None: none of them)."""
+    writer = control.writer
+    here, there = writer.get_extra_info("sockname"), writer.get_extra_info("peername")
+    if not here or not there:
+        return None
+    for i, (local, remote) in enumerate(pairs):
+        if _same_addr(local, here[0]) and _same_addr(remote, there[0]):
+            return i
+    return None
+
+
+def _same_addr(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a.split("%")[0]) == ipaddress.ip_address(b.split("%")[0])
+    except ValueError:
+        return a == b
+
+
+def _side_channel(control: ControlChannel, pairs: list[tuple[str, str]]) -> SideChannel:
+    """The side channel over ``control`` and, later, a path per further plane of ``pairs``
+    (their addresses name each plane in what is said about it)."""
+
+    def describe(plane: int) -> str:
+        if 0 <= plane < len(pairs):
+            local, remote = pairs[plane]
+            return f"plane {plane} ([{local}] -> [{remote}])"
+        return f"the set-up's connection ([{control.peer_host}])"
+
+    if len(pairs) > 1:
+        tune_path(control.writer)
+    return SideChannel(control, _primary_plane(pairs, control), describe)
+
+
+class _JoinRequest(Exception):  # noqa: N818 - a signal within the listener, not an error
+    """The first line of a side-channel connection was a :class:`Join`, not a hello."""
+
+    def __init__(self, join: Join) -> None:
+        super().__init__("join")
+        self.join = join
+
+
 def backup_count(active: int, planes: int) -> int:
     """Backup EVs opened beside ``active`` ones: a quarter more, at least one per plane."""
     return max(planes, active // 4)
@@ -187,11 +240,17 @@ class Connection:
         routes: list[str],
         granted: MemoryRegion | None = None,
         requested_size: int | None = None,
+        side: SideChannel | None = None,
+        plane_pairs: list[tuple[str, str]] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.channel = channel
         self.qp = channel.qp
         self.control = control
+        #: the side channel after set-up: ``control`` and a path per further plane
+        self.side = side if side is not None else SideChannel(control, None)
+        #: (our address, the peer's) on each plane, in plane order
+        self.plane_pairs = list(plane_pairs or [])
         self.remote = {r.name: r for r in remote}
         self.granted = granted  # region created for this peer's request (receiver side)
         self.requested = requested  # the region we asked the receiver for (sender side)
@@ -288,11 +347,11 @@ class Connection:
     async def send_message(self, obj: dict[str, object]) -> None:
         """Send one JSON object to the peer over the side channel (after set-up, the
         application's to use: mrc-send and mrc-recv swap their verdict this way)."""
-        await self.control.send(obj)
+        await self.side.send(obj)
 
     async def recv_message(self, timeout: float | None = None) -> dict[str, object] | None:
         """The peer's next side-channel message, or None once it closed the channel."""
-        return await self.control.recv(timeout)
+        return await self.side.recv(timeout)
 
     # ---- the peer ----------------------------------------------------------------------
 
@@ -415,7 +474,7 @@ class Connection:
             return
         self._closed = True
         self.qp.requester.cc.leave()
-        self.control.close()
+        self.side.close()
         self.endpoint.detach(self.qp.qpn)
         if self._owns_endpoint:
             self.endpoint.close()
@@ -525,6 +584,8 @@ class Listener:
         self._start_timers: dict[Connection, asyncio.TimerHandle] = {}
         self._queue_changed = asyncio.Event()
         self._admissions: dict[ControlChannel, Admission] = {}  # set-ups past the limits check
+        # a welcome's join token -> the side channel further paths join, and its plane count
+        self._joinable: dict[str, tuple[SideChannel, int]] = {}
         self._setup_tasks: set[asyncio.Task[None]] = set()
         self._abort_tasks: set[asyncio.Task[None]] = set()
         self._making: set[asyncio.Future[Buffer]] = set()  # region_factory calls running
@@ -612,6 +673,9 @@ class Listener:
                     conn = await self._setup(control, setup)
             except TimeoutError:
                 raise MRCError(f"set-up did not finish within {self.setup_timeout:g} s") from None
+            except _JoinRequest as request:
+                await self._join(control, request.join)
+                return
         except MRCError as exc:  # ControlError and MessageError too: refuse with the reason
             self._unadmit(control)
             refusal = Refusal.because(str(exc), retry=isinstance(exc, RefusedForNow))
@@ -631,6 +695,25 @@ class Listener:
             self._setup_tasks.discard(task)
             self.ledger.end_setup(setup)
         self._welcomed(conn, self._admissions.pop(control))
+
+    async def _join(self, control: ControlChannel, join: Join) -> None:
+        """A further side-channel connection joins a connection's side channel as its path
+        over ``join.plane`` (mrc.transport.sidechannel); MRCError, the refusal, otherwise."""
+        found = self._joinable.get(join.token)
+        if found is None:
+            raise MRCError("no connection to join with that token (it ended, or never was)")
+        side, planes = found
+        if join.plane >= planes:
+            raise MRCError(f"the connection has {planes} planes, no plane {join.plane}")
+        want = join_proof(side.primary, join.token, join.plane, sending=False)
+        if want is not None and not (
+            join.proof is not None and hmac.compare_digest(join.proof, want)
+        ):
+            raise MRCError("the join's proof is wrong (another key, or none)")
+        await control.send({"mrc": PROTOCOL_VERSION, "ok": True})
+        key_path(control, side.primary, join.plane)
+        tune_path(control.writer)
+        side.add_path(join.plane, control)
 
     def _admit(self, control: ControlChannel, request: RegionRequest | None) -> None:
         """The limits check of a checked request, before anything is allocated for it: a
@@ -698,7 +781,8 @@ class Listener:
     async def _abort(self, conn: Connection, reason: str) -> None:
         """Tell the peer why (briefly), then close ``conn`` and free its granted region."""
         try:
-            await self._goodbye(conn.control, Abort(reason).to_json())
+            with contextlib.suppress(ControlError, TimeoutError):
+                await asyncio.wait_for(conn.side.send(Abort(reason).to_json()), _GOODBYE_TIMEOUT)
         finally:
             await self._discard(conn)
 
@@ -729,6 +813,8 @@ class Listener:
                 obj = await control.recv()
                 if obj is None:
                     raise ControlError("peer closed the side channel before saying hello")
+                if Join.is_join(obj):
+                    raise _JoinRequest(Join.from_json(obj))
                 hello = Hello.from_json(obj)
                 self.ledger.said_hello(setup)
                 setup.stage = "key proof"
@@ -780,6 +866,8 @@ class Listener:
         granted = await self._grant(request, pd) if request is not None else None
         evsocks: EVSockets | None = None
         attached: QueuePair | None = None
+        side: SideChannel | None = None
+        token: str | None = None
         try:
             evsocks = open_ev_sockets(total, routes, hello.udp_port, self.ports, cfg.source_ports)
             qp = QueuePair(
@@ -799,6 +887,10 @@ class Listener:
                 qp.protect(protection)
             channel = self.endpoint.attach(qp, evsocks)
             attached = qp  # from here on the endpoint owns the EV sockets
+            side = _side_channel(control, pairs)
+            token = secrets.token_hex(16) if len(pairs) > 1 else None
+            if token is not None:
+                self._joinable[token] = (side, len(pairs))
             welcome = Welcome(
                 qpn=qp.qpn,
                 psn=qp.initial_psn,
@@ -807,10 +899,15 @@ class Listener:
                 regions=tuple(_describe(r) for r in ([granted] if granted else []) + shared),
                 max_imm=cfg.max_imm_dest,
                 start_bytes=self.endpoint.start_share(),
+                join=token,
             )
             await control.send(welcome.to_json())
             assert evsocks is not None  # (for the type checker: opened above)
         except BaseException:
+            if side is not None:
+                side.close(keep_primary=True)
+            if token is not None:
+                self._joinable.pop(token, None)
             if attached is not None:
                 self.endpoint.detach(attached.qpn)
             if evsocks is not None:
@@ -820,7 +917,7 @@ class Listener:
                 pd.deregister(granted)
                 self._release(buf)
             raise
-        return Connection(
+        conn = Connection(
             self.endpoint,
             channel,
             control,
@@ -831,7 +928,13 @@ class Listener:
             routes=evsocks.routes,
             granted=granted,
             requested_size=request.size if request is not None else None,
+            side=side,
+            plane_pairs=pairs,
         )
+        if token is not None:
+            joinable = self._joinable
+            conn.on_close(lambda: joinable.__delitem__(token) if token in joinable else None)
+        return conn
 
     async def _grant(self, request: RegionRequest, pd: ProtectionDomain) -> MemoryRegion:
         """Allocate (with ``region_factory``) and register the region a sender asked for.
@@ -1119,6 +1222,45 @@ async def _open_side_channel(
             raise MRCError(f"cannot reach [{host}]:{port}: {exc.strerror or exc}") from None
 
 
+#: seconds a set-up waits for one address before it tries the next beside it (connect's
+#: ``alternates``; RFC 8305 recommends 250 ms)
+STAGGER = 0.25
+
+
+async def _open_first(
+    hosts: list[str], port: int, timeout: float, wait: float
+) -> tuple[str, tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    """The side channel to the first of ``hosts`` that answers: each is tried :data:`STAGGER`
+    seconds after the one before (at once when that one failed); the rest are abandoned."""
+    if len(hosts) == 1:
+        return hosts[0], await _open_side_channel(hosts[0], port, timeout, wait)
+    tries: dict[asyncio.Task[tuple[asyncio.StreamReader, asyncio.StreamWriter]], str] = {}
+    errors: list[str] = []
+    pending = list(hosts)
+    try:
+        while pending or tries:
+            if pending:
+                h = pending.pop(0)
+                tries[asyncio.ensure_future(_open_side_channel(h, port, timeout, wait))] = h
+            done, _ = await asyncio.wait(
+                tries, timeout=STAGGER if pending else None, return_when="FIRST_COMPLETED"
+            )
+            for task in done:
+                h = tries.pop(task)
+                try:
+                    return h, task.result()
+                except MRCError as exc:
+                    errors.append(str(exc))
+        raise MRCError("; ".join(errors))
+    finally:
+        for task in tries:
+            task.cancel()
+        for task in tries:
+            with contextlib.suppress(BaseException):
+                _r, w = await task
+                w.close()
+
+
 async def connect(
     host: str,
     port: int = DEFAULT_PORT,
@@ -1135,8 +1277,15 @@ async def connect(
     encrypt: bool = False,
     wait: float = 0.0,
     ports: PortRange | None = None,
+    alternates: list[str] | None = None,
 ) -> Connection:
     """Connect a QP to a listener at ``host``:``port``.
+
+    ``alternates``: more addresses of the same listener (its other planes'): when ``host``
+    does not answer within :data:`STAGGER` seconds, or refuses, the next is tried beside it,
+    as happy eyeballs does for address families; the first to answer is used. Once set up,
+    the side channel runs over every plane anyway (docs/PROTOCOL.md, "Side channel over every
+    plane"), so no address matters after set-up either.
 
     ``fabric``: an mrc-fabric topology; each plane's EVs are then spread over its SRv6 paths
     (one per spine), each EV socket carrying its path as a sticky Segment Routing Header.
@@ -1179,7 +1328,8 @@ async def connect(
     core = EndpointCore()
     for region in regions or []:
         _adopt(core.pd, region)
-    host = _resolve(host)
+    hosts = [_resolve(h) for h in [host, *(alternates or [])]]
+    host = hosts[0]
     _check_planes(local_addrs, "local_addrs")
     locals_ = [_resolve(a) for a in local_addrs] if local_addrs else []
     # the UDP socket first: the hello then follows the TCP handshake at once (a listener whose
@@ -1196,7 +1346,7 @@ async def connect(
     attempts = 0
     try:
         while True:
-            reader, writer = await _open_side_channel(host, port, timeout, wait)
+            host, (reader, writer) = await _open_first(hosts, port, timeout, wait)
             control = ControlChannel(reader, writer)
             hello = Hello(
                 qpn=qpn,
@@ -1286,6 +1436,13 @@ async def _client_setup(
         raise
     # only once nothing can fail: Connection.close is what leaves the group again
     qp.requester.cc.join(_PEERS.setdefault((host, hello.addrs), {}))
+    side = _side_channel(control, pairs)
+    if reply.join is not None and len(pairs) > 1:
+        token, port = reply.join, control.peer_port
+        side.join_planes(  # (the set-up's plane has its path: joined again once lost)
+            list(range(len(pairs))),
+            lambda plane: _join_path(control, pairs[plane], port, token, plane),
+        )
     return Connection(
         endpoint,
         channel,
@@ -1295,4 +1452,32 @@ async def _client_setup(
         owns_endpoint=True,
         peer_addrs=reply.addrs,
         routes=evsocks.routes,
+        side=side,
+        plane_pairs=pairs,
     )
+
+
+async def _join_path(
+    primary: ControlChannel, pair: tuple[str, str], port: int, token: str, plane: int
+) -> ControlChannel:
+    """Open the side channel's path over ``plane`` (from ``pair``'s local address to its
+    remote one) and join it to the connection (the welcome's ``token``)."""
+    local, remote = pair
+    reader, writer = await asyncio.open_connection(
+        remote, port, local_addr=(local, 0), limit=MAX_LINE
+    )
+    path = ControlChannel(reader, writer)
+    try:
+        tune_path(writer)
+        proof = join_proof(primary, token, plane, sending=True)
+        await path.send(Join(token, plane, proof).to_json())
+        obj = await path.recv(timeout=JOIN_TIMEOUT)
+        if obj is None:
+            raise ControlError("the receiver closed the path as it joined")
+        if obj.get("ok") is not True:
+            raise ControlError(f"join refused: {Refusal.from_json(obj).error}")
+        key_path(path, primary, plane)
+    except BaseException:
+        path.close()
+        raise
+    return path

@@ -41,6 +41,7 @@ from mrc.cli.outputs import (
     stale_parts,
 )
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
+from mrc.cli.planewatch import PlaneWatch
 from mrc.cli.qpopts import add_qp_arg, apply_settings
 from mrc.connection import START_TIMEOUT, Connection, Listener, listen
 from mrc.core import QPConfig, fastpath
@@ -221,6 +222,8 @@ async def _one(
         finish(keep=True)
 
     cpu0 = time.process_time()
+    watch = PlaneWatch(conn)
+    watch.start()
     try:
         apply_denies(conn, args.deny)
         result = await receive_buffer(conn, view, progress.update, commit, args.idle_timeout)
@@ -231,6 +234,7 @@ async def _one(
             await conn.send_message(Abort(error).to_json())
     finally:
         progress.finish()
+        await watch.stop()
         stats = conn.stats()
         counters = conn.counters()
         await conn.close()
@@ -255,6 +259,8 @@ async def _one(
         # the counters declared with json=RECV (mrc/core/counters.py)
         **{spec.key: counters[spec.name] for spec in RECEIVED},
         "dropped_by_reason": stats["dropped_by_reason"],
+        # planes lost and back, on the data path and the side channel (mrc.cli.planewatch)
+        "plane_events": watch.events,
         "error": None if ok else error,
     }
     # written off the event loop (mrc.cli.lineout): a reader slow to drain a pipe must not

@@ -42,6 +42,7 @@ from mrc.cli.pathopts import (
     load_fabric,
     local_plane_addrs,
 )
+from mrc.cli.planewatch import PlaneWatch, merged
 from mrc.cli.qpopts import add_qp_arg, apply_settings, with_window
 from mrc.cli.sendreport import Outcome, summary_table, totals
 from mrc.connection import Connection, connect
@@ -106,9 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--to",
         required=True,
+        action="append",
         metavar="HOST[:PORT]",
         type=endpoint_arg,
-        help=f"where mrc-recv listens, e.g. [fd00::2]:{DEFAULT_PORT} (port default {DEFAULT_PORT})",
+        help=f"where mrc-recv listens, e.g. [fd00::2]:{DEFAULT_PORT} (port default "
+        f"{DEFAULT_PORT}); repeat with its other planes' addresses (one port): set-up tries "
+        "the next when one does not answer within 0.25 s. After set-up the side channel runs "
+        "over every plane, whichever answered",
     )
     p.add_argument(
         "--evs",
@@ -275,10 +280,12 @@ def _config(args: argparse.Namespace, payload: int) -> QPConfig:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    host, port = parse_endpoint(args.to)
+    targets = [parse_endpoint(t) for t in args.to]
+    host, port = targets[0]
     key = load_key(args)
     fabric = load_fabric(args.fabric, args.fabric_host)
     host = host_address(fabric, host)
+    alternates = [host_address(fabric, h) for h, _p in targets[1:]]
     config = _config(args, _payload(args, fabric, host, port))
     args.payload = config.payload_size
     local = args.local or local_plane_addrs(fabric, args.fabric_host)
@@ -288,6 +295,7 @@ async def _main(args: argparse.Namespace) -> int:
     log.info("connecting to [%s]:%d from %s", host, port, ", ".join(local or ["the default route"]))
     log.debug("QP config %s", config)
     conns: list[Connection] = []
+    watches: list[PlaneWatch] = []
     metrics = await start_metrics(args)
     try:
         for i in range(args.parallel):
@@ -305,6 +313,7 @@ async def _main(args: argparse.Namespace) -> int:
                     encrypt=args.encrypt,
                     wait=args.wait,
                     ports=args.ports,
+                    alternates=alternates,
                 )
             except MRCError as exc:
                 if i == 0:
@@ -318,6 +327,8 @@ async def _main(args: argparse.Namespace) -> int:
                 )
                 raise MRCError(f"stream {i + 1} of {args.parallel}: {exc}{hint}") from None
             conns.append(conn)
+            watches.append(PlaneWatch(conn, f"stream {i + 1}: " if args.parallel > 1 else ""))
+            watches[-1].start()
             if metrics is not None:
                 metrics.exporter.watch_connection(conn)
             evlog.attach(conn, "send")
@@ -334,6 +345,8 @@ async def _main(args: argparse.Namespace) -> int:
         )
         out = await _run(args, conns, data)
     finally:
+        for watch in watches:
+            await watch.stop()
         for conn in conns:
             await conn.close()
         if metrics is not None:
@@ -349,6 +362,8 @@ async def _main(args: argparse.Namespace) -> int:
         "security": ("encrypt" if args.encrypt else "integrity") if key else "none",
         "planes": len({e["plane"] for e in out["evs"]}),
         **out,
+        # planes lost and back, on the data path and the side channel (mrc.cli.planewatch)
+        "plane_events": merged(watches),
     }
     if args.json:
         emit_json(out)
@@ -427,6 +442,8 @@ async def _run(
 def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors argparse cannot see on its own (exit status 2)."""
     check_metrics_usage(parser, args)
+    if len({parse_endpoint(t)[1] for t in args.to}) > 1:
+        parser.error("--to: every address of one receiver has the same port")
     if args.parallel > MAX_PARALLEL:
         parser.error(f"--parallel: at most {MAX_PARALLEL} streams, not {args.parallel}")
     try:  # the flags alone (the path's default payload is in range whatever it is)

@@ -125,6 +125,13 @@ class ControlChannel:
     def authenticated(self) -> bool:
         return self._send_key is not None
 
+    def keys(self) -> tuple[bytes, bytes, bool] | None:
+        """This channel's sending and receiving keys and whether it seals (None: no key),
+        from which the side channel's further paths derive theirs (mrc.transport.sidechannel)."""
+        if self._send_key is None or self._recv_key is None:
+            return None
+        return self._send_key, self._recv_key, self._protection == "sealed"
+
     @staticmethod
     def _mac(key: bytes, seq: int, obj: dict[str, object]) -> str:
         body = _canonical(obj)
@@ -145,6 +152,17 @@ class ControlChannel:
         if self._send_key is not None:
             self._sent = seq + 1
         return line
+
+    def post(self, obj: dict[str, object]) -> None:
+        """Queue ``obj`` for sending without waiting for room (a path of the side channel:
+        a blackholed one must not hold up the others; :meth:`unsent` tells how much waits)."""
+        if self.writer.is_closing():
+            raise ControlError("side channel to the peer is closed")
+        self.writer.write(self._encode(obj))
+
+    def unsent(self) -> int:
+        """Bytes queued on this channel and not yet taken by the kernel."""
+        return self.writer.transport.get_write_buffer_size()
 
     async def send(self, obj: dict[str, object]) -> None:
         self.writer.write(self._encode(obj))

@@ -23,7 +23,8 @@ from mrc.core.config import PSN_WINDOW_MAX, PSN_WINDOW_MIN
 from mrc.errors import MRCError
 from mrc.transport.control import ControlError
 
-PROTOCOL_VERSION = 1
+#: 2: after set-up, messages travel numbered over a path per plane (Welcome.join, Join)
+PROTOCOL_VERSION = 2
 
 U24 = (1 << 24) - 1  # QPNs and PSNs are 24-bit on the wire
 U32 = (1 << 32) - 1  # rkeys
@@ -428,6 +429,8 @@ class Welcome:
     # payload bytes the sender may have in flight before its first ACK: its share of the
     # listener's receive buffer (Endpoint.start_share)
     start_bytes: int | None = None
+    #: what a further side-channel connection shows to join this one (:class:`Join`)
+    join: str | None = None
 
     @classmethod
     def from_json(cls, obj: object) -> Welcome:
@@ -445,6 +448,7 @@ class Welcome:
             start_bytes=(
                 f.integer("start_bytes", 1, MAX_START_BYTES) if f.has("start_bytes") else None
             ),
+            join=f.text("join", 32, _NONCE) if f.has("join") else None,
         )
 
     def to_json(self) -> JSON:
@@ -461,6 +465,41 @@ class Welcome:
             out["max_imm"] = self.max_imm
         if self.start_bytes is not None:
             out["start_bytes"] = self.start_bytes
+        if self.join is not None:
+            out["join"] = self.join
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    """Sender -> listener, the first line of a further side-channel connection: it joins the
+    connection whose welcome gave ``token`` as its path over ``plane`` (an index into both
+    sides' plane addresses). With a key, ``proof`` is HMAC-SHA256 of the token under the
+    path's key (mrc.transport.sidechannel.join_proof); the answer is ``{"mrc", "ok"}`` or a
+    :class:`Refusal`, and the path's messages are protected under its own keys from then on."""
+
+    token: str
+    plane: int
+    proof: str | None = None
+
+    @staticmethod
+    def is_join(obj: object) -> bool:
+        return isinstance(obj, dict) and "join" in obj
+
+    @classmethod
+    def from_json(cls, obj: object) -> Join:
+        f = _Fields(obj, "join")
+        f.version()
+        return cls(
+            f.text("join", 32, _NONCE),
+            f.integer("plane", 0, MAX_PLANES - 1),
+            f.text("proof", 64, _SHA256) if f.has("proof") else None,
+        )
+
+    def to_json(self) -> JSON:
+        out: JSON = {"mrc": PROTOCOL_VERSION, "join": self.token, "plane": self.plane}
+        if self.proof is not None:
+            out["proof"] = self.proof
         return out
 
 

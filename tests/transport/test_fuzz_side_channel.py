@@ -162,7 +162,7 @@ class Peer:
     def line(self) -> bytes:
         if not self.pad:
             return self.payload
-        return self.payload + b'{"mrc": 1, "pad": "' + b"a" * self.pad + b'"}\n'
+        return self.payload + b'{"mrc": 2, "pad": "' + b"a" * self.pad + b'"}\n'
 
 
 payloads = st.one_of(
@@ -248,7 +248,7 @@ def check(outcome: Outcome) -> None:
         assert peer.ending == "close" or peer.kind == "oversized" or not lines, where
         return
     first = lines[0]
-    assert first.get("mrc") == 1, where
+    assert first.get("mrc") == 2, where
     if first["ok"] is False:
         error = first["error"]
         assert isinstance(error, str) and error.strip() and "\n" not in error, where
@@ -256,8 +256,10 @@ def check(outcome: Outcome) -> None:
     else:
         assert first["ok"] is True and peer.kind in ("hello", "hello+garbage"), where
         assert len(lines) == 2, where
+        # after set-up messages are numbered (mrc.transport.sidechannel)
         assert lines[1] == {
-            "error": "no data from the sender within 0.25 s of set-up; connection dropped"
+            "n": 0,
+            "m": {"error": "no data from the sender within 0.25 s of set-up; connection dropped"},
         }, where
 
 

@@ -188,7 +188,7 @@ async def test_a_newcomer_displaces_the_oldest_silent_set_up() -> None:
         third = await Raw.open(listener.port)  # says nothing either: the oldest gives way
         reply = await quiet[0].line(timeout=5)
         assert reply == {
-            "mrc": 1,
+            "mrc": 2,
             "ok": False,
             "error": "set-up dropped for a newer connection: all 2 set-up slots were taken "
             "and this one had not yet said its hello or proved the key",
@@ -228,7 +228,7 @@ async def test_a_set_up_that_takes_too_long_is_refused_and_frees_its_slot() -> N
     regions = Regions()
     async with listening(regions, max_setups=1, setup_timeout=0.3) as listener:
         slow = await Raw.open(listener.port)
-        await slow.say(b'{"mrc": 1, ')  # half a hello, then nothing
+        await slow.say(b'{"mrc": 2, ')  # half a hello, then nothing
         reply = await slow.line(timeout=3)
         assert reply["ok"] is False
         assert reply["error"] == "set-up did not finish within 0.3 s"
@@ -301,8 +301,9 @@ async def test_a_silent_sender_is_aborted_and_everything_it_held_released() -> N
         with pytest.raises(mrc.MRCError, match=r"too many connections \(limit 1\)"):
             await mrc.connect(HOST, listener.port, evs=4, request_size=10)
         abort = await idle.line(timeout=3)
-        assert abort == {
-            "error": "no data from the sender within 0.3 s of set-up; connection dropped"
+        assert abort == {  # numbered, as every message after set-up is
+            "n": 0,
+            "m": {"error": "no data from the sender within 0.3 s of set-up; connection dropped"},
         }
         assert await idle.hung_up()
         await idle.close()
@@ -324,7 +325,7 @@ async def test_accept_started_hands_out_senders_that_send_and_skips_silent_ones(
             await conn.write(b"y" * 100, conn.requested)
             peer = await listener.accept(timeout=5, started=True)
             assert peer.granted is not None and bytes(peer.granted.view[:100]) == b"y" * 100
-            assert "no data from the sender" in str((await idle.line(timeout=3))["error"])
+            assert "no data from the sender" in str((await idle.line(timeout=3))["m"]["error"])
             with pytest.raises(TimeoutError):  # the silent one is never handed out
                 await listener.accept(timeout=0.2, started=True)
             await peer.close()

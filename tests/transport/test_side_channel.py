@@ -104,7 +104,7 @@ BAD_HELLOS = [
     (with_field("request.name", json.dumps("n" * 2000)), "request.name must be a string"),
     (without_field("qpn"), "qpn is missing"),
     (without_field("udp_port"), "udp_port is missing"),
-    (with_field("mrc", "2"), "version mismatch"),
+    (with_field("mrc", "1"), "version mismatch"),
     (without_field("mrc"), "not speaking the MRC side-channel protocol"),
     (b"[1, 2]\n", "not speaking the MRC side-channel protocol"),
     (b"{not json\n", "not speaking the MRC side-channel protocol"),
@@ -161,7 +161,7 @@ async def test_bad_hellos_are_refused_naming_the_field_and_leak_nothing() -> Non
         before = open_fds()
         for line, expected in BAD_HELLOS:
             reply = await exchange(listener.port, line)
-            assert reply["mrc"] == 1 and reply["ok"] is False, (line, reply)
+            assert reply["mrc"] == 2 and reply["ok"] is False, (line, reply)
             error = reply["error"]
             assert isinstance(error, str) and expected in error, (line, error)
             assert "\n" not in error
@@ -276,14 +276,14 @@ def test_messages_round_trip() -> None:
     assert hello.request == RegionRequest(1000, "file")
     assert hello.regions == (RemoteRegion("mine", 5, 1 << 32, 4096),)
     assert Hello.from_json(hello.to_json()) == hello
-    minimal = Hello.from_json({"mrc": 1, "qpn": 1, "psn": 0, "udp_port": 1})
+    minimal = Hello.from_json({"mrc": 2, "qpn": 1, "psn": 0, "udp_port": 1})
     assert minimal == Hello(1, 0, 1)
     assert parse_reply(GOOD_WELCOME.to_json()) == GOOD_WELCOME
     granted = Welcome(qpn=9, psn=0, udp_port=1, max_imm=3, start_bytes=1 << 20)
     assert parse_reply(granted.to_json()) == granted
     refusal = Refusal("no room")
     assert parse_reply(refusal.to_json()) == refusal
-    assert parse_reply({"mrc": 1, "ok": False}) == Refusal("no reason")
+    assert parse_reply({"mrc": 2, "ok": False}) == Refusal("no reason")
     assert len(Refusal.because("x" * 10_000).error) <= 4096
     done = Done(SHA, 12)
     assert Done.from_json(done.to_json()) == done

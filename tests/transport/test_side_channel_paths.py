@@ -1,0 +1,192 @@
+"""The side channel over every plane (mrc.transport.sidechannel), on loopback: two "planes"
+that are both ::1, so the sender joins a second path to the listener. Messages arrive once
+and in order whichever paths carry them; a path that breaks costs nothing while another
+lives; a path joined later gets what was not yet acknowledged; keys protect every path under
+keys of its own; hostile joins and framing are refused with one line."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import struct
+from collections.abc import AsyncIterator
+
+import pytest
+
+import mrc
+from mrc.connection import Connection
+from mrc.transport.control import ControlChannel, ControlError
+from mrc.transport.sidechannel import SideChannel
+
+HOST = "::1"
+
+
+async def until(cond, what: str, timeout: float = 10.0) -> None:  # noqa: ANN001
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def two_plane_pair(**kw: object) -> AsyncIterator[tuple[Connection, Connection]]:
+    async with two_plane_listener(**kw) as (conn, peer, _listener):
+        yield conn, peer
+
+
+@contextlib.asynccontextmanager
+async def two_plane_listener(
+    **kw: object,
+) -> AsyncIterator[tuple[Connection, Connection, mrc.Listener]]:
+    listener = await mrc.listen(HOST, 0, plane_addrs=[HOST, HOST], **kw)  # type: ignore[arg-type]
+    conn = None
+    try:
+        conn = await mrc.connect(
+            HOST,
+            listener.port,
+            evs=4,
+            local_addrs=[HOST, HOST],
+            key=kw.get("key"),  # type: ignore[arg-type]
+            encrypt=bool(kw.get("require_encrypt")),
+        )
+        peer = await listener.accept(timeout=5)
+        # the sender joins its second path at once
+        await until(lambda: conn.side.planes == [0, 1] and peer.side.planes == [0, 1], "no join")
+        yield conn, peer, listener
+    finally:
+        if conn is not None:
+            await conn.close()
+        await listener.close()
+
+
+async def test_each_message_arrives_once_in_order_over_two_paths() -> None:
+    async with two_plane_pair() as (conn, peer):
+        for i in range(50):
+            await conn.send_message({"type": "x", "i": i})
+        got = [await peer.recv_message(timeout=5) for _ in range(50)]
+        assert [m["i"] for m in got if m] == list(range(50))
+        # everything was acknowledged: nothing kept for a later path
+        await until(lambda: not conn.side._unacked, "not acknowledged")
+        with pytest.raises(ControlError, match="in time"):
+            await peer.recv_message(timeout=0.2)  # no copy delivered twice
+
+
+@pytest.mark.parametrize("which", [0, 1])
+async def test_a_broken_path_costs_nothing_while_another_lives(which: int) -> None:
+    async with two_plane_pair() as (conn, peer):
+        lost: list[tuple[int, bool, str]] = []
+        conn.side.on_path = lambda p, up, why: lost.append((p, up, why))
+        # the receiver resets one path (as a dead plane's TCP ends: an error, not a close)
+        sock = peer.side._paths[which].writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        peer.side._paths[which].writer.transport.abort()
+        await until(lambda: lost, "the broken path was not noticed")
+        assert lost[0][0] == which and lost[0][1] is False
+        for i in range(5):
+            await conn.send_message({"i": i})
+            await peer.send_message({"i": -i})
+        assert [(await peer.recv_message(timeout=5))["i"] for _ in range(5)] == list(range(5))
+        assert [(await conn.recv_message(timeout=5))["i"] for _ in range(5)] == [
+            0,
+            -1,
+            -2,
+            -3,
+            -4,
+        ]
+        # the sender joins the plane again, and says so
+        await until(lambda: (which, True, "") in lost, "not joined again", timeout=5)
+        assert conn.side.planes == [0, 1]
+
+
+async def test_a_path_joined_later_gets_what_was_not_acknowledged() -> None:
+    """Messages sent while the receiver read nothing: a new path replays them in order, and
+    the receiver takes each once."""
+    async with two_plane_pair() as (conn, peer):
+        side = conn.side
+        # hold back the acknowledgements: pause reading on the receiver's paths
+        for p in peer.side._paths.values():
+            p.writer.transport.pause_reading()
+        for i in range(3):
+            await conn.send_message({"i": i})
+        assert [n for n, _m in side._unacked] == [0, 1, 2]
+        for p in peer.side._paths.values():
+            p.writer.transport.resume_reading()
+        assert [(await peer.recv_message(timeout=5))["i"] for _ in range(3)] == [0, 1, 2]
+        await until(lambda: not side._unacked, "not acknowledged")
+
+
+async def test_keyed_paths_are_protected_under_keys_of_their_own() -> None:
+    key = os.urandom(32)
+    async with two_plane_pair(key=key, require_encrypt=True) as (conn, peer):
+        keys = [p.keys() for p in conn.side._paths.values()]
+        assert all(k is not None and k[2] for k in keys)  # sealed, every path
+        assert len({k[0] for k in keys if k}) == 2  # distinct keys per path
+        await conn.send_message({"type": "secret", "n": 1})
+        assert (await peer.recv_message(timeout=5)) == {"type": "secret", "n": 1}
+
+
+async def _raw_join(port: int, line: bytes) -> dict[str, object]:
+    reader, writer = await asyncio.open_connection(HOST, port)
+    try:
+        writer.write(line)
+        await writer.drain()
+        return json.loads(await asyncio.wait_for(reader.readline(), 5))  # type: ignore[no-any-return]
+    finally:
+        writer.close()
+
+
+async def test_hostile_joins_are_refused_with_one_line() -> None:
+    key = os.urandom(32)
+    async with two_plane_listener(key=key) as (conn, peer, listener):
+        port = conn.control.peer_port
+        (token,) = listener._joinable
+        bad = [
+            (b'{"mrc": 2, "join": "' + b"0" * 32 + b'", "plane": 1}\n', "no connection to join"),
+            (b'{"mrc": 2, "join": "zz", "plane": 1}\n', "join must be"),
+            (b'{"mrc": 2, "join": "' + b"0" * 32 + b'", "plane": true}\n', "plane must be"),
+            # the real token, without the key's proof, or with a wrong one, or a plane beyond
+            (f'{{"mrc": 2, "join": "{token}", "plane": 1}}\n'.encode(), "proof is wrong"),
+            (
+                f'{{"mrc": 2, "join": "{token}", "plane": 1, "proof": "{"ab" * 32}"}}\n'.encode(),
+                "proof is wrong",
+            ),
+            (f'{{"mrc": 2, "join": "{token}", "plane": 7}}\n'.encode(), "no plane 7"),
+        ]
+        for line, words in bad:
+            reply = await _raw_join(port, line)
+            assert reply["ok"] is False and words in str(reply["error"]), (line, reply)
+        assert peer.side.planes == [0, 1]  # nothing joined, nothing replaced
+        await conn.send_message({"still": True})
+        assert await peer.recv_message(timeout=5) == {"still": True}
+
+
+async def test_framing_that_is_not_ours_breaks_only_that_path() -> None:
+    async with two_plane_pair() as (conn, peer):
+        path = conn.side._paths[1]
+        path.post({"n": "zero", "m": {}})  # a path that speaks nonsense is dropped
+        await until(lambda: 1 not in peer.side._paths, "the path was kept")
+        await conn.send_message({"ok": 1})
+        assert await peer.recv_message(timeout=5) == {"ok": 1}
+
+
+def test_a_side_channel_without_paths_says_so() -> None:
+    async def run() -> None:
+        r, w = await asyncio.open_connection(*("::1", server_port))
+        side = SideChannel(ControlChannel(r, w), None)
+        side.close()
+        with pytest.raises(ControlError, match="closed"):
+            await side.send({"x": 1})
+        w.close()
+
+    async def serve() -> None:
+        nonlocal server_port
+        server = await asyncio.start_server(lambda r, w: None, HOST, 0)
+        server_port = server.sockets[0].getsockname()[1]
+        async with server:
+            await run()
+
+    server_port = 0
+    asyncio.run(serve())
