@@ -201,7 +201,7 @@ def _side_channel(control: ControlChannel, pairs: list[tuple[str, str]]) -> Side
     return SideChannel(control, _primary_plane(pairs, control), describe)
 
 
-class _JoinRequest(Exception):  # noqa: N818 - a signal within the listener, not an error
+class _JoinRequest(MRCError):  # noqa: N818 - a signal within the listener, not an error
     """The first line of a side-channel connection was a :class:`Join`, not a hello."""
 
     def __init__(self, join: Join) -> None:

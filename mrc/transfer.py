@@ -272,7 +272,9 @@ async def receive_buffer(
         digest = await hashes.final(rounds)
         done = await asyncio.wait_for(msg, RESULT_TIMEOUT)
     except (ControlError, TimeoutError) as exc:
-        raise MRCError(f"sender did not finish: {exc or 'timed out'}") from None
+        # a TimeoutError says nothing of itself: never an empty reason
+        why = str(exc) or f"no checksum within {RESULT_TIMEOUT:g} s of the last byte"
+        raise MRCError(f"sender did not finish: {why}") from None
     finally:
         for task in (imm, msg):
             if not task.done():

@@ -270,9 +270,11 @@ class Endpoint:
         ch = self.channels.get(qpn)
         if ch is None or not ch.qp.link_down(plane, _clock()):
             return
-        _log.warning(
-            "QP %d: plane %d is out: its NIC (interface #%d) lost its link", qpn, plane, index
-        )
+        try:
+            nic = socket.if_indextoname(index)
+        except OSError:
+            nic = f"interface #{index}"
+        _log.warning("QP %d: plane %d is out: its NIC (%s) lost its link", qpn, plane, nic)
         self._pump(ch)
 
     def detach(self, qpn: int) -> None:

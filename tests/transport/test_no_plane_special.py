@@ -99,7 +99,7 @@ def test_losing_the_plane_the_side_channel_was_set_up_on(
         pytest.skip("the healing blackhole once is enough")
     listen = ("--listen", f"[{h.b_addrs[0]}]:{PORT}", "--listen", f"[{h.b_addrs[1]}]:{PORT}")
     send_args = ["--to", f"[{h.b_addrs[0]}]:{PORT}", "--from", h.a_addrs[0]]
-    send_args += ["--from", h.a_addrs[1], "--json", "--idle-timeout", "20"]
+    send_args += ["--from", h.a_addrs[1], "--json", "--idle-timeout", "20", "--wait", "5"]
     recv_args = [*listen, "--json", "--idle-timeout", "20"]
     src = tmp_path / "src.bin"
     dst = tmp_path / "dst.bin"
