@@ -154,14 +154,17 @@ class MrcTransport(Transport):
         a = self.agent
         a.check_laws(opts)
         cfg = self._config(opts)
-        # the side channel (set-up only) goes over the last plane: the plane a link_down
-        # condition breaks is plane 0, and a re-connect must not depend on it
-        side = int(opts.get("side_plane", a.planes - 1))
+        # the side channel is set up over plane ``side_plane`` (0 unless the coordinator says:
+        # for link_down, the plane of the link it breaks, so the failure hits the set-up's
+        # plane as it would any plane; no plane is protected). After set-up its paths run over
+        # every plane; a set-up whose plane does not answer tries the peer's others.
+        side = int(opts.get("side_plane", 0))
 
         async def one(dst: int) -> None:
-            host = a.peers[dst].addrs[side]
+            addrs = a.peers[dst].addrs
+            first = side if side < len(addrs) else 0
             conn = await mrc.connect(
-                host,
+                addrs[first],
                 MRC_PORT,
                 evs=int(opts["evs"]),
                 local_addrs=a.addrs,
@@ -169,6 +172,7 @@ class MrcTransport(Transport):
                 fabric=a.topo,
                 timeout=float(opts.get("timeout", 10.0)),
                 ports=a.ports,
+                alternates=[x for i, x in enumerate(addrs) if i != first],
             )
             if "inbox" not in conn.remote:
                 raise MRCError(f"h{dst} did not announce its inbox")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -447,12 +448,26 @@ class Bench:
 
     def _transport_opts(self, condition: str) -> dict[str, Any]:
         cfg = self.cfg
-        return {
+        opts: dict[str, Any] = {
             "evs": cfg.evs,
             "listener_evs": cfg.listener_evs,
             "qp": cfg.qp_settings(condition),
             "timeout": 10.0,
         }
+        if condition == "link_down":
+            # MRC's side channel is set up over the plane the failure breaks: no plane is
+            # special (issue 37), so none is kept out of the failure's way
+            opts["side_plane"] = self.fail_plane()
+        return opts
+
+    def fail_plane(self) -> int:
+        """The plane of the link the link_down condition breaks (``fail_link``: a router
+        ``pNlI`` or ``pNsI`` names it); 0 when no name says."""
+        for node in self.cfg.fail_link:
+            m = re.fullmatch(r"p(\d+)[ls]\d+", node)
+            if m:
+                return int(m.group(1))
+        return 0
 
     async def setup_transport(
         self,

@@ -8,9 +8,18 @@ its own Python to the image's. Roles:
 * ``mrc-recv`` / ``mrc-send``: an MRC transfer through the library API (``mrc.listen`` /
   ``mrc.connect`` with ``fabric=``); the receiver samples bytes placed (total, in order and per
   plane, the sender telling it which EV source port is on which plane) every ``--sample`` s,
-  the sender logs every EV state change;
+  the sender logs every EV state change. The sender sets the side channel up over
+  ``--setup-plane`` (it connects to the receiver's address on that plane; the other planes'
+  paths join after set-up), and both ends record which plane that was and when a plane was
+  lost and came back, on the data path and the side channel (``plane_events``);
 * ``tcp-recv`` / ``tcp-send``: one TCP stream, or MPTCP with ``--mptcp`` (its path manager is
-  configured from outside, by the demo, as root); the receiver timestamps every ``recv``.
+  configured from outside, by the demo, as root) over ``--plane`` (MPTCP: its first subflow);
+  the receiver timestamps every ``recv``.
+
+With ``--deadline S`` a role gives up S seconds after its transfer started (the sender's
+start; the receiver's accept): a transfer over a plane that fails for good and has no other
+(TCP pinned to it) never ends by itself. It then writes its result all the same, with
+``finished`` false and the bytes moved so far.
 
 Both sides also sample their NICs' byte counters per plane. A receiver prints ``ready`` once it
 listens, a sender ``start T`` (CLOCK_MONOTONIC) when its data starts to flow: the demo schedules
@@ -36,12 +45,15 @@ from typing import IO, Any
 from mrc.cli.qpopts import add_qp_arg, apply_settings, with_window
 from mrc.core.config import QPConfig
 from mrc.core.events import EVStateChanged
+from mrc.errors import MRCError
 from mrc.lab.bench.common import IPPROTO_MPTCP, mptcp_subflows
 from mrc.topology.model import Topology
 
 PROG = "python -m mrc.lab.bench.failover_roles"
 DONE_IMM = 0x444F4E45  # "DONE": the immediate of the sender's last, empty WRITE
 CHUNK = 16 << 20
+#: seconds a role waits for a side-channel message once its data is done
+MESSAGE_TIMEOUT = 30.0
 
 
 def _plane_addrs(topo: Topology, host: str) -> list[str]:
@@ -73,6 +85,51 @@ class _NicCounters:
         return out
 
 
+def _deadline(args: argparse.Namespace) -> float | None:
+    """CLOCK_MONOTONIC at which this role gives up (``--deadline`` from now), or None."""
+    return None if args.deadline is None else time.monotonic() + args.deadline
+
+
+def _left(deadline: float | None, default: float) -> float:
+    """Seconds until ``deadline`` (at least 0), or ``default`` without one."""
+    return default if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+class _Planes:
+    """What one MRC end saw of its planes: the plane the side channel was set up over and,
+    with :class:`~mrc.cli.planewatch.PlaneWatch` (as mrc-send and mrc-recv report them), every
+    plane lost and back on the data path and the side channel, timed on CLOCK_MONOTONIC like
+    every other record of the demo."""
+
+    def __init__(self, conn: Any) -> None:
+        from mrc.cli.planewatch import PlaneWatch
+
+        self.conn = conn
+        self.watch = PlaneWatch(conn)
+        self.watch.start()
+
+    async def report(self) -> dict[str, Any]:
+        await self.watch.stop()
+        offset = time.time() - time.monotonic()  # PlaneWatch times its events on the wall clock
+        side = self.conn.side
+        return {
+            "side_channel": {
+                "setup_plane": side.primary_plane if side.primary_plane >= 0 else None,
+                "planes_at_end": side.planes,
+            },
+            "plane_events": [
+                {
+                    "t": float(e["t"]) - offset,
+                    "plane": e["plane"],
+                    "event": e["event"],
+                    "layer": e["layer"],
+                    "why": e["why"],
+                }
+                for e in self.watch.events
+            ],
+        }
+
+
 def _mrc_config(args: argparse.Namespace) -> QPConfig:
     """The demo's QPConfig: payload and window from the options, then every ``--qp KEY=VALUE``
     (mrc/cli/qpopts.py, as mrc-send reads them)."""
@@ -102,6 +159,8 @@ async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
     listener.register(buf, name="data")
     print("ready", flush=True)
     conn = await listener.accept(timeout=60)
+    deadline = _deadline(args)
+    planes_seen = _Planes(conn)
     # per-EV placement and in-order progress are not in the API (counting them per packet
     # would slow every receiver): this demo alone instruments the core underneath
     qp = conn.qp
@@ -167,31 +226,49 @@ async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(args.sample)
 
     async def evmap() -> None:
-        msg = await conn.recv_message(timeout=30)
+        msg = await conn.recv_message(timeout=MESSAGE_TIMEOUT)
         if msg and msg.get("type") == "evmap":
             evs: Any = msg["evs"]
             for value, plane, _route in evs:
                 plane_of[int(value)] = int(plane)
 
     sampler_task = asyncio.ensure_future(sampler())
-    await evmap()
-    while await conn.next_immediate(timeout=600) != DONE_IMM:
-        pass
+    errors: list[str] = []
+    finished = False
+    try:
+        await evmap()
+        while await conn.next_immediate(timeout=_left(deadline, 600)) != DONE_IMM:
+            pass
+        finished = True
+    except TimeoutError:
+        errors.append(f"gave up after --deadline {args.deadline:g} s" if deadline else "timeout")
+    except MRCError as exc:  # the side channel or the QP broke: say so in the result
+        errors.append(str(exc))
     t_done = time.monotonic()
     done.set()
     await sampler_task
     digest = await asyncio.to_thread(sha256_of, view)
-    msg = await conn.recv_message(timeout=30)  # the sender saw its completion
-    await conn.send_message({"type": "result", "sha256": digest})
+    msg = None
+    if finished:
+        try:
+            msg = await conn.recv_message(timeout=MESSAGE_TIMEOUT)  # the sender saw its end
+            await conn.send_message({"type": "result", "sha256": digest})
+        except MRCError as exc:
+            errors.append(f"verdict: {exc}")
     evs_counters = conn.ev_counters()
     st = conn.stats()
-    await asyncio.sleep(0.05)
+    seen = await planes_seen.report()
+    if finished:
+        await asyncio.sleep(0.05)  # (the result on its way before the paths close)
     await listener.close()
     return {
-        "ok": msg is not None and msg.get("type") == "done",
+        "ok": finished and msg is not None and msg.get("type") == "done",
+        "finished": finished,
+        "errors": errors,
         "sha256": digest,
-        "bytes": size,
+        "bytes": size if finished else stats.bytes_placed,
         "t_done": t_done,
+        **seen,
         "samples": {"t": list(t_s), "placed": list(placed_s), "inorder": list(inorder_s)},
         "planes": {
             "t": list(plane_t),
@@ -225,9 +302,19 @@ async def mrc_send(args: argparse.Namespace) -> dict[str, Any]:
         data = memoryview(mmap.mmap(fd, args.size, prot=mmap.PROT_READ))
     finally:
         os.close(fd)
+    # the side channel is set up over --setup-plane (the receiver's address there; its other
+    # addresses only if that one does not answer), its other planes' paths join afterwards
+    setup = args.setup_plane
     conn = await mrc.connect(
-        dst[0], args.port, evs=args.evs, local_addrs=src, config=_mrc_config(args), fabric=topo
+        dst[setup],
+        args.port,
+        evs=args.evs,
+        local_addrs=src,
+        config=_mrc_config(args),
+        fabric=topo,
+        alternates=[a for i, a in enumerate(dst) if i != setup],
     )
+    planes_seen = _Planes(conn)
     routes = conn.routes
     events: list[list[Any]] = []
 
@@ -273,25 +360,47 @@ async def mrc_send(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(0.01)
 
     t_start = time.monotonic()
+    deadline = _deadline(args)
     print(f"start {t_start:.6f}", flush=True)
     sampler_task = asyncio.ensure_future(sampler())
     n = args.size
-    for off in range(0, n, CHUNK):
-        conn.post_write(data[off : off + CHUNK], region, off)
-    await conn.post_write(b"", region, n, imm=DONE_IMM)
+    writes = [conn.post_write(data[off : off + CHUNK], region, off) for off in range(0, n, CHUNK)]
+    errors: list[str] = []
+    done = False
+    try:
+        await asyncio.wait_for(
+            asyncio.shield(conn.post_write(b"", region, n, imm=DONE_IMM)), _left(deadline, 3600)
+        )
+        done = True
+    except TimeoutError:
+        errors.append(f"gave up after --deadline {args.deadline:g} s")
+    except MRCError as exc:
+        errors.append(str(exc))
+    for w in writes:  # (their outcome is the last write's; read so none goes unretrieved)
+        if w.done() and not w.cancelled():
+            w.exception()
     t_end = time.monotonic()
     finished.set()
     await sampler_task
-    await conn.send_message({"type": "done"})
-    reply = await conn.recv_message(timeout=60)
+    reply = None
+    if done:
+        try:
+            await conn.send_message({"type": "done"})
+            reply = await conn.recv_message(timeout=MESSAGE_TIMEOUT)
+        except MRCError as exc:
+            errors.append(f"verdict: {exc}")
     st = conn.stats()
     report = conn.ev_report()
     counters = conn.ev_counters()
+    seen = await planes_seen.report()
     await conn.close()
     return {
         "ok": bool(reply and reply.get("type") == "result"),
+        "finished": done,
+        "errors": errors,
         "t_start": t_start,
         "t_end": t_end,
+        **seen,
         "stats": {
             k: st[k]
             for k in (
@@ -345,6 +454,9 @@ def stream_recv(args: argparse.Namespace) -> dict[str, Any]:
     buf = mmap.mmap(-1, max(size, 1))
     view = memoryview(buf)
     got = 0
+    deadline = _deadline(args)
+    if deadline is not None:  # wake up now and then to look at the clock
+        c.settimeout(0.5)
     t_s = array("d")
     n_s = array("q")
     nic = _NicCounters(nplanes, "rx")
@@ -354,11 +466,20 @@ def stream_recv(args: argparse.Namespace) -> dict[str, Any]:
     mono = time.monotonic
     last_plane = 0.0
     while got < size:
-        n = recv_into(view[got:], min(1 << 20, size - got))
+        try:
+            n = recv_into(view[got:], min(1 << 20, size - got))
+        except TimeoutError:  # (only with a deadline)
+            if deadline is not None and mono() < deadline:
+                continue
+            break
         if n == 0:
             break
         got += n
         now = mono()
+        if deadline is not None and now >= deadline:
+            t_s.append(now)
+            n_s.append(got)
+            break
         t_s.append(now)
         n_s.append(got)
         if now - last_plane >= 0.005:
@@ -369,10 +490,12 @@ def stream_recv(args: argparse.Namespace) -> dict[str, Any]:
     t_done = mono()
     digest = hashlib.sha256(view[:got]).hexdigest()
     with contextlib.suppress(OSError):
-        c.sendall(b"k")
+        if got == size:
+            c.sendall(b"k")
         c.close()
     return {
         "ok": got == size,
+        "finished": got == size,
         "sha256": digest,
         "bytes": got,
         "t_done": t_done,
@@ -380,6 +503,22 @@ def stream_recv(args: argparse.Namespace) -> dict[str, Any]:
         "samples": {"t": list(t_s), "placed": list(n_s), "inorder": list(n_s)},
         "planes": {"t": list(plane_t), "nic_rx": [list(a) for a in nic_s]},
     }
+
+
+def _send_until(s: socket.socket, data: memoryview, deadline: float) -> int:
+    """Send ``data`` on ``s`` until all of it is sent or ``deadline`` has passed; the bytes
+    the kernel took (``sendall`` would lose count of them when it times out)."""
+    s.settimeout(0.5)
+    sent = 0
+    n = len(data)
+    while sent < n and time.monotonic() < deadline:
+        try:
+            sent += s.send(data[sent : min(n, sent + (1 << 20))])
+        except TimeoutError:
+            continue
+        except OSError:  # the receiver gave up first (reset): what was sent stays counted
+            break
+    return sent
 
 
 def stream_send(args: argparse.Namespace) -> dict[str, Any]:
@@ -421,19 +560,30 @@ def stream_send(args: argparse.Namespace) -> dict[str, Any]:
         os.close(fd)
     s.sendall(b"G")
     t_start = time.monotonic()
+    give_up = _deadline(args)
     print(f"start {t_start:.6f}", flush=True)
     step = 1 << 20
-    for off in range(0, args.size, step):
-        s.sendall(data[off : off + step])
+    sent = 0
+    if give_up is None:
+        for off in range(0, args.size, step):
+            s.sendall(data[off : off + step])
+        sent = args.size
+    else:
+        sent = _send_until(s, data, give_up)
     t_end = time.monotonic()
-    s.shutdown(socket.SHUT_WR)
-    s.settimeout(120)
-    ack = s.recv(1)
+    ack = b""
+    if sent == args.size:
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(_left(give_up, 120) or 0.001)
+        with contextlib.suppress(OSError):  # (no answer in time, or the receiver gave up)
+            ack = s.recv(1)
     if args.mptcp:
         subflows = mptcp_subflows(s) if subflows is None else subflows
     s.close()
     return {
         "ok": ack == b"k",
+        "finished": ack == b"k",
+        "bytes_sent": sent,
         "t_start": t_start,
         "t_end": t_end,
         "subflows": subflows,
@@ -459,8 +609,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample", type=float, default=0.001)
     add_qp_arg(p, ", after --payload and --window")
     p.add_argument("--mptcp", action="store_true")
-    p.add_argument("--plane", type=int, default=0)
+    p.add_argument("--plane", type=int, default=0, help="TCP's plane (MPTCP: its first subflow's)")
     p.add_argument("--want-subflows", type=int, default=1)
+    p.add_argument(
+        "--setup-plane", type=int, default=0, help="MRC: the plane the side channel is set up over"
+    )
+    p.add_argument(
+        "--deadline",
+        type=float,
+        help="give up this many seconds after the transfer started; the result then says"
+        " finished: false, with the bytes moved so far",
+    )
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     if args.role.startswith("mrc"):
         from mrc.transport.loop import run

@@ -24,6 +24,64 @@ def _mbit(x: float | None) -> str:
     return "-" if x is None else f"{x / 1e6:.0f} Mbit/s"
 
 
+def case_title(case: Mapping[str, Any]) -> str:
+    """One line naming a case of the demo's JSON: the link, how it failed, when (and whether)
+    it healed, and the plane the side channel (MRC) and first subflow (MPTCP) were set up
+    over."""
+    a, b = case["link"]
+    what = f"{case['fail']} ({a}-{b})" if case.get("fail") else f"{a}-{b}"
+    how = "blackholed" if case["how"] == "blackhole" else "down"
+    when = (
+        f"at {case['fail_at_s']:g} s, healed at {case['heal_at_s']:g} s"
+        if case["heal_at_s"] is not None
+        else f"at {case['fail_at_s']:g} s, never healed"
+    )
+    setup = case["setup_plane"]
+    which = "the failed plane" if case["setup_on_failed_plane"] else "not the failed plane"
+    return f"== {what} {how} {when}; set-up over plane {setup} ({which})"
+
+
+def _finished(res: Mapping[str, Any]) -> str:
+    if "error" in res:
+        return "FAILED"
+    if res.get("finished", True):
+        return "yes"
+    moved = res.get("bytes")
+    return "NO" if moved is None else f"NO ({moved / 1e6:.0f} MB moved)"
+
+
+def _intact(res: Mapping[str, Any]) -> str:
+    """Whether the data arrived intact; for a stream that did not finish, whether what it
+    moved is the data's beginning."""
+    if res.get("sha256_match"):
+        return "yes"
+    if "moved_sha256_match" in res:
+        return "what moved: " + ("yes" if res["moved_sha256_match"] else "NO")
+    return "NO"
+
+
+def _recovery(res: Mapping[str, Any]) -> str:
+    if "error" in res:
+        return "-"
+    ms = res.get("recovery_ms")
+    return "never" if ms is None else f"{ms:.0f} ms"
+
+
+def _side(res: Mapping[str, Any]) -> str:
+    """MRC's side channel: the plane it was set up over, and when the failed plane's path was
+    found dead and joined again (after the failure, after the heal)."""
+    sc = res.get("side_channel")
+    if not sc:
+        return "-"
+    lost, back = sc.get("lost_after_s"), sc.get("back_after_heal_s")
+    text = f"plane {sc.get('setup_plane')}"
+    if lost is not None:
+        text += f", lost +{lost:.1f} s"
+    if back is not None:
+        text += f", back +{back:.1f} s"
+    return text
+
+
 def plot(path: str, raw: Mapping[str, Any], out: Mapping[str, Any], failed_plane: int) -> None:
     """Goodput over time of every transport (top), then each one's per-plane goodput, the
     outage shaded: the picture of the README's failover section."""
@@ -42,10 +100,11 @@ def plot(path: str, raw: Mapping[str, Any], out: Mapping[str, Any], failed_plane
         xs, ys = series(s["t"], s["placed"], r["t_start"], bin_s)
         ax0.plot(xs, ys, label=name.upper(), color=COLORS[name], lw=1.2)
     ax0.set_ylabel("goodput Mbit/s")
+    how = "blackholed" if out.get("how") == "blackhole" else "down"
+    healed = f"up at {out['heal_at_s']} s" if out["heal_at_s"] is not None else "never up"
     ax0.set_title(
-        f"{out['link'][0]}-{out['link'][1]} down at {out['fail_at_s']} s, up at "
-        f"{out['heal_at_s']} s; {out['fabric']['planes']} planes x "
-        f"{out['fabric']['rate']} ({bin_s * 1000:.0f} ms bins)"
+        f"{out['link'][0]}-{out['link'][1]} {how} at {out['fail_at_s']} s, {healed}; "
+        f"{out['fabric']['planes']} planes x {out['fabric']['rate']} ({bin_s * 1000:.0f} ms bins)"
     )
     ax0.legend(loc="lower right", fontsize=8)
     for i, name in enumerate(names, start=1):
@@ -65,10 +124,17 @@ def plot(path: str, raw: Mapping[str, Any], out: Mapping[str, Any], failed_plane
         )
         ax.set_ylabel("Mbit/s")
         ax.legend(loc="lower right", fontsize=7, ncol=4)
+    # never healed: the outage shaded up to the last transport's end
+    end = max(
+        (float(r["recv"].get("t_done", r["t_start"])) - r["t_start"] for r in raw.values()),
+        default=out["fail_at_s"],
+    )
     for ax in axes:
-        ax.axvspan(out["fail_at_s"], out["heal_at_s"], color="0.85", zorder=0)
+        heal = out["heal_at_s"]
+        ax.axvspan(out["fail_at_s"], heal if heal is not None else end, color="0.85", zorder=0)
         ax.axvline(out["fail_at_s"], color="k", ls="--", lw=0.8)
-        ax.axvline(out["heal_at_s"], color="k", ls=":", lw=0.8)
+        if heal is not None:
+            ax.axvline(heal, color="k", ls=":", lw=0.8)
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
     axes[-1].set_xlabel("seconds since the sender started")
@@ -78,7 +144,7 @@ def plot(path: str, raw: Mapping[str, Any], out: Mapping[str, Any], failed_plane
 
 
 def table(out: Mapping[str, Any]) -> str:
-    """The human table: one column per transport that ran, one row per figure."""
+    """The human table of one case: one column per transport that ran, one row per figure."""
     names = [n for n in TRANSPORTS if n in out]
     rows = [("", *[n.upper() for n in names])]
 
@@ -89,12 +155,12 @@ def table(out: Mapping[str, Any]) -> str:
             got.append("-" if v is None or (mrc_only and n != "mrc") else fmt(v))
         return got
 
-    rows.append(
-        ("data intact (SHA-256)", *[("yes" if out[n].get("sha256_match") else "NO") for n in names])
-    )
+    rows.append(("finished", *[_finished(out[n]) for n in names]))
+    rows.append(("data intact (SHA-256)", *[_intact(out[n]) for n in names]))
     rows.append(("max delivery stall", *cells("max_stall_ms", lambda v: f"{v:.1f} ms")))
     rows.append(("  in the failure / outside", *[_stalls(out[n]) for n in names]))
     rows.append(("longest < half rate", *cells("below_half_rate_ms", lambda v: f"{v:.0f} ms")))
+    rows.append(("time to recover", *[_recovery(out[n]) for n in names]))
     rows.append(("max in-order stall", *cells("max_stall_inorder_ms", lambda v: f"{v:.1f} ms")))
     for k, label in (
         ("goodput_before_bps", "goodput before"),
@@ -123,6 +189,7 @@ def table(out: Mapping[str, Any]) -> str:
             *cells("resurrection_s", lambda v: f"{v * 1000:.0f} ms", mrc_only=True),
         )
     )
+    rows.append(("side channel (set up over)", *[_side(out[n]) for n in names]))
     w0 = max(len(r[0]) for r in rows)
     ws = [max(len(r[i]) for r in rows) for i in range(1, len(rows[0]))]
     lines = []
