@@ -45,7 +45,7 @@ _say "wheels for Python $pyver, glibc $glibc"
 # build one for its own Python, and the pure-Python kernel does the same work, slower
 MRC_PURE_PYTHON=1 .venv/bin/python -m pip wheel -q --no-deps -w "$wheels" . >&2
 .venv/bin/python -m pip download -q --only-binary=:all: --python-version "$pyver" \
-  --implementation cp "${platforms[@]}" -d "$wheels" "$wheels"/mrc-*.whl uvloop pyroute2 2>&1 \
+  --implementation cp "${platforms[@]}" -d "$wheels" "$wheels"/mrc_transport-*.whl uvloop pyroute2 2>&1 \
   | grep -v "is ignored" >&2 || true
 ls "$wheels"/uvloop-*.whl >/dev/null 2>&1 || {
   rm -rf "$wheels"

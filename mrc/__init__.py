@@ -2,7 +2,7 @@
 
 RDMA-WRITE-style reliable connections whose packets are sprayed over many paths (entropy
 values), placed straight into registered memory on arrival, acknowledged selectively, and
-retransmitted at once on a trim. See README.md for the API and docs/PROTOCOL.md for the wire.
+retransmitted at once on a trim. See docs/LIBRARY.md for the API and docs/PROTOCOL.md for the wire.
 
 The top-level names are loaded on first use (module ``__getattr__``): ``import mrc.core``
 must load only the standard library and the sans-IO core, not asyncio, sockets or the fabric.

@@ -184,5 +184,5 @@ def test_lab_commands_without_pyroute2_name_the_extra(tmp_path: Path) -> None:
         assert res.returncode == 1, res.stderr
         assert res.stderr == (
             f"{tool}: error: {tool} needs pyroute2, which the lab extra brings:"
-            " pip install 'mrc[lab]'\n"
+            " pip install 'mrc-transport[lab]'\n"
         )

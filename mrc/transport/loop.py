@@ -1,9 +1,10 @@
 """Event loop choice: uvloop (about 3x the receive rate here), else asyncio's own.
 
-uvloop is one of mrc's dependencies, so a plain ``pip install mrc`` brings it wherever it has
-wheels (CPython on Linux and macOS). Where it cannot be imported (another platform, an install
-made with ``--no-deps``, a broken build) everything still works, only slower, on asyncio's loop;
-``loop_name()`` says which one runs, and ``mrc-bench`` records it with every result.
+uvloop is one of mrc's dependencies, so a plain ``pip install mrc-transport`` brings it wherever
+it has wheels (CPython on Linux and macOS). Where it cannot be imported (another platform, an
+install made with ``--no-deps``, a broken build) everything still works, only slower, on
+asyncio's loop; ``loop_name()`` says which one runs, and ``mrc-bench`` records it with every
+result.
 """
 
 from __future__ import annotations

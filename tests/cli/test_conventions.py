@@ -45,7 +45,7 @@ def python_m_mrc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess
 def test_versions_agree() -> None:
     """pyproject, the installed metadata and the fallback in mrc/__init__.py say the same."""
     assert PYPROJECT["version"] == mrc.__version__
-    assert importlib.metadata.version("mrc") == mrc.__version__
+    assert importlib.metadata.version("mrc-transport") == mrc.__version__
     assert package_version() == mrc.__version__
 
 
@@ -53,7 +53,8 @@ def test_versions_agree() -> None:
 def test_every_command_prints_its_version(mrc_tools, tool: str) -> None:
     res = mrc_tools.run(tool, "--version", timeout=30)
     assert res.returncode == 0, res.describe()
-    assert res.stdout == f"{tool} {mrc.__version__}\n" and res.stderr == "", res.describe()
+    expected = f"{tool} (mrc-transport) {mrc.__version__}\n"  # the command, the distribution
+    assert res.stdout == expected and res.stderr == "", res.describe()
 
 
 def test_fabric_sub_commands_leave_version_to_the_command(mrc_tools) -> None:
@@ -71,7 +72,8 @@ def test_python_m_mrc_lists_its_commands() -> None:
     for sub, tool in SUBCOMMANDS.items():
         assert re.search(rf"^\s+{sub}\s+.*\(= {tool}\)", res.stdout, re.M), (sub, res.stdout)
     ver = python_m_mrc("--version")
-    assert (ver.returncode, ver.stdout, ver.stderr) == (0, f"mrc {mrc.__version__}\n", "")
+    expected = f"mrc (mrc-transport) {mrc.__version__}\n"
+    assert (ver.returncode, ver.stdout, ver.stderr) == (0, expected, "")
 
 
 @pytest.mark.parametrize("args", [["frobnicate"], [], ["--bogus"]], ids=["unknown", "none", "flag"])
@@ -308,7 +310,7 @@ def test_license_file_matches_pyproject() -> None:
     assert PYPROJECT["license-files"] == ["LICENSE"]
     text = (REPO / "LICENSE").read_text()
     assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
-    meta = importlib.metadata.metadata("mrc")
+    meta = importlib.metadata.metadata("mrc-transport")
     assert meta["License-Expression"] == "Apache-2.0"
 
 

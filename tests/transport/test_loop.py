@@ -55,8 +55,8 @@ def _transfer(mode: str) -> dict[str, str]:
 
 
 def test_uvloop_is_a_plain_dependency() -> None:
-    """`pip install mrc` brings uvloop (where it has wheels), not only an extra."""
-    reqs = importlib.metadata.requires("mrc") or []
+    """`pip install mrc-transport` brings uvloop (where it has wheels), not only an extra."""
+    reqs = importlib.metadata.requires("mrc-transport") or []
     uv = [r for r in reqs if r.startswith("uvloop")]
     assert len(uv) == 1 and "extra ==" not in uv[0], reqs
 

@@ -1,8 +1,8 @@
 """The lab's commands, ``mrc-fabric`` and ``mrc-bench``, behind one guard.
 
-Both build namespace fabrics with pyroute2, which ``pip install mrc`` does not bring (the
-transport does not need it): ``pip install 'mrc[lab]'`` does. Without it the commands say so in
-one line instead of failing with an import traceback.
+Both build namespace fabrics with pyroute2, which ``pip install mrc-transport`` does not bring
+(the transport does not need it): ``pip install 'mrc-transport[lab]'`` does. Without it the
+commands say so in one line instead of failing with an import traceback.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import cast
 
 #: what the lab needs beyond the library, and the extra that brings it
 LAB_REQUIRES = ("pyroute2",)
-LAB_EXTRA = "mrc[lab]"
+LAB_EXTRA = "mrc-transport[lab]"
 
 
 def missing() -> list[str]:
