@@ -13,13 +13,16 @@ version that produced it.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import functools
+import ipaddress
 import json
 import logging
 import os
 import select
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn, TextIO
 
 from mrc.cli.progress import Progress as Progress  # (re-exported: mrc-send, mrc-recv)
@@ -38,7 +41,7 @@ def package_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("mrc")
+        return version("mrc-transport")  # the distribution; "mrc" on the index is another
     except PackageNotFoundError:
         from mrc import __version__
 
@@ -62,7 +65,7 @@ class _VersionAction(argparse.Action):
         values: object,
         option_string: str | None = None,
     ) -> None:
-        print(f"{self.command} {package_version()}")
+        print(f"{self.command} (mrc-transport) {package_version()}")
         parser.exit()
 
 
@@ -73,11 +76,26 @@ class Parser(argparse.ArgumentParser):
     ``command`` names the command in error lines and in ``--version`` (default: the first word
     of ``prog``). Sub-command parsers (``mrc-fabric up``) report under the command's name, so
     every error line of a command starts the same way; they take no ``--version`` of their own
-    (it belongs to the command, before the sub-command)."""
+    (it belongs to the command, before the sub-command).
 
-    def __init__(self, *args: Any, command: str | None = None, version: bool = True, **kw: Any):
+    A long option the parser does not know is named in the error, with the closest it does
+    know (``unrecognized arguments: --too (did you mean --to?)``), whatever else argparse
+    found wrong with a command line that option made no sense of. ``json_role``: the command
+    promises one JSON object on stdout with ``--json`` whatever happens (:class:`JsonAnswer`),
+    so a usage error with ``--json`` among the arguments prints its failure object too."""
+
+    def __init__(
+        self,
+        *args: Any,
+        command: str | None = None,
+        version: bool = True,
+        json_role: str | None = None,
+        **kw: Any,
+    ):
         super().__init__(*args, **kw)
         self.command = command or self.prog.split(" ")[0]
+        self.json_role = json_role
+        self._argv: list[str] = []
         if version:
             self.add_argument("--version", action=_VersionAction, command=self.command)
 
@@ -85,8 +103,60 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("parser_class", _SubParser)
         return super().add_subparsers(**kwargs)
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
+        typo = self.unknown_option()
+        if typo is not None:
+            message = typo
+        if self.json_role is not None and self.wants_json():
+            emit_json(failure_object(self.json_role, message))
         die(self.command, f"{message} (see {self.prog} --help)", 2)
+
+    # --- what the command line asked for, read before (or without) argparse ----------------
+
+    def _long_options(self) -> list[str]:
+        return sorted(o for o in self._option_string_actions if o.startswith("--"))
+
+    def _options_given(self) -> list[str]:
+        """The long options of the command line (``--name`` of ``--name=value`` too), up to
+        a ``--`` that ends them. Empty for a parser with sub-commands: their options are
+        theirs, not this parser's."""
+        if self._subparsers is not None:
+            return []
+        out = []
+        for arg in self._argv:
+            if arg == "--":
+                break
+            if arg.startswith("--") and len(arg) > 2:
+                out.append(arg.split("=", 1)[0])
+        return out
+
+    def _matches(self, given: str) -> list[str]:
+        """The options ``given`` stands for: itself, or those it abbreviates."""
+        options = self._long_options()
+        if given in options:
+            return [given]
+        return [o for o in options if o.startswith(given)] if self.allow_abbrev else []
+
+    def unknown_option(self) -> str | None:
+        """The error for the first long option of the command line that names no option of
+        this parser (with the closest that does), or None if each names one."""
+        for given in self._options_given():
+            if self._matches(given):
+                continue
+            close = difflib.get_close_matches(given, self._long_options(), n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            return f"unrecognized arguments: {given}{hint}"
+        return None
+
+    def wants_json(self) -> bool:
+        """``--json`` (or an abbreviation of it) is among the arguments."""
+        return any(self._matches(given) == ["--json"] for given in self._options_given())
 
 
 class _SubParser(Parser):
@@ -264,7 +334,7 @@ def float_between(
     return parse
 
 
-def add_idle_timeout(parser: argparse.ArgumentParser, what: str, default: float) -> None:
+def add_idle_timeout(parser: argparse._ActionsContainer, what: str, default: float) -> None:
     """``--idle-timeout SECONDS``, as mrc-send and mrc-recv both take it: fail a transfer on
     which ``what`` for that long."""
     parser.add_argument(
@@ -276,7 +346,7 @@ def add_idle_timeout(parser: argparse.ArgumentParser, what: str, default: float)
     )
 
 
-def add_key_args(parser: argparse.ArgumentParser, encrypt_help: str) -> None:
+def add_key_args(parser: argparse._ActionsContainer, encrypt_help: str) -> None:
     """``--key-file FILE`` and ``--encrypt``, as mrc-send and mrc-recv both take them."""
     parser.add_argument(
         "--key-file",
@@ -299,7 +369,11 @@ def load_key(args: argparse.Namespace) -> bytes | None:
 
 
 def parse_endpoint(text: str, default_host: str = "::") -> tuple[str, int]:
-    """'[::1]:4791', '::1', 'host:4791', 'host', ':4791' -> (host, port)."""
+    """'[::1]:4791', '::1', 'host:4791', 'host', ':4791' -> (host, port).
+
+    Refused with a hint to ``[ADDR]:PORT``: a port alone (``4791``, which the resolver would
+    take for the IPv4 address 0.0.18.183), and an unbracketed IPv6 address followed by what
+    reads as a port (``::1:4791``, itself the address ::1:4791)."""
     text = text.strip()
     port: int | None = None
     if text.startswith("["):
@@ -310,12 +384,38 @@ def parse_endpoint(text: str, default_host: str = "::") -> tuple[str, int]:
             if not rest.startswith(":"):
                 raise argparse.ArgumentTypeError(f"expected ':PORT' after ']' in {text!r}")
             port = _port(rest[1:], text)
+    elif text.isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a port alone, not an address: write [ADDR]:{text} ([::]:{text} for "
+            f"every address, or :{text})"
+        )
     elif text.count(":") == 1:
         host, _, p = text.partition(":")
         port = _port(p, text)
     else:
         host = text
+        _refuse_port_in_ipv6(text)
     return (host or default_host, DEFAULT_PORT if port is None else port)
+
+
+def _refuse_port_in_ipv6(text: str) -> None:
+    """An unbracketed IPv6 address whose last group reads as a port: ``fd00::2:4791`` is an
+    address, but a user who wrote it meant ``[fd00::2]:4791`` far more often. Refused when the
+    text without its last group is an IPv6 address and that group is a decimal of 2 digits or
+    more (a full eight-group address never is: without a group it is no address)."""
+    head, _, last = text.rpartition(":")
+    if len(last) < 2 or not last.isdigit() or not head or head.endswith(":"):
+        return
+    try:
+        ipaddress.IPv6Address(head.split("%")[0])
+    except ValueError:
+        return
+    if int(last) > 65535:
+        return
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: an IPv6 address with a port needs brackets: [{head}]:{last} (or "
+        f"[{text}] if all of it is the address)"
+    )
 
 
 def endpoint_arg(text: str) -> str:
@@ -356,7 +456,44 @@ def emit_json(obj: dict[str, Any], indent: int | None = None) -> None:
     print(json_text(obj, indent), flush=True)
 
 
-def run_main(prog: str, body: Callable[[], int], interrupted: str = "interrupted") -> int:
+def failure_object(role: str, error: str) -> dict[str, Any]:
+    """What ``--json`` prints when a command fails before (or instead of) its result: ``ok``
+    false, the command's ``role`` and the ``error`` line's message (docs/schemas/, the
+    failure object of mrc-send's and mrc-recv's schemas)."""
+    return {"ok": False, "role": role, "error": error}
+
+
+class JsonAnswer:
+    """``--json``'s promise, as iperf3's ``-J`` keeps it: the run answers with a JSON object on
+    stdout whatever happens. A command prints its result through :meth:`emit`; if the run
+    then fails without one (refused, interrupted, a bug), :func:`run_main` prints a
+    :func:`failure_object` through :meth:`fail` beside the one-line error on stderr. Without
+    ``--json`` (``enabled`` false) it prints nothing."""
+
+    def __init__(self, role: str, enabled: bool) -> None:
+        self.role = role
+        self.enabled = enabled
+        self.answered = False
+
+    def emit(self, obj: dict[str, Any]) -> None:
+        """Print the run's result object (which answers for the run)."""
+        emit_json(obj)
+        self.answered = True
+
+    def fail(self, error: str) -> None:
+        """The run failed with ``error``: say so in JSON unless a result already did."""
+        if self.enabled and not self.answered:
+            self.answered = True
+            with contextlib.suppress(BrokenPipeError, ValueError):  # a reader gone: no answer
+                emit_json(failure_object(self.role, error))
+
+
+def run_main(
+    prog: str,
+    body: Callable[[], int],
+    interrupted: str = "interrupted",
+    answer: JsonAnswer | None = None,
+) -> int:
     """Run a command's body; whatever goes wrong becomes one line on stderr and an exit status.
 
     * :class:`~mrc.errors.MRCError`: ``PROG: error: <message>``, exit ``exc.exit_code`` (1, or
@@ -365,13 +502,19 @@ def run_main(prog: str, body: Callable[[], int], interrupted: str = "interrupted
     * stdout closed early (piped into ``head``): nothing more to say, exit 0;
     * anything else is a bug: one line naming the exception, exit 1; with ``MRC_DEBUG=1`` in the
       environment it propagates with its traceback.
+
+    ``answer``: the command's ``--json`` (:class:`JsonAnswer`): each failure above also prints
+    its failure object on stdout, unless the command printed its result already.
     """
+    say = answer.fail if answer is not None else (lambda _error: None)
     try:
         return body()
     except MRCError as exc:
+        say(str(exc))
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
+        say(interrupted)
         print(f"{prog}: {interrupted}", file=sys.stderr)
         return 130
     except Exception as exc:
@@ -381,19 +524,17 @@ def run_main(prog: str, body: Callable[[], int], interrupted: str = "interrupted
             return 0
         if os.environ.get("MRC_DEBUG"):
             raise
-        print(
-            f"{prog}: error: internal error: {type(exc).__name__}: {exc}"
-            " (set MRC_DEBUG=1 for a traceback)",
-            file=sys.stderr,
-        )
+        error = f"internal error: {type(exc).__name__}: {exc}"
+        say(error)
+        print(f"{prog}: error: {error} (set MRC_DEBUG=1 for a traceback)", file=sys.stderr)
         return 1
 
 
-def run_command(prog: str, main: Coroutine[Any, Any, int]) -> int:
+def run_command(prog: str, main: Coroutine[Any, Any, int], answer: JsonAnswer | None = None) -> int:
     """:func:`run_main` for a command whose body is a coroutine (run on the fast loop)."""
     from mrc.transport.loop import run
 
-    return run_main(prog, lambda: run(main))
+    return run_main(prog, lambda: run(main), answer=answer)
 
 
 def _stdout_gone() -> bool:

@@ -25,7 +25,7 @@ def _port(text: str) -> int:
     return port
 
 
-def add_metrics_args(p: argparse.ArgumentParser, what: str) -> None:
+def add_metrics_args(p: argparse._ActionsContainer, what: str) -> None:
     p.add_argument(
         "--metrics-port",
         type=_port,

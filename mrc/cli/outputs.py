@@ -15,18 +15,22 @@ import errno
 import fcntl
 import glob
 import itertools
+import logging
 import mmap
 import os
 import re
 import secrets
 import shlex
 import stat
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 
 from mrc.cli.prefault import Prefault, map_region
 from mrc.errors import MRCError
+
+log = logging.getLogger(__name__)
 
 #: ``--discard``: a transfer larger than this comes through a window of this many bytes
 DISCARD_WINDOW = 64 << 20
@@ -92,8 +96,23 @@ class Outputs:
         # id(mmap) -> the thread faulting it in (large regions: mrc/cli/prefault.py)
         self._prefaults: dict[int, Prefault] = {}
         self._lock = threading.Lock()
+        #: senders refused for want of an output (or too large), and the last one's reason
+        self.refused = 0
+        self.last_refusal: str | None = None
 
     def __call__(self, size: int, request: dict[str, object]) -> mmap.mmap:
+        try:
+            return self._grant(size)
+        except MRCError as exc:
+            # the sender hears why; this side says it too, or a receiver waiting for a good
+            # sender would look as if nobody had come
+            with self._lock:
+                self.refused += 1
+                self.last_refusal = str(exc)
+            log.warning("refused a sender: %s", exc)
+            raise
+
+    def _grant(self, size: int) -> mmap.mmap:
         if size > self.args.max_size:
             raise MRCError(f"transfer of {size} bytes exceeds --max-size {self.args.max_size}")
         with self._lock:
@@ -184,6 +203,33 @@ class Outputs:
             with contextlib.suppress(OSError):
                 os.unlink(part)
             os.close(fd)
+
+
+def check_out_dir(out: str) -> None:
+    """Refuse an ``--out`` whose directory does not exist or takes no new file here (missing,
+    read-only, on a read-only file system, or a place such as /proc where nothing can be
+    created): said at start, before listening, where otherwise each sender would be refused
+    and the receiver wait on. A file is created in it and removed at once to tell. A ``{n}``
+    in the directory's name makes a directory per transfer: then only the fixed part before
+    it must exist (each is checked when its file is made)."""
+    directory = os.path.dirname(out)
+    if "{n}" in directory:
+        fixed = directory[: directory.index("{n}")]
+        parent = (fixed if fixed.endswith("/") else os.path.dirname(fixed)).rstrip("/")
+        if parent and not os.path.isdir(parent):
+            raise MRCError(f"the directory {parent} does not exist")
+        return
+    directory = directory or "."
+    if not os.path.isdir(directory):
+        what = "is not a directory" if os.path.lexists(directory) else "does not exist"
+        raise MRCError(f"the directory {directory} {what}")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".mrc-probe-", dir=directory)
+    except OSError as exc:
+        raise MRCError(f"cannot create files in {directory}: {exc.strerror}") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 def check_target(path: str, force: bool) -> None:

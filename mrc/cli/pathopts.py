@@ -4,7 +4,10 @@ the UDP port range."""
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
 import json
+import socket
 import time
 from typing import IO, TYPE_CHECKING
 
@@ -26,8 +29,13 @@ def port_range(text: str) -> PortRange:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def add_path_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+def add_path_args(
+    where: argparse._ActionsContainer, paths: argparse._ActionsContainer | None = None
+) -> None:
+    """``--ports``, ``--fabric`` and ``--fabric-host`` into ``where``; ``--deny`` and
+    ``--ev-log`` into ``paths`` (default: ``where`` too): a command's help groups them."""
+    paths = where if paths is None else paths
+    where.add_argument(
         "--ports",
         type=port_range,
         metavar="LO-HI",
@@ -37,7 +45,7 @@ def add_path_args(p: argparse.ArgumentParser) -> None:
         "and a sender one more; docs/CLUSTER.md). Default: ports the kernel picks from its "
         "ephemeral range",
     )
-    p.add_argument(
+    where.add_argument(
         "--fabric",
         metavar="NAME|FILE",
         help="a fabric: an mrc-fabric name, its topology file, or a real-fabric file written "
@@ -45,12 +53,12 @@ def add_path_args(p: argparse.ArgumentParser) -> None:
         "plane; this host's plane addresses come from it, and the peer may be named by its "
         "fabric host name (h3)",
     )
-    p.add_argument(
+    where.add_argument(
         "--fabric-host",
         metavar="NAME",
         help="which host of --fabric this is (default: the one whose addresses are local)",
     )
-    p.add_argument(
+    paths.add_argument(
         "--deny",
         action="append",
         default=[],
@@ -58,8 +66,10 @@ def add_path_args(p: argparse.ArgumentParser) -> None:
         help="never use these EVs (state DENIED): a route name such as a spine "
         "(p1s0), or an EV number; repeatable",
     )
-    p.add_argument(
-        "--ev-log", metavar="FILE", help="write every EV state change as one JSON object per line"
+    paths.add_argument(
+        "--ev-log",
+        metavar="FILE",
+        help="write every EV state change as one JSON object per line",
     )
 
 
@@ -125,6 +135,51 @@ def local_plane_addrs(topo: Topology | None, name: str | None = None) -> list[st
                 f"{nic.address} is not an address of this machine"
             )
     return [nic.address for nic in nics]
+
+
+def local_address_problem(addr: str, peers: list[str]) -> str | None:
+    """What is wrong with ``addr`` as this host's address on a plane (``--from``), checked
+    before the network: it must be an address (or a name for one) of this host, which binding
+    a UDP socket to it tells, and of the family of ``peers`` (``--to``'s ``HOST[:PORT]``s;
+    names among them count when they resolve to no address of that family). None: fine."""
+    try:
+        infos = socket.getaddrinfo(addr.strip("[]"), 0, type=socket.SOCK_DGRAM)
+    except socket.gaierror as exc:
+        return f"not an address of this host (cannot resolve it: {exc.strerror})"
+    family, _type, _proto, _name, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.bind(sockaddr[:1] + (0,) + sockaddr[2:])
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return "not an address of this host (no interface here has it)"
+            return f"cannot use it as a local address: {exc.strerror}"
+    from mrc.cli.common import parse_endpoint
+
+    for text in peers:
+        host = parse_endpoint(text)[0].strip("[]")
+        if not _of_family(host, family):
+            ours = "IPv4" if family == socket.AF_INET else "IPv6"
+            theirs = "IPv6" if family == socket.AF_INET else "IPv4"
+            return (
+                f"an {ours} address, but --to {text} is {theirs}: give --from addresses of "
+                "--to's family"
+            )
+    return None
+
+
+def _of_family(host: str, family: int) -> bool:
+    """``host`` (an address, or a name) is or has an address of ``family`` (a name that does
+    not resolve is left to the connection to report)."""
+    try:
+        ip = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        try:
+            infos = socket.getaddrinfo(host, 0, type=socket.SOCK_DGRAM)
+        except socket.gaierror:
+            return True
+        return any(info[0] == family for info in infos)
+    return (ip.version == 4) == (family == socket.AF_INET)
 
 
 def apply_denies(conn: Connection, denies: list[str]) -> int:

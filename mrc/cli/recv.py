@@ -15,6 +15,7 @@ from typing import cast
 
 from mrc import counters as registry
 from mrc.cli.common import (
+    JsonAnswer,
     Parser,
     Progress,
     add_idle_timeout,
@@ -35,6 +36,7 @@ from mrc.cli.metricsopts import add_metrics_args, check_metrics_usage, start_met
 from mrc.cli.outputs import (
     DISCARD_WINDOW,
     Outputs,
+    check_out_dir,
     check_target,
     discard_bytes,
     shell_word,
@@ -62,15 +64,32 @@ RECEIVED = registry.in_json("recv")
 log = logging.getLogger(__name__)
 
 
+EXAMPLES = f"""\
+examples:
+  mrc-recv --out big.iso                          one transfer into big.iso, on [::]:{DEFAULT_PORT}
+  mrc-recv --listen [fd00:1::2]:{DEFAULT_PORT} --listen [fd00:2::2]:{DEFAULT_PORT} --out x.bin
+                                                  two planes: one --listen per plane address
+  mrc-recv --discard --count 4 --json             four transfers into memory, verified, dropped;
+                                                  a JSON object each (and one on failure)
+  mrc-recv --out 'run-{{n}}.bin' --count 10         ten transfers into run-1.bin .. run-10.bin
+  mrc-recv --discard --key-file k.key --encrypt   only senders holding the key, encrypting
+
+Exit status: 0 every transfer verified, 1 a transfer failed, 2 bad usage, 130 interrupted."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog=PROG,
-        description="Receive MRC transfers from mrc-send. Each packet is written straight to "
-        "its offset in an mmap of the output file (write-to-offset), in whatever order it "
-        "arrives; the result is verified with SHA-256 against the sender's.",
-        epilog="Exit status: 0 every transfer verified, 1 a transfer failed, 2 bad usage.",
+        json_role="recv",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Receive MRC transfers from mrc-send. Each packet is written straight to its offset in an
+mmap of the output file (write-to-offset), in whatever order it arrives; the result is
+verified with SHA-256 against the sender's.""",
+        epilog=EXAMPLES,
     )
-    p.add_argument(
+    where = p.add_argument_group("where to listen")
+    where.add_argument(
         "--listen",
         action="append",
         metavar="[ADDR]:PORT",
@@ -78,14 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="address and port to listen on (UDP data and the TCP side channel); "
         f"repeat once per plane address. Default [::]:{DEFAULT_PORT}",
     )
-    out = p.add_mutually_exclusive_group(required=True)
+    output = p.add_argument_group("where the data goes (one of --out, --discard)")
+    out = output.add_mutually_exclusive_group(required=True)
     out.add_argument(
         "--out",
         metavar="FILE",
         help="write the data here ({n} in the name is replaced by the transfer "
         "number when --count > 1: 1, 2, ..., never the same twice, also when a sender that "
         "never started is dropped); written to a new FILE.mrc-<random>.part, renamed to FILE "
-        "once verified, deleted on any failure; an existing FILE is refused unless --force",
+        "once verified, deleted on any failure; an existing FILE is refused unless --force. "
+        "Its directory must exist and be writable (checked at start)",
     )
     out.add_argument(
         "--discard",
@@ -93,7 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="receive into memory, verify, and throw the data away; a transfer larger than "
         "--discard-window comes through a window of that size, hashed as it lands",
     )
-    p.add_argument(
+    output.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing output file (without it, an existing --out is refused)",
+    )
+    output.add_argument(
         "--discard-window",
         type=size_arg,
         default=DISCARD_WINDOW,
@@ -102,30 +128,51 @@ def build_parser() -> argparse.ArgumentParser:
         f"{DISCARD_WINDOW >> 20}M, at least {MIN_WINDOW >> 20}M): two slots a larger transfer "
         "is written through, one while the other is hashed",
     )
-    p.add_argument(
+    transfers = p.add_argument_group("transfers")
+    transfers.add_argument(
         "--count",
         type=positive_int,
         default=1,
+        metavar="N",
         help="transfers to accept before exiting; they may run at once (default 1)",
     )
-    p.add_argument(
+    transfers.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="give up if no sender connects and starts sending within this time",
+    )
+    transfers.add_argument(
+        "--start-timeout",
+        type=float_between(0.1, 86400.0),
+        default=START_TIMEOUT,
+        metavar="SECONDS",
+        help="drop a sender that connected but sent no data for this long, freeing its "
+        f"transfer slot and file for another sender (default {START_TIMEOUT:g}); "
+        "--idle-timeout covers a transfer that stalls once started",
+    )
+    add_idle_timeout(transfers, "no data arrives", IDLE_TIMEOUT)
+    transfers.add_argument(
         "--evs",
         type=positive_int,
         default=16,
+        metavar="N",
         help="entropy values for acknowledgements, split across planes (default 16)",
     )
-    p.add_argument(
+    add_qp_arg(
+        transfers,
+        ", for every QP this receiver accepts (the sender's hello still sets the PSN window)",
+    )
+    limits = p.add_argument_group("limits (each refusal names the flag that raises it)")
+    limits.add_argument(
         "--max-size",
         type=size_arg,
         default=64 << 30,
+        metavar="SIZE",
         help=f"refuse transfers larger than this (default 64G; {SIZE_HELP})",
     )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="replace an existing output file (without it, an existing --out is refused)",
-    )
-    p.add_argument(
+    limits.add_argument(
         "--max-total",
         type=size_arg,
         default=None,
@@ -133,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="refuse a transfer that would take the space granted to transfers in progress "
         "together over SIZE (default 64G, or --max-size if larger)",
     )
-    p.add_argument(
+    limits.add_argument(
         "--max-memory",
         type=size_arg,
         default=None,
@@ -144,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         "machine's memory (or of its memory cgroup's limit), at most half of what is "
         "available at start; more than the machine's memory is refused",
     )
-    p.add_argument(
+    limits.add_argument(
         "--max-setups",
         type=positive_int,
         default=DEFAULT_MAX_SETUPS,
@@ -153,38 +200,31 @@ def build_parser() -> argparse.ArgumentParser:
         "not yet said its hello (or proved the key) is dropped for the newcomer, and if all "
         f"have, the newcomer is refused (default {DEFAULT_MAX_SETUPS})",
     )
-    p.add_argument(
-        "--start-timeout",
-        type=float_between(0.1, 86400.0),
-        default=START_TIMEOUT,
-        metavar="SECONDS",
-        help="drop a sender that connected but sent no data for this long, freeing its "
-        f"transfer slot and file for another sender (default {START_TIMEOUT:g}); "
-        "--idle-timeout covers a transfer that stalls once started",
+    add_path_args(where, p.add_argument_group("paths"))
+    add_key_args(p.add_argument_group("security"), ENCRYPT_HELP)
+    shown = p.add_argument_group("output")
+    shown.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per transfer (docs/schemas/mrc-recv.schema.json), and "
+        'one with "ok": false and the "error" when the run fails without a transfer to say it',
     )
-    add_idle_timeout(p, "no data arrives", IDLE_TIMEOUT)
-    add_key_args(p, "refuse senders that do not also encrypt payloads (needs a key)")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="give up if no sender connects and starts sending within this time",
-    )
-    add_path_args(p)
-    add_qp_arg(
-        p, ", for every QP this receiver accepts (the sender's hello still sets the PSN window)"
-    )
-    add_metrics_args(p, "the counters of every transfer (and of the listener)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per transfer")
-    p.add_argument(
+    shown.add_argument(
         "--no-progress",
         action="store_true",
         help="never draw progress bars (drawn only when stderr is a terminal, one line per "
         "transfer, and never with --json or -q)",
     )
+    add_metrics_args(shown, "the counters of every transfer (and of the listener)")
     add_logging_args(p)
     return p
+
+
+#: what --encrypt asks of senders (mrc/security: AES-GCM with 128-bit keys per connection)
+ENCRYPT_HELP = (
+    "refuse senders that do not also encrypt every payload (AES-128-GCM under keys made "
+    "for each connection from the key file); needs --key-file"
+)
 
 
 async def _one(
@@ -224,16 +264,16 @@ async def _one(
     cpu0 = time.process_time()
     watch = PlaneWatch(conn)
     watch.start()
+    result = None
     try:
         apply_denies(conn, args.deny)
         result = await receive_buffer(conn, view, progress.update, commit, args.idle_timeout)
     except MRCError as exc:
-        result = None
         error = str(exc)
         with contextlib.suppress(MRCError):
             await conn.send_message(Abort(error).to_json())
     finally:
-        progress.finish()
+        progress.finish("verified" if result is not None and result.ok else "failed")
         await watch.stop()
         stats = conn.stats()
         counters = conn.counters()
@@ -343,7 +383,7 @@ async def _main(args: argparse.Namespace) -> int:
                 # more is dropped by the listener after --start-timeout, its slot kept
                 conn = await listener.accept(args.timeout, started=True)
             except TimeoutError:
-                raise MRCError(f"no sender connected within {args.timeout:g} s") from None
+                raise MRCError(_no_sender(args.timeout, outputs)) from None
             tasks.append(asyncio.ensure_future(_one(conn, outputs, args, evlog, lines)))
         for ok in await asyncio.gather(*tasks):
             failures += 0 if ok else 1
@@ -362,6 +402,16 @@ async def _main(args: argparse.Namespace) -> int:
         evlog.close()
         lines.close()  # every transfer is over: waiting on a slow reader stalls nothing now
     return 1 if failures else 0
+
+
+def _no_sender(timeout: float, outputs: Outputs) -> str:
+    """Why --timeout ran out: nobody came, or those who came were refused (and why)."""
+    if not outputs.refused:
+        return f"no sender connected within {timeout:g} s"
+    return (
+        f"no transfer started within {timeout:g} s: {outputs.refused} sender(s) refused, the "
+        f"last because: {outputs.last_refusal}"
+    )
 
 
 #: how mrc-recv's refusals say each limit is raised
@@ -398,11 +448,13 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         parser.error("all --listen addresses must use the same port")
     if args.out and args.count > 1 and "{n}" not in args.out:
         parser.error("with --count > 1, --out needs a {n} placeholder in the file name")
-    if args.out and "{n}" not in args.out:
+    if args.out:
         try:
-            check_target(args.out, args.force)
+            check_out_dir(args.out)
+            if "{n}" not in args.out:
+                check_target(args.out, args.force)
         except MRCError as exc:
-            parser.error(str(exc))
+            parser.error(f"--out {args.out}: {exc}")
     if args.discard_window < MIN_WINDOW:
         parser.error(f"--discard-window: at least {MIN_WINDOW >> 20}M, not {args.discard_window}")
     args.config = None
@@ -423,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     check_metrics_usage(parser, args)
     if args.out:
         _warn_stale_parts(args.out)
-    return run_command(PROG, _main(args))
+    answer = JsonAnswer("recv", args.json)
+    return run_command(PROG, _main(args), answer)
 
 
 def _warn_stale_parts(out: str) -> None:

@@ -113,8 +113,11 @@ def schema(name: str, current: dict[str, Any]) -> dict[str, Any]:
     tool, places = SCHEMAS[name]
     out: dict[str, Any] = json.loads(json.dumps(current))
     specs = registry.in_json(tool)
+    # a schema that also takes a failure object (--json on a failed run) keeps its result
+    # object in $defs/result, the root being a oneOf of the two
+    root: dict[str, Any] = out.get("$defs", {}).get("result", out)
     for path in places:
-        obj = out
+        obj = root
         for step in path:
             obj = obj["properties"][step] if step != "items" else obj["items"]
         _with_counters(obj, specs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -125,6 +126,17 @@ def test_quick_run_every_workload_and_transport_verified(tmp_path: Path) -> None
     }
     text = table.read_text()
     assert text.startswith("| workload |") and text.count("\n|") >= len(rows)
+    # three steps judge no aim: each says so, none is "NOT met"
+    assert [a["pass"] for a in doc["aims"]] == [None] * len(doc["aims"])
+    assert "NOT met" not in text and "not judged (--quick: too short)" in text
+    for r in doc["results"]:  # no more EV retirements judged false than made, unexplained
+        st = r.get("transport_stats") or {}
+        if (st.get("evs_assumed_bad_false") or 0) > (st.get("evs_assumed_bad") or 0):
+            assert "retired before this series" in text
+    # "done in X s" is the time when it is said, as its line's stamp shows
+    (done,) = [line for line in err.splitlines() if "] done in " in line]
+    stamp, said = (float(x) for x in re.findall(r"\[\s*([\d.]+)s\] done in ([\d.]+) s", done)[0])
+    assert abs(stamp - said) < 1.0 and said <= took + 1, done
     pngs = sorted(p.name for p in plots.glob("*.png"))
     assert "steps-alltoall-clean.png" in pngs and "cdf-alltoall-clean.png" in pngs, pngs
 

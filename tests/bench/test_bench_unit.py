@@ -114,3 +114,86 @@ def test_aims_and_table() -> None:
     )
     assert md.count("| alltoall |") == 5
     assert "**2500.0**" in md and "NOT met" in md and "`lossy` skipped: no ip6tables" in md
+
+
+def test_a_quick_run_judges_no_aim() -> None:
+    """--quick's three steps and 1 s outage are too few to call an aim met or not."""
+    rows = [
+        _row("alltoall", "clean", "mrc", 100.0),
+        _row("alltoall", "clean", "tcp", 300.0),
+        _row("alltoall", "link_down", "mrc", 160.0),
+    ]
+    judged = aims(rows, judged=False)
+    assert [a["pass"] for a in judged] == [None] * 4
+    assert judged[1]["measured"]["ratio"] == 1.6  # what was measured is still there
+    md = table({"config": {"quick": True}, "results": rows, "aims": judged})
+    assert "NOT met" not in md and "| met |" not in md
+    assert md.count("| not judged (--quick: too short) |") == 4
+    full = table({"config": {"quick": False}, "results": rows, "aims": aims(rows)})
+    assert "| NOT met |" in full and "| not measured |" in full
+
+
+@pytest.mark.parametrize(
+    ("bad", "false", "note"),
+    [
+        (10, 3, "EVs bad 10 (3 false)"),
+        (10, 0, "EVs bad 10"),
+        (10, 13, "EVs bad 10, 13 judged false (3+ of them retired before this series)"),
+        (0, 2, "EVs bad 0, 2 judged false (2+ of them retired before this series)"),
+    ],
+)
+def test_ev_counts_add_up(bad: int, false: int, note: str) -> None:
+    """A retirement is judged false when its probe answers, possibly in a later series than
+    the one it was made in: the note never shows more false than bad without saying why."""
+    row = _row(
+        "alltoall",
+        "clean",
+        "mrc",
+        100.0,
+        transport_stats={"evs_assumed_bad": bad, "evs_assumed_bad_false": false},
+    )
+    md = table({"results": [row], "aims": []})
+    assert f"| {note} |" in md, md
+
+
+def test_setup_notes_print_no_python_reprs() -> None:
+    from mrc.lab.bench.report import setup_note
+
+    note = setup_note({"evs_per_qp": [128], "routes": ["p0s0", "p1s0"], "window": 64})
+    assert note == "evs per qp 128, routes p0s0/p1s0, window 64"
+    note = setup_note({"subflows": {"h0": {"1": 2, "2": None}, "h1": {"0": 2}}})
+    assert note == "subflows h0:(1:2 2:-) h1:(0:2)"
+    assert not any(c in note for c in "{}[]'")
+
+
+def test_done_in_is_the_time_at_the_moment_it_prints(monkeypatch) -> None:
+    """mrc-bench prints "done in X s" after its table and plots: X counts them too."""
+    from types import SimpleNamespace
+
+    from mrc.lab.cli import bench
+
+    clock = [100.0]
+    monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
+    said: list[str] = []
+
+    def progress(msg: str) -> None:
+        said.append(msg)
+
+    class Cfg:
+        quick = True
+
+    fake = SimpleNamespace(cfg=Cfg(), rows=[], skipped=[])
+    monkeypatch.setattr("mrc.lab.bench.coordinator.config_dict", lambda cfg: {"quick": True})
+    monkeypatch.setattr(
+        "mrc.lab.harness.machine.machine_info", lambda load: {"cpus": 1, "load": list(load)}
+    )
+
+    def slow_table(doc: dict) -> str:
+        clock[0] += 7.5  # the report takes 7.5 s (plots, say)
+        return "| table |\n"
+
+    monkeypatch.setattr("mrc.lab.bench.report.table", slow_table)
+    args = SimpleNamespace(table=None, plots=None, json=False)
+    t0 = 68.2  # the run began 31.8 s before the report
+    assert bench._report(args, fake, (0.0, 0.0, 0.0), t0, progress, {}) == 0
+    assert said == ["done in 39.3 s (the run 31.8 s, then its report)"]

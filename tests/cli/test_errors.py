@@ -27,7 +27,7 @@ def one_line(res, tool: str) -> str:
         (["--size", "12Q", "--to", "::1"], r"12Q"),
         (["--size", "1M", "--to", "[::1]:99999"], r"bad port"),
         (["--size", "1M", "--to", "[::1:4791"], r"missing '\]'"),
-        (["--to", "::1"], r"file --size"),
+        (["--to", "::1"], r"FILE --size"),
         (["some.file", "--size", "1M", "--to", "::1"], r"not allowed"),
         (["--size", "1M", "--to", "::1", "--payload", "0"], r"--payload"),
         (["--size", "1M", "--to", "::1", "--payload", "70000"], r"payload size"),
@@ -107,11 +107,16 @@ def test_send_unresolvable_host(mrc_tools) -> None:
 
 
 def test_send_json_failure_still_one_line(mrc_tools, mrc_port: int) -> None:
+    """--json: the one error line on stderr, and on stdout the failure object (the schema's
+    shape is checked in test_usage_errors.py)."""
     res = mrc_tools.run(
         "mrc-send", "--size", "1M", "--to", f"[::1]:{mrc_port}", "--json", timeout=20
     )
     assert res.returncode == 1, res.describe()
-    one_line(res, "mrc-send")
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mrc-send: error: "), res.describe()
+    assert res.json["ok"] is False and res.json["role"] == "send"
+    assert lines[0] == f"mrc-send: error: {res.json['error']}"
 
 
 def test_recv_timeout_without_sender(mrc_tools, mrc_port: int) -> None:
@@ -135,14 +140,19 @@ def test_recv_port_in_use(mrc_tools, mrc_port: int) -> None:
     assert "in use" in one_line(res, "mrc-recv")
 
 
-def test_recv_unwritable_output_fails_the_sender_too(
+def test_recv_output_gone_fails_the_sender_and_says_so(
     mrc_tools, mrc_port: int, tmp_path: Path
 ) -> None:
-    out = tmp_path / "missing-dir" / "x.bin"
+    """--out's directory is checked at start (test_usage_errors.py); one removed later fails
+    each sender with the reason, and the receiver says so: once per refusal, and in its
+    error line when --timeout ends the wait."""
+    where = tmp_path / "later-gone"
+    where.mkdir()
     recv = mrc_tools.start(
-        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), "--timeout", "2"
+        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(where / "x.bin"), "--timeout", "3"
     )
     recv.wait_listening(mrc_port)
+    where.rmdir()
     send = mrc_tools.run("mrc-send", "--size", "10K", "--to", f"[::1]:{mrc_port}", timeout=20)
     assert send.returncode == 1, send.describe()
     assert "cannot create" in one_line(send, "mrc-send")
@@ -150,6 +160,12 @@ def test_recv_unwritable_output_fails_the_sender_too(
     res = recv.wait(20)
     assert res.returncode == 1, res.describe()
     assert "Traceback" not in res.stderr
+    warning, error = res.stderr.splitlines()
+    assert warning.startswith("mrc-recv: warning: refused a sender: cannot create "), warning
+    assert error.startswith(
+        "mrc-recv: error: no transfer started within 3 s: 1 sender(s) refused, the last "
+        "because: cannot create "
+    ), error
 
 
 def test_recv_refuses_oversized_transfer(mrc_tools, mrc_port: int) -> None:

@@ -45,10 +45,47 @@ def test_a_transfer_matches_both_schemas(mrc_tools, mrc_port: int) -> None:
 
 def test_the_schemas_reject_what_they_do_not_describe() -> None:
     send = _schema("mrc-send")
+    result = {**send["$defs"]["result"], "$defs": send["$defs"]}  # type: ignore[dict-item]
     with pytest.raises(jsonschema.ValidationError, match="Additional properties"):
+        jsonschema.validate({"version": "0", "ok": True, "surprise": 1}, result)
+    with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"version": "0", "ok": True, "surprise": 1}, send)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"version": "0", "ok": "yes"}, _schema("mrc-recv"))
+
+
+@pytest.mark.parametrize("tool", ["mrc-send", "mrc-recv"])
+def test_the_schemas_take_a_failure_object_and_nothing_like_it(tool: str) -> None:
+    """--json on a failed run prints {version, ok: false, role, error}
+    (mrc.cli.common.failure_object); nothing more, nothing less, never ok."""
+    from mrc.cli.common import failure_object, versioned
+
+    schema = _schema(tool)
+    role = tool.removeprefix("mrc-")
+    good = versioned(failure_object(role, "connection refused by [::1]:4791"))
+    jsonschema.validate(good, schema)
+    for bad in (
+        {**good, "ok": True},
+        {**good, "role": "recv" if role == "send" else "send"},
+        {**good, "error": None},
+        {**good, "bytes": 0},
+        {k: v for k, v in good.items() if k != "error"},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+
+
+def test_a_failed_run_matches_both_schemas(mrc_tools, mrc_port: int) -> None:
+    """Nobody listening: the sender is refused, the receiver times out; both answer --json."""
+    sent = mrc_tools.run("mrc-send", "--size", "1M", "--to", f"[::1]:{mrc_port}", "--json")
+    got = mrc_tools.run(
+        "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--timeout", "0.2", "--json"
+    )
+    assert sent.returncode == 1 and got.returncode == 1, sent.describe() + got.describe()
+    jsonschema.validate(sent.json, _schema("mrc-send"))
+    jsonschema.validate(got.json, _schema("mrc-recv"))
+    assert sent.json["ok"] is False and "refused" in str(sent.json["error"])
+    assert got.json["error"] == "no sender connected within 0.2 s"
 
 
 # --- the other commands and tools ------------------------------------------------------------

@@ -16,6 +16,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pytest
 from conftest import BIN
 from rich.console import Console
 
@@ -236,3 +237,90 @@ def test_recv_draws_nothing_with_json(mrc_port: int, tmp_path: Path) -> None:
     assert status == 0, term
     assert term == "", repr(term)
     assert stdout.startswith("{")
+
+
+# --- phases and the time left -----------------------------------------------------------------
+
+
+def test_a_line_names_its_phase_until_bytes_move_and_after() -> None:
+    from mrc.cli.progress import CONNECTING, START_BYTES, STARTING
+
+    board, out = _board()
+    total = 4 << 30  # a hundredth is more than START_BYTES
+    bar = Progress(total, "sending", True, board, phase=CONNECTING)
+    assert screen(out.getvalue())[-1].startswith("sending (connecting)")
+    bar.phase(STARTING)
+    bar.update(START_BYTES - 1, force=True)  # a trickle: still starting, no rate, no ETA
+    line = screen(out.getvalue())[-1]
+    assert line.startswith("sending (starting)") and line.endswith("- -:--:--"), line
+    bar.update(START_BYTES, force=True)
+    assert screen(out.getvalue())[-1].startswith("sending ━"), screen(out.getvalue())
+    bar.update(total, force=True)  # every byte there: the hashes are being swapped
+    assert screen(out.getvalue())[-1].startswith("sending (verifying)")
+    bar.finish("verified")
+    (line,) = screen(out.getvalue())
+    assert line.startswith("sending (verified)") and "100%" in line, line
+
+
+def test_a_small_transfer_leaves_its_start_at_a_hundredth() -> None:
+    board, out = _board()
+    bar = Progress(1000, "x", True, board)
+    bar.update(9, force=True)
+    assert screen(out.getvalue())[-1].startswith("x (starting)")
+    bar.update(10, force=True)
+    assert screen(out.getvalue())[-1].startswith("x ━")
+    bar.finish("failed")
+    assert screen(out.getvalue())[-1].startswith("x (failed)")
+
+
+def test_no_rate_and_no_eta_for_a_second_then_a_smoothed_one() -> None:
+    from mrc.cli.progress import RateEstimate
+
+    r = RateEstimate()
+    r.add(0.0, 0)  # nothing moved yet: no start
+    r.add(10.0, 1_000)  # the first bytes, at t=10
+    for t in (10.25, 10.5, 10.75):
+        r.add(t, 1_000 + int((t - 10.0) * 1e6))
+        assert r.rate is None and r.eta(0, 10**9) is None
+    r.add(11.0, 1_001_000)  # a second of 1 MB/s
+    assert r.rate == pytest.approx(1e6)
+    assert r.eta(1_001_000, 11_001_000) == pytest.approx(10.0)
+    r.add(11.1, 9_999_999)  # samples closer than RATE_SAMPLE are not taken apart
+    assert r.rate == pytest.approx(1e6)
+    r.add(11.5, 3_001_000)  # a burst of 4 MB/s moves the estimate part of the way only
+    assert 1e6 < r.rate < 2.5e6
+    assert r.eta(5, 5) is None
+
+
+def test_a_slow_start_never_shows_hours_left(monkeypatch) -> None:
+    """The case of the issue: 2 GiB whose first seconds trickle (a receiver faulting its
+    memory in) then flow at 500 MB/s. The start phase holds the ETA back until the flow."""
+    import time
+
+    from mrc.cli.progress import START_BYTES
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    board, _out = _board()
+    total = 2 << 30
+    bar = Progress(total, "x", True, board)
+    etas = []
+    done = 0
+    while done < total:
+        clock[0] += 0.1
+        done = min(total, done + (50_000 if clock[0] < 4 else 50_000_000))
+        bar.update(done)
+        if START_BYTES <= done < total:
+            etas.append(bar.rate.eta(done, total))
+    shown = [e for e in etas if e is not None]
+    assert shown and max(shown) < 10, max(shown)
+    assert etas[0] is None  # the first second after the start: no ETA yet
+
+
+def test_a_transfer_that_never_started_leaves_no_line() -> None:
+    from mrc.cli.progress import CONNECTING
+
+    board, out = _board()
+    bar = Progress(1 << 20, "sending", True, board, phase=CONNECTING)
+    bar.finish("failed", keep=bar.done > 0)  # refused: the error line says why
+    assert screen(out.getvalue()) == [] and board.active == 0

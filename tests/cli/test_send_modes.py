@@ -155,7 +155,7 @@ def test_human_output_has_interval_lines_and_the_summary_table(mrc_tools, mrc_po
     ("args", "says"),
     [
         (["--time", "1", "--size", "1M"], "argument --size: not allowed with argument --time"),
-        (["somefile", "--time", "1"], "argument --time: not allowed with argument file"),
+        (["somefile", "--time", "1"], "argument --time: not allowed with argument FILE"),
         (["--time", "0", "--size", "1M"], "argument --time: must be more than 0"),
         (["--size", "1M", "--interval", "-1"], "argument --interval: must be more than 0"),
         (["--size", "1M", "--parallel", "0"], "argument --parallel: must be at least 1"),

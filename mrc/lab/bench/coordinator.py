@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from mrc.core.cc import law_class
 from mrc.errors import AgentError, MRCError
 from mrc.lab.bench.common import dumps, now, setup_mptcp_outside
+from mrc.lab.bench.report import setup_note
 from mrc.lab.bench.workloads import Transfer, ideal_seconds, transfers
 from mrc.lab.harness.children import signal_group
 
@@ -880,7 +881,7 @@ class Bench:
             infos[transport] = await self.setup_transport(agents, transport, pairs, condition)
             self.progress(
                 f"{transport}: {len(pairs)} connections up"
-                + (f" {infos[transport]}" if infos[transport] else "")
+                + (f" ({setup_note(infos[transport])})" if infos[transport] else "")
             )
         if condition == "lossy":
             await self.apply_loss(topo)

@@ -18,8 +18,22 @@ def _find(
     return None
 
 
-def aims(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's targets, checked against this run (``pass`` is None when not measured)."""
+#: what the table says of an aim ``pass`` leaves None: a run too short to judge any (--quick)
+NOT_JUDGED = "not judged (--quick: too short)"
+
+
+def aims(rows: list[dict[str, Any]], judged: bool = True) -> list[dict[str, Any]]:
+    """The issue's targets, checked against this run (``pass`` is None when not measured, and
+    for every aim when not ``judged``: a --quick run's three steps and 1 s outage measure
+    what the aims name, but too little of it to call one met or not)."""
+    out = _aims(rows)
+    if not judged:
+        for aim in out:
+            aim["pass"] = None
+    return out
+
+
+def _aims(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     m = _find(rows, "alltoall", "clean", "mrc")
     t = _find(rows, "alltoall", "clean", "tcp")
@@ -115,10 +129,9 @@ def _extra(r: dict[str, Any]) -> str:
             bits.append(f"rtx {st['retransmits']}")
         if st.get("trims_seen"):
             bits.append(f"trims {st['trims_seen']}")
-        if st.get("evs_assumed_bad"):
-            false = st.get("evs_assumed_bad_false")
-            more = f" ({false} false)" if false else ""
-            bits.append(f"EVs bad {st['evs_assumed_bad']}{more}")
+        bad, false = st.get("evs_assumed_bad") or 0, st.get("evs_assumed_bad_false") or 0
+        if bad or false:
+            bits.append(_evs_bad(bad, false))
     else:
         if st.get("retrans_segs"):
             bits.append(f"rtx {st['retrans_segs']}")
@@ -133,6 +146,34 @@ def _extra(r: dict[str, Any]) -> str:
     if f and f.get("stalled_until_heal"):
         bits.append("stalled until heal")
     return ", ".join(bits)
+
+
+def _evs_bad(bad: int, false: int) -> str:
+    """EV retirements in a series, and those judged false in it. A retirement is judged when
+    its first probe is answered, or another EV's packet shows the route worked: possibly in a
+    later series (the counters are the series' difference), so more can be judged false than
+    were retired, and that many at least were retired before the series."""
+    if false <= bad:
+        return f"EVs bad {bad}" + (f" ({false} false)" if false else "")
+    return (
+        f"EVs bad {bad}, {false} judged false ({false - bad}+ of them retired before this series)"
+    )
+
+
+def setup_note(info: dict[str, Any]) -> str:
+    """A transport's set-up details as a progress line shows them (``evs_per_qp [40]``,
+    ``routes [...]``, ``subflows {...}``: no Python reprs): ``key value, key value``, lists
+    joined with ``/``, a mapping as ``k:v`` pairs (one within another in parentheses)."""
+
+    def value(v: Any, nested: bool = False) -> str:
+        if isinstance(v, dict):
+            pairs = " ".join(f"{k}:{value(x, True)}" for k, x in v.items())
+            return f"({pairs})" if nested else pairs
+        if isinstance(v, list | tuple):
+            return "/".join(value(x) for x in v) or "-"
+        return "-" if v is None else str(v)
+
+    return ", ".join(f"{k.replace('_', ' ')} {value(v)}" for k, v in info.items())
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -154,10 +195,12 @@ def table(doc: dict[str, Any]) -> str:
         )
     out = "\n".join(lines) + "\n"
     if doc.get("aims"):
+        quick = bool((doc.get("config") or {}).get("quick"))
         out += "\n| aim | measured | result |\n|---|---|---|\n"
         for a in doc["aims"]:
             meas = ", ".join(f"{k} {v}" for k, v in a["measured"].items() if v is not None)
-            res = {True: "met", False: "NOT met", None: "not measured"}[a["pass"]]
+            unknown = NOT_JUDGED if quick else "not measured"
+            res = {True: "met", False: "NOT met", None: unknown}[a["pass"]]
             out += f"| {a['aim']} | {meas or '-'} | {res} |\n"
     if doc.get("skipped"):
         out += (

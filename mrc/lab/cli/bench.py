@@ -519,7 +519,7 @@ def _report(
             "config": config_dict(bench.cfg),
             "duration_s": round(time.monotonic() - t0, 1),
             "results": bench.rows,
-            "aims": aims(bench.rows),
+            "aims": aims(bench.rows, judged=not bench.cfg.quick),
             "skipped": bench.skipped,
             **extra,
         },
@@ -539,7 +539,9 @@ def _report(
     else:
         print(md, end="")
     sys.stdout.flush()
-    progress(f"done in {doc['duration_s']} s")
+    # the time until now, report and plots included (duration_s is the run's, before them)
+    took = time.monotonic() - t0
+    progress(f"done in {took:.1f} s (the run {doc['duration_s']} s, then its report)")
     return 0
 
 
