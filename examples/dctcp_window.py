@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mrc.core import QPConfig
-from mrc.core.cc import WindowLaw, register
+from mrc.core.cc import LawContext, WindowLaw, register
 from mrc.core.counters import CounterSpec, Source
 
 
@@ -39,9 +38,9 @@ class Dctcp(WindowLaw):
         CounterSpec("cc_trim_cuts", Source.CC, "Cuts for trims and timeouts", attr="trim_cuts"),
     )
 
-    def __init__(self, params: DctcpParams, config: QPConfig) -> None:
-        self.mss = config.payload_size
-        self.cap = float(self.mss * config.max_outstanding)
+    def __init__(self, params: DctcpParams, ctx: LawContext) -> None:
+        self.mss = ctx.payload_size
+        self.cap = float(self.mss * ctx.max_outstanding)
         self.g = params.g
         self.alpha = 1.0  # no history yet: a first mark cuts as hard as RFC 8257 says
         self.srtt = 0.0  # 0: no RTT sample yet

@@ -25,12 +25,12 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from mrc import counters as registry
+from mrc import counter_registry as registry
 from mrc.core.config import QPConfig
 from mrc.core.counters import Source
-from mrc.core.endpoint import EndpointCore
+from mrc.core.endpoint import EndpointCore, PeerGroups
 from mrc.core.events import EVStateChanged
 from mrc.core.memory import Access, MemoryRegion, ProtectionDomain
 from mrc.core.qp import QueuePair
@@ -215,8 +215,9 @@ def backup_count(active: int, planes: int) -> int:
 
 
 #: what the window laws of this process's QPs to one peer (its host, our addresses) share
-#: (WindowLaw.join): one small dict per peer for the life of the process
-_PEERS: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
+#: (WindowLaw.join): every sender's endpoint is given this one, so that connections, each
+#: with an endpoint of its own, share too; a peer's group goes when its last QP closes
+_PEERS = PeerGroups()
 
 
 class Connection:
@@ -397,8 +398,8 @@ class Connection:
 
     def stats(self) -> dict[str, object]:
         """The QP's counters (``QPStats``), the transport's for it and its window law's
-        (``mrc.counters``), its drops plus those counted for the whole endpoint, its smoothed
-        RTT and RTO."""
+        (``mrc.counter_registry``), its drops plus those counted for the whole endpoint, its
+        smoothed RTT and RTO."""
         qp = self.qp
         out: dict[str, object] = {}
         out.update(registry.read(qp, self.channel, registry.of(Source.QP)))
@@ -412,8 +413,8 @@ class Connection:
         return out
 
     def counters(self) -> dict[str, int]:
-        """Every counter of this connection (``mrc.counters.COUNTERS``: those of ``stats()``,
-        ``ev_counters()`` and the congestion window's), by name."""
+        """Every counter of this connection (``mrc.counter_registry.COUNTERS``: those of
+        ``stats()``, ``ev_counters()`` and the congestion window's), by name."""
         return registry.read(self.qp, self.channel)
 
     def ev_report(self) -> list[dict[str, object]]:
@@ -473,7 +474,7 @@ class Connection:
         if self._closed:
             return
         self._closed = True
-        self.qp.requester.cc.leave()
+        self.endpoint.core.peers.leave(self.qp)
         self.side.close()
         self.endpoint.detach(self.qp.qpn)
         if self._owns_endpoint:
@@ -1325,7 +1326,7 @@ async def connect(
         cfg.validate()
     except ValueError as exc:
         raise MRCError(str(exc)) from None
-    core = EndpointCore()
+    core = EndpointCore(peers=_PEERS)
     for region in regions or []:
         _adopt(core.pd, region)
     hosts = [_resolve(h) for h in [host, *(alternates or [])]]
@@ -1435,7 +1436,7 @@ async def _client_setup(
         evsocks.close()
         raise
     # only once nothing can fail: Connection.close is what leaves the group again
-    qp.requester.cc.join(_PEERS.setdefault((host, hello.addrs), {}))
+    endpoint.core.peers.join((host, hello.addrs), qp)
     side = _side_channel(control, pairs)
     if reply.join is not None and len(pairs) > 1:
         token, port = reply.join, control.peer_port

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# the window laws' constants live with them (mrc/core/cc/base.py: the laws do not import this
+# module, so this one may import the registry); named here too for the callers that read them
+from mrc.core.cc.base import AUTO_BURST as AUTO_BURST
+from mrc.core.cc.base import GSO_MAX_BYTES as GSO_MAX_BYTES
+from mrc.core.cc.registry import law_class, params_of
+
 # Bounds of psn_window, named so that validate() and the side channel's check of a peer's
 # hello (mrc/transport/messages.py) cannot drift apart.
 PSN_WINDOW_MIN = 64
 PSN_WINDOW_MAX = 1 << 22
 MAX_BURST = 64  # the kernel's limit on segments in one UDP GSO send (UDP_MAX_SEGMENTS)
-# the most bytes of datagrams (MRC headers + payloads) one UDP GSO send carries: an IPv6
-# payload (65535) less the UDP header and room for an SRH (mrc/transport/gso.py)
-GSO_MAX_BYTES = 65000
-# QPConfig.burst left unset: the most packets per burst a window law that sizes its bursts
-# (NSCC) may choose (docs/PERFORMANCE.md, "Bursts": past about 16 x 8 KiB the kernel's GSO gains
-# little and a burst's queueing grows)
-AUTO_BURST = 16
 
 
 @dataclass(slots=True)
@@ -161,8 +160,6 @@ class QPConfig(EVConfig):
         """``burst``, or what leaving it unset means for this window law."""
         if self.burst is not None:
             return self.burst
-        from mrc.core.cc.registry import law_class  # (the laws import this module)
-
         return law_class(self.cc).default_burst
 
     def validate(self) -> None:
@@ -197,8 +194,6 @@ class QPConfig(EVConfig):
             raise ValueError("ack_batch_max must be at least 1")
         if self.tlp_max < 0:
             raise ValueError("tlp_max must be >= 0")
-        from mrc.core.cc.registry import params_of  # (the laws import this module)
-
         params_of(self.cc, self.cc_params)  # the law exists, its parameters fit it
         EVConfig.validate(self)
         if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:

@@ -3,12 +3,12 @@
 A QP's counters live where they are incremented (``QPStats`` fields, ``EVSet`` attributes, the
 transport's channel, the congestion window's ``counters()``), and every output that shows them
 (``Connection.stats()``, the Prometheus exporter, ``--json`` of mrc-send and mrc-recv, their
-JSON schemas, docs/METRICS.md) reads one registry of :class:`CounterSpec` (``mrc.counters``)
+JSON schemas, docs/METRICS.md) reads one registry of :class:`CounterSpec` (``mrc.counter_registry``)
 instead of a list of its own. So a new counter is its declaration and nothing else:
 
 * a ``QPStats`` field declared with :func:`counter` (its spec is the field's metadata);
 * an ``EVSet`` attribute: a line of ``EV_COUNTERS`` beside the class;
-* a counter of the transport or the congestion window: a line of ``mrc.counters``.
+* a counter of the transport or the congestion window: a line of ``mrc.counter_registry``.
 
 Only names here: nothing is read or formatted in the core.
 """

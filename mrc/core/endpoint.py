@@ -3,17 +3,70 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Hashable
+from typing import Any
 
 from mrc import wire
 from mrc.core.memory import ProtectionDomain
 from mrc.core.qp import QueuePair
 
 
-class EndpointCore:
-    """All QPs of one endpoint share its protection domain and its receive path."""
+class PeerGroups:
+    """The QPs to one peer whose window laws share what they measure (the base RTT):
+    one dict per peer (``key``: whatever names it, e.g. its host and our addresses), handed
+    to each member with :meth:`QueuePair.share_with`, and dropped when its last member
+    leaves, so that the groups never outgrow the QPs open.
 
-    def __init__(self, pd: ProtectionDomain | None = None) -> None:
+    Endpoints that should share (a process's connections, each with an endpoint of its
+    own) are given the same one (``EndpointCore(peers=...)``)."""
+
+    __slots__ = ("_groups", "_members", "_key_of")
+
+    def __init__(self) -> None:
+        self._groups: dict[Hashable, dict[str, Any]] = {}
+        self._members: dict[Hashable, int] = {}
+        self._key_of: dict[QueuePair, Hashable] = {}
+
+    def join(self, key: Hashable, qp: QueuePair) -> None:
+        """``qp`` shares with the other QPs to peer ``key`` (a QP joins once: again, or to
+        another key, does nothing)."""
+        if qp in self._key_of:
+            return
+        group = self._groups.setdefault(key, {})
+        self._members[key] = self._members.get(key, 0) + 1
+        self._key_of[qp] = key
+        qp.share_with(group)
+
+    def leave(self, qp: QueuePair) -> None:
+        """``qp`` (closed) stops sharing; its group goes with its last member. A QP that
+        never joined, or left already, is told to stop all the same (it does nothing)."""
+        qp.share_with(None)
+        key = self._key_of.pop(qp, None)
+        if key is None:
+            return
+        left = self._members[key] - 1
+        if left:
+            self._members[key] = left
+        else:
+            del self._members[key], self._groups[key]
+
+    def __len__(self) -> int:
+        """The groups (peers) with a member."""
+        return len(self._groups)
+
+    def members(self, key: Hashable) -> int:
+        """The QPs sharing as peer ``key`` (0: no such group)."""
+        return self._members.get(key, 0)
+
+
+class EndpointCore:
+    """All QPs of one endpoint share its protection domain and its receive path, and their
+    window laws share per peer through ``peers`` (its own unless given one: see
+    :class:`PeerGroups`)."""
+
+    def __init__(self, pd: ProtectionDomain | None = None, peers: PeerGroups | None = None) -> None:
         self.pd = pd or ProtectionDomain()
+        self.peers = peers if peers is not None else PeerGroups()
         self.qps: dict[int, QueuePair] = {}
         self.dropped_by_reason: Counter[str] = Counter()
         self.datagrams_received = 0  # every datagram receive_datagram was given

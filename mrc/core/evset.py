@@ -105,7 +105,7 @@ _TRANSITIONS: dict[tuple[EVState, EVReason], EVState] = {
 ChangeCallback = Callable[[EVStateChanged], None]
 
 # The counters of an EVSet (``counters()``, ``Connection.ev_counters()``, and every output of
-# ``mrc.counters``): the attribute each is kept in, and what it counts.
+# ``mrc.counter_registry``): the attribute each is kept in, and what it counts.
 EV_COUNTERS = (
     CounterSpec(
         "evs_assumed_bad",

@@ -16,7 +16,7 @@ import hashlib
 import hmac
 import secrets
 from collections import deque
-from typing import Protocol
+from typing import Any, Protocol
 
 from mrc import wire
 from mrc.core.cc import law_class
@@ -136,6 +136,16 @@ class QueuePair:
         The peer's ACKs are then authenticated, so its fatal NACKs are believed at once."""
         self.protection = protection
         self.requester.authenticated = True
+
+    def share_with(self, group: dict[str, Any] | None) -> None:
+        """Share what this QP's window law measures in common with the other QPs of this
+        process to the same peer (NSCC: the base RTT; ``WindowLaw.join``): ``group`` is one
+        dict per peer, the same object for all of them (:class:`~mrc.core.endpoint.PeerGroups`
+        keeps them). None: stop sharing (the QP is closed; again does nothing)."""
+        if group is None:
+            self.requester.cc.leave()
+        else:
+            self.requester.cc.join(group)
 
     def connect(self, remote_qpn: int, remote_initial_psn: int) -> None:
         """Bind to the peer QP (numbers exchanged out of band)."""

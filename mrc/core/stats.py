@@ -17,7 +17,7 @@ class QPStats:
 
     Every field but ``dropped_by_reason`` is declared with :func:`~mrc.core.counters.counter`:
     its help line, its Prometheus family and the ``--json`` outputs that print it are part of
-    the field, and ``mrc.counters`` builds every output from that."""
+    the field, and ``mrc.counter_registry`` builds every output from that."""
 
     packets_sent: int = counter(
         "Data packets sent, retransmissions included", metric="mrc_qp_sent_packets", json=SEND

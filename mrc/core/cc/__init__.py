@@ -2,7 +2,7 @@
 the two that ship (``fixed``, ``nscc``) and the registry that names them (docs/CONGESTION.md,
 "Writing a window law")."""
 
-from mrc.core.cc.base import NoParams, WindowLaw
+from mrc.core.cc.base import LawContext, NoParams, WindowLaw
 from mrc.core.cc.fixed import FixedWindow
 from mrc.core.cc.nscc import MrcNscc, MrcNsccParams
 from mrc.core.cc.registry import (
@@ -18,6 +18,7 @@ from mrc.core.cc.uet import UetNscc, UetNsccParams
 
 __all__ = [
     "FixedWindow",
+    "LawContext",
     "NoParams",
     "MrcNscc",
     "MrcNsccParams",

@@ -15,12 +15,56 @@ A law overrides what it reacts to. Sans-IO like the rest of the core: time comes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from mrc.core.counters import CounterSpec
 
-if TYPE_CHECKING:
-    from mrc.core.config import QPConfig
+# the most bytes of datagrams (MRC headers + payloads) one UDP GSO send carries: an IPv6
+# payload (65535) less the UDP header and room for an SRH (mrc/transport/gso.py)
+GSO_MAX_BYTES = 65000
+# QPConfig.burst left unset: the most packets per burst a window law that sizes its bursts
+# (NSCC) may choose (docs/PERFORMANCE.md, "Bursts": past about 16 x 8 KiB the kernel's GSO gains
+# little and a burst's queueing grows)
+AUTO_BURST = 16
+
+
+class QPSettings(Protocol):
+    """What :meth:`LawContext.of` reads of a QP's settings (a ``QPConfig`` is one): the laws
+    need not know the config's class, nor the config theirs (no import circle, issue 41)."""
+
+    @property
+    def payload_size(self) -> int: ...
+    @property
+    def max_outstanding(self) -> int: ...
+    @property
+    def burst_delay_fraction(self) -> float: ...
+    @property
+    def burst_spread(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LawContext:
+    """What a window law is told of its QP (of ``QPConfig``, by the same names).
+
+    ``payload_size``: bytes of payload per packet, the unit of ``limit``; ``max_outstanding``:
+    the cap of ``limit`` whatever the law says; ``burst_delay_fraction`` and ``burst_spread``:
+    how bursts are paced and spread (``QPConfig``'s comments say how).
+    """
+
+    payload_size: int
+    max_outstanding: int
+    burst_delay_fraction: float = 0.5
+    burst_spread: int = 4
+
+    @classmethod
+    def of(cls, settings: QPSettings) -> LawContext:
+        """The context of a QP of ``settings`` (its ``QPConfig``)."""
+        return cls(
+            payload_size=settings.payload_size,
+            max_outstanding=settings.max_outstanding,
+            burst_delay_fraction=settings.burst_delay_fraction,
+            burst_spread=settings.burst_spread,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +78,11 @@ class NoParams:
 class WindowLaw:
     """A congestion window for one queue pair: the hooks the requester calls.
 
-    Construction: ``Law(params, config)``, ``params`` an instance of the law's ``Params``
-    dataclass (validated, from ``QPConfig.cc_params``), ``config`` the QP's
-    :class:`~mrc.core.config.QPConfig` (``payload_size`` is the packet's payload, the unit
-    of ``limit``; ``max_outstanding`` caps it whatever the law says). A law's ``__init__``
-    sets ``limit`` (this one: ``max_outstanding``).
+    Construction: ``Law(params, ctx)``, ``params`` an instance of the law's ``Params``
+    dataclass (validated, from ``QPConfig.cc_params``), ``ctx`` the QP's
+    :class:`LawContext` (``payload_size`` is the packet's payload, the unit of ``limit``;
+    ``max_outstanding`` caps it whatever the law says). A law's ``__init__`` sets ``limit``
+    (this one: ``max_outstanding``).
 
     Units: bytes are payload bytes, times are seconds on the caller's clock (``now``).
     """
@@ -50,7 +94,7 @@ class WindowLaw:
     #: (``cc.<field> must be ...``). Set from text as ``--qp cc.<field>=VALUE``.
     Params: ClassVar[type[Any]] = NoParams
     #: the most packets per EV burst when ``QPConfig.burst`` is unset: 1 sprays every packet;
-    #: :data:`~mrc.core.config.AUTO_BURST` suits a law whose :meth:`burst` sizes bursts
+    #: :data:`AUTO_BURST` suits a law whose :meth:`burst` sizes bursts
     default_burst: ClassVar[int] = 1
     #: the default of ``QPConfig.plane_steering`` (planes' shares follow their delays). Off
     #: for a law that keeps standing queues: they say how the window was set, not what the
@@ -65,7 +109,7 @@ class WindowLaw:
     adaptive: ClassVar[bool] = True
     #: the law's counters (``Source.CC``), each read from its attribute (``attr`` or
     #: ``name``): they reach ``Connection.counters()`` and ``stats()``; those of the laws mrc
-    #: ships also reach the Prometheus exporter and ``--json`` (mrc/counters.py)
+    #: ships also reach the Prometheus exporter and ``--json`` (mrc/counter_registry.py)
     COUNTERS: ClassVar[tuple[CounterSpec, ...]] = ()
 
     #: packets the law lets into the network: new data and retransmissions alike, not
@@ -73,8 +117,8 @@ class WindowLaw:
     #: every send, so a law keeps it current rather than computing it on demand
     limit: int
 
-    def __init__(self, params: Any, config: QPConfig) -> None:
-        self.limit = config.max_outstanding
+    def __init__(self, params: Any, ctx: LawContext) -> None:
+        self.limit = ctx.max_outstanding
 
     def burst(self, most: int, planes: int) -> int:
         """Packets per EV burst now, 1..``most`` (``most`` > 1: ``QPConfig.burst`` or

@@ -52,8 +52,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from mrc import wire
-from mrc.core.cc.base import WindowLaw
-from mrc.core.config import AUTO_BURST, GSO_MAX_BYTES, QPConfig
+from mrc.core.cc.base import AUTO_BURST, GSO_MAX_BYTES, LawContext, WindowLaw
 from mrc.core.counters import SEND, CounterSpec, Source
 
 _INF = float("inf")
@@ -250,9 +249,9 @@ class MrcNscc(WindowLaw):
     plane_steering = True
     prompt_acks = True
 
-    def __init__(self, params: MrcNsccParams, config: QPConfig) -> None:
-        mss = config.payload_size
-        cap_packets = config.max_outstanding
+    def __init__(self, params: MrcNsccParams, ctx: LawContext) -> None:
+        mss = ctx.payload_size
+        cap_packets = ctx.max_outstanding
         self.mss = mss
         # the smallest window, bytes: below one packet the requester paces (pace_gap)
         self.min_cwnd = mss * min(1.0, params.min_window)
@@ -290,8 +289,8 @@ class MrcNscc(WindowLaw):
         #: (time, cwnd in bytes) after every change, once set to a list (tests, plots)
         self.trace: list[tuple[float, float]] | None = None
         # burst sizing (burst): QPConfig's burst knobs, and the packets one GSO send carries
-        self.burst_delay_fraction = config.burst_delay_fraction
-        self.burst_spread = config.burst_spread
+        self.burst_delay_fraction = ctx.burst_delay_fraction
+        self.burst_spread = ctx.burst_spread
         self.per_send = max(1, GSO_MAX_BYTES // (mss + wire.DATA_IMM_HDR_LEN))
         self._next_decrease = -_INF
         self._next_adapt = -_INF

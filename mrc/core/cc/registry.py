@@ -22,15 +22,12 @@ import typing
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mrc.core.cc.base import WindowLaw
+from mrc.core.cc.base import LawContext, QPSettings, WindowLaw
 from mrc.core.cc.fixed import FixedWindow
 from mrc.core.cc.nscc import MrcNscc
 from mrc.core.cc.uet import UetNscc
-
-if TYPE_CHECKING:
-    from mrc.core.config import QPConfig
 
 Value = int | float | bool
 
@@ -121,9 +118,10 @@ def param_from_text(name: str, key: str, text: str) -> Value:
     raise ValueError(f"cc.{key} must be {_a(kind)}, not {text!r}")
 
 
-def create(name: str, values: Mapping[str, object], config: QPConfig) -> WindowLaw:
-    """A new instance of law ``name`` for a QP of ``config``, with parameters ``values``."""
-    return law_class(name)(params_of(name, values), config)
+def create(name: str, values: Mapping[str, object], config: QPSettings) -> WindowLaw:
+    """A new instance of law ``name`` for a QP of ``config`` (its ``QPConfig``), with
+    parameters ``values``: the law is given the :class:`LawContext` of ``config``."""
+    return law_class(name)(params_of(name, values), LawContext.of(config))
 
 
 # ---- internals -------------------------------------------------------------------------

@@ -56,9 +56,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mrc import wire
-from mrc.core.cc.base import WindowLaw
+from mrc.core.cc.base import AUTO_BURST, GSO_MAX_BYTES, LawContext, WindowLaw
 from mrc.core.cc.nscc import MrcNscc, burst_packets
-from mrc.core.config import AUTO_BURST, GSO_MAX_BYTES, QPConfig
 
 _INF = float("inf")
 #: UET's reference network: 100 Gbit/s x 12 us = 150 kB, in 4 KiB packets (its MTU). Gains
@@ -187,11 +186,11 @@ class UetNscc(WindowLaw):
     plane_steering = True
     prompt_acks = True
 
-    def __init__(self, params: UetNsccParams, config: QPConfig) -> None:
+    def __init__(self, params: UetNsccParams, ctx: LawContext) -> None:
         self.p = params
-        self.mss = config.payload_size
-        self.cap = float(config.payload_size * config.max_outstanding)
-        self.cwnd = float(self.mss * max(1, min(params.initial_window, config.max_outstanding)))
+        self.mss = ctx.payload_size
+        self.cap = float(ctx.payload_size * ctx.max_outstanding)
+        self.cwnd = float(self.mss * max(1, min(params.initial_window, ctx.max_outstanding)))
         # UET's scaling factor a: the network's BDP over the reference network's. The
         # network's, not the flow's: the fair increase is fair only if every flow through a
         # queue adds the same. Given max_cwnd, its BDP; else initial_window packets, a
@@ -212,8 +211,8 @@ class UetNscc(WindowLaw):
         self.losses_ignored = 0  # timeouts, which take nothing off the window (on_timeout)
         #: (time, cwnd in bytes) after every change, once set to a list (tests, plots)
         self.trace: list[tuple[float, float]] | None = None
-        self.burst_delay_fraction = config.burst_delay_fraction
-        self.burst_spread = config.burst_spread
+        self.burst_delay_fraction = ctx.burst_delay_fraction
+        self.burst_spread = ctx.burst_spread
         self.per_send = max(1, GSO_MAX_BYTES // (self.mss + wire.DATA_IMM_HDR_LEN))
         self._inc = 0.0  # increases collected until the next adjustment, bytes x bytes
         self._received = 0  # bytes acknowledged since the last adjustment
