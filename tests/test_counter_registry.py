@@ -1,13 +1,13 @@
-"""The counter registry (mrc.counters) is the one list of a QP's counters: every output reads
-it, and the documents that list counters (docs/METRICS.md, the mrc-send/mrc-recv schemas) are
-generated from it, so they cannot drift from what the code reports."""
+"""The counter registry (mrc.counter_registry) is the one list of a QP's counters: every output
+reads it, and the documents that list counters (docs/METRICS.md, the mrc-send/mrc-recv schemas)
+are generated from it, so they cannot drift from what the code reports."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from mrc import counters as registry
+from mrc import counter_registry as registry
 from mrc.core import QPConfig, QueuePair
 from mrc.core.counters import BOTH, Source
 from mrc.core.memory import ProtectionDomain

@@ -72,6 +72,7 @@ from mrc.lab.harness.fabric import fabric, unwind_on_sigterm
 from mrc.lab.harness.hosts import in_host, tool_path, wait_listening
 from mrc.lab.harness.machine import loadavg, machine_info
 from mrc.lab.harness.stats import median
+from mrc.lab.harness.table import render
 from mrc.units import parse_rate
 from mrc.wire import DEFAULT_PORT
 
@@ -448,42 +449,35 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: the table's columns: law, senders, jain, ..., drops, and sha256 as it is
+COLUMN_WIDTHS = (10, 8, 8, 13, 7, 14, 10, 9, 9, 8, 0)
+
+
 def table(out: Mapping[str, Any]) -> str:
     c = out["config"]
-    row = "{:<10}{:>8}{:>8}{:>13}{:>7}{:>14}{:>10}{:>9}{:>9}{:>8}  {}"
+    head = ["law", "senders", "jain", "utilization", "span", "goodput", "timeouts", "retrans"]
+    head += ["trims", "drops", "sha256"]
+    rows = [
+        (
+            str(r["cc"]),
+            str(r["senders"]),
+            "-" if r["jain"] is None else f"{r['jain']:.3f}",
+            f"{r['utilization']:.1%}",
+            "-" if r["utilization_span"] is None else f"{r['utilization_span']:.0%}",
+            f"{r['goodput_bps'] / 1e6:.1f} Mbit/s",
+            f"{r['timeouts']:g}",
+            f"{r['retransmits']:g}",
+            f"{r['fabric_trims']:g}",
+            f"{r['fabric_drops']:g}",
+            "ok" if r["sha256_ok"] else "MISMATCH",
+        )
+        for r in out["results"]
+    ]
     lines = [
         f"{c['planes']} planes x {c['spines']} spines, links {c['rate']}, --trim, MTU {c['mtu']}: "
         f"N senders -> {c['receiver']}, {c['time']:g} s each, median of {c['runs']} run(s)",
-        row.format(
-            "law",
-            "senders",
-            "jain",
-            "utilization",
-            "span",
-            "goodput",
-            "timeouts",
-            "retrans",
-            "trims",
-            "drops",
-            "sha256",
-        ),
+        render(rows, "<>>>>>>>>><", sep=[""] * 9 + ["  "], widths=COLUMN_WIDTHS, head=head),
     ]
-    for r in out["results"]:
-        lines.append(
-            row.format(
-                r["cc"],
-                r["senders"],
-                "-" if r["jain"] is None else f"{r['jain']:.3f}",
-                f"{r['utilization']:.1%}",
-                "-" if r["utilization_span"] is None else f"{r['utilization_span']:.0%}",
-                f"{r['goodput_bps'] / 1e6:.1f} Mbit/s",
-                f"{r['timeouts']:g}",
-                f"{r['retransmits']:g}",
-                f"{r['fabric_trims']:g}",
-                f"{r['fabric_drops']:g}",
-                "ok" if r["sha256_ok"] else "MISMATCH",
-            )
-        )
     m = out["machine"]
     lines.append(
         f"utilization = sum of goodputs / {c['capacity_bps'] / 1e6:.0f} Mbit/s (planes x rate); "

@@ -70,6 +70,7 @@ from mrc.core.events import EVState, EVStateChanged, QPFailed, WriteCompleted
 from mrc.core.memory import MemoryRegion
 from mrc.core.qp import QueuePair
 from mrc.lab.bench.manyqp import jain
+from mrc.lab.harness.table import render
 from mrc.lab.sim import Faults, SimNetwork
 from mrc.lab.sim_links import Fabric, LinkSpec
 
@@ -370,12 +371,7 @@ def table(results: dict[str, dict[str, Result]], scenarios: list[str]) -> str:
     for s in scenarios:
         for m in results[laws[0]][s]["metrics"]:
             rows.append([s, m, *(cell(results[law][s]["metrics"][m]) for law in laws)])
-    wide = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [[r[0].ljust(wide[0]), r[1].ljust(wide[1])] for r in rows]
-    return "\n".join(
-        "  ".join(cells + [c.rjust(w) for c, w in zip(r[2:], wide[2:], strict=True)])
-        for cells, r in zip(lines, rows, strict=True)
-    )
+    return render(rows, "<<>")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

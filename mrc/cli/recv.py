@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import cast
 
-from mrc import counters as registry
+from mrc import counter_registry as registry
 from mrc.cli.common import (
     JsonAnswer,
     Parser,

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from mrc import counters as registry
+from mrc import counter_registry as registry
 from mrc.transfer import TransferResult
 
 #: the counters mrc-send prints, each stream's and, in the totals, their sum over streams

@@ -4,7 +4,7 @@ Nothing here runs per packet: the core keeps counting what it always counts (``Q
 endpoint's drops, the EV set, the listener's ledger), and a scrape walks the connections and
 listeners it was told about and turns those numbers into metric families. A scrape therefore
 costs a few microseconds per connection, and nothing at all between scrapes. Which per-QP
-counters are exported, under what name and HELP, is their declaration's (``mrc.counters``):
+counters are exported, under what name and HELP, is their declaration's (``mrc.counter_registry``):
 this module keeps no list of them.
 
 Counters must never go down, yet connections come and go. So when a connection closes, its
@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from mrc import counters as registry
+from mrc import counter_registry as registry
 from mrc.core.counters import CounterSpec
 from mrc.core.events import EVState
 

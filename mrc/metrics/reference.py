@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mrc import counters as registry
+from mrc import counter_registry as registry
 from mrc.core.counters import CounterSpec
 from mrc.metrics.exporter import QP_DROPS, QP_EV_STATES, QP_SRTT, exported, family_help
 

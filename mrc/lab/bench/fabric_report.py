@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mrc.lab.harness.table import line
+
 
 def fmt_rate(bps: float | None) -> str:
     return "-" if bps is None else f"{bps / 1e6:8.1f} Mbit/s"
@@ -20,17 +22,20 @@ def table(out: Mapping[str, Any]) -> str:
     """The human table: a row per MRC combination, one for TCP and one for MPTCP, the machine
     last."""
     f = out["fabric"]
-    row = "{:<34}{:>16}  {:>24}  {:>11}"
+
+    def row(*cells: str) -> str:
+        return line(cells, (34, 16, 24, 11), "<>", ("", "  ", "  "))
+
     lines = [
         f"MRC over mrc-fabric: {f['planes']} planes x {f['spines']} spines, links {f['rate']}, "
         f"MTU {f['mtu']}, h0 -> h3, {out['size'] >> 20} MiB, median of {out['runs']}",
-        row.format("", "goodput", "of capacity", "retransmits"),
+        row("", "goodput", "of capacity", "retransmits"),
     ]
     cap = out["capacity_bps"]
     bursts = len({m["burst"] for m in out["mrc"]}) > 1
     for m in out["mrc"]:
         lines.append(
-            row.format(
+            row(
                 f"mrc {m['cc']}, window {m['window']}"
                 + (f", burst {m['burst'] or 'auto'}" if m["burst"] is not None or bursts else ""),
                 fmt_rate(m["goodput_bps"]),
@@ -41,7 +46,7 @@ def table(out: Mapping[str, Any]) -> str:
     if out["tcp"]:
         t = out["tcp"]
         lines.append(
-            row.format(
+            row(
                 "kernel tcp, plane 0",
                 fmt_rate(t["goodput_bps"]),
                 _of(t["fraction_of_link"], f["rate_bps"]),
@@ -56,7 +61,7 @@ def table(out: Mapping[str, Any]) -> str:
         t = out["mptcp"]
         flows = sorted({r["subflows"] for r in t["runs"]}, key=lambda n: (n is None, n or 0))
         lines.append(
-            row.format(
+            row(
                 f"kernel mptcp, {'/'.join(str(n) for n in flows)} extra subflows",
                 fmt_rate(t["goodput_bps"]),
                 _of(t["fraction_of_capacity"], cap),

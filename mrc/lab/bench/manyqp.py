@@ -43,6 +43,7 @@ from mrc.lab.harness.hosts import tool_path, wait_listening
 from mrc.lab.harness.machine import loadavg, machine_info
 from mrc.lab.harness.output import last_json, last_line
 from mrc.lab.harness.stats import median
+from mrc.lab.harness.table import line
 from mrc.transport.sockets import udp6_counters
 from mrc.units import human_bytes
 
@@ -434,13 +435,15 @@ COLUMNS: tuple[tuple[str, int, Cell], ...] = (
     ("dups", 5, _num("duplicates", ".0f")),
     ("marks", 6, _num("queue_marks", ".0f")),
 )
-HEAD = f"{'run':>6} {'phase':<11} " + " ".join(f"{h:>{w}}" for h, w, _ in COLUMNS)
+#: run, phase and COLUMNS: their widths and sides
+WIDTHS = (6, 11, *(w for _, w, _ in COLUMNS))
+ALIGN = "><>"
+HEAD = line(("run", "phase", *(h for h, _, _ in COLUMNS)), WIDTHS, ALIGN, " ")
 
 
 def row(label: str, p: Mapping[str, Any]) -> str:
     """One line of the table: a phase of one run, or the medians of a phase."""
-    cells = " ".join(f"{cell(p):>{w}}" for _, w, cell in COLUMNS)
-    return f"{label:>6} {_kind(p):<11} {cells}"
+    return line((label, _kind(p), *(cell(p) for _, _, cell in COLUMNS)), WIDTHS, ALIGN, " ")
 
 
 def run_line(record: Mapping[str, Any]) -> str:
@@ -460,8 +463,8 @@ def progress(record: Mapping[str, Any], runs: int) -> str:
     ]
     if record["one"] is not None:
         parts.append(f"ratio {_f(record['ratio'], '.3f')} ({_f(record['transfer_ratio'], '.3f')})")
-    line = f"run {record['run']}/{runs}: " + " | ".join(parts)
-    return "\n".join([line, *_error_lines(record)])
+    first = f"run {record['run']}/{runs}: " + " | ".join(parts)
+    return "\n".join([first, *_error_lines(record)])
 
 
 def _kind(p: Mapping[str, Any]) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mrc.lab.harness.table import render
+
 #: the references run beside MRC (mrc.lab.harness.peers) and their keys in a result row
 PEER_KEYS = {"raw": "raw_udp", "gso": "gso_udp", "tcp": "tcp"}
 PEER_HELP = {
@@ -18,30 +20,31 @@ def table(out: Mapping[str, Any]) -> str:
     """The human table: a row per (links, payload), MRC next to each reference; the cost of
     each security mode below when there are several."""
     compare = out["config"]["compare"]
-    head = f"{'links':>5} {'payload':>7} | {'MRC Gbit/s':>10} {'MRC kpps':>8} {'rtx':>5}"
-    head += f" {'CPU s/GiB snd/rcv':>17}"
+    # a "|" column between the groups: " | " with the columns' " "
+    head = ["links", "payload", "|", "MRC Gbit/s", "MRC kpps", "rtx", "CPU s/GiB snd/rcv"]
+    widths = [5, 7, 1, 10, 8, 5, 17]
     for kind in compare:
-        head += f" | {kind + ' Gbit/s':>11} {'MRC/' + kind:>8}"
-    lines = [head, "-" * len(head)]
+        head += ["|", kind + " Gbit/s", "MRC/" + kind]
+        widths += [1, 11, 8]
 
     def f(v: float | None, scale: float, fmt: str) -> str:
         return "-" if v is None else format(v / scale, fmt)
 
+    rows = []
     for r in out["results"]:
         m = r["mrc"]
-        line = (
-            f"{r['links']:>5} {r['payload']:>7} | {f(m['goodput_bps_median'], 1e9, '10.3f')} "
-            f"{f(m['pps_median'], 1e3, '8.1f')} {f(m['retransmits_median'], 1, '5.0f')} "
+        cells = [str(r["links"]), str(r["payload"]), "|", f(m["goodput_bps_median"], 1e9, ".3f")]
+        cells += [f(m["pps_median"], 1e3, ".1f"), f(m["retransmits_median"], 1, ".0f")]
+        cells.append(
             f"{f(m['send_cpu_s_per_gib_median'], 1, '8.2f')}/"
             f"{f(m['recv_cpu_s_per_gib_median'], 1, '<8.2f')}"
         )
         for kind in compare:
             ref = r[PEER_KEYS[kind]]
-            line += (
-                f" | {f(ref['payload_bps_median'], 1e9, '11.3f')} "
-                f"{f(r['mrc_vs_' + kind], 1, '8.3f')}"
-            )
-        lines.append(line)
+            cells += ["|", f(ref["payload_bps_median"], 1e9, ".3f")]
+            cells.append(f(r["mrc_vs_" + kind], 1, ".3f"))
+        rows.append(cells)
+    lines = [render(rows, ">", sep=" ", widths=widths, head=head, rule=True)]
     keyed = [
         (r, mode, v)
         for r in out["results"]
@@ -49,14 +52,17 @@ def table(out: Mapping[str, Any]) -> str:
         if len(r["security"]) > 1
     ]
     if keyed:
-        lines.append("")
-        lines.append(f"{'links':>5} {'payload':>7} | {'security':>9} {'Gbit/s':>8} {'cost':>6}")
-        for r, mode, v in keyed:
-            cost = "-" if v["cost_vs_none"] is None else f"{v['cost_vs_none'] * 100:5.1f}%"
-            lines.append(
-                f"{r['links']:>5} {r['payload']:>7} | {mode:>9} "
-                f"{f(v['goodput_bps_median'], 1e9, '8.3f')} {cost:>6}"
+        costs = [
+            (
+                *(str(r["links"]), str(r["payload"]), "|", mode),
+                f(v["goodput_bps_median"], 1e9, ".3f"),
+                "-" if v["cost_vs_none"] is None else f"{v['cost_vs_none'] * 100:5.1f}%",
             )
+            for r, mode, v in keyed
+        ]
+        head = ["links", "payload", "|", "security", "Gbit/s", "cost"]
+        cost_table = render(costs, ">", sep=" ", widths=(5, 7, 1, 9, 8, 6), head=head)
+        lines += ["", cost_table]
     c = out["config"]
     lines.append(
         f"(medians of {c['runs']} run(s), interleaved; MRC {c['size']} bytes per transfer; "

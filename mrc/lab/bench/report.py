@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mrc.lab.harness.table import markdown
+
 AIM_LINK_DOWN_FACTOR = 1.5
 AIM_INCAST_FACTOR = 1.2
 
@@ -177,31 +179,33 @@ def setup_note(info: dict[str, Any]) -> str:
 
 
 def table(doc: dict[str, Any]) -> str:
-    rows = doc["results"]
     head = (
-        "| workload | condition | transport | steps | failed | P50 ms | P99 ms | P100 ms"
-        " | ideal ms | goodput Mbit/s | verified MiB | SHA-256 | notes |"
+        *("workload", "condition", "transport", "steps", "failed"),
+        *("P50 ms", "P99 ms", "P100 ms", "ideal ms", "goodput Mbit/s", "verified MiB"),
+        *("SHA-256", "notes"),
     )
-    sep = "|" + "---|" * 13
-    lines = [head, sep]
-    for r in rows:
-        lines.append(
-            f"| {r['workload']} | {r['condition']} | {r['transport']} | {r['steps']}"
-            f" | {r['failed_steps']} | {_fmt(r['p50_ms'])} | {_fmt(r['p99_ms'])}"
-            f" | **{_fmt(r['p100_ms'])}** | {_fmt(r.get('ideal_ms'))}"
-            f" | {r['goodput_bps'] / 1e6:.1f} | {_mib(r['bytes_verified'])}"
-            f"/{_mib(r['bytes_expected'])} | {'ok' if r['sha256_ok'] else 'FAIL'}"
-            f" | {_extra(r)} |"
+    rows = [
+        (
+            *(str(r[k]) for k in ("workload", "condition", "transport", "steps")),
+            *(str(r["failed_steps"]), _fmt(r["p50_ms"]), _fmt(r["p99_ms"])),
+            *(f"**{_fmt(r['p100_ms'])}**", _fmt(r.get("ideal_ms"))),
+            f"{r['goodput_bps'] / 1e6:.1f}",
+            f"{_mib(r['bytes_verified'])}/{_mib(r['bytes_expected'])}",
+            "ok" if r["sha256_ok"] else "FAIL",
+            _extra(r),
         )
-    out = "\n".join(lines) + "\n"
+        for r in doc["results"]
+    ]
+    out = markdown(head, rows) + "\n"
     if doc.get("aims"):
         quick = bool((doc.get("config") or {}).get("quick"))
-        out += "\n| aim | measured | result |\n|---|---|---|\n"
+        unknown = NOT_JUDGED if quick else "not measured"
+        judged = []
         for a in doc["aims"]:
             meas = ", ".join(f"{k} {v}" for k, v in a["measured"].items() if v is not None)
-            unknown = NOT_JUDGED if quick else "not measured"
             res = {True: "met", False: "NOT met", None: unknown}[a["pass"]]
-            out += f"| {a['aim']} | {meas or '-'} | {res} |\n"
+            judged.append((str(a["aim"]), meas or "-", res))
+        out += "\n" + markdown(("aim", "measured", "result"), judged) + "\n"
     if doc.get("skipped"):
         out += (
             "\n"

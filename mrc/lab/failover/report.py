@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mrc.lab.failover.analysis import series
+from mrc.lab.harness.table import render
 
 TRANSPORTS = ("mrc", "tcp", "mptcp")
 COLORS = {"mrc": "tab:blue", "tcp": "tab:red", "mptcp": "tab:green"}
@@ -190,11 +191,4 @@ def table(out: Mapping[str, Any]) -> str:
         )
     )
     rows.append(("side channel (set up over)", *[_side(out[n]) for n in names]))
-    w0 = max(len(r[0]) for r in rows)
-    ws = [max(len(r[i]) for r in rows) for i in range(1, len(rows[0]))]
-    lines = []
-    for r in rows:
-        lines.append(
-            r[0].ljust(w0) + "  " + "  ".join(c.rjust(w) for c, w in zip(r[1:], ws, strict=True))
-        )
-    return "\n".join(lines)
+    return render(rows, "<>")

@@ -9,6 +9,7 @@
 * :mod:`~mrc.lab.harness.stats` holds the statistics the benchmarks report (medians);
 * :mod:`~mrc.lab.harness.machine` says which machine and which code measured;
 * :mod:`~mrc.lab.harness.envelope` is the JSON object every benchmark prints around its results;
+* :mod:`~mrc.lab.harness.table` is the one printer of the tables they show people;
 * :mod:`~mrc.lab.harness.peers` are the socket references (``python -m mrc.lab.harness.peers``).
 
 Nothing is imported here, so a module takes only what it uses (the peers start fast in a
