@@ -299,16 +299,27 @@ async def _handshake(
 ) -> None:
     """This rank's side of the hello (module docstring). Raises :class:`_TryAgain` while the
     other end has not proved the job token, MRCError when rank 0 (proved) refuses the rank."""
+
+    async def say(obj: dict[str, Any], check: Any, closed: str, refused: str) -> Any:
+        """Send one hello line, read rank 0's answer checked by ``check``; _TryAgain with
+        ``closed`` or ``refused`` (and why) when there is none or it is malformed."""
+        writer.write(dumps(obj))
+        await writer.drain()
+        try:
+            line = await read_line(reader, HELLO_LINE_MAX)
+            if not line:
+                raise _TryAgain(closed)
+            return check(parse_line(line), "")
+        except Refused as exc:
+            raise _TryAgain(f"{refused}: {exc}") from None
+
     mine = new_nonce()
-    writer.write(dumps({"hello": PROTOCOL, "rank": rv.rank, "world": rv.world, "nonce": mine}))
-    await writer.drain()
-    try:
-        line = await read_line(reader, HELLO_LINE_MAX)
-        if not line:
-            raise _TryAgain("the connection closed before rank 0 answered the hello")
-        answer = CHALLENGE(parse_line(line), "")
-    except Refused as exc:
-        raise _TryAgain(f"the answer to the hello was refused: {exc}") from None
+    answer = await say(
+        {"hello": PROTOCOL, "rank": rv.rank, "world": rv.world, "nonce": mine},
+        CHALLENGE,
+        "the connection closed before rank 0 answered the hello",
+        "the answer to the hello was refused",
+    )
     theirs = answer.get("nonce", "")
     if rv.token and not proves(rv.token, answer.get("proof"), RANK0, mine, theirs, rv.rank):
         why = f"the party at {_where(rv)} did not prove the job token"
@@ -318,15 +329,12 @@ async def _handshake(
         raise MRCError(f"rank 0 refused rank {rv.rank}: {answer.get('error')}")
     if not theirs:
         raise _TryAgain("rank 0 sent no challenge")
-    writer.write(dumps(server.hello_body(proof(rv.token, RANK, theirs, mine, rv.rank))))
-    await writer.drain()
-    try:
-        line = await read_line(reader, HELLO_LINE_MAX)
-        if not line:
-            raise _TryAgain("the connection closed during the hello")
-        final = ANSWER(parse_line(line), "")
-    except Refused as exc:
-        raise _TryAgain(f"rank 0's answer was refused: {exc}") from None
+    final = await say(
+        server.hello_body(proof(rv.token, RANK, theirs, mine, rv.rank)),
+        ANSWER,
+        "the connection closed during the hello",
+        "rank 0's answer was refused",
+    )
     if not final["ok"]:
         raise MRCError(f"rank 0 refused rank {rv.rank}: {final.get('error')}")
 
