@@ -143,9 +143,11 @@ def test_losing_the_plane_the_side_channel_was_set_up_on(
         lost = [e for e in j["plane_events"] if e["event"] == "lost"]
         if how == "blackhole-heal":
             continue
-        assert lost, j["plane_events"]
-        assert {e["plane"] for e in lost} == {0}, lost
-        assert all(e["local"] == here and e["peer"] == there and e["why"] for e in lost), lost
+        # (another plane may be taken out for a while too: without trimming or ECN, tail
+        # drop at the 200 Mbit/s shaper can read as failure, issue 39)
+        zero = [e for e in lost if e["plane"] == 0]
+        assert zero, j["plane_events"]
+        assert all(e["local"] == here and e["peer"] == there and e["why"] for e in zero), zero
     side = [e for e in sj["plane_events"] + rj["plane_events"] if e["layer"] == "side_channel"]
     # the side channel's path over plane 0 is found dead by TCP within seconds; a file of
     # 96 MiB may be done by then (its verdict went over plane 1 all the same)
