@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import jsonschema
 
@@ -19,20 +20,27 @@ from mrc.topology.model import topology_path
 from tests.fabric.fabric_helpers import REPO, needs_netns, unique_name
 
 
-@needs_netns
-def test_quick_mrc_failover_between_namespaces() -> None:
-    name = unique_name("fd")
+def _quick_mrc_demo(name: str, *extra: str) -> dict[str, Any]:
+    """tools/failover_demo.py --quick, MRC only, on 2 planes named ``name``: its JSON,
+    checked against the demo's schema, once it exited 0."""
     res = subprocess.run(
         [sys.executable, str(REPO / "tools" / "failover_demo.py"), "--quick", "--json"]
-        + ["--name", name, "--planes", "2", "--plot", "", "--transports", "mrc"],
+        + ["--name", name, "--planes", "2", "--plot", "", "--transports", "mrc", *extra],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout)
+    out: dict[str, Any] = json.loads(res.stdout)
     schema = json.loads((REPO / "docs/schemas/failover_demo.schema.json").read_text())
     jsonschema.validate(out, schema)
+    return out
+
+
+@needs_netns
+def test_quick_mrc_failover_between_namespaces() -> None:
+    name = unique_name("fd")
+    out = _quick_mrc_demo(name)
     assert out["fabric"]["host_image"] is None and out["fabric"]["engine"] is None
     assert set(out).isdisjoint({"tcp", "mptcp"})
     mrc = out["mrc"]
@@ -49,18 +57,7 @@ def test_mrc_finishes_when_the_receivers_nic_of_its_set_up_plane_never_comes_bac
     down 1.5 s into the transfer and stays down. MRC finishes over plane 0, its data verified,
     and the JSON records the case (what failed, how, not healed, on the set-up's plane)."""
     name = unique_name("fd")
-    res = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "failover_demo.py"), "--quick", "--json"]
-        + ["--name", name, "--planes", "2", "--plot", "", "--transports", "mrc"]
-        + ["--fail", "recv-nic", "--no-heal"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout)
-    schema = json.loads((REPO / "docs/schemas/failover_demo.schema.json").read_text())
-    jsonschema.validate(out, schema)
+    out = _quick_mrc_demo(name, "--fail", "recv-nic", "--no-heal")
     (case,) = out["cases"]
     assert case["label"] == "recv-nic:down:never"
     assert case["link"] == ["h3", "p1l1"] and case["how"] == "down" and case["failed_plane"] == 1
