@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""One SHA-256 over every datagram the seeded simulator carries, for a refactor's "no behaviour
+change" (issue 41: seeded simulations produce identical datagrams before and after).
+
+Why: a refactor of the sans-IO core (the requester's timers moved into recovery, say) must not
+change a single decision. Every datagram a QP hands the simulated wire, with its virtual send
+time, source port and destination, is hashed in order while the simulator tools run their quick
+scenarios (tools/sim_cc.py and tools/sim_alltoall.py, fixed seeds). Run it before and after the
+change: the digests must be equal. A difference names the scenario where it first appears.
+
+  .venv/bin/python tools/sim_digest.py            # prints one digest per scenario, then all
+  .venv/bin/python tools/sim_digest.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import random
+import struct
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import sim_alltoall  # noqa: E402
+import sim_cc  # noqa: E402
+
+import mrc.core.memory  # noqa: E402
+import mrc.core.qp  # noqa: E402
+from mrc.lab.sim import SimNetwork  # noqa: E402
+
+ALLTOALL = ["--steps", "3", "--size", "262144", "--fail-at", "0.02"]
+
+#: (name, runner): each runs one tool's seeded scenarios quietly
+SCENARIOS: list[tuple[str, Callable[[], object]]] = [
+    ("cc-incast7", lambda: sim_cc.main(["--quick", "--scenarios", "incast7", "--json"])),
+    ("cc-fair2", lambda: sim_cc.main(["--quick", "--scenarios", "fair2", "--json"])),
+    ("cc-link_down", lambda: sim_cc.main(["--quick", "--scenarios", "link_down", "--json"])),
+    ("cc-untold50", lambda: sim_cc.main(["--quick", "--scenarios", "untold50", "--json"])),
+    ("cc-incast7-full", lambda: sim_cc.main(["--scenarios", "incast7", "--json"])),
+    ("cc-link_down-full", lambda: sim_cc.main(["--scenarios", "link_down", "--json"])),
+    ("alltoall-fail", lambda: sim_alltoall.main(ALLTOALL)),
+]
+
+
+#: the core's modules that draw from ``secrets``
+SECRET_USERS = [mrc.core.memory, mrc.core.qp]
+
+
+class SeededSecrets:
+    """``secrets`` as the core uses it (rkeys, region addresses, probe keys), from a seeded
+    generator: those values travel in datagrams, so without this no two runs hash alike."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def randbits(self, k: int) -> int:
+        return self._rng.getrandbits(k)
+
+    def token_bytes(self, n: int) -> bytes:
+        return self._rng.randbytes(n)
+
+
+@contextlib.contextmanager
+def hashing(h: hashlib._Hash) -> Iterator[None]:
+    """Feed every datagram ``SimNetwork._transmit`` sees into ``h`` while inside, with the
+    core's secrets drawn from a seeded generator."""
+    original = SimNetwork._transmit
+    seeded = SeededSecrets(1)
+    saved = [(module, module.__dict__["secrets"]) for module in SECRET_USERS]
+    for module, _ in saved:
+        module.__dict__["secrets"] = seeded
+
+    def transmit(self: SimNetwork, data: bytes, sport: int, dst: str) -> None:
+        h.update(struct.pack("!dI", self.now, sport))
+        h.update(dst.encode())
+        h.update(struct.pack("!I", len(data)))
+        h.update(data)
+        original(self, data, sport, dst)
+
+    SimNetwork._transmit = transmit  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SimNetwork._transmit = original  # type: ignore[method-assign]
+        for module, value in saved:
+            module.__dict__["secrets"] = value
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    args = p.parse_args(argv)
+    total = hashlib.sha256()
+    out: dict[str, str] = {}
+    for name, run in SCENARIOS:
+        h = hashlib.sha256()
+        quiet = io.StringIO()
+        with hashing(h), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+            run()
+        out[name] = h.hexdigest()
+        total.update(h.digest())
+        if not args.json:
+            print(f"{name:16} {out[name]}", flush=True)
+    out["all"] = total.hexdigest()
+    print(json.dumps(out) if args.json else f"{'all':16} {out['all']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
