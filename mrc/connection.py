@@ -492,7 +492,7 @@ class Connection:
 
 # ``region_factory(size, request)``: a writable buffer for a sender that asked for ``size``
 # bytes; ``request`` is the hello's request object ({"size", "name"}). At least ``size`` bytes,
-# or fewer: a window the sender streams through in rounds (mrc/rounds.py; mrc-recv --discard).
+# or fewer: a window the sender streams through in rounds (mrc/app/rounds.py; mrc-recv --discard).
 # Called in a worker thread (a large region takes seconds to make, and the listener's other
 # connections keep moving meanwhile), so it must not touch the event loop.
 RegionFactory = Callable[[int, dict[str, object]], Buffer]

@@ -107,7 +107,7 @@ def _child_env(tmp_path: Path, blocked: tuple[str, ...] = FORBIDDEN) -> dict[str
 def test_library_entry_points_load_no_lab_module(tmp_path: Path) -> None:
     probe = (
         "import json, sys\n"
-        "import mrc, mrc.connection, mrc.transfer, mrc.timed, mrc.metrics\n"
+        "import mrc, mrc.connection, mrc.app.transfer, mrc.app.timed, mrc.metrics\n"
         "import mrc.cli.send, mrc.cli.recv, mrc.cli.keygen, mrc.topology, mrc.srv6.evroutes\n"
         "mrc.connect, mrc.listen\n"
         "print(json.dumps(sorted(sys.modules)))\n"

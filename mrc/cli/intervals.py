@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from mrc.app.rounds import Posted
 from mrc.connection import Connection
-from mrc.rounds import Posted
 from mrc.units import human_bytes, human_rate
 
 #: seconds between the samples the peak bandwidth is taken over

@@ -69,7 +69,7 @@ class Outputs:
     """Allocates the memory a sender asks for and owns the files behind it.
 
     ``--discard`` grants at most a window of ``--discard-window`` bytes (two slots a larger
-    transfer streams through, each hashed as it lands: mrc/rounds.py), so memory does not grow
+    transfer streams through, each hashed as it lands: mrc/app/rounds.py), so memory does not grow
     with the transfer.
 
     Each transfer gets its own part file, created new (``O_EXCL | O_NOFOLLOW``, mode 0600 until

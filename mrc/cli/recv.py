@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import cast
 
 from mrc import counter_registry as registry
+from mrc.app.timed import SLOT
+from mrc.app.transfer import IDLE_TIMEOUT, receive_buffer
 from mrc.cli.common import (
     JsonAnswer,
     Parser,
@@ -48,8 +50,6 @@ from mrc.cli.qpopts import add_qp_arg, apply_settings
 from mrc.connection import START_TIMEOUT, Connection, Listener, listen
 from mrc.core import QPConfig, fastpath
 from mrc.errors import MRCError
-from mrc.timed import SLOT
-from mrc.transfer import IDLE_TIMEOUT, receive_buffer
 from mrc.transport.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_GRANTED, DEFAULT_MAX_SETUPS
 from mrc.transport.memory import usable_memory
 from mrc.transport.messages import Abort

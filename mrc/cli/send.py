@@ -15,6 +15,10 @@ from collections.abc import Callable
 from typing import Any
 
 from mrc import wire
+from mrc.app.rounds import Posted, send_stream
+from mrc.app.stream import BufferSource, GeneratedSource, Source
+from mrc.app.timed import SLOT, RoundData, send_timed
+from mrc.app.transfer import IDLE_TIMEOUT, TransferResult
 from mrc.cli.common import (
     CC_HELP,
     JsonAnswer,
@@ -52,13 +56,9 @@ from mrc.connection import Connection, connect
 from mrc.core import fastpath
 from mrc.core.config import QPConfig
 from mrc.errors import MRCError, UsageError
-from mrc.rounds import Posted, send_stream
 from mrc.security.packet import DATA_OVERHEAD
 from mrc.srv6.evroutes import route_overhead
-from mrc.stream import BufferSource, GeneratedSource, Source
-from mrc.timed import SLOT, RoundData, send_timed
 from mrc.topology.model import Topology
-from mrc.transfer import IDLE_TIMEOUT, TransferResult
 from mrc.transport.messages import Refused
 from mrc.transport.sockets import IPV6_UDP_HEADERS, path_room
 from mrc.units import SIZE_HELP, human_bytes, human_rate

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mrc import counter_registry as registry
-from mrc.transfer import TransferResult
+from mrc.app.transfer import TransferResult
 
 #: the counters mrc-send prints, each stream's and, in the totals, their sum over streams
 #: (declared with the counters: ``json=SEND``, mrc/core/counters.py)

@@ -549,7 +549,7 @@ def parse_reply(obj: object) -> Welcome | Refusal:
     return Welcome.from_json(obj) if ok else Refusal.from_json(obj)
 
 
-# ---- after set-up: the transfer verdict of mrc-send / mrc-recv (mrc/transfer.py) ----------
+# ---- after set-up: the transfer verdict of mrc-send / mrc-recv (mrc/app/transfer.py) ----------
 
 
 @dataclass(frozen=True, slots=True)

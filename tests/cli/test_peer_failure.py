@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jsonschema
 
-from mrc.transfer import IDLE_TIMEOUT
+from mrc.app.transfer import IDLE_TIMEOUT
 from mrc.transport.sockets import udp6_counters
 
 EVS = 8

@@ -11,7 +11,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from mrc.timed import SLOT
+from mrc.app.timed import SLOT
 
 SCHEMA = json.loads(
     (Path(__file__).resolve().parents[2] / "docs/schemas/mrc-send.schema.json").read_text()

@@ -501,7 +501,7 @@ async def test_acks_the_receiver_never_sent_are_named_on_both_sides() -> None:
     """The observer acknowledges a whole transfer that never arrived (one ACK echoing the
     EV of the last packet: unavoidable without keys). The sender's write completes, and the
     end-to-end check names what happened on both sides instead of "verdict unreadable"."""
-    from mrc.transfer import receive_buffer, send_buffer
+    from mrc.app.transfer import receive_buffer, send_buffer
     from mrc.transport.messages import Abort
 
     size = 20 * 1000

@@ -9,7 +9,7 @@ import os
 import threading
 
 import mrc
-from mrc.transfer import receive_buffer, send_buffer
+from mrc.app.transfer import receive_buffer, send_buffer
 
 MiB = 1 << 20
 

@@ -9,8 +9,8 @@ import pytest
 from requested_pair import requested_pair
 
 import mrc
-from mrc.timed import ROTATIONS, Posted, RoundData, send_timed
-from mrc.transfer import receive_buffer
+from mrc.app.timed import ROTATIONS, Posted, RoundData, send_timed
+from mrc.app.transfer import receive_buffer
 
 SLOT = 256 << 10
 

@@ -10,7 +10,7 @@ import pytest
 from requested_pair import requested_pair
 
 import mrc
-from mrc.transfer import receive_buffer, send_buffer
+from mrc.app.transfer import receive_buffer, send_buffer
 
 
 async def test_verified_transfer_both_sides_agree() -> None:

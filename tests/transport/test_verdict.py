@@ -20,8 +20,8 @@ import pytest
 from requested_pair import requested_pair
 
 import mrc
-from mrc import transfer, wire
-from mrc.transfer import receive_buffer, send_buffer
+from mrc.app import transfer, wire
+from mrc.app.transfer import receive_buffer, send_buffer
 
 FORGED = b"\xee" * 64
 

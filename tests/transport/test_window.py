@@ -8,9 +8,9 @@ import hashlib
 from typing import Any
 
 import mrc
-from mrc.rounds import Posted, send_stream
-from mrc.stream import BLOCK, GeneratedSource, StreamHasher
-from mrc.transfer import receive_buffer
+from mrc.app.rounds import Posted, send_stream
+from mrc.app.stream import BLOCK, GeneratedSource, StreamHasher
+from mrc.app.transfer import receive_buffer
 
 MiB = 1 << 20
 

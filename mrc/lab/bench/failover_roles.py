@@ -140,8 +140,8 @@ def _mrc_config(args: argparse.Namespace) -> QPConfig:
 
 async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
     import mrc
+    from mrc.app.stream import sha256_of
     from mrc.lab.fabric import load_topology
-    from mrc.stream import sha256_of
 
     topo = load_topology(args.fabric)
     addrs = _plane_addrs(topo, args.host)

@@ -25,11 +25,11 @@ import os
 import time
 from collections.abc import Callable
 
+from mrc.app.rounds import Posted, end_round, send_rounds
+from mrc.app.stream import CHUNK, sha256_of
+from mrc.app.transfer import IDLE_TIMEOUT, Stall, TransferResult, conclude
 from mrc.connection import Connection
 from mrc.errors import MRCError
-from mrc.rounds import Posted, end_round, send_rounds
-from mrc.stream import CHUNK, sha256_of
-from mrc.transfer import IDLE_TIMEOUT, Stall, TransferResult, conclude
 
 #: bytes per round (one slot; the receiver grants two)
 SLOT = 4 << 20

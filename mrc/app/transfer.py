@@ -6,17 +6,17 @@ when the receiver sees that immediate every byte before it is placed. Each side 
 its buffer (SHA-256) and the two hashes are swapped over the side channel: both sides know
 whether what was placed is what was sent, and both exit non-zero if not.
 
-A timed transfer (mrc/timed.py, ``mrc-send --time``) asks for a region of two equal slots and
+A timed transfer (mrc/app/timed.py, ``mrc-send --time``) asks for a region of two equal slots and
 writes round after round into them, each round ended by a zero-length WRITE_IMM carrying
 ``ROUND_IMM | round``; the receiver hashes the slot of every such round and answers with a
 ``RoundDigest`` the sender checks. Its ``DONE_IMM`` and verdict then cover the region as the
 last two rounds left it.
 
 A transfer larger than the region the receiver granted (mrc-recv ``--discard`` grants a window
-of two slots) goes through it the same way (mrc/rounds.py): the receiver hashes each round as
+of two slots) goes through it the same way (mrc/app/rounds.py): the receiver hashes each round as
 it lands, keeping the SHA-256 of the whole stream so far, and answers with that; the verdict is
 the SHA-256 of everything sent. Neither side ever holds more than its window (or, sending, the
-source's own memory: a mapped file, or a generated stream of bounded size, mrc/stream.py).
+source's own memory: a mapped file, or a generated stream of bounded size, mrc/app/stream.py).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from mrc.app.stream import CHUNK, BufferSource, Source, StreamHasher, sha256_of
 from mrc.connection import Connection
 from mrc.errors import MRCError
-from mrc.stream import CHUNK, BufferSource, Source, StreamHasher, sha256_of
 from mrc.transport.control import ControlError
 from mrc.transport.messages import Abort, Done, MessageError, Result, RoundDigest, StatValue
 

@@ -23,10 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from mrc.connection import Connection
-from mrc.errors import MRCError
-from mrc.stream import Source, StreamHasher
-from mrc.transfer import (
+from mrc.app.stream import Source, StreamHasher
+from mrc.app.transfer import (
     IDLE_TIMEOUT,
     ROUND_IMM,
     ROUND_MASK,
@@ -37,6 +35,8 @@ from mrc.transfer import (
     reason,
     send_source,
 )
+from mrc.connection import Connection
+from mrc.errors import MRCError
 from mrc.transport.control import ControlError
 from mrc.transport.messages import Abort, MessageError, RoundDigest
 
@@ -175,7 +175,7 @@ async def send_stream(
     posted: Posted | None = None,
 ) -> TransferResult:
     """Send ``source`` whatever the size of the region the receiver granted: written whole
-    into a region as large (:func:`~mrc.transfer.send_source`), else in rounds through it as
+    into a region as large (:func:`~mrc.app.transfer.send_source`), else in rounds through it as
     a window of two slots, every round checked; then verified end to end.
 
     Fails when nothing is acknowledged for ``idle_timeout`` seconds."""
