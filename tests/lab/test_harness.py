@@ -21,12 +21,13 @@ import pytest
 import mrc
 from mrc.errors import MRCError
 from mrc.lab.fabric import FabricSpec, plan
-from mrc.lab.harness.children import Children, stop
+from mrc.lab.harness.children import Children, exit_times, stop
 from mrc.lab.harness.envelope import envelope
+from mrc.lab.harness.fabric import port_deltas
 from mrc.lab.harness.hosts import in_host, tool_path, wait_listening
-from mrc.lab.harness.machine import loadavg, machine_info
-from mrc.lab.harness.output import last_json, last_line
-from mrc.lab.harness.stats import median
+from mrc.lab.harness.machine import loadavg, machine_info, machine_line
+from mrc.lab.harness.output import json_objects, last_json, last_line
+from mrc.lab.harness.stats import median, medians, rounded
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
@@ -53,6 +54,12 @@ def test_last_json_skips_lines_that_do_not_parse() -> None:
     assert last_json("") is None
 
 
+def test_json_objects_are_every_result_in_order() -> None:
+    text = '{"a": 1}\nprogress 50%\n {"b": 2}\n{"cut short\n[1, 2]\n{"c": 3}\n'
+    assert json_objects(text) == [{"a": 1}, {"b": 2}, {"c": 3}]
+    assert json_objects("") == []
+
+
 def test_last_line_is_the_last_that_says_something() -> None:
     assert last_line("first\nerror: why\n\n  \n") == "error: why"
     assert last_line("") == ""
@@ -61,6 +68,19 @@ def test_last_line_is_the_last_that_says_something() -> None:
 def test_median_of_nothing_is_none() -> None:
     assert median([3.0, 1.0, 2.0]) == 2.0
     assert median([]) is None
+
+
+def test_rounded_keeps_none() -> None:
+    assert rounded(0.123456, 3) == 0.123
+    assert rounded(None, 3) is None
+
+
+def test_medians_leave_out_runs_without_the_figure() -> None:
+    runs: list[dict[str, float | None]] = [{"a": 1.0, "b": None}, {"a": 2.0, "b": 0.123456}]
+    runs.append({"a": 4.0})
+    assert medians(runs, ("a", "b", "c")) == {"a": 2.0, "b": 0.123456, "c": None}
+    assert medians(runs, ("b",), 2) == {"b": 0.12}
+    assert list(medians(runs, ("b", "a"))) == ["b", "a"]  # in the order asked
 
 
 # ---- children -------------------------------------------------------------------------------
@@ -127,6 +147,21 @@ def test_wait_stops_a_child_that_overruns() -> None:
         assert not child.running and child.stopped
 
 
+def test_exit_times_say_when_each_child_ended() -> None:
+    with Children() as kids:
+        quick = kids.start(python("print('{\"n\": 1}'); print('{\"n\": 2}')"), "quick")
+        slow = kids.start(python("import time; time.sleep(0.5)"), "slow")
+        t0 = time.monotonic()
+        exits = exit_times({"quick": quick, "slow": slow}, 10)
+        assert set(exits) == {"quick", "slow"} and t0 <= exits["quick"] < exits["slow"]
+        assert exits["slow"] - t0 >= 0.5
+        assert quick.results() == [{"n": 1}, {"n": 2}]  # everything it printed read
+        stuck = kids.start(python("import time; time.sleep(60)"), "stuck")
+        assert exit_times({"stuck": stuck, "quick": quick}, 0.2).keys() == {"quick"}
+        assert stuck.running  # left to its caller (and to the end of the block)
+    assert not stuck.running
+
+
 # ---- hosts ----------------------------------------------------------------------------------
 
 
@@ -180,6 +215,25 @@ def test_machine_info_is_what_the_schemas_describe() -> None:
         schema = json.loads((SCHEMAS / f"{tool}.schema.json").read_text())
         sub = {**schema["properties"]["machine"], "$defs": schema.get("$defs", {})}
         jsonschema.validate(machine, sub)
+
+
+def test_machine_line_is_the_foot_of_a_table() -> None:
+    machine = {"cpus": 2, "loadavg_start": [1.5, 1, 1], "loadavg_end": [2.25, 1, 1]}
+    assert machine_line(machine, 12.3) == "machine: 2 cpus, load 1.5 -> 2.25; 12.3 s in all"
+
+
+def test_port_deltas_are_what_the_fabric_did_meanwhile() -> None:
+    before = {"p0l1:h1": {"drops": 1, "trimmed": 2, "lasthop": True}}
+    after = {
+        "p0l1:h1": {"drops": 4, "trimmed": 9, "lasthop": True},
+        "p0s0:l0": {"drops": 0, "trimmed": 5, "lasthop": False},  # not read before: from 0
+    }
+    assert port_deltas(before, after) == {
+        "fabric_trims": 12,
+        "fabric_trims_lasthop": 7,
+        "fabric_drops": 3,
+        "drops_at": {"p0l1:h1": 3},
+    }
 
 
 def test_the_envelope_opens_every_object_alike() -> None:

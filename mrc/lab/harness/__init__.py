@@ -4,9 +4,11 @@
   what they print and always stops them (SIGTERM, then SIGKILL to the group);
 * :mod:`~mrc.lab.harness.hosts` builds the argv that runs a command in a fabric host (its
   namespace or its container), finds mrc's commands and waits for a listener;
-* :mod:`~mrc.lab.harness.fabric` builds a fabric that is always removed, also on SIGTERM;
-* :mod:`~mrc.lab.harness.output` reads a child's last JSON line and its last words;
-* :mod:`~mrc.lab.harness.stats` holds the statistics the benchmarks report (medians);
+* :mod:`~mrc.lab.harness.fabric` builds a fabric that is always removed, also on SIGTERM, and
+  reads what it did to a run's packets (trims, drops);
+* :mod:`~mrc.lab.harness.output` reads a child's JSON lines (its result: the last) and its last
+  words;
+* :mod:`~mrc.lab.harness.stats` holds the statistics the benchmarks report (medians, rounding);
 * :mod:`~mrc.lab.harness.machine` says which machine and which code measured;
 * :mod:`~mrc.lab.harness.envelope` is the JSON object every benchmark prints around its results;
 * :mod:`~mrc.lab.harness.table` is the one printer of the tables they show people;

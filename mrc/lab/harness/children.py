@@ -22,17 +22,21 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from mrc.errors import MRCError
-from mrc.lab.harness.output import last_json
+from mrc.lab.harness.output import json_objects, last_json
 
 #: seconds the children of a group have to exit after SIGTERM before their groups get SIGKILL
 STOP_GRACE = 2.0
 #: seconds to wait for the pipes to drain once a child has exited
 DRAIN = 5.0
+#: seconds between looks at children whose exit times are wanted (:func:`exit_times`)
+POLL = 0.01
+
+Key = TypeVar("Key", bound=Hashable)
 
 
 def signal_group(pid: int, signum: int) -> None:
@@ -148,6 +152,11 @@ class Child:
         """The last JSON object the child printed (its result), if any."""
         return last_json(self.stdout)
 
+    def results(self) -> list[dict[str, Any]]:
+        """Every JSON object the child printed, in order (``mrc-recv --count N``: one per
+        transfer)."""
+        return json_objects(self.stdout)
+
     def err_tail(self, lines: int) -> str:
         """The last ``lines`` lines of stderr on one line."""
         return " | ".join(self.err[-lines:])
@@ -155,6 +164,32 @@ class Child:
     def _drain(self) -> None:
         for pump in self._pumps:
             pump.join(DRAIN)
+
+
+def exit_times(
+    children: Mapping[Key, Child], timeout: float, poll: float = POLL
+) -> dict[Key, float]:
+    """Wait up to ``timeout`` seconds for every one of ``children`` to exit; when each did, on
+    :func:`time.monotonic`'s clock (seen within ``poll`` seconds), everything it printed read.
+    One still running at the end has no entry and is left running: its caller says which, and
+    :class:`Children` stops it.
+
+    Why not :meth:`Child.finished` one after the other: that says only that all had exited by
+    the time the last had, and a benchmark that puts several children's own durations on one
+    clock (bench_share: when each sender sent) needs when each ended."""
+    deadline = time.monotonic() + timeout
+    exits: dict[Key, float] = {}
+    while True:
+        now = time.monotonic()
+        for key, child in children.items():
+            if key not in exits and not child.running:
+                exits[key] = now
+        if len(exits) == len(children) or now > deadline:
+            break
+        time.sleep(poll)
+    for key in exits:
+        children[key].finished(DRAIN)
+    return exits
 
 
 def stop(children: Iterable[Child], grace: float = STOP_GRACE) -> None:

@@ -1,11 +1,13 @@
-"""A benchmark's fabric: built for one run and always removed, also on Ctrl-C or SIGTERM."""
+"""A benchmark's fabric: built for one run and always removed, also on Ctrl-C or SIGTERM; and
+what it did meanwhile (trims and drops, read before and after)."""
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import FrameType
+from typing import Any
 
 from mrc.lab.fabric import Fabric, FabricSpec, Topology
 
@@ -29,3 +31,48 @@ def fabric(spec: FabricSpec) -> Iterator[Topology]:
         yield Fabric.up(spec)
     finally:
         Fabric.down(spec.name)
+
+
+def port_counters(topo: Topology) -> dict[str, dict[str, Any]]:
+    """Per link end present (``p0l2:h2``), from the fabric's status: its ``drops`` (tbf's and
+    the interface's, both ways) and, on a trimming router, ``trimmed`` as an egress and whether
+    it is a ``lasthop`` port (into a host).
+
+    Read before and after a run, :func:`port_deltas` says what the fabric did to the run's
+    packets: a benchmark judges a transport by whether the fabric trimmed rather than dropped,
+    and every one that asks reads the same counters the same way."""
+    out: dict[str, dict[str, Any]] = {}
+    for lk in Fabric.status(topo)["links"]:
+        for node, end in ((lk["a"], lk["a_end"]), (lk["b"], lk["b_end"])):
+            if not end.get("present"):
+                continue
+            trim = end.get("trim", {})
+            out[f"{node}:{end['ifname']}"] = {
+                "drops": end["qdisc_drops"] + end["rx_dropped"] + end["tx_dropped"],
+                "trimmed": trim.get("trimmed", 0),
+                "lasthop": bool(trim.get("lasthop", False)),
+            }
+    return out
+
+
+def port_deltas(
+    before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """What the fabric did between two :func:`port_counters`: packets trimmed (all, and at last
+    hops), packets dropped, and which ports dropped how many (``drops_at``)."""
+    trims = lasthop = drops = 0
+    dropped_at: dict[str, int] = {}
+    for port, a in after.items():
+        b = before.get(port, {"drops": 0, "trimmed": 0})
+        t, d = a["trimmed"] - b["trimmed"], a["drops"] - b["drops"]
+        trims += t
+        lasthop += t if a["lasthop"] else 0
+        drops += d
+        if d:
+            dropped_at[port] = d
+    return {
+        "fabric_trims": trims,
+        "fabric_trims_lasthop": lasthop,
+        "fabric_drops": drops,
+        "drops_at": dropped_at,
+    }

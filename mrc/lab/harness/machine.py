@@ -9,6 +9,7 @@ import platform
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +70,11 @@ def machine_info(load_start: LoadAverage) -> dict[str, Any]:
         "loadavg_end": [round(x, 2) for x in loadavg()],
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def machine_line(machine: Mapping[str, Any], seconds: float) -> str:
+    """The last line of a benchmark's table: the :func:`machine_info` figures a reader of the
+    table needs to judge it (CPUs, the load before and after) and the ``seconds`` it all took,
+    so a table pasted alone still says how busy the machine was, in the same words everywhere."""
+    load = f"{machine['loadavg_start'][0]} -> {machine['loadavg_end'][0]}"
+    return f"machine: {machine['cpus']} cpus, load {load}; {seconds} s in all"

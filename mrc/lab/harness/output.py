@@ -1,4 +1,4 @@
-"""Reading what a child printed: its result (the last JSON object) and its last words."""
+"""Reading what a child printed: its results (the JSON objects) and its last words."""
 
 from __future__ import annotations
 
@@ -6,23 +6,31 @@ import json
 from typing import Any
 
 
-def last_json(text: str) -> dict[str, Any] | None:
-    """The last line of ``text`` that is a JSON object, or None.
+def json_objects(text: str) -> list[dict[str, Any]]:
+    """Every line of ``text`` that is a JSON object, in order: the results of a child that
+    prints one per piece of work (``mrc-recv --count N``, one per transfer).
 
     A line that starts like an object but does not parse (cut short, or a log line that happens
-    to start with a brace) is skipped rather than ending the search: a result printed before it
-    is still the result."""
-    for line in reversed(text.splitlines()):
+    to start with a brace) is skipped: the results printed around it still count."""
+    found = []
+    for line in text.splitlines():
         line = line.strip()
         if not line.startswith("{"):
             continue
         try:
-            found = json.loads(line)
+            obj = json.loads(line)
         except ValueError:
             continue
-        if isinstance(found, dict):
-            return found
-    return None
+        if isinstance(obj, dict):
+            found.append(obj)
+    return found
+
+
+def last_json(text: str) -> dict[str, Any] | None:
+    """The last line of ``text`` that is a JSON object (:func:`json_objects`), or None: the
+    result of a child that prints one."""
+    found = json_objects(text)
+    return found[-1] if found else None
 
 
 def last_line(text: str) -> str:

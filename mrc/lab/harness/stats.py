@@ -3,10 +3,32 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 
 def median(values: Sequence[float]) -> float | None:
     """The median of ``values``; None when there are none (every run failed), which a report
     prints as "-" and JSON as null rather than a made-up zero."""
     return statistics.median(values) if values else None
+
+
+def rounded(x: float | None, ndigits: int) -> float | None:
+    """``x`` rounded to ``ndigits`` places, None left None: a figure that was not measured
+    (no median, no rate) stays null in the JSON where rounding it would fail. Every report
+    rounds what it prints to what it knows, so it is here rather than in each of them."""
+    return None if x is None else round(x, ndigits)
+
+
+def medians(
+    runs: Sequence[Mapping[str, Any]], keys: Iterable[str], ndigits: int | None = None
+) -> dict[str, float | None]:
+    """The median of each of ``keys`` over the ``runs`` that have it (a missing or None value is
+    a run that could not measure it, not a zero), rounded to ``ndigits`` places if given: a
+    summary that prints 0.78784999 says more than it knows. The summary line of a benchmark
+    that repeats its measurement is this, so each keeps its list of keys, not a loop of its own."""
+    out: dict[str, float | None] = {}
+    for k in keys:
+        m = median([r[k] for r in runs if r.get(k) is not None])
+        out[k] = m if ndigits is None else rounded(m, ndigits)
+    return out
