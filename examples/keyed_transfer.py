@@ -15,14 +15,14 @@ from mrc.security.keys import generate_key
 
 async def main() -> None:
     key = generate_key()
-    listener = await mrc.listen("::1", 0, key=key)
+    listener = await mrc.listen("::1", 0, mrc.ListenerConfig(key=key))
     inbox = bytearray(1 << 20)
     listener.register(inbox, name="inbox")
     try:
-        await mrc.connect("::1", listener.port, evs=8, key=generate_key())
+        await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=8, key=generate_key()))
     except mrc.MRCError as exc:
         print(f"stranger refused: {exc}")
-    conn = await mrc.connect("::1", listener.port, evs=8, key=key, encrypt=True)
+    conn = await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=8, key=key, encrypt=True))
     await listener.accept(timeout=5)
     data = os.urandom(1 << 20)
     await conn.write(data, conn.remote["inbox"])

@@ -26,7 +26,7 @@ async def main() -> None:
     listener = await mrc.listen("::1", 0)
     listener.register(bytearray(4 << 20), name="inbox")
     metrics = await serve_metrics(listener, host="::1", port=0)
-    conn = await mrc.connect("::1", listener.port, evs=16)
+    conn = await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=16))
     peer = await listener.accept(timeout=5)
     await conn.write(os.urandom(2 << 20), conn.remote["inbox"], imm=1)
     assert await peer.next_immediate(timeout=5) == 1

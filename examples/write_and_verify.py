@@ -16,7 +16,7 @@ async def main() -> None:
     listener = await mrc.listen("::1", 0)
     inbox = bytearray(8 << 20)
     listener.register(inbox, name="inbox")
-    conn = await mrc.connect("::1", listener.port, evs=32)
+    conn = await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=32))
     peer = await listener.accept(timeout=5)
     data = os.urandom(6 << 20)
     region = conn.remote["inbox"]

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING
 from mrc.errors import MRCError
 
 if TYPE_CHECKING:
-    from mrc.connection import Connection, Listener, RemoteRegion, connect, listen
+    from mrc.connection import (
+        ConnectConfig,
+        Connection,
+        Listener,
+        ListenerConfig,
+        RemoteRegion,
+        connect,
+        listen,
+    )
     from mrc.core.config import QPConfig
     from mrc.core.memory import MemoryRegion
 
@@ -24,7 +32,9 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _LAZY = {
+    "ConnectConfig": "mrc.connection",
     "Connection": "mrc.connection",
+    "ListenerConfig": "mrc.connection",
     "Listener": "mrc.connection",
     "RemoteRegion": "mrc.connection",
     "connect": "mrc.connection",
@@ -34,7 +44,9 @@ _LAZY = {
 }
 
 __all__ = [
+    "ConnectConfig",
     "Connection",
+    "ListenerConfig",
     "Listener",
     "MRCError",
     "MemoryRegion",

@@ -69,13 +69,13 @@ def test_an_endpoint_has_groups_of_its_own_unless_given_some() -> None:
 async def test_connect_close_cycles_leave_no_group_behind() -> None:
     """Two connections at once to one peer share one group; closed, nothing is left, however
     often that is done (the process-wide dict of old grew by a key per peer, for ever)."""
-    groups = connection._PEERS
+    groups = connection.PEERS
     before = len(groups)
     listener = await mrc.listen(HOST, 0)
     try:
         for _ in range(3):
-            first = await mrc.connect(HOST, listener.port, evs=4)
-            second = await mrc.connect(HOST, listener.port, evs=4)
+            first = await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=4))
+            second = await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=4))
             assert first.endpoint is not second.endpoint
             assert first.endpoint.core.peers is second.endpoint.core.peers is groups
             shared = first.qp.requester.cc

@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import hashlib
 import io
-import json
 import random
 import struct
 import sys
@@ -32,6 +31,7 @@ import sim_cc  # noqa: E402
 
 import mrc.core.memory  # noqa: E402
 import mrc.core.qp  # noqa: E402
+from mrc.cli.common import emit_json  # noqa: E402
 from mrc.lab.sim import SimNetwork  # noqa: E402
 
 ALLTOALL = ["--steps", "3", "--size", "262144", "--fail-at", "0.02"]
@@ -108,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.json:
             print(f"{name:16} {out[name]}", flush=True)
     out["all"] = total.hexdigest()
-    print(json.dumps(out) if args.json else f"{'all':16} {out['all']}")
+    if args.json:
+        emit_json(dict(out))
+    else:
+        print(f"{'all':16} {out['all']}")
     return 0
 
 

@@ -10,7 +10,6 @@ import mmap
 import signal
 import sys
 import time
-from collections.abc import Callable
 from typing import cast
 
 from mrc import counter_registry as registry
@@ -33,6 +32,7 @@ from mrc.cli.common import (
     run_command,
     size_arg,
 )
+from mrc.cli.configs import listener_config, receiver_qp
 from mrc.cli.lineout import LineWriter
 from mrc.cli.metricsopts import add_metrics_args, check_metrics_usage, start_metrics
 from mrc.cli.outputs import (
@@ -40,17 +40,16 @@ from mrc.cli.outputs import (
     Outputs,
     check_out_dir,
     check_target,
-    discard_bytes,
     shell_word,
     stale_parts,
 )
 from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
 from mrc.cli.planewatch import PlaneWatch
-from mrc.cli.qpopts import add_qp_arg, apply_settings
+from mrc.cli.qpopts import add_qp_arg
 from mrc.connection import START_TIMEOUT, Connection, Listener, listen
-from mrc.core import QPConfig, fastpath
+from mrc.core import fastpath
 from mrc.errors import MRCError
-from mrc.transport.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_GRANTED, DEFAULT_MAX_SETUPS
+from mrc.transport.limits import DEFAULT_MAX_SETUPS
 from mrc.transport.memory import usable_memory
 from mrc.transport.messages import Abort
 from mrc.units import SIZE_HELP, human_bytes, human_rate
@@ -329,31 +328,15 @@ async def _main(args: argparse.Namespace) -> int:
         hosts = local_plane_addrs(fabric, args.fabric_host) or hosts
     plane_addrs = hosts if len(hosts) > 1 or hosts[0] not in ("::", "0.0.0.0") else None
     evlog = EVLog(args.ev_log)
-    listener: Listener = await listen(
-        hosts[0],
-        port,
-        plane_addrs=plane_addrs,
-        evs=args.evs,
-        config=args.config,
-        region_factory=outputs,
-        region_release=outputs.release,
-        fabric=fabric,
+    config = listener_config(
+        args,
+        args.config,
+        plane_addrs=plane_addrs or (),
         key=key,
-        require_encrypt=args.encrypt,
-        max_setups=args.max_setups,
-        # --count transfers may run at once
-        max_connections=max(args.count, DEFAULT_MAX_CONNECTIONS),
-        max_granted_bytes=(
-            args.max_total
-            if args.max_total is not None
-            else max(DEFAULT_MAX_GRANTED, args.max_size)
-        ),
-        max_memory_bytes=args.max_memory if args.max_memory is not None else "auto",
-        region_memory=_region_memory(args),
-        limit_hints=LIMIT_FLAGS,
-        start_timeout=args.start_timeout,
-        ports=args.ports,
+        fabric=fabric,
+        regions=(outputs, outputs.release),
     )
+    listener: Listener = await listen(hosts[0], port, config)
     try:
         metrics = await start_metrics(args)
     except BaseException:
@@ -414,27 +397,6 @@ def _no_sender(timeout: float, outputs: Outputs) -> str:
     )
 
 
-#: how mrc-recv's refusals say each limit is raised
-LIMIT_FLAGS = {
-    "setups": "--max-setups raises it",
-    "granted_bytes": "--max-total raises it",
-    "memory_bytes": "--max-memory raises it",
-}
-
-
-def _region_memory(args: argparse.Namespace) -> Callable[[int], int]:
-    """How much of a transfer's region is memory, counted against --max-memory: --discard
-    maps anonymous memory of the transfer's size, or of its --discard-window when the
-    transfer is larger (mrc.cli.outputs.discard_bytes). An --out file's pages belong to the page
-    cache: the kernel writes dirty ones back (holding a writer back beyond its dirty limits)
-    and reclaims clean ones under pressure, so they are bounded by the disk space reserved for
-    the file and --max-total, not by memory."""
-    if args.discard:
-        window: int = args.discard_window
-        return lambda size: discard_bytes(size, window)
-    return lambda _size: 0
-
-
 def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Usage errors argparse cannot see on its own (exit status 2)."""
     usable = usable_memory()
@@ -457,13 +419,10 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             parser.error(f"--out {args.out}: {exc}")
     if args.discard_window < MIN_WINDOW:
         parser.error(f"--discard-window: at least {MIN_WINDOW >> 20}M, not {args.discard_window}")
-    args.config = None
-    if args.qp:
-        try:
-            args.config = apply_settings(QPConfig(), args.qp)
-            args.config.validate()
-        except ValueError as exc:
-            parser.error(f"--qp: {exc}")
+    try:
+        args.config = receiver_qp(args)
+    except ValueError as exc:
+        parser.error(f"--qp: {exc}")
 
 
 def main(argv: list[str] | None = None) -> int:

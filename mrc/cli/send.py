@@ -37,6 +37,7 @@ from mrc.cli.common import (
     run_command,
     size_arg,
 )
+from mrc.cli.configs import DEFAULT_WINDOW, connect_config, sender_qp
 from mrc.cli.intervals import Meter, Stream, interval_header, interval_line
 from mrc.cli.metricsopts import add_metrics_args, check_metrics_usage, start_metrics
 from mrc.cli.pathopts import (
@@ -50,11 +51,10 @@ from mrc.cli.pathopts import (
 )
 from mrc.cli.planewatch import PlaneWatch, merged
 from mrc.cli.progress import CONNECTING, STARTING
-from mrc.cli.qpopts import add_qp_arg, apply_settings, with_window
+from mrc.cli.qpopts import add_qp_arg
 from mrc.cli.sendreport import Outcome, summary_table, totals
 from mrc.connection import Connection, connect
 from mrc.core import fastpath
-from mrc.core.config import QPConfig
 from mrc.errors import MRCError, UsageError
 from mrc.security.packet import DATA_OVERHEAD
 from mrc.srv6.evroutes import route_overhead
@@ -255,7 +255,6 @@ def _load(args: argparse.Namespace) -> tuple[Source | RoundData, str]:
 
 MAX_PARALLEL = 256
 
-DEFAULT_WINDOW = 512
 DEFAULT_PAYLOAD = 1400
 #: the payload where the path's MTU leaves room (a jumbo fabric, loopback): 8 KiB in one
 #: datagram, where 1400-byte packets leave 8% of every link to headers and cost six times the
@@ -323,15 +322,6 @@ def _payload(args: argparse.Namespace, fabric: Topology | None, host: str, port:
     return payload
 
 
-def _config(args: argparse.Namespace, payload: int) -> QPConfig:
-    """The QP settings the flags ask for; raises ValueError (bad usage) if impossible."""
-    window = args.window or DEFAULT_WINDOW
-    config = QPConfig(payload_size=payload, burst=args.burst, cc=args.cc)
-    apply_settings(with_window(config, window), args.qp)
-    config.validate()
-    return config
-
-
 async def _main(args: argparse.Namespace, answer: JsonAnswer) -> int:
     targets = [parse_endpoint(t) for t in args.to]
     host, port = targets[0]
@@ -339,14 +329,17 @@ async def _main(args: argparse.Namespace, answer: JsonAnswer) -> int:
     fabric = load_fabric(args.fabric, args.fabric_host)
     host = host_address(fabric, host)
     alternates = [host_address(fabric, h) for h, _p in targets[1:]]
-    config = _config(args, _payload(args, fabric, host, port))
-    args.payload = config.payload_size
+    qp = sender_qp(args, _payload(args, fabric, host, port))
+    args.payload = qp.payload_size
     local = args.local or local_plane_addrs(fabric, args.fabric_host)
     data, label = _load(args)
     size = 2 * data.slot if isinstance(data, RoundData) else data.size
     evlog = EVLog(args.ev_log)
     log.info("connecting to [%s]:%d from %s", host, port, ", ".join(local or ["the default route"]))
-    log.debug("QP config %s", config)
+    log.debug("QP config %s", qp)
+    config = connect_config(
+        args, qp, key=key, fabric=fabric, local=local or (), request=(size, os.path.basename(label))
+    )
     conns: list[Connection] = []
     watches: list[PlaneWatch] = []
     quiet = args.no_progress or args.quiet or args.json or bool(args.interval)
@@ -357,21 +350,7 @@ async def _main(args: argparse.Namespace, answer: JsonAnswer) -> int:
     try:
         for i in range(args.parallel):
             try:
-                conn = await connect(
-                    host,
-                    port,
-                    evs=args.evs,
-                    local_addrs=local,
-                    config=config,
-                    request_size=size,
-                    request_name=os.path.basename(label),
-                    fabric=fabric,
-                    key=key,
-                    encrypt=args.encrypt,
-                    wait=args.wait,
-                    ports=args.ports,
-                    alternates=alternates,
-                )
+                conn = await connect([host, *alternates], port, config)
             except MRCError as exc:
                 if i == 0:
                     raise
@@ -398,8 +377,8 @@ async def _main(args: argparse.Namespace, answer: JsonAnswer) -> int:
             len(conns),
             label,
             args.evs,
-            config.max_outstanding,
-            config.payload_size,
+            qp.max_outstanding,
+            qp.payload_size,
             ("encrypt" if args.encrypt else "integrity") if key else "none",
         )
         out = await _run(args, conns, data, progress)
@@ -544,7 +523,7 @@ def _check_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         if problem is not None:
             parser.error(f"--from {addr}: {problem}")
     try:  # the flags alone (the path's default payload is in range whatever it is)
-        _config(args, args.payload if args.payload is not None else DEFAULT_PAYLOAD)
+        sender_qp(args, args.payload if args.payload is not None else DEFAULT_PAYLOAD)
     except ValueError as exc:
         parser.error(str(exc))
 

@@ -95,12 +95,13 @@ def _usage_error(*argv: str) -> str:
 
 
 def test_mrc_send_takes_qp_and_refuses_a_bad_one_in_one_line() -> None:
-    from mrc.cli.send import _config, build_parser
+    from mrc.cli.configs import sender_qp
+    from mrc.cli.send import build_parser
 
     args = build_parser().parse_args(
         ["--size", "1M", "--to", "[::1]:1", "--window", "8192", "--qp", "probe_interval=0.01"]
     )
-    cfg = _config(args, 1400)
+    cfg = sender_qp(args, 1400)
     assert (cfg.probe_interval, cfg.max_outstanding, cfg.psn_window) == (0.01, 8192, 32768)
     line = _usage_error(str(BIN / "mrc-send"), "--size", "1M", "--to", "[::1]:1", "--qp", "x=1")
     assert line.startswith("mrc-send: error: argument --qp: unknown QP setting 'x'")

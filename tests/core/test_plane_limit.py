@@ -35,9 +35,9 @@ def test_a_seventeenth_plane_is_refused_by_the_core() -> None:
 async def test_listen_and_connect_refuse_more_planes_than_an_ack_reports() -> None:
     many = ["::1"] * 17
     with pytest.raises(mrc.MRCError, match=r"^plane_addrs: at most 16 planes .* not 17$"):
-        await mrc.listen("::1", 0, plane_addrs=many)
+        await mrc.listen("::1", 0, mrc.ListenerConfig(plane_addrs=many))
     with pytest.raises(mrc.MRCError, match=r"^local_addrs: at most 16 planes .* not 17$"):
-        await mrc.connect("::1", 9, local_addrs=many)
+        await mrc.connect("::1", 9, mrc.ConnectConfig(local_addrs=many))
 
 
 def test_a_fabric_of_more_planes_is_a_usage_error() -> None:

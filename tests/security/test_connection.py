@@ -71,12 +71,16 @@ async def keyed(
     require_encrypt: bool = False,
 ) -> AsyncIterator[tuple[Listener, Connection, Connection, bytearray]]:
     """A listener offering a 4 MiB region filled with 0x5A, and one connected sender."""
-    listener = await mrc.listen(HOST, 0, key=listen_key, require_encrypt=require_encrypt)
+    listener = await mrc.listen(
+        HOST, 0, mrc.ListenerConfig(key=listen_key, require_encrypt=require_encrypt)
+    )
     region = bytearray(b"\x5a" * REGION)
     listener.register(region, name="inbox")
     conn = None
     try:
-        conn = await mrc.connect(HOST, listener.port, evs=8, key=connect_key, encrypt=encrypt)
+        conn = await mrc.connect(
+            HOST, listener.port, mrc.ConnectConfig(evs=8, key=connect_key, encrypt=encrypt)
+        )
         peer = await listener.accept(timeout=5)
         yield listener, conn, peer, region
     finally:
@@ -136,15 +140,19 @@ async def test_sender_refused_before_anything_is_allocated(
     listener = await mrc.listen(
         HOST,
         0,
-        key=listen_key,
-        require_encrypt=require,
-        region_factory=alloc.factory,
-        region_release=alloc.release,
+        mrc.ListenerConfig(
+            key=listen_key,
+            require_encrypt=require,
+            region_factory=alloc.factory,
+            region_release=alloc.release,
+        ),
     )
     try:
         with pytest.raises(mrc.MRCError) as err:
             await mrc.connect(
-                HOST, listener.port, evs=4, key=connect_key, encrypt=encrypt, request_size=4096
+                HOST,
+                listener.port,
+                mrc.ConnectConfig(evs=4, key=connect_key, encrypt=encrypt, request_size=4096),
             )
         assert why in str(err.value)
         assert "\n" not in str(err.value)
@@ -154,10 +162,7 @@ async def test_sender_refused_before_anything_is_allocated(
         good = await mrc.connect(
             HOST,
             listener.port,
-            evs=4,
-            key=listen_key,
-            encrypt=require,
-            request_size=4096,
+            mrc.ConnectConfig(evs=4, key=listen_key, encrypt=require, request_size=4096),
         )
         await good.write(b"x" * 4096, good.remote[""])
         await good.close()
@@ -175,7 +180,9 @@ async def test_listener_refuses_a_sender_whose_proof_is_wrong() -> None:
 
     alloc = Allocations()
     listener = await mrc.listen(
-        HOST, 0, key=KEY, region_factory=alloc.factory, region_release=alloc.release
+        HOST,
+        0,
+        mrc.ListenerConfig(key=KEY, region_factory=alloc.factory, region_release=alloc.release),
     )
     try:
         reader, writer = await asyncio.open_connection(HOST, listener.port)

@@ -117,13 +117,13 @@ async def test_keyed_session_survives_an_insider_fuzzer() -> None:
     data = os.urandom(size)
     fill = random.Random(SEED).randbytes(size + 2 * margin)
     inbox = bytearray(fill)
-    listener = await mrc.listen("::1", 0, key=key)
+    listener = await mrc.listen("::1", 0, mrc.ListenerConfig(key=key))
     conn = None
     forger = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
         listener.register(inbox, name="inbox")
         cfg = mrc.QPConfig(payload_size=8192)
-        conn = await mrc.connect("::1", listener.port, evs=16, config=cfg, key=key)
+        conn = await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=16, qp=cfg, key=key))
         peer = await listener.accept(timeout=5)
         live: list[bytes] = []
 

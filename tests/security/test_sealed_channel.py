@@ -76,7 +76,9 @@ async def tapped() -> AsyncIterator[tuple[Tap, mrc.Listener]]:
         made.append(bytearray(max(size, 1)))
         return made[-1]
 
-    async with await mrc.listen(HOST, 0, key=KEY, region_factory=factory, evs=4) as listener:
+    async with await mrc.listen(
+        HOST, 0, mrc.ListenerConfig(key=KEY, region_factory=factory, evs=4)
+    ) as listener:
         tap = Tap(listener.port)
         try:
             yield tap, listener
@@ -91,11 +93,9 @@ async def transfer_through(tap: Tap, listener: mrc.Listener, encrypt: bool) -> s
     async with await mrc.connect(
         HOST,
         port,
-        evs=4,
-        key=KEY,
-        encrypt=encrypt,
-        request_size=len(data),
-        request_name=NAME,
+        mrc.ConnectConfig(
+            evs=4, key=KEY, encrypt=encrypt, request_size=len(data), request_name=NAME
+        ),
     ) as conn:
         assert conn.requested is not None and conn.requested.name == NAME
         await conn.write(data, conn.requested)

@@ -97,7 +97,9 @@ async def hammered(listener: Listener, peers: int) -> AsyncIterator[list[int]]:
 
 
 async def keyed_transfer(listener: Listener) -> None:
-    async with await mrc.connect(HOST, listener.port, evs=4, key=KEY, request_size=4096) as c:
+    async with await mrc.connect(
+        HOST, listener.port, mrc.ConnectConfig(evs=4, key=KEY, request_size=4096)
+    ) as c:
         assert c.requested is not None
         await c.write(b"k" * 4096, c.requested)
         peer = await listener.accept(timeout=30, started=True)
@@ -110,7 +112,9 @@ def factory(size: int, _request: dict[str, object]) -> bytearray:
 
 
 async def test_unproven_set_ups_in_every_slot_do_not_keep_a_keyed_sender_out() -> None:
-    async with await mrc.listen(HOST, 0, key=KEY, region_factory=factory, evs=4) as listener:
+    async with await mrc.listen(
+        HOST, 0, mrc.ListenerConfig(key=KEY, region_factory=factory, evs=4)
+    ) as listener:
         slots = listener.limits.max_setups
         waiting = [await Unproven.open(listener.port) for _ in range(slots)]
         for peer in waiting:
@@ -127,7 +131,9 @@ async def test_unproven_set_ups_in_every_slot_do_not_keep_a_keyed_sender_out() -
 
 async def test_keyed_senders_get_in_while_unproven_set_ups_hammer_the_listener() -> None:
     async with (
-        await mrc.listen(HOST, 0, key=KEY, region_factory=factory, evs=4) as listener,
+        await mrc.listen(
+            HOST, 0, mrc.ListenerConfig(key=KEY, region_factory=factory, evs=4)
+        ) as listener,
         hammered(listener, listener.limits.max_setups) as opened,
     ):
         while listener.usage()["setups"] < listener.limits.max_setups:
@@ -138,7 +144,9 @@ async def test_keyed_senders_get_in_while_unproven_set_ups_hammer_the_listener()
 
 
 async def test_an_unproven_set_up_has_a_short_deadline_of_its_own() -> None:
-    async with await mrc.listen(HOST, 0, key=KEY, region_factory=factory, evs=4) as listener:
+    async with await mrc.listen(
+        HOST, 0, mrc.ListenerConfig(key=KEY, region_factory=factory, evs=4)
+    ) as listener:
         peer = await Unproven.open(listener.port)
         assert "challenge" in (await peer.line() or {})
         dropped = await peer.line()
@@ -212,7 +220,7 @@ async def test_a_sender_dropped_for_a_newer_connection_tries_again() -> None:
     port = server.sockets[0].getsockname()[1]
     try:
         try:
-            await mrc.connect(HOST, port, evs=4, key=KEY, request_size=10)
+            await mrc.connect(HOST, port, mrc.ConnectConfig(evs=4, key=KEY, request_size=10))
         except RefusedForNow as exc:
             assert str(exc) == "connection refused by the receiver: busy"
         else:
@@ -223,7 +231,7 @@ async def test_a_sender_dropped_for_a_newer_connection_tries_again() -> None:
         hellos.clear()
         retry[0] = False
         try:
-            await mrc.connect(HOST, port, evs=4, key=KEY, request_size=10)
+            await mrc.connect(HOST, port, mrc.ConnectConfig(evs=4, key=KEY, request_size=10))
         except mrc.MRCError as exc:
             assert not isinstance(exc, RefusedForNow)
         assert len(hellos) == 1

@@ -20,9 +20,9 @@ HOST = "::1"
 
 async def test_junk_at_a_silent_keyed_sender_does_not_keep_its_slot() -> None:
     key = generate_key()
-    listener = await mrc.listen(HOST, 0, key=key, start_timeout=0.4)
+    listener = await mrc.listen(HOST, 0, mrc.ListenerConfig(key=key, start_timeout=0.4))
     listener.register(bytearray(1 << 16), name="inbox")
-    conn = await mrc.connect(HOST, listener.port, evs=4, key=key)
+    conn = await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=4, key=key))
     forger = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
         (qpn,) = listener.endpoint.core.qps  # the silent sender's QP at the listener

@@ -15,9 +15,11 @@ async def requested_pair(size: int, evs: int = 32) -> tuple[Any, Any, Any, bytea
         buffers.append(bytearray(max(n, 1)))
         return buffers[-1]
 
-    listener = await mrc.listen("::1", 0, region_factory=factory)
+    listener = await mrc.listen("::1", 0, mrc.ListenerConfig(region_factory=factory))
     conn = await mrc.connect(
-        "::1", listener.port, evs=evs, request_size=size, config=mrc.QPConfig(payload_size=4096)
+        "::1",
+        listener.port,
+        mrc.ConnectConfig(evs=evs, request_size=size, qp=mrc.QPConfig(payload_size=4096)),
     )
     peer = await listener.accept(timeout=5)
     return listener, conn, peer, buffers[0]

@@ -43,7 +43,7 @@ async def test_connect_waits_for_a_listener_that_starts_late() -> None:
     logger.setLevel(logging.DEBUG)
     listener = None
     try:
-        connecting = asyncio.create_task(mrc.connect(HOST, port, evs=4, wait=20))
+        connecting = asyncio.create_task(mrc.connect(HOST, port, mrc.ConnectConfig(evs=4, wait=20)))
         await asyncio.wait_for(refusals.seen.wait(), 10)
         listener = await mrc.listen(HOST, port)
         inbox = bytearray(1 << 20)
@@ -66,9 +66,9 @@ async def test_no_wait_fails_at_once_and_a_wait_says_how_long_it_tried() -> None
     port = free_port(HOST)
     t0 = time.monotonic()
     with pytest.raises(mrc.MRCError, match=r"connection refused by \[::1\]:\d+ \(is mrc-recv"):
-        await mrc.connect(HOST, port, evs=4)
+        await mrc.connect(HOST, port, mrc.ConnectConfig(evs=4))
     assert time.monotonic() - t0 < 1.0
     t0 = time.monotonic()
     with pytest.raises(mrc.MRCError, match=r"refused .* after trying for 0.4 s"):
-        await mrc.connect(HOST, port, evs=4, wait=0.4)
+        await mrc.connect(HOST, port, mrc.ConnectConfig(evs=4, wait=0.4))
     assert 0.2 <= time.monotonic() - t0 < 3.0

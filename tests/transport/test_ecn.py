@@ -66,7 +66,7 @@ async def _transfer(ce: bool, config: QPConfig | None = None) -> tuple[dict, dic
     inbox = bytearray(len(data))
     listener = await mrc.listen(HOST, 0)
     listener.register(inbox, name="inbox")
-    conn = await mrc.connect(HOST, listener.port, evs=8, config=config)
+    conn = await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=8, qp=config))
     try:
         peer = await listener.accept(timeout=5)
         if ce:

@@ -24,7 +24,7 @@ async def _impatient_pair() -> tuple[mrc.Listener, mrc.Connection]:
     cfg = QPConfig(
         payload_size=1024, initial_rto=0.01, min_rto=0.01, max_rto=0.02, max_timeout_retries=2
     )
-    return listener, await mrc.connect(HOST, listener.port, evs=4, config=cfg)
+    return listener, await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=4, qp=cfg))
 
 
 async def test_retry_budget_exhausted_is_one_error_and_no_asyncio_warnings() -> None:

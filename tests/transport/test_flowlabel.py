@@ -82,6 +82,6 @@ async def test_a_listener_of_ipv4_and_ipv6_reads_labels_on_its_ipv6_socket() -> 
 
 async def test_more_evs_than_labels_is_one_line() -> None:
     with pytest.raises(MRCError, match=f"at most {MAX_EVS} EVs"):
-        await mrc.connect("::1", 9, evs=MAX_EVS + 1)
+        await mrc.connect("::1", 9, mrc.ConnectConfig(evs=MAX_EVS + 1))
     # the largest request, with its backups, still gives every EV a 16-bit label
     assert MAX_EVS + mrc.connection.backup_count(MAX_EVS, 1) <= wire.EV_LABEL_MASK

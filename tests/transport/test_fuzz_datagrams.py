@@ -98,7 +98,9 @@ async def test_fuzzed_datagrams_at_both_ports_during_a_transfer() -> None:
     try:
         listener.register(inbox, name="inbox")
         cfg = mrc.QPConfig(payload_size=8192)
-        conn = await mrc.connect("::1", listener.port, evs=16, config=cfg, regions=[mine_region])
+        conn = await mrc.connect(
+            "::1", listener.port, mrc.ConnectConfig(evs=16, qp=cfg), regions=[mine_region]
+        )
         peer = await listener.accept(timeout=5)
         endpoints = [listener.endpoint, conn.endpoint]
         forger.bind(("::1", 0))

@@ -301,14 +301,16 @@ def test_hostile_bursts_leave_the_listener_whole(caplog: pytest.LogCaptureFixtur
         mrc.listen(
             HOST,
             0,
-            evs=4,
-            region_factory=ledger.factory,
-            region_release=ledger.release,
-            max_setups=24,
-            max_connections=8,
-            max_granted_bytes=1 << 20,
-            setup_timeout=0.5,
-            start_timeout=0.25,
+            mrc.ListenerConfig(
+                evs=4,
+                region_factory=ledger.factory,
+                region_release=ledger.release,
+                max_setups=24,
+                max_connections=8,
+                max_granted_bytes=1 << 20,
+                setup_timeout=0.5,
+                start_timeout=0.25,
+            ),
         )
     )
     stats = {"connections": 0, "bursts": 0, "welcomed": 0, "refused": 0, "seconds": 0.0}
@@ -390,7 +392,9 @@ def test_hostile_bursts_leave_the_listener_whole(caplog: pytest.LogCaptureFixtur
         data = os.urandom(200_000)
 
         async def real_sender() -> str:
-            async with await mrc.connect(HOST, listener.port, evs=4, request_size=len(data)) as c:
+            async with await mrc.connect(
+                HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=len(data))
+            ) as c:
                 assert c.requested is not None
                 await c.write(data, c.requested)
                 peer = await listener.accept(timeout=5, started=True)

@@ -62,7 +62,7 @@ async def test_bursts_arrive_whole_through_gso_and_gro() -> None:
     listener = await mrc.listen(HOST, 0)
     listener.register(region, name="inbox")
     cfg = QPConfig(payload_size=8192, burst=8)
-    conn = await mrc.connect(HOST, listener.port, evs=16, config=cfg)
+    conn = await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=16, qp=cfg))
     try:
         await listener.accept(timeout=5)
         await conn.write(data, conn.remote["inbox"])

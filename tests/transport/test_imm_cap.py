@@ -23,10 +23,12 @@ SIZE = 20_000
 async def test_writes_beyond_the_cap_wait_and_all_land_in_order(whose: str) -> None:
     """The cap of 2 is the sender's own, or the receiver's, which the sender learns."""
     cfg = QPConfig(max_imm_outstanding=2 if whose == "sender" else 256)
-    kw = {"config": QPConfig(max_imm_dest=2)} if whose == "receiver" else {}
+    kw = {"qp": QPConfig(max_imm_dest=2)} if whose == "receiver" else {}
     data = [os.urandom(SIZE) for _ in range(N)]
     async with listening(**kw) as listener:
-        conn = await mrc.connect(HOST, listener.port, evs=4, request_size=N * SIZE, config=cfg)
+        conn = await mrc.connect(
+            HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=N * SIZE, qp=cfg)
+        )
         async with conn:
             peer = await listener.accept(timeout=5)
             assert conn.requested is not None and peer.granted is not None
@@ -53,8 +55,10 @@ async def test_writes_beyond_the_cap_wait_and_all_land_in_order(whose: str) -> N
 
 async def test_post_write_past_the_cap_is_refused_with_one_line() -> None:
     cfg = QPConfig(max_imm_outstanding=2, max_imm_dest=5)
-    async with listening(config=QPConfig(max_imm_dest=3)) as listener:
-        conn = await mrc.connect(HOST, listener.port, evs=4, request_size=3 * SIZE, config=cfg)
+    async with listening(qp=QPConfig(max_imm_dest=3)) as listener:
+        conn = await mrc.connect(
+            HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=3 * SIZE, qp=cfg)
+        )
         async with conn:
             peer = await listener.accept(timeout=5)
             assert peer.qp.requester.imm_cap == 5  # the listener learned the sender's limit

@@ -20,14 +20,16 @@ def _factory(size: int, request: dict[str, object]) -> bytearray:
 
 
 async def test_a_peer_cannot_write_into_another_peers_region() -> None:
-    listener = await mrc.listen("::1", 0, region_factory=_factory)
+    listener = await mrc.listen("::1", 0, mrc.ListenerConfig(region_factory=_factory))
     try:
-        a = await mrc.connect("::1", listener.port, evs=4, request_size=4096)
+        a = await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=4, request_size=4096))
         peer_a = await listener.accept(timeout=5)
         # (B gives up after a few timeouts: an rkey its QP does not know gets no answer at
         # all, as for an unknown QP, so B fails as it would against a peer that is gone)
         cfg = mrc.QPConfig(max_timeout_retries=2)
-        b = await mrc.connect("::1", listener.port, evs=4, request_size=4096, config=cfg)
+        b = await mrc.connect(
+            "::1", listener.port, mrc.ConnectConfig(evs=4, request_size=4096, qp=cfg)
+        )
         peer_b = await listener.accept(timeout=5)
         assert peer_a.granted is not None and peer_b.granted is not None
         a_region = a.remote[peer_a.granted.name] if peer_a.granted.name else a.requested
@@ -42,7 +44,7 @@ async def test_a_peer_cannot_write_into_another_peers_region() -> None:
         assert b.requested is not None and a.requested is not None
         await a.write(b"\x01" * 512, a.requested, offset=0)
         assert bytes(peer_a.granted.view[:512]) == b"\x01" * 512
-        c = await mrc.connect("::1", listener.port, evs=4, request_size=4096)
+        c = await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=4, request_size=4096))
         peer_c = await listener.accept(timeout=5)
         assert c.requested is not None and peer_c.granted is not None
         await c.write(b"\x02" * 100, c.requested, offset=7)

@@ -28,13 +28,21 @@ async def session(
     """A listener (with ``buffer`` registered as ``name``), ``senders`` connections to it and
     the listener's side of each (in the same order)."""
     listener = await mrc.listen(HOST, 0)
+    regions = connect_kw.pop("regions", None)  # connect()'s own; the rest configure it
     conns: list[Connection] = []
     try:
         if buffer is not None:
             listener.register(buffer, name=name)
         peers = []
         for _ in range(senders):
-            conns.append(await mrc.connect(HOST, listener.port, **connect_kw))  # type: ignore[arg-type]
+            conns.append(
+                await mrc.connect(
+                    HOST,
+                    listener.port,
+                    mrc.ConnectConfig(**connect_kw),  # type: ignore[arg-type]
+                    regions=regions,  # type: ignore[arg-type]
+                )
+            )
             peers.append(await listener.accept(timeout=5))
         yield listener, conns, peers
     finally:
@@ -104,7 +112,7 @@ async def test_write_imm_completions_in_posting_order() -> None:
     data = os.urandom(total)
     buf = bytearray(total + 1)
     cfg = mrc.QPConfig(payload_size=512)
-    async with session(buf, evs=64, config=cfg) as (_l, [conn], [peer]):
+    async with session(buf, evs=64, qp=cfg) as (_l, [conn], [peer]):
         region = conn.remote["inbox"]
         futs, offsets, off = [], [], 0
         for i, n in enumerate(sizes):
@@ -160,7 +168,7 @@ async def test_several_senders_write_their_slices_of_one_region() -> None:
     shared = bytearray(n * part)
     data = [os.urandom(part) for _ in range(n)]
     cfg = mrc.QPConfig(payload_size=8192)
-    async with session(shared, name="shared", senders=n, evs=32, config=cfg) as (
+    async with session(shared, name="shared", senders=n, evs=32, qp=cfg) as (
         listener,
         conns,
         peers,
@@ -199,7 +207,7 @@ async def test_write_outside_the_region_raises_before_sending() -> None:
 async def test_connect_refused_when_nothing_listens(mrc_port: int) -> None:
     t0 = time.monotonic()
     with pytest.raises(mrc.MRCError, match="refused"):
-        await mrc.connect(HOST, mrc_port, evs=4)
+        await mrc.connect(HOST, mrc_port, mrc.ConnectConfig(evs=4))
     assert time.monotonic() - t0 < 2
 
 
@@ -230,7 +238,7 @@ async def test_version_mismatch_is_reported() -> None:
     answer = b'{"mrc": 99, "ok": true, "qpn": 5, "psn": 0, "udp_port": 1, "regions": []}\n'
     async with fake_server(answer) as (port, hellos):
         with pytest.raises(mrc.MRCError, match=r"version mismatch.*version 99"):
-            await mrc.connect(HOST, port, evs=4)
+            await mrc.connect(HOST, port, mrc.ConnectConfig(evs=4))
     assert b'"mrc":2' in hellos[0]
 
 
@@ -238,14 +246,14 @@ async def test_receiver_refusal_reason_is_reported() -> None:
     answer = b'{"mrc": 2, "ok": false, "error": "transfer too large"}\n'
     async with fake_server(answer) as (port, _hellos):
         with pytest.raises(mrc.MRCError, match="refused by the receiver: transfer too large"):
-            await mrc.connect(HOST, port, evs=4)
+            await mrc.connect(HOST, port, mrc.ConnectConfig(evs=4))
 
 
 async def test_connect_times_out_when_the_peer_never_answers() -> None:
     async with fake_server(None) as (port, hellos):
         t0 = time.monotonic()
         with pytest.raises(mrc.MRCError, match="did not answer.*in time"):
-            await mrc.connect(HOST, port, evs=4, timeout=0.3)
+            await mrc.connect(HOST, port, mrc.ConnectConfig(evs=4, timeout=0.3))
         elapsed = time.monotonic() - t0
     assert len(hellos) == 1
     assert 0.25 < elapsed < 1.5, elapsed
@@ -267,7 +275,7 @@ async def test_connect_times_out_when_syns_are_dropped() -> None:
             fillers.append(s)
         t0 = time.monotonic()
         with pytest.raises(mrc.MRCError, match=r"unreachable \(no answer in 0.3 s\)"):
-            await mrc.connect(HOST, port, evs=4, timeout=0.3)
+            await mrc.connect(HOST, port, mrc.ConnectConfig(evs=4, timeout=0.3))
         assert time.monotonic() - t0 < 1.5
     finally:
         for s in fillers:
@@ -277,7 +285,7 @@ async def test_connect_times_out_when_syns_are_dropped() -> None:
 
 async def test_peer_vanishing_exhausts_the_retry_budget() -> None:
     cfg = mrc.QPConfig(min_rto=0.01, initial_rto=0.02, max_rto=0.05, max_timeout_retries=5)
-    async with session(bytearray(1 << 20), evs=8, config=cfg) as (listener, [conn], _peers):
+    async with session(bytearray(1 << 20), evs=8, qp=cfg) as (listener, [conn], _peers):
         region = conn.remote["inbox"]
         assert await conn.write(b"a" * 5000, region) == 5000  # the path works
         listener.endpoint.close()  # the receiver's sockets vanish without a word

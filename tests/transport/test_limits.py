@@ -69,14 +69,13 @@ class Regions:
 
 @contextlib.asynccontextmanager
 async def listening(regions: Regions, **kw: object) -> AsyncIterator[Listener]:
-    listener = await mrc.listen(
-        HOST,
-        0,
+    config = mrc.ListenerConfig(
         region_factory=regions.factory,
         region_release=regions.release,
         evs=4,
-        **kw,  # type: ignore[arg-type]  # listen()'s own keywords
+        **kw,  # type: ignore[arg-type]  # ListenerConfig's own fields
     )
+    listener = await mrc.listen(HOST, 0, config)
     try:
         yield listener
     finally:
@@ -125,7 +124,9 @@ class Raw:
 
 async def verified_transfer(listener: Listener, size: int = 300_000) -> None:
     data = os.urandom(size)
-    async with await mrc.connect(HOST, listener.port, evs=4, request_size=size) as conn:
+    async with await mrc.connect(
+        HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=size)
+    ) as conn:
         assert conn.requested is not None
         await conn.write(data, conn.requested)
         peer = await listener.accept(timeout=5, started=True)
@@ -215,7 +216,9 @@ async def test_when_every_set_up_has_proven_itself_a_newcomer_is_refused_at_once
         await holder.send(hello.to_json())
         await auth.as_sender(holder, key, hello, 5)  # proven; its request never follows
         with pytest.raises(mrc.MRCError, match=r"too many set-ups in progress \(limit 1\)$"):
-            await mrc.connect(HOST, listener.port, evs=4, key=key, request_size=10)
+            await mrc.connect(
+                HOST, listener.port, mrc.ConnectConfig(evs=4, key=key, request_size=10)
+            )
         reply = await holder.recv(timeout=10)  # and the holder runs out of time
         assert reply is not None and reply["error"] == (
             f"no region request within {listener.hello_timeout:g} s of connecting"
@@ -241,11 +244,13 @@ async def test_a_set_up_that_takes_too_long_is_refused_and_frees_its_slot() -> N
 async def test_connections_beyond_the_limit_are_refused_before_allocation() -> None:
     regions = Regions()
     async with listening(regions, max_connections=2) as listener:
-        a = await mrc.connect(HOST, listener.port, evs=4, request_size=100)
-        b = await mrc.connect(HOST, listener.port, evs=4)  # no region: a slot all the same
+        a = await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=100))
+        b = await mrc.connect(
+            HOST, listener.port, mrc.ConnectConfig(evs=4)
+        )  # no region: a slot all the same
         assert listener.usage()["connections"] == 2
         with pytest.raises(mrc.MRCError, match=r"too many connections \(limit 2\)$"):
-            await mrc.connect(HOST, listener.port, evs=4, request_size=100)
+            await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=100))
         assert len(regions.made) == 1  # the refused one never reached region_factory
         assert listener.usage()["refused_connections"] == 1
         # closing a connection the application took gives its slot back
@@ -260,15 +265,17 @@ async def test_connections_beyond_the_limit_are_refused_before_allocation() -> N
 async def test_granted_bytes_are_bounded_and_return_when_the_connection_closes() -> None:
     regions = Regions()
     async with listening(regions, max_granted_bytes=10_000) as listener:
-        first = await mrc.connect(HOST, listener.port, evs=4, request_size=6000)
+        first = await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=6000))
         with pytest.raises(mrc.MRCError) as info:
-            await mrc.connect(HOST, listener.port, evs=4, request_size=6000)
+            await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=6000))
         assert str(info.value).endswith(
             "cannot grant 6000 bytes: 6000 of the 10000 bytes this receiver grants at once "
             "are in use"
         )
         assert len(regions.made) == 1  # refused before region_factory was called
-        second = await mrc.connect(HOST, listener.port, evs=4, request_size=4000)  # fits
+        second = await mrc.connect(
+            HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=4000)
+        )  # fits
         assert listener.usage()["granted_bytes"] == 10_000
         for _ in range(2):
             peer = await listener.accept(timeout=5)
@@ -299,7 +306,7 @@ async def test_a_silent_sender_is_aborted_and_everything_it_held_released() -> N
         assert listener.usage()["connections"] == 1 and len(regions.made) == 1
         # the only slot is taken: a real sender is refused at once, with the reason
         with pytest.raises(mrc.MRCError, match=r"too many connections \(limit 1\)"):
-            await mrc.connect(HOST, listener.port, evs=4, request_size=10)
+            await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=10))
         abort = await idle.line(timeout=3)
         assert abort == {  # numbered, as every message after set-up is
             "n": 0,
@@ -320,7 +327,9 @@ async def test_accept_started_hands_out_senders_that_send_and_skips_silent_ones(
         idle = await Raw.open(listener.port)
         await idle.say(hello_line(100))
         assert (await idle.line())["ok"] is True
-        async with await mrc.connect(HOST, listener.port, evs=4, request_size=100) as conn:
+        async with await mrc.connect(
+            HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=100)
+        ) as conn:
             assert conn.requested is not None
             await conn.write(b"y" * 100, conn.requested)
             peer = await listener.accept(timeout=5, started=True)
@@ -339,7 +348,7 @@ async def test_plain_accept_hands_out_at_once_and_the_caller_owns_it() -> None:
     regions = Regions()
     async with (
         listening(regions, start_timeout=0.1) as listener,
-        await mrc.connect(HOST, listener.port, evs=4, request_size=100) as conn,
+        await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=100)) as conn,
     ):
         peer = await listener.accept(timeout=5)
         await asyncio.sleep(0.3)  # three start timeouts: nothing may happen (no event)
@@ -352,9 +361,14 @@ async def test_plain_accept_hands_out_at_once_and_the_caller_owns_it() -> None:
 async def test_closing_the_listener_releases_what_was_never_handed_out() -> None:
     regions = Regions()
     listener = await mrc.listen(
-        HOST, 0, region_factory=regions.factory, region_release=regions.release, evs=4
+        HOST,
+        0,
+        mrc.ListenerConfig(region_factory=regions.factory, region_release=regions.release, evs=4),
     )
-    conns = [await mrc.connect(HOST, listener.port, evs=4, request_size=64) for _ in range(3)]
+    conns = [
+        await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=64))
+        for _ in range(3)
+    ]
     quiet = await Raw.open(listener.port)  # a set-up in progress: cancelled
     await until(lambda: listener.usage()["setups"] == 1, "a set-up in progress")
     await listener.close()
@@ -396,4 +410,4 @@ async def test_a_set_up_failing_after_its_grant_calls_region_release() -> None:
 )
 async def test_listen_checks_its_limits(kw: dict[str, object], expected: str) -> None:
     with pytest.raises(mrc.MRCError, match=expected):
-        await mrc.listen(HOST, 0, **kw)  # type: ignore[arg-type]  # listen()'s own keywords
+        await mrc.listen(HOST, 0, mrc.ListenerConfig(**kw))  # type: ignore[arg-type]  # its own fields

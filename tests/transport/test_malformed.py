@@ -71,7 +71,7 @@ async def test_malformed_datagrams_are_counted_and_the_transfer_survives() -> No
     try:
         region_local = listener.register(inbox, name="inbox")
         cfg = mrc.QPConfig(payload_size=8192)
-        conn = await mrc.connect("::1", listener.port, evs=128, config=cfg)
+        conn = await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=128, qp=cfg))
         peer = await listener.accept(timeout=5)
         region = conn.remote["inbox"]
         assert region.rkey == region_local.rkey
@@ -134,7 +134,7 @@ async def test_forgeries_before_any_data_do_not_disturb_a_later_transfer() -> No
     try:
         listener.register(inbox, name="inbox")
         conn = await mrc.connect(
-            "::1", listener.port, evs=16, config=mrc.QPConfig(payload_size=8192)
+            "::1", listener.port, mrc.ConnectConfig(evs=16, qp=mrc.QPConfig(payload_size=8192))
         )
         peer = await listener.accept(timeout=5)
         region = conn.remote["inbox"]
@@ -209,7 +209,9 @@ async def pair(size: int, evs: int = 16, **cfg) -> AsyncIterator[tuple]:
     forger = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
         listener.register(inbox, name="inbox")
-        conn = await mrc.connect("::1", listener.port, evs=evs, config=mrc.QPConfig(**cfg))
+        conn = await mrc.connect(
+            "::1", listener.port, mrc.ConnectConfig(evs=evs, qp=mrc.QPConfig(**cfg))
+        )
         peer = await listener.accept(timeout=5)
         yield listener, conn, peer, inbox, forger
     finally:
@@ -505,12 +507,16 @@ async def test_acks_the_receiver_never_sent_are_named_on_both_sides() -> None:
     from mrc.transport.messages import Abort
 
     size = 20 * 1000
-    listener = await mrc.listen("::1", 0, region_factory=lambda n, _req: bytearray(n))
+    listener = await mrc.listen(
+        "::1", 0, mrc.ListenerConfig(region_factory=lambda n, _req: bytearray(n))
+    )
     conn = None
     forger = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
         conn = await mrc.connect(
-            "::1", listener.port, evs=16, request_size=size, config=mrc.QPConfig(**SLOW_RTO)
+            "::1",
+            listener.port,
+            mrc.ConnectConfig(evs=16, request_size=size, qp=mrc.QPConfig(**SLOW_RTO)),
         )
         peer = await listener.accept(timeout=5)
         forger.connect(("::1", conn.endpoint.port))

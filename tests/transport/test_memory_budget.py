@@ -62,7 +62,9 @@ async def test_a_stranger_cannot_ask_for_the_machines_memory() -> None:
     limit named; one that fits is granted."""
     asked = Asked()
     half = mem_total() // 2
-    async with await mrc.listen(HOST, 0, region_factory=asked, evs=4) as listener:
+    async with await mrc.listen(
+        HOST, 0, mrc.ListenerConfig(region_factory=asked, evs=4)
+    ) as listener:
         refused = await hello(listener.port, half)
         assert refused["ok"] is False, refused
         assert str(refused["error"]).startswith(f"cannot grant {half} bytes of memory: 0 of the ")
@@ -80,7 +82,7 @@ async def test_regions_that_are_not_memory_are_not_counted_against_it() -> None:
     asked = Asked()
     big = mem_total() // 2
     async with await mrc.listen(
-        HOST, 0, region_factory=asked, region_memory=lambda _size: 0, evs=4
+        HOST, 0, mrc.ListenerConfig(region_factory=asked, region_memory=lambda _size: 0, evs=4)
     ) as listener:
         assert (await hello(listener.port, big))["ok"] is True
         assert asked.sizes == [big] and listener.usage()["memory_bytes"] == 0
@@ -89,7 +91,7 @@ async def test_regions_that_are_not_memory_are_not_counted_against_it() -> None:
 
 async def test_a_budget_above_the_machines_memory_is_refused() -> None:
     with pytest.raises(mrc.MRCError, match=r"more than this machine's memory"):
-        await mrc.listen(HOST, 0, max_memory_bytes=2 * mem_total())
+        await mrc.listen(HOST, 0, mrc.ListenerConfig(max_memory_bytes=2 * mem_total()))
 
 
 def test_the_ledger_counts_memory_apart_and_names_the_flag() -> None:

@@ -53,13 +53,15 @@ async def test_counters_of_both_sides_drops_and_closed_connections() -> None:
     inbox = bytearray(size)
     # no reverse probes: their answers, arriving between a scrape and the reads it is
     # compared with, would change the counters in between
-    listener = await mrc.listen("::1", 0, config=mrc.QPConfig(reverse_probe_interval=0.0))
+    listener = await mrc.listen(
+        "::1", 0, mrc.ListenerConfig(qp=mrc.QPConfig(reverse_probe_interval=0.0))
+    )
     listener.register(inbox, name="inbox")
     server = await serve_metrics(listener)
     conn = peer = None
     forger = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
-        conn = await mrc.connect("::1", listener.port, evs=8)
+        conn = await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=8))
         server.exporter.watch_connection(conn)
         peer = await listener.accept(timeout=5)
         await conn.write(data, conn.remote["inbox"], 0, imm=1)
@@ -145,7 +147,7 @@ async def test_closed_connections_beyond_max_finished_fold_into_retired() -> Non
     exporter.watch_listener(listener)
     try:
         for n in range(1, 4):
-            conn = await mrc.connect("::1", listener.port, evs=2)
+            conn = await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=2))
             peer = await listener.accept(timeout=5)
             await conn.write(os.urandom(n * KiB), conn.remote["inbox"], 0, imm=n)
             assert await peer.next_immediate(timeout=5) == n
@@ -164,13 +166,13 @@ async def test_closed_connections_beyond_max_finished_fold_into_retired() -> Non
 
 
 async def test_refusals_by_limit_are_counted() -> None:
-    listener = await mrc.listen("::1", 0, max_connections=1)
+    listener = await mrc.listen("::1", 0, mrc.ListenerConfig(max_connections=1))
     server = await serve_metrics(listener)
     first = None
     try:
-        first = await mrc.connect("::1", listener.port, evs=2)
+        first = await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=2))
         with pytest.raises(MRCError, match="too many connections"):
-            await mrc.connect("::1", listener.port, evs=2)
+            await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=2))
         s = await _scrape(server.port)
         assert s.value("mrc_listener_refused_total", limit="connections") == 1
         assert s.value("mrc_listener_refused_total", limit="setups") == 0

@@ -22,7 +22,7 @@ async def test_burst_transfer_through_the_train_kernel(rx_impl: str) -> None:
     listener = await mrc.listen(HOST, 0)
     listener.register(region, name="inbox")
     cfg = QPConfig(payload_size=8192, burst=8)
-    conn = await mrc.connect(HOST, listener.port, evs=8, config=cfg)
+    conn = await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=8, qp=cfg))
     try:
         peer = await listener.accept(timeout=5)
         await conn.write(data, conn.remote["inbox"], 4096, imm=7)

@@ -87,7 +87,9 @@ async def test_the_sender_starts_within_the_share_its_welcome_grants(
     cfg = QPConfig(payload_size=payload, cc=cc, max_outstanding=64)
     size = 1 << 20
     async with listening() as listener:
-        conn = await mrc.connect(HOST, listener.port, evs=4, config=cfg, request_size=size)
+        conn = await mrc.connect(
+            HOST, listener.port, mrc.ConnectConfig(evs=4, qp=cfg, request_size=size)
+        )
         async with conn:
             law = conn.qp.requester.cc
             assert law.limit == (64 if cc == "fixed" else 3)

@@ -27,18 +27,24 @@ async def test_a_slow_region_set_up_does_not_stall_other_connections() -> None:
             waited_out.append(not release.wait(20))  # what the loop could not stop
         return bytearray(max(n, 1))
 
-    listener = await mrc.listen("::1", 0, region_factory=factory, setup_timeout=60)
+    listener = await mrc.listen(
+        "::1", 0, mrc.ListenerConfig(region_factory=factory, setup_timeout=60)
+    )
     cfg = mrc.QPConfig(payload_size=8192)
     slow = asyncio.ensure_future(
         mrc.connect(
-            "::1", listener.port, request_size=1 << 20, request_name="slow", timeout=60, config=cfg
+            "::1",
+            listener.port,
+            mrc.ConnectConfig(request_size=1 << 20, request_name="slow", timeout=60, qp=cfg),
         )
     )
     conn = slow_conn = None
     try:
         assert await asyncio.to_thread(making.wait, 30)
         size = 8 * MiB
-        conn = await mrc.connect("::1", listener.port, evs=16, request_size=size, config=cfg)
+        conn = await mrc.connect(
+            "::1", listener.port, mrc.ConnectConfig(evs=16, request_size=size, qp=cfg)
+        )
         peer = await listener.accept(timeout=30)
         sent, got = await asyncio.gather(
             send_buffer(conn, memoryview(os.urandom(size))),
@@ -74,9 +80,13 @@ async def test_a_region_made_after_its_set_up_was_cancelled_is_released() -> Non
         return made[-1]
 
     listener = await mrc.listen(
-        "::1", 0, region_factory=factory, region_release=freed.append, setup_timeout=60
+        "::1",
+        0,
+        mrc.ListenerConfig(region_factory=factory, region_release=freed.append, setup_timeout=60),
     )
-    pending = asyncio.ensure_future(mrc.connect("::1", listener.port, request_size=4096))
+    pending = asyncio.ensure_future(
+        mrc.connect("::1", listener.port, mrc.ConnectConfig(request_size=4096))
+    )
     try:
         assert await asyncio.to_thread(making.wait, 30)
         closing = asyncio.ensure_future(listener.close())

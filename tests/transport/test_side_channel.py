@@ -122,7 +122,7 @@ async def listening(**kw: object) -> AsyncIterator[Listener]:
             raise mrc.MRCError(f"transfer of {size} bytes is too large")
         return bytearray(max(size, 1))
 
-    listener = await mrc.listen(HOST, 0, region_factory=factory, **kw)  # type: ignore[arg-type]  # kw: listen()'s own keywords
+    listener = await mrc.listen(HOST, 0, mrc.ListenerConfig(region_factory=factory, **kw))  # type: ignore[arg-type]  # kw: ListenerConfig fields
     try:
         yield listener
     finally:
@@ -172,7 +172,9 @@ async def test_bad_hellos_are_refused_naming_the_field_and_leak_nothing() -> Non
         assert await settle(before) == before
         assert_nothing_held(listener)
         # and the listener still accepts a good sender
-        async with await mrc.connect(HOST, listener.port, evs=4, request_size=5000) as conn:
+        async with await mrc.connect(
+            HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=5000)
+        ) as conn:
             peer = await listener.accept(timeout=5)
             assert peer.requested_size == 5000
             assert conn.requested is not None
@@ -266,7 +268,7 @@ async def test_bad_welcomes_are_reported_naming_the_field(
     before = open_fds()
     async with answering(answer) as port:  # (its end of the connection is open till the end)
         with pytest.raises(mrc.MRCError) as info:
-            await mrc.connect(HOST, port, evs=4)
+            await mrc.connect(HOST, port, mrc.ConnectConfig(evs=4))
         assert expected in str(info.value)
     assert await settle(before) == before
 
@@ -326,7 +328,9 @@ def test_after_setup_messages_are_checked(cls: type, obj: object, expected: str)
 async def test_connection_public_api() -> None:
     """What the commands, the bench and the tools use instead of the internals."""
     async with listening() as listener:
-        conn: Connection = await mrc.connect(HOST, listener.port, evs=8, request_size=100_000)
+        conn: Connection = await mrc.connect(
+            HOST, listener.port, mrc.ConnectConfig(evs=8, request_size=100_000)
+        )
         async with conn:
             peer = await listener.accept(timeout=5)
             assert peer.peer_addrs == (HOST,) and conn.peer_addrs == ()

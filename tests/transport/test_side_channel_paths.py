@@ -41,16 +41,18 @@ async def two_plane_pair(**kw: object) -> AsyncIterator[tuple[Connection, Connec
 async def two_plane_listener(
     **kw: object,
 ) -> AsyncIterator[tuple[Connection, Connection, mrc.Listener]]:
-    listener = await mrc.listen(HOST, 0, plane_addrs=[HOST, HOST], **kw)  # type: ignore[arg-type]
+    listener = await mrc.listen(HOST, 0, mrc.ListenerConfig(plane_addrs=[HOST, HOST], **kw))  # type: ignore[arg-type]
     conn = None
     try:
         conn = await mrc.connect(
             HOST,
             listener.port,
-            evs=4,
-            local_addrs=[HOST, HOST],
-            key=kw.get("key"),  # type: ignore[arg-type]
-            encrypt=bool(kw.get("require_encrypt")),
+            mrc.ConnectConfig(
+                evs=4,
+                local_addrs=[HOST, HOST],
+                key=kw.get("key"),
+                encrypt=bool(kw.get("require_encrypt")),
+            ),
         )
         peer = await listener.accept(timeout=5)
         # the sender joins its second path at once

@@ -20,7 +20,8 @@ import pytest
 from requested_pair import requested_pair
 
 import mrc
-from mrc.app import transfer, wire
+from mrc import wire
+from mrc.app import transfer
 from mrc.app.transfer import receive_buffer, send_buffer
 
 FORGED = b"\xee" * 64

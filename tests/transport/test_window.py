@@ -53,9 +53,11 @@ async def _window_pair(size: int, window: int) -> tuple[Any, Any, Any, list[byte
         made.append(bytearray(max(min(n, window), 1)))
         return made[-1]
 
-    listener = await mrc.listen("::1", 0, region_factory=factory)
+    listener = await mrc.listen("::1", 0, mrc.ListenerConfig(region_factory=factory))
     conn = await mrc.connect(
-        "::1", listener.port, evs=16, request_size=size, config=mrc.QPConfig(payload_size=8192)
+        "::1",
+        listener.port,
+        mrc.ConnectConfig(evs=16, request_size=size, qp=mrc.QPConfig(payload_size=8192)),
     )
     peer = await listener.accept(timeout=30)
     return listener, conn, peer, made

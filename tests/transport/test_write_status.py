@@ -16,7 +16,9 @@ from mrc.errors import WriteError
 async def test_a_write_into_a_region_gone_runs_out_of_retries_and_the_next_is_flushed() -> None:
     cfg = QPConfig(max_timeout_retries=2, initial_rto=0.02, min_rto=0.02, max_rto=0.05)
     async with listening() as listener:
-        conn = await mrc.connect(HOST, listener.port, evs=4, request_size=400_000, config=cfg)
+        conn = await mrc.connect(
+            HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=400_000, qp=cfg)
+        )
         async with conn:
             peer = await listener.accept(timeout=5)
             assert conn.requested is not None and peer.granted is not None

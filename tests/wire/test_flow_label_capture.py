@@ -89,7 +89,7 @@ async def test_evs_are_source_port_and_flow_label_on_the_wire(tmp_path: Path) ->
     proc = None
     try:
         listener.register(inbox, name="inbox")
-        conn = await mrc.connect("::1", listener.port, evs=EVS)
+        conn = await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=EVS))
         peer = await listener.accept(timeout=5)
         ports = (listener.port, conn.endpoint.port)
         proc = await asyncio.to_thread(_start_capture, pcap, ports)

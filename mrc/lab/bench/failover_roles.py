@@ -151,10 +151,7 @@ async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
     listener = await mrc.listen(
         addrs[0],
         args.port,
-        plane_addrs=addrs,
-        evs=args.ack_evs,
-        config=_mrc_config(args),
-        fabric=topo,
+        mrc.ListenerConfig(plane_addrs=addrs, evs=args.ack_evs, qp=_mrc_config(args), fabric=topo),
     )
     listener.register(buf, name="data")
     print("ready", flush=True)
@@ -306,13 +303,9 @@ async def mrc_send(args: argparse.Namespace) -> dict[str, Any]:
     # addresses only if that one does not answer), its other planes' paths join afterwards
     setup = args.setup_plane
     conn = await mrc.connect(
-        dst[setup],
+        [dst[setup], *(a for i, a in enumerate(dst) if i != setup)],
         args.port,
-        evs=args.evs,
-        local_addrs=src,
-        config=_mrc_config(args),
-        fabric=topo,
-        alternates=[a for i, a in enumerate(dst) if i != setup],
+        mrc.ConnectConfig(evs=args.evs, local_addrs=src, qp=_mrc_config(args), fabric=topo),
     )
     planes_seen = _Planes(conn)
     routes = conn.routes
