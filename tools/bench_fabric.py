@@ -30,8 +30,8 @@ import argparse
 import sys
 
 from mrc.cli.common import Parser, float_between, positive_int, rate_arg, run_main, size_arg
+from mrc.core.cc import load as load_law
 from mrc.core.cc import names as cc_names
-from mrc.core.cc import spec as cc_spec
 from mrc.lab.bench.fabric import UNSHAPED
 from mrc.lab.bench.fabric import main as run_bench
 from mrc.topology.model import SRV6_MODES
@@ -118,7 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except ValueError:
         p.error(f"bad --window {args.window!r}: expected auto, 16 or 16,512")
     try:
-        args.cc = [cc_spec(c) for c in str(args.cc).split(",") if c]
+        args.cc = [load_law(c) for c in str(args.cc).split(",") if c]
     except ValueError as exc:
         p.error(f"bad --cc: {exc}")
     if not args.cc:

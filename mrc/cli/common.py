@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn, TextIO
 
 from mrc.cli.progress import Progress as Progress  # (re-exported: mrc-send, mrc-recv)
-from mrc.core.cc import spec as cc_spec
+from mrc.core.cc import load as load_law
 from mrc.errors import MRCError, UsageError
 from mrc.security.keys import read_key_file
 from mrc.units import parse_rate, parse_size
@@ -274,10 +274,10 @@ def rate_arg(text: str) -> str:
 
 def cc_arg(text: str) -> str:
     """A window law for ``QPConfig.cc`` (``--cc``): a registered name (``nscc``, ``fixed``) or
-    ``MODULE:CLASS``, loaded now to check it, a law file's path made absolute
-    (mrc.core.cc.registry)."""
+    ``MODULE:CLASS``, loaded here, where the user typed it (``mrc.core.cc.load``: a law
+    file's path made absolute); the config only names it, and nothing else loads it."""
     try:
-        return cc_spec(text)
+        return load_law(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

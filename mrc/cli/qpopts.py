@@ -9,6 +9,12 @@ An unknown key or a bad value is a one-line usage error naming the keys it is cl
 The settings stay text until they are applied: mrc-bench forwards them to its agents as they
 were given, and each agent builds its QPConfig from them with the same :func:`apply_settings`.
 mrc-send, mrc-bench and the failover demo's roles take ``--qp`` through :func:`add_qp_arg`.
+
+A ``cc=MODULE:CLASS`` setting names code: the option's type, :func:`qp_setting`, loads it where
+the user typed it (``mrc.core.cc.load``) and keeps the text that names the law it loaded (a law
+file's path made absolute). :func:`parse_setting` and :func:`apply_settings` load nothing: they
+only set ``cc``, which must name a law this process has registered or loaded, so settings that
+come from elsewhere (mrc-bench's agents' requests) never run code.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import typing
 from collections.abc import Callable, Iterable
 from functools import cache
 
-from mrc.core.cc import param_from_text
+from mrc.core.cc import load, param_from_text
 from mrc.core.config import QPConfig
 
 CC_PREFIX = "cc."
@@ -82,7 +88,8 @@ def apply_settings(
     last (through ``cc``), so that they are read as parameters of the law the settings end up
     choosing; it is not validated here (``QPConfig.validate``). Setting ``max_outstanding``
     sets the PSN window to match (:func:`with_window`) unless a ``psn_window`` setting is given
-    as well. Raises ValueError with a one-line reason."""
+    as well. A ``cc`` setting only names a law, loaded already if it is code (see the module's
+    docstring): nothing is imported here. Raises ValueError with a one-line reason."""
     parsed = [parse_setting(text) for text in settings]
     explicit_psn = any(key == "psn_window" for key, _value in parsed)
     for key, value in parsed:
@@ -104,9 +111,16 @@ def qp_setting(text: str) -> str:
     """argparse type of ``--qp``: ``text`` itself, once it is known to apply (so that a bad one
     is a usage error at once, and the text can be forwarded as it is). A ``cc.`` parameter is
     only checked for its form here: which law it belongs to is known once every option is read
-    (the commands apply and validate the whole config before they start)."""
+    (the commands apply and validate the whole config before they start). ``cc=LAW`` is the
+    command line's edge for a window law: LAW is loaded here (``mrc.core.cc.load``) and the
+    setting becomes ``cc=`` the text naming what was loaded (a law file's absolute path)."""
     try:
-        key, _value = parse_setting(text)
+        key, value = parse_setting(text)
+        if key == "cc":
+            assert isinstance(value, str)
+            law = load(value)
+            if law != value:  # a law file's path, made absolute
+                text = f"cc={law}"
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if not key.startswith(CC_PREFIX):

@@ -143,8 +143,9 @@ class QPConfig(EVConfig):
     burst_batch: bool = True
     # congestion control: the window law's name (mrc/core/cc/, docs/CONGESTION.md): "nscc",
     # UET 1.0's NSCC capped by max_outstanding; "nscc-mrc", mrc's own NSCC-style law; "fixed",
-    # a window of max_outstanding packets; another registered name, or MODULE:CLASS to load a
-    # law from a module or file
+    # a window of max_outstanding packets; another registered name, or a MODULE:CLASS law
+    # from a module or file that mrc.core.cc.load() loaded in this process first (the config
+    # only names laws: checking it never imports code)
     cc: str = "nscc"
     # the law's parameters, by the names of its Params fields (nscc: mrc.core.cc.UetNsccParams);
     # what is not given takes the law's default. Text form: --qp cc.NAME=VALUE
@@ -194,7 +195,7 @@ class QPConfig(EVConfig):
             raise ValueError("ack_batch_max must be at least 1")
         if self.tlp_max < 0:
             raise ValueError("tlp_max must be >= 0")
-        params_of(self.cc, self.cc_params)  # the law exists, its parameters fit it
+        params_of(self.cc, self.cc_params)  # the law is registered, its parameters fit it
         EVConfig.validate(self)
         if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:
             raise ValueError("need 0 < min_rto <= initial_rto <= max_rto")

@@ -19,11 +19,11 @@ from mrc.core.cc import (
     WindowLaw,
     create,
     law_class,
+    load,
     names,
     param_from_text,
     params_of,
     register,
-    spec,
 )
 from mrc.core.config import AUTO_BURST
 from mrc.lab.sim import Faults
@@ -48,6 +48,7 @@ def _pattern(n: int, salt: int) -> bytes:
 def test_the_registry_names_the_laws_and_loads_one_from_a_file() -> None:
     assert {"fixed", "nscc-mrc"} <= set(names())
     assert law_class("fixed") is FixedWindow and law_class("nscc-mrc") is MrcNscc
+    assert load(DCTCP) == DCTCP  # (loading is explicit: tests/core/test_law_loading.py)
     dctcp = law_class(DCTCP)
     assert issubclass(dctcp, WindowLaw) and dctcp.__name__ == "Dctcp"
     assert law_class(DCTCP) is dctcp  # loaded once
@@ -55,8 +56,8 @@ def test_the_registry_names_the_laws_and_loads_one_from_a_file() -> None:
     # a relative path is made absolute, for processes started elsewhere
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(EXAMPLE.parent)
-        assert spec("dctcp_window.py:Dctcp") == DCTCP
-    assert spec("nscc-mrc") == "nscc-mrc"
+        assert load("dctcp_window.py:Dctcp") == DCTCP
+    assert load("nscc-mrc") == "nscc-mrc"
     for bad, why in (
         ("vegas", "cc must be one of"),
         ("no.such.module:Law", "cannot load"),
@@ -64,7 +65,7 @@ def test_the_registry_names_the_laws_and_loads_one_from_a_file() -> None:
         (f"{EXAMPLE}:DctcpParams", "not a window law"),
     ):
         with pytest.raises(ValueError, match=why) as err:
-            QPConfig(cc=bad).validate()
+            load(bad)
         assert "\n" not in str(err.value)
 
 
@@ -91,6 +92,7 @@ def test_register_takes_only_laws_with_plain_parameters() -> None:
 
 
 def test_a_laws_parameters_are_checked_in_one_line_naming_the_key() -> None:
+    load(DCTCP)
     assert params_of("nscc-mrc", {}) == MrcNsccParams()
     assert params_of("nscc-mrc", {"gain": 1, "initial_window": 4}).gain == 1.0  # an int does
     for values, why in (
@@ -111,6 +113,7 @@ def test_a_laws_parameters_are_checked_in_one_line_naming_the_key() -> None:
 
 
 def test_a_parameter_from_text_takes_its_fields_type() -> None:
+    load(DCTCP)
     assert param_from_text("nscc-mrc", "min_window", "0.5") == 0.5
     assert param_from_text("nscc-mrc", "initial_window", "32") == 32
     assert isinstance(param_from_text("nscc-mrc", "gain", "1"), float)
@@ -159,6 +162,7 @@ def test_nscc_keeps_the_defaults_it_had_as_qpconfig_fields() -> None:
 
 def test_what_a_law_decides_for_the_qp() -> None:
     """Bursts, plane steering and the prompt ACK follow the law, not its name."""
+    load(DCTCP)
     assert QPConfig().burst_max == AUTO_BURST
     assert QPConfig(cc="fixed").burst_max == 1
     assert QPConfig(cc=DCTCP).burst_max == 1  # the base class's default: spray
@@ -251,6 +255,7 @@ def test_the_requester_asks_the_law_and_keeps_to_its_limit() -> None:
 
 
 def _incast(cc: str, senders: int, packets: int, last: LinkSpec) -> tuple[Fabric, list[Transfer]]:
+    cc = load(cc)  # a law given as code is named once loaded
     net = RecordingNetwork(17, Faults(delay=0.0, jitter=0.0))
     fab = Fabric(lasthop=last, record=True)
     net.set_fabric(fab)

@@ -1,9 +1,11 @@
 """Congestion control as window laws: what the requester asks of one (:class:`WindowLaw`),
-the two that ship (``fixed``, ``nscc``) and the registry that names them (docs/CONGESTION.md,
-"Writing a window law")."""
+the ones that ship (``fixed``, ``nscc``, ``nscc-mrc``), the registry that names them and
+:func:`load`, which loads a law given as code, ``MODULE:CLASS`` (docs/CONGESTION.md, "Writing
+a window law")."""
 
 from mrc.core.cc.base import LawContext, NoParams, WindowLaw
 from mrc.core.cc.fixed import FixedWindow
+from mrc.core.cc.loader import load
 from mrc.core.cc.nscc import MrcNscc, MrcNsccParams
 from mrc.core.cc.registry import (
     create,
@@ -12,7 +14,6 @@ from mrc.core.cc.registry import (
     param_from_text,
     params_of,
     register,
-    spec,
 )
 from mrc.core.cc.uet import UetNscc, UetNsccParams
 
@@ -27,9 +28,9 @@ __all__ = [
     "WindowLaw",
     "create",
     "law_class",
+    "load",
     "names",
     "param_from_text",
     "params_of",
     "register",
-    "spec",
 ]

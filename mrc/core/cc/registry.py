@@ -1,11 +1,12 @@
 """Window laws by name, and their parameters from dicts and text.
 
-``QPConfig.cc`` names a law: a name registered here (``fixed``, ``nscc``, or one a program
-registered with :func:`register`), or ``MODULE:CLASS``, a law loaded where it is needed:
-``MODULE`` is a module to import (``mylab.laws:Dctcp``) or the path of a Python file
-(``examples/dctcp_window.py:Dctcp``). That is how the commands (``mrc-send --cc``, mrc-bench
-and its agents, the tools) run a law that is not part of mrc: every process that builds the
-QP loads it the same way, so nothing has to be registered in advance.
+``QPConfig.cc`` names a law registered here: ``fixed``, ``nscc``, ``nscc-mrc``, one a program
+registered with :func:`register`, or a ``MODULE:CLASS`` law that :func:`mrc.core.cc.load`
+(mrc/core/cc/loader.py) loaded in this process and registered under the text it returned.
+Everything here only looks laws up: checking a config (``QPConfig.validate``) or making a law
+never imports a module or runs a file. The commands load the laws a user names where the user
+names them (``mrc-send --cc``, ``--qp cc=``, mrc-bench and its agents' command lines, the
+tools), so no name that arrives from the network, or is merely written in a config, runs code.
 
 ``QPConfig.cc_params`` holds the law's parameters as plain values (name -> int, float or
 bool); :func:`params_of` turns them into the law's ``Params`` dataclass, checked field by
@@ -15,13 +16,8 @@ field, and :func:`param_from_text` converts one from text (``--qp cc.min_window=
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
-import sys
 import typing
-import zlib
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from mrc.core.cc.base import LawContext, QPSettings, WindowLaw
@@ -53,28 +49,31 @@ def names() -> list[str]:
     return sorted(n for n in _LAWS if ":" not in n)
 
 
+def known(name: str) -> bool:
+    """Whether ``name`` is registered: a name, or a ``MODULE:CLASS`` loaded so far."""
+    return name in _LAWS
+
+
 def law_class(name: str) -> type[WindowLaw]:
-    """The law ``name`` stands for (see the module docstring); ValueError, one line, if none."""
+    """The law registered as ``name``; ValueError, one line, if none (a ``MODULE:CLASS`` law
+    must have been loaded first: :func:`mrc.core.cc.load`, which this never does)."""
     law = _LAWS.get(name)
     if law is None:
-        if ":" not in name:
-            raise ValueError(
-                f"cc must be one of {', '.join(names())} or MODULE:CLASS, not {name!r}"
-            )
-        law = _load(name)
-        _check_law(law, name)
-        _LAWS[name] = law
+        raise ValueError(
+            f"cc must be one of {', '.join(names())} or a law loaded with"
+            f' mrc.core.cc.load("MODULE:CLASS"), not {name!r}'
+        )
     return law
 
 
-def spec(text: str) -> str:
-    """``text`` as ``QPConfig.cc`` takes it in any process: checked (the law loads), and a
-    law file's path made absolute, so that a process started elsewhere finds it too."""
-    law_class(text)
-    module, sep, attr = text.rpartition(":")
-    if sep and module.endswith(".py"):
-        return f"{Path(module).resolve()}:{attr}"
-    return text
+def register_loaded(spec: str, law: object) -> type[WindowLaw]:
+    """Register ``law``, which :func:`mrc.core.cc.load` found, under ``spec``, the
+    ``MODULE:CLASS`` text it returns; checked as :func:`register` checks a law."""
+    if ":" not in spec:
+        raise ValueError(f"a loaded window law's name is MODULE:CLASS, not {spec!r}")
+    checked = _check_law(law, spec)
+    _LAWS[spec] = checked
+    return checked
 
 
 def params_of(name: str, values: Mapping[str, object]) -> Any:
@@ -127,49 +126,15 @@ def create(name: str, values: Mapping[str, object], config: QPSettings) -> Windo
 # ---- internals -------------------------------------------------------------------------
 
 
-def _load(name: str) -> type[WindowLaw]:
-    module_name, _, attr = name.rpartition(":")
-    try:
-        if module_name.endswith(".py"):
-            module = _import_file(Path(module_name))
-        else:
-            module = importlib.import_module(module_name)
-    except (ImportError, OSError, SyntaxError) as exc:
-        raise ValueError(f"cc {name!r}: cannot load {module_name}: {exc}") from None
-    law = getattr(module, attr, None)
-    if law is None:
-        raise ValueError(f"cc {name!r}: {module_name} has no {attr!r}")
-    return law  # type: ignore[no-any-return]
-
-
-def _import_file(path: Path) -> Any:
-    """The module of a law file, executed once per process however often it is named."""
-    path = path.resolve()
-    module_name = f"_mrc_law_{path.stem}_{zlib.crc32(str(path).encode()):08x}"
-    module = sys.modules.get(module_name)
-    if module is not None:
-        return module
-    found = importlib.util.spec_from_file_location(module_name, path)
-    if found is None or found.loader is None:
-        raise ImportError(f"not a Python file: {path}")
-    module = importlib.util.module_from_spec(found)
-    # in sys.modules before it runs: its dataclasses resolve their annotations through it
-    sys.modules[module_name] = module
-    try:
-        found.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[module_name]
-        raise
-    return module
-
-
-def _check_law(law: object, name: str) -> None:
+def _check_law(law: object, name: str) -> type[WindowLaw]:
+    """``law`` if it is a window law whose parameters are plain values; else ValueError."""
     if not (isinstance(law, type) and issubclass(law, WindowLaw)):
         raise ValueError(f"cc {name!r} is not a window law (a subclass of WindowLaw)")
     params = law.Params
     if not dataclasses.is_dataclass(params):
         raise ValueError(f"cc {name!r}: its Params is not a dataclass")
     _kinds(params)
+    return law
 
 
 def _kinds(params: type[Any]) -> dict[str, type]:

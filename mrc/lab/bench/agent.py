@@ -110,8 +110,9 @@ class MrcTransport(Transport):
 
     def _config(self, opts: dict[str, Any]) -> Any:
         """The QPConfig of every QP: the coordinator's ``--qp`` settings, as mrc-send reads
-        them (mrc/cli/qpopts.py). Callers pass them through :meth:`Agent.check_laws` first,
-        as applying a ``cc=MODULE:CLASS`` setting loads its code."""
+        them (mrc/cli/qpopts.py), which only names a law: one given as code must be among the
+        laws this agent loaded at its start. Callers pass them through
+        :meth:`Agent.check_laws` first, which says so in one line."""
         from mrc.cli.qpopts import apply_settings
         from mrc.core.config import QPConfig
 
@@ -123,15 +124,14 @@ class MrcTransport(Transport):
         self.agent.check_laws(opts)
         self.opts = opts
         a = self.agent
-        self.listener = await mrc.listen(
-            "::",
-            MRC_PORT,
+        config = mrc.ListenerConfig(
             plane_addrs=a.addrs,
             evs=int(opts["listener_evs"]),
-            config=self._config(opts),
+            qp=self._config(opts),
             fabric=a.topo,
             ports=a.ports,
         )
+        self.listener = await mrc.listen("::", MRC_PORT, config)
         self.listener.register(a.inbox, name="inbox")
         return {"port": self.listener.port}
 
@@ -163,17 +163,17 @@ class MrcTransport(Transport):
         async def one(dst: int) -> None:
             addrs = a.peers[dst].addrs
             first = side if side < len(addrs) else 0
-            conn = await mrc.connect(
-                addrs[first],
-                MRC_PORT,
+            config = mrc.ConnectConfig(
                 evs=int(opts["evs"]),
                 local_addrs=a.addrs,
-                config=cfg,
+                qp=cfg,
                 fabric=a.topo,
                 timeout=float(opts.get("timeout", 10.0)),
                 ports=a.ports,
-                alternates=[x for i, x in enumerate(addrs) if i != first],
             )
+            # the first address, then the others beside it if it does not answer
+            hosts = [addrs[first], *(x for i, x in enumerate(addrs) if i != first)]
+            conn = await mrc.connect(hosts, MRC_PORT, config)
             if "inbox" not in conn.remote:
                 raise MRCError(f"h{dst} did not announce its inbox")
             conn.on_ev_change(self._ev_counter("data"))
@@ -513,8 +513,9 @@ class Agent:
         #: a launched rank's host is the user's own: leave its MPTCP endpoints alone
         self.shared_host = shared_host
         #: the window laws named as code (MODULE:CLASS) a request may choose, besides the
-        #: registered ones: a launched rank's own --cc; None: any (the built-in coordinator's
-        #: agents, its own children)
+        #: registered ones: those of this process's own command line (a launched rank's --cc
+        #: and --qp cc=, an agent's --cc), loaded there; None: not checked (a law not loaded
+        #: still fails, as the QP's config is validated: nothing here loads code)
         self.laws = laws
         self.slot = max_size
         self.mptcp_ready = mptcp_ready
@@ -543,6 +544,7 @@ class Agent:
             args.max_size,
             args.seed,
             bool(getattr(args, "mptcp_ready", False)),
+            laws=load_laws(getattr(args, "cc", None) or []),
         )
 
     def transport(self, name: str, create: bool = False) -> Transport:
@@ -562,9 +564,10 @@ class Agent:
         return t
 
     def check_laws(self, opts: dict[str, Any]) -> list[str]:
-        """The ``--qp`` settings of ``opts``; :class:`Refused` if one would load code
-        (``cc=MODULE:CLASS``, a law file) this agent may not load (:attr:`laws`): a launched
-        rank takes code only from its own command line, never from the control connection."""
+        """The ``--qp`` settings of ``opts``; :class:`Refused` if one names code
+        (``cc=MODULE:CLASS``, a law file) other than the laws this agent loaded from its own
+        command line (:attr:`laws`): an agent or a launched rank takes code only from there,
+        never from its pipe or control connection (and nothing sent there is imported)."""
         from mrc.cli.qpopts import parse_setting
         from mrc.core.cc import names
 
@@ -770,6 +773,14 @@ async def _next_request(
             return None
 
 
+def load_laws(texts: Sequence[str]) -> frozenset[str]:
+    """Load the window laws of an agent's own command line (``--cc MODULE:CLASS``, which the
+    coordinator passes as it loaded them: mrc.core.cc.load) and name them as requests may."""
+    from mrc.core.cc import load
+
+    return frozenset(load(text) for text in texts)
+
+
 async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 24)
@@ -799,6 +810,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--max-size", type=int, required=True)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--cc",
+        action="append",
+        default=[],
+        metavar="MODULE:CLASS",
+        help="a window law given as code, loaded at the start: the only code a request's"
+        " cc= setting may name (repeatable)",
+    )
     p.add_argument(
         "--mptcp-ready",
         action="store_true",

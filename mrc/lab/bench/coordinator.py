@@ -110,6 +110,16 @@ class BenchConfig:
         base = [f"payload_size={self.payload}", f"max_outstanding={window}", f"cc={self.cc}"]
         return base + self.qp
 
+    def code_laws(self) -> frozenset[str]:
+        """The window laws given as code (``MODULE:CLASS``) by ``cc`` and the ``qp``
+        settings, as loaded at the command line (mrc.core.cc.load): every agent loads these
+        on its own command line at its start, and they are the only code a request may name
+        (:meth:`mrc.lab.bench.agent.Agent.check_laws`)."""
+        from mrc.cli.qpopts import parse_setting
+
+        given = [self.cc] + [str(v) for k, v in map(parse_setting, self.qp) if k == "cc"]
+        return frozenset(law for law in given if ":" in law)
+
     def payload_for_mtu(self) -> int:
         """The payload that fits ``mtu``: IPv6 40 + the route's 40 (an SRH with two segments,
         or a uSID fabric's outer IPv6 header) + UDP 8 + MRC header 32 = 120 bytes of headers,
@@ -396,6 +406,9 @@ class Bench:
                 "--seed",
                 str(cfg.seed),
                 *extra,
+                # the laws given as code: the agent loads them at its start, so that nothing
+                # it is sent over its pipe is ever imported
+                *(arg for law in sorted(cfg.code_laws()) for arg in ("--cc", law)),
             ]
             proc = await asyncio.create_subprocess_exec(
                 *cmd,

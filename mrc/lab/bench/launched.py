@@ -109,8 +109,9 @@ class LaunchOptions:
     payload_given: bool = False  # --payload on the command line: else from the NICs' MTU
     transports_given: bool = False
     ports: Any = None  # mrc.transport.ports.PortRange
-    #: window laws given as code on this rank's own command line (--cc, --qp cc=): the only
-    #: MODULE:CLASS a request from rank 0 may choose (registered names are always fine)
+    #: window laws given as code on this rank's own command line (--cc, --qp cc=), loaded
+    #: there: the only MODULE:CLASS a request from rank 0 may choose (registered names are
+    #: always fine; nothing a request names is ever imported)
     laws: frozenset[str] = field(default_factory=frozenset)
 
 

@@ -546,10 +546,10 @@ def _report(
 
 
 def _launched_qp(cfg: BenchConfig) -> frozenset[str]:
-    """The window laws given as code (MODULE:CLASS) on this rank's command line, the only ones
-    a request from rank 0 may name (mrc/lab/bench/agent.py); and a usage error if the --qp
-    settings rank 0 sends would not pass the ranks' request schema (mrc/lab/bench/schema.py)."""
-    from mrc.cli.qpopts import parse_setting
+    """The window laws given as code (MODULE:CLASS) on this rank's command line, loaded there
+    (--cc, --qp cc=), the only ones a request from rank 0 may name (mrc/lab/bench/agent.py);
+    and a usage error if the --qp settings rank 0 sends would not pass the ranks' request
+    schema (mrc/lab/bench/schema.py)."""
     from mrc.lab.bench.schema import QP_MAX, QP_TEXT_MAX
 
     for condition in cfg.conditions:
@@ -559,8 +559,7 @@ def _launched_qp(cfg: BenchConfig) -> frozenset[str]:
                 f"a launched run takes at most {QP_MAX - 3} --qp settings, and every QP setting"
                 f" (--cc's too) at most {QP_TEXT_MAX} characters long"
             )
-    given = [cfg.cc] + [str(v) for k, v in map(parse_setting, cfg.qp) if k == "cc"]
-    return frozenset(law for law in given if ":" in law)
+    return cfg.code_laws()
 
 
 # options of a launched run only
