@@ -378,7 +378,7 @@ class PyPacket:
         # probe tells whether they were lost (docs/EV_HEALTH.md, "Evidence of loss"); None
         self.probed: list[tuple[int, float]] | None = None
         # this transmission timed out in a silence of the whole peer and was left to wait
-        # for the oldest one's resend (``_time_out_silence``): its loss is no evidence
+        # for the oldest one's resend (``LossTimers._time_out_silence``): its loss is no evidence
         # against its EV or plane, however it is found later
         self.silenced = False
 

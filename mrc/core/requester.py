@@ -3,15 +3,13 @@
 Posted work requests are cut into packets lazily, as the window opens. Every packet in flight
 has a record in ``_outstanding`` (``fastpath.Packet``: made and removed by the batch kernels
 ``record_burst`` and ``take_acked``); a packet is acknowledged when its record is removed, and
-``_snd_una`` is the lowest sequence number still outstanding. Retransmission deadlines live in
-a heap with lazy deletion (an entry is live only while its packet is outstanding with that very
-deadline): deadlines are not monotone in send order (per-packet backoff, a changing RTO), and
-the timer must always be armed at the earliest one.
+``_snd_una`` is the lowest sequence number still outstanding. What is lost is found by SACK
+evidence (``recovery.LossDetector``) and by the retransmission and tail loss probe timers
+(``timers.LossTimers``): both name packets, and the requester resends them.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from mrc.core.psn import to_psn, to_seq
 from mrc.core.recovery import LossDetector
 from mrc.core.rtt import RttEstimator
 from mrc.core.stats import QPStats
+from mrc.core.timers import LossTimers
 from mrc.errors import TooManyImmediates
 
 _INF = float("inf")
@@ -123,28 +122,23 @@ class Requester:
         self._next_seq = 0
         self._snd_una = 0
         self._outstanding: dict[int, _Packet] = {}
-        # heap of (deadline, seq, n): packets seq..seq+n-1 (a burst, or one resent packet) were
-        # given that deadline; lazy deletion (an entry is live while any of them still has it)
-        self._deadlines: list[tuple[float, int, int]] = []
         self._retransmit: deque[int] = deque()
         self.recovery = LossDetector(config.reorder_min, config.reorder_srtt_fraction)
         # losses not held against their EV: SACK evidence the detector did not trust, and
         # any loss of a transmission that met a silence of the whole peer (``silenced``)
         self.losses_unblamed = 0
-        # tail loss probe: when no ACK has come for a while, resend the newest outstanding
-        # packet so that its ACK (SACK evidence) repairs a lost tail without waiting for an RTO
-        self._tlp_at: float | None = None
-        self._tlps = 0  # tail loss probes sent since the last news (at most tlp_max)
-        # when an ACK last acknowledged something new: a packet sent after it that times out
-        # met a silent peer, not (known) a bad path (handle_timer)
-        self._progress_at = _NEG_INF
-        # no packet times out before this: a tail loss probe went out then, and restarts the
-        # retransmission timer as TCP's does (RFC 8985 7.3), so that its answer, which finds
-        # what was lost by SACK, is not overtaken by timeouts of what it probes for
-        self._rto_hold = _NEG_INF
-        # when an ACK was last believed, news or not: what a failure reports the peer did
-        self._heard_at = _NEG_INF
-        self._probes = 0  # probes at the head of _retransmit, sent past the window
+        # retransmission deadlines and the tail loss probe: when the timer fires, and what
+        # times out then (they call back resend_timed_out, retries_exhausted, resend_as_probe)
+        self.timers = LossTimers(
+            self._outstanding,
+            self,
+            self.rtt,
+            tlp_min=config.tlp_min,
+            tlp_max=config.tlp_max,
+            initial_rto=config.initial_rto,
+            max_timeout_retries=config.max_timeout_retries,
+        )
+        self._probes = 0  # tail loss probes at the head of _retransmit, sent past the window
         self.health = config.ev_health
         # seq & _RING_MASK -> (seq << 32) | EV value of seq's latest transmission (-1: none)
         self._sent_ring = [-1] * _RING
@@ -256,7 +250,7 @@ class Requester:
                 # not yet handed out: set in place
                 hdr = out[-1][1][-2]
                 hdr[8] |= wire.BTH_ACKREQ  # type: ignore[index]
-            self._arm_tlp(now)
+            self.timers.arm_probe(now)
 
     def _send_retransmissions(self, now: float, out: list[Burst], gap: float, held: bool) -> bool:
         """Resend what is queued for it, a burst of one each: tail loss probes whatever the
@@ -265,6 +259,7 @@ class Requester:
         outstanding = self._outstanding
         retransmit = self._retransmit
         evs = self.evs
+        timers = self.timers
         rtx_limit = self.cc.limit + self._waiting
         while retransmit and (self._probes or (not held and len(outstanding) < rtx_limit)):
             seq = retransmit.popleft()
@@ -296,8 +291,7 @@ class Requester:
             pkt.nacked = False  # a new transmission: it may be NACKed once more
             pkt.silenced = False
             pkt.sent_at = now
-            pkt.deadline = deadline = now + self.rtt.backed_off(pkt.timeouts)
-            heapq.heappush(self._deadlines, (deadline, seq, 1))
+            timers.resent(seq, pkt, now)
             out.append(self._build(seq, pkt, probe))
             self.stats.retransmits += 1
             if gap and not probe:
@@ -336,7 +330,7 @@ class Requester:
         if held and (queue or self._retransmit):
             self._paced = True
         usable = self.evs.usable
-        deadline = now + self.rtt.rto
+        deadline = self.timers.first_deadline(now)
         sent_n = sent_bytes = 0
         while queue and not held and len(outstanding) < limit and self._next_seq < span:
             if self._burst_left and usable[self._burst_ev]:
@@ -443,7 +437,7 @@ class Requester:
             deadline,
             bufs,
         )
-        heapq.heappush(self._deadlines, (deadline, seq, n))
+        self.timers.track(deadline, seq, n)
         self.evs.packets[ev] += n  # EVSet.count_sent, once per burst
         seg = _HDR_LEN + payload  # the segment size of a burst of more than one
         if not full:
@@ -473,15 +467,6 @@ class Requester:
         srtt = self.rtt.srtt
         span = cfg.ecn_penalty_rtts * srtt if srtt is not None else 0.0
         return span if span > cfg.ecn_penalty_min else cfg.ecn_penalty_min
-
-    def _arm_tlp(self, now: float) -> None:
-        if not self._outstanding or self._tlps >= self.config.tlp_max:
-            self._tlp_at = None
-            return
-        srtt = self.rtt.srtt
-        pto = 2 * srtt if srtt is not None else self.config.initial_rto / 2
-        # each probe in a row waits twice as long as the one before
-        self._tlp_at = now + max(self.config.tlp_min, pto) * (1 << self._tlps)
 
     def _build(self, seq: int, pkt: _Packet, probe: bool) -> Burst:
         """A retransmission of ``pkt`` on its (new) EV, as a burst of one; a tail loss probe
@@ -513,189 +498,74 @@ class Requester:
         payload = wr.view[pkt.offset : pkt.offset + pkt.length]
         return (pkt.ev, [self._hview[h0:h_end], payload], 1, h_end - h0 + pkt.length)
 
-    # ---- timers ------------------------------------------------------------------------
-
-    def _live_top(self) -> float | None:
-        """The earliest live deadline, dropping stale entries on the way. The entry left on
-        top starts at a packet that has its deadline: a burst whose first packets were
-        acknowledged is trimmed once (``heapreplace`` with a larger key keeps the heap a
-        heap), not rescanned on every call."""
-        heap = self._deadlines
-        outstanding = self._outstanding
-        while heap:
-            deadline, seq, n = heap[0]
-            for s in range(seq, seq + n):
-                pkt = outstanding.get(s)
-                if pkt is not None and pkt.deadline == deadline:
-                    if s != seq:
-                        heapq.heapreplace(heap, (deadline, s, seq + n - s))
-                        break  # the trimmed entry may no longer be the top
-                    return deadline
-            else:
-                heapq.heappop(heap)
-        return None
+    # ---- timers (timers.LossTimers decides; these are its calls back) ----------------------
 
     def get_timer(self) -> float | None:
+        """When :meth:`handle_timer` must run next: what the loss timers wait for, or sooner,
+        when pacing lets what it held back go; None: nothing to wait for."""
         if self.failed:
             return None
-        top = self._live_top()
-        if top is not None and top < self._rto_hold:
-            top = self._rto_hold
-        tlp = self._tlp_at
-        if self._paced and (tlp is None or self._pace_at < tlp):
-            tlp = self._pace_at  # held back by pacing: wake up when it may go
-        if top is None:
-            return tlp
-        return top if tlp is None or top < tlp else tlp
+        at = self.timers.next_time()
+        if self._paced and (at is None or self._pace_at < at):
+            return self._pace_at  # held back by pacing: wake up when it may go
+        return at
 
     def handle_timer(self, now: float) -> None:
-        """Time out every packet whose deadline has passed.
+        """Time out every packet whose deadline has passed, then send a tail loss probe if
+        one is due (:meth:`LossTimers.expire`, which says how and why)."""
+        if not self.failed:
+            self.timers.expire(now, self.recovery.latest)
 
-        A packet sent after the last ACK that acknowledged anything new met silence: the
-        peer (or every path) said nothing since it left, and that is no evidence against its
-        EV. Of those, the oldest is resent, as TCP resends one segment on an RTO, and the
-        rest wait for its answer (their deadlines join its backed-off one): resending every
-        packet of a silent window buried a peer that had only stalled under duplicates, whose
-        resend of the oldest then waited behind them past the next RTO, again and again
-        (a 0.3 s receiver stop on ::1 became a transfer that never ended).
-
-        A packet that times out after the peer answered again is resent with the rest, but
-        blamed only if something sent after it was acknowledged: one left waiting in a
-        silence (``silenced``), or sent just before the peer stopped answering, was lost to
-        the stop (a stalled receiver's socket overflows), not to its path; blamed, eight
-        of them took a single plane down after a 0.3 s receiver stop."""
-        outstanding = self._outstanding
-        silent: list[int] = []  # judged together, after the others
-        while not self.failed:
-            top = self._live_top()
-            if top is None or top > now or now < self._rto_hold:
-                break
-            deadline, first, n = heapq.heappop(self._deadlines)
-            # every packet of the entry that still has its deadline times out, in order
-            for seq in range(first, first + n):
-                pkt = outstanding.get(seq)
-                if pkt is None or pkt.deadline != deadline:
-                    continue
-                if pkt.sent_at >= self._progress_at:
-                    silent.append(seq)
-                    continue
-                if not self._time_out(seq, pkt, now):
-                    return
-                if pkt.silenced or pkt.sent_at >= self.recovery.latest:
-                    # nothing sent after it was acknowledged: the peer may have gone quiet
-                    # just after answering what came before it (a stopped receiver)
-                    self.losses_unblamed += 1
-                elif self.health:
-                    self._blame(pkt.ev, pkt.sent_at, EVReason.TIMEOUT, now)
-        if silent and not self.failed:
-            self._time_out_silence(silent, now)
-        if self._tlp_at is not None and self._tlp_at <= now and not self.failed:
-            self._tlp_at = None
-            if outstanding:
-                self._tail_probe(now)
-
-    def _time_out(self, seq: int, pkt: _Packet, now: float) -> bool:
-        """``pkt`` timed out once more: queued for a resend and told to the window law, or,
-        past the retry budget, the QP fails (False)."""
-        pkt.timeouts += 1
-        limit = self.config.max_timeout_retries
-        if pkt.timeouts > limit:
-            self.fail(
-                f"retry budget exhausted: PSN {to_psn(self.initial_psn, seq)} "
-                f"unacknowledged after {limit} timeouts; {self._what_was_heard(now)}",
-                pkt.wr,
-            )
-            return False
-        pkt.deadline = _INF
+    def resend_timed_out(self, seq: int, pkt: _Packet, now: float, blame: bool | None) -> None:
+        """``pkt`` timed out (its deadline is inf now): queued for a resend and told to the
+        window law; its EV blamed if ``blame`` (None: it met a silence of the whole peer)."""
         self._retransmit.append(seq)
         self._waiting += 1
         self.stats.retransmits_timeout += 1
         self.cc.on_timeout(now)
         if self._told_down and self.evs.planes[pkt.ev] in self._told_down:
             self._confirm_plane(self.evs.planes[pkt.ev])
-        return True
+        if blame is None:
+            self.stats.silent_timeouts += 1
+        elif not blame:
+            self.losses_unblamed += 1
+        elif self.health:
+            self._blame(pkt.ev, pkt.sent_at, EVReason.TIMEOUT, now)
 
-    def _what_was_heard(self, now: float) -> str:
-        """What the peer's side of the QP showed before it failed, for the failure's message:
-        "gone" is a guess the sender cannot make (a receiver too busy to answer in time, or
-        one whose ACKs take a path that drops, look the same from here)."""
+    def retries_exhausted(self, seq: int, pkt: _Packet, now: float) -> None:
+        """``pkt`` timed out more often than ``max_timeout_retries`` allows: the QP fails,
+        saying what the peer was last heard to do."""
         refused = sum(
             self.stats.dropped_by_reason.get(k, 0) for k in ("ack_not_sent", "ack_wrong_ev")
         )
-        why = f", and {refused} ACKs were refused as not ours" if refused else ""
-        if self._heard_at == _NEG_INF:
-            return f"no ACK ever came back (peer unreachable, not answering, or gone{why})"
-        told = f"{self._snd_una} packets acknowledged in all{why}"
-        last = f"the last ACK came {now - self._heard_at:.1f} s ago"
-        if self._heard_at <= self._progress_at:
-            return f"{last} ({told})"
-        news = (
-            f"{now - self._progress_at:.1f} s ago"
-            if self._progress_at != _NEG_INF
-            else "never acknowledged anything new"
+        heard = self.timers.what_was_heard(now, self._snd_una, refused)
+        self.fail(
+            f"retry budget exhausted: PSN {to_psn(self.initial_psn, seq)} "
+            f"unacknowledged after {self.config.max_timeout_retries} timeouts; {heard}",
+            pkt.wr,
         )
-        return f"{last}, the last that acknowledged anything new {news} ({told})"
 
-    def _time_out_silence(self, silent: list[int], now: float) -> None:
-        """Of the packets that timed out in silence, the oldest is resent (blaming no EV);
-        the others keep waiting, until its resend's backed-off deadline."""
-        head = min(silent)
-        pkt = self._outstanding[head]
-        if not self._time_out(head, pkt, now):
-            return
-        self.stats.silent_timeouts += 1
-        # the resend's deadline, as _send_retransmissions will set it (it may go later)
-        wait = now + self.rtt.backed_off(pkt.timeouts)
-        outstanding = self._outstanding
-        for seq in silent:
-            if seq != head:
-                waiting = outstanding[seq]
-                waiting.silenced = True
-                waiting.deadline = wait
-                heapq.heappush(self._deadlines, (wait, seq, 1))
-
-    def _tail_probe(self, now: float) -> None:
-        """The tail loss probe is due: resend the newest outstanding packet, past the window."""
-        outstanding = self._outstanding
-        seq = next(reversed(outstanding))  # insertion order is seq order
-        pkt = outstanding[seq]
-        if pkt.deadline == _INF:  # already queued for a resend
-            self._probe_queued(seq, now)
-            return
-        pkt.deadline = _INF
-        # the transmission probed: if the probe turns out to be the first copy to arrive, it
-        # was lost, and its EV is blamed then (on_ack)
-        if pkt.probed is None:
-            pkt.probed = [(pkt.ev, pkt.sent_at)]
-        else:
-            pkt.probed.append((pkt.ev, pkt.sent_at))
-        # a probe goes out whatever the window: the law may have shrunk it below what is in
-        # flight, and a probe held back by the silence it is meant to break would leave that
-        # silence to the RTO
-        self._retransmit.appendleft(seq)
-        self._probes += 1
-        self._waiting += 1
-        self.stats.retransmits_tlp += 1
-        self._tlps += 1
-        self._rto_hold = now + self.rtt.backed_off(0)
-        self._arm_tlp(now)  # the next probe, if this one meets silence too
-
-    def _probe_queued(self, seq: int, now: float) -> None:
-        """The tail loss probe when the newest packet is already queued for a resend (a loss
-        found, a NACK), held back by a window shrunk below what is in flight: that resend is
-        the probe, and goes now, past the window; doing nothing instead would leave the
-        silence to the RTO, and arm no further probe (docs/CONGESTION.md)."""
+    def resend_as_probe(self, seq: int, queued: bool) -> bool:
+        """Send ``seq`` next, as a tail loss probe, past the window: put at the head of the
+        resend queue, or, if a resend of it is ``queued`` already (held back by a window
+        shrunk below what is in flight), moved behind the probes queued there. False if it
+        is going out as a probe already."""
         rq = self._retransmit
-        if seq not in islice(rq, self._probes):  # not already going out as a probe
-            try:
-                rq.remove(seq)
-            except ValueError:  # (always there: a resend is queued with deadline inf)
-                return
-            rq.insert(self._probes, seq)  # behind the probes already queued, if any
-            self._probes += 1  # (a resend counted already, under its own cause)
-            self._tlps += 1
-            self._rto_hold = now + self.rtt.backed_off(0)
-        self._arm_tlp(now)
+        if not queued:
+            rq.appendleft(seq)
+            self._probes += 1
+            self._waiting += 1
+            self.stats.retransmits_tlp += 1
+            return True
+        if seq in islice(rq, self._probes):  # already going out as a probe
+            return False
+        try:
+            rq.remove(seq)
+        except ValueError:  # (always there: a resend is queued with deadline inf)
+            return False
+        rq.insert(self._probes, seq)  # behind the probes already queued, if any
+        self._probes += 1  # (a resend counted already, under its own cause)
+        return True
 
     def fail(
         self,
@@ -758,7 +628,7 @@ class Requester:
             syndrome if is_nack else -1, subj_seq, subject, ev_echo, psnw, bitmap, ports
         ):
             return
-        self._heard_at = now
+        self.timers.heard(now)
         if self._trimmed_copy and not is_nack:
             self._trim_check(subj_seq, subject, ev_echo, bool(subj & _SUBJECT_DUP))
         subj_sent = self.recovery.subject_sent_at(
@@ -779,7 +649,7 @@ class Requester:
         acked, sacked, una = self._acknowledged(psnw, base, bitmap, subj_sent)
         newly, delivered = self._take_acked(acked, sacked)
         if newly:
-            self._progress_at = now
+            self.timers.progressed(now)
             if self._held_nacks:
                 self._contradicted()
         news = max(delivered)
@@ -793,8 +663,7 @@ class Requester:
             self._idle = True
         self._complete()
         if news > 0.0:  # news (as for the RACK point, 0.0 stands for none)
-            self._tlps = 0  # news arrived: the next silence may be probed again
-            self._arm_tlp(now)
+            self.timers.news(now)  # the next silence may be probed again
         if self.recovery.advance(news) and self._outstanding:
             lost = self.recovery.detect(
                 self._outstanding, self.rtt.srtt, evs.planes, evs.plane_alive_sent
@@ -848,7 +717,7 @@ class Requester:
             # port state (see QueuePair.datagrams_to_send), which we take. Unverifiable: once
             # the peer acknowledged anything it contradicts what we know and is refused;
             # before, a forgery of it can only steer our packets (_take_port_state)
-            if self._heard_at != _NEG_INF:
+            if self.timers.heard_at != _NEG_INF:
                 stats.dropped_by_reason["ack_nothing_late"] += 1
                 return False
             stats.sacks += 1

@@ -279,7 +279,7 @@ def test_headers_handed_out_are_never_written_again(pack: PackBurst) -> None:
     kept = [bytes(bufs[i]) for _ev, bufs, n, _seg in first for i in range(0, 2 * n, 2)]
     # every packet times out, after an ACK of something new (as if the peer had answered
     # since they left): else only the oldest of a silent flight would be resent
-    a.requester._progress_at = 1.5
+    a.requester.timers.progress_at = 1.5
     a.handle_timer(1.0 + 10 * a.config.max_rto)
     assert a.stats.retransmits_timeout == 512
     resent: list[Burst] = []
@@ -300,15 +300,15 @@ def test_one_timer_entry_per_burst_and_every_packet_still_times_out(pack: PackBu
     a.post_write(os.urandom(100 * 32), addr, rkey)
     bursts = a.bursts_to_send(1.0)
     req = a.requester
-    assert len(bursts) == 4 and len(req._deadlines) == 4
-    rto = req._deadlines[0][0]
-    assert req._live_top() == rto
+    assert len(bursts) == 4 and len(req.timers._deadlines) == 4
+    rto = req.timers._deadlines[0][0]
+    assert req.timers._live_top() == rto
     # the first 12 packets arrive (the whole first burst and half the second)
     (ev1, bufs1, _n, seg1) = bursts[1]
     _deliver(a, b, [bursts[0], (ev1, bufs1[:8], 4, seg1)], 1.001)
     assert req._snd_una == 12
-    assert req._live_top() == rto  # the second burst's entry, trimmed to its live packets
-    assert req._deadlines[0][1:] == (12, 4)
+    assert req.timers._live_top() == rto  # the second burst's entry, trimmed to its live packets
+    assert req.timers._deadlines[0][1:] == (12, 4)
     a.handle_timer(rto - 1e-9)
     assert a.stats.retransmits_timeout == 0
     a.handle_timer(rto)
