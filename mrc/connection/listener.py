@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from mrc.connection.common import new_qpn, resolve, side_channel
 from mrc.connection.config import Buffer, ListenerConfig, from_keywords
 from mrc.connection.conn import Connection
+from mrc.connection.grants import RegionMaker
 from mrc.connection.handshake import (
     JoinTable,
     any_address,
@@ -133,7 +134,8 @@ class Listener:
         self._joinable: JoinTable[SideChannel] = JoinTable()
         self._setup_tasks: set[asyncio.Task[None]] = set()
         self._abort_tasks: set[asyncio.Task[None]] = set()
-        self._making: set[asyncio.Future[Buffer]] = set()  # region_factory calls running
+        #: the regions made on senders' requests (region_factory, region_release)
+        self.regions = RegionMaker(config.region_factory, config.region_release)
         self._closing = False
         self.shared_regions: list[MemoryRegion] = []
         self._on_connection: list[Callable[[Connection], None]] = []
@@ -338,9 +340,9 @@ class Listener:
         await conn.close()
         granted, conn.granted = conn.granted, None  # (released once, whoever comes second)
         if granted is not None:
-            buf = granted.view.obj
+            buf = granted.view.obj  # (deregister releases the view, and .obj with it)
             conn.deregister(granted)
-            self._release(buf)
+            self.regions.release(buf)
 
     async def _goodbye(self, control: ControlChannel, message: dict[str, object]) -> None:
         """Send a last message (refusal or abort) if the peer takes it promptly; hang up."""
@@ -404,7 +406,7 @@ class Listener:
         for r in shared:
             pd.adopt(r)
         self._admit(control, request)  # the listener's limits, before anything is allocated
-        granted = await self._grant(request, pd) if request is not None else None
+        granted = await self.regions.grant(request, pd) if request is not None else None
         evsocks: EVSockets | None = None
         attached: QueuePair | None = None
         side: SideChannel | None = None
@@ -453,9 +455,7 @@ class Listener:
             if evsocks is not None:
                 evsocks.close()
             if granted is not None:
-                buf = granted.view.obj  # (deregister releases the view, and .obj with it)
-                pd.deregister(granted)
-                self._release(buf)
+                self.regions.revoke(pd, granted)
             raise
         conn = Connection(
             self.endpoint,
@@ -476,47 +476,6 @@ class Listener:
             conn.on_close(lambda: joinable.forget(token))
         return conn
 
-    async def _grant(self, request: RegionRequest, pd: ProtectionDomain) -> MemoryRegion:
-        """Allocate (with ``region_factory``) and register the region a sender asked for.
-
-        The factory runs in a worker thread: making a large region (a file reserved on disk,
-        its pages faulted in) takes seconds, and other connections must keep moving meanwhile.
-        A set-up cancelled while it runs (its timeout, the listener closing) releases what it
-        makes once it is made; :meth:`close` waits for that."""
-        if self.config.region_factory is None:
-            raise MRCError("this receiver does not allocate memory on request")
-        made = asyncio.ensure_future(
-            asyncio.to_thread(self.config.region_factory, request.size, request.to_json())
-        )
-        self._making.add(made)
-        made.add_done_callback(self._making.discard)
-        try:
-            buf = await asyncio.shield(made)
-        except asyncio.CancelledError:
-            made.add_done_callback(self._release_late)
-            raise
-        except MRCError:
-            raise
-        except (OSError, ValueError, TypeError, OverflowError, MemoryError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise MRCError(
-                f"cannot allocate the {request.size} bytes asked for: {reason}"
-            ) from None
-        try:
-            return pd.register(buf, Access.REMOTE_WRITE, request.name)
-        except (ValueError, TypeError) as exc:
-            self._release(buf)
-            raise MRCError(f"cannot allocate the {request.size} bytes asked for: {exc}") from None
-
-    def _release_late(self, made: asyncio.Future[Buffer]) -> None:
-        """A region made for a set-up that was cancelled meanwhile: nobody will use it."""
-        if not made.cancelled() and made.exception() is None:
-            self._release(made.result())
-
-    def _release(self, buf: Buffer | None) -> None:
-        if buf is not None and self.config.region_release is not None:
-            self.config.region_release(buf)
-
     async def close(self) -> None:
         """Stop listening; close every connection. Set-ups in progress are cancelled, and
         regions granted to connections never handed out are given to ``region_release``."""
@@ -529,7 +488,7 @@ class Listener:
         self._start_timers.clear()
         await asyncio.gather(*self._setup_tasks, *self._abort_tasks, return_exceptions=True)
         # regions still being made for set-ups just cancelled: released once made
-        await asyncio.gather(*self._making, return_exceptions=True)
+        await self.regions.wait()
         for conn in list(self._queue):  # never handed out: the listener's to free
             await self._discard(conn)
         for conn in list(self.connections):

@@ -245,8 +245,10 @@ async def test_listen_and_connect_take_the_old_keywords_and_still_transfer() -> 
     try:
         inbox = bytearray(1000)
         listener.register(inbox, name="inbox")
-        with pytest.warns(DeprecationWarning, match="alternates"):
+        with pytest.warns(DeprecationWarning) as said:
             conn = await mrc.connect("::1", listener.port, evs=4, alternates=["::1"])
+        lines = sorted(str(w.message) for w in said)
+        assert len(lines) == 2 and "alternates=" in lines[0] and "ConnectConfig(evs=)" in lines[1]
         async with conn:
             await conn.write(b"z" * 1000, conn.remote["inbox"])
         assert bytes(inbox) == b"z" * 1000
