@@ -282,7 +282,9 @@ def test_a_rank_proves_nothing_to_a_stranger_and_runs_its_fault_only_for_rank0(
             writer.write(_line({"ok": True, "hello": 2, "nonce": "cd" * 16, "proof": "0" * 64}))
             writer.write(_line({"id": 1, "op": "fault"}))
             writer.write(_line({"id": 2, "op": "heal"}))
-            await writer.drain()
+            # the rank may hang up on the wrong proof before these lines have left
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
             said += await asyncio.wait_for(reader.read(), 10)  # until the rank hangs up
             assert TOKEN.encode() not in said and said.count(b"\n") == 1, said
             await rank.line(r"rank 1: the party at 127\.0\.0\.1:\d+ did not prove the job token")
