@@ -69,7 +69,7 @@ from mrc.core.cc import names
 from mrc.core.events import EVState, EVStateChanged, QPFailed, WriteCompleted
 from mrc.core.memory import MemoryRegion
 from mrc.core.qp import QueuePair
-from mrc.lab.bench.manyqp import jain
+from mrc.lab.harness.stats import jain
 from mrc.lab.harness.table import render
 from mrc.lab.sim import Faults, SimNetwork
 from mrc.lab.sim_links import Fabric, LinkSpec

@@ -23,11 +23,11 @@ from mrc.errors import MRCError
 from mrc.lab.fabric import FabricSpec, plan
 from mrc.lab.harness.children import Children, exit_times, stop
 from mrc.lab.harness.envelope import envelope
-from mrc.lab.harness.fabric import port_deltas
+from mrc.lab.harness.fabric import port_deltas, status_counters
 from mrc.lab.harness.hosts import in_host, tool_path, wait_listening
 from mrc.lab.harness.machine import loadavg, machine_info, machine_line
 from mrc.lab.harness.output import json_objects, last_json, last_line
-from mrc.lab.harness.stats import median, medians, rounded
+from mrc.lab.harness.stats import jain, median, medians, rounded
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
@@ -73,6 +73,15 @@ def test_median_of_nothing_is_none() -> None:
 def test_rounded_keeps_none() -> None:
     assert rounded(0.123456, 3) == 0.123
     assert rounded(None, 3) is None
+    whole = rounded(1234.5678, None)  # to a whole number: an int, 1234 in the JSON, not 1234.0
+    assert whole == 1235 and isinstance(whole, int)
+    assert rounded(None, None) is None
+
+
+def test_jain_is_one_for_an_even_split_and_one_nth_for_a_monopoly() -> None:
+    assert jain([5.0, 5.0, 5.0]) == 1.0
+    assert jain([1.0, 0.0, 0.0, 0.0]) == 0.25  # one stream got everything: 1/n
+    assert jain([]) is None and jain([0.0, 0.0]) is None
 
 
 def test_medians_leave_out_runs_without_the_figure() -> None:
@@ -220,6 +229,42 @@ def test_machine_info_is_what_the_schemas_describe() -> None:
 def test_machine_line_is_the_foot_of_a_table() -> None:
     machine = {"cpus": 2, "loadavg_start": [1.5, 1, 1], "loadavg_end": [2.25, 1, 1]}
     assert machine_line(machine, 12.3) == "machine: 2 cpus, load 1.5 -> 2.25; 12.3 s in all"
+
+
+def test_status_counters_are_each_present_ends_drops_and_trims() -> None:
+    """What :func:`port_counters` reads from a fabric's status: a router end (with ``trim``),
+    a host end (without) and an end whose namespace is gone (left out)."""
+    end = {"present": True, "qdisc_drops": 5, "rx_dropped": 1, "tx_dropped": 2}
+    trim = {"trimmed": 9, "tail_drops": 4, "lasthop": True, "threshold": 7}
+    status = {
+        "links": [
+            {
+                "a": "p0l1",
+                "b": "h3",
+                "a_end": {**end, "ifname": "h3", "trim": trim},
+                "b_end": {**end, "ifname": "l1", "qdisc_drops": 0},
+            },
+            {"a": "p0s0", "b": "p0l1", "a_end": {"ifname": "l1", "present": False}, "b_end": {}},
+        ]
+    }
+    assert status_counters(status) == {
+        "p0l1:h3": {
+            "drops": 8,
+            "tbf_drops": 5,
+            "interface_drops": 3,
+            "trimmed": 9,
+            "tail_drops": 4,
+            "lasthop": True,
+        },
+        "h3:l1": {
+            "drops": 3,
+            "tbf_drops": 0,
+            "interface_drops": 3,
+            "trimmed": 0,
+            "tail_drops": 0,
+            "lasthop": False,
+        },
+    }
 
 
 def test_port_deltas_are_what_the_fabric_did_meanwhile() -> None:

@@ -35,6 +35,7 @@ from mrc.lab.bench.common import dumps, now, setup_mptcp_outside
 from mrc.lab.bench.report import setup_note
 from mrc.lab.bench.workloads import Transfer, ideal_seconds, transfers
 from mrc.lab.harness.children import signal_group
+from mrc.lab.harness.stats import rounded
 
 if TYPE_CHECKING:
     from mrc.lab.fabric import FabricSpec
@@ -790,9 +791,9 @@ class Bench:
             "workload": workload,
             "condition": condition,
             "transport": transport,
-            "p50_ms": _round(_percentile(step_ms, 50)),
-            "p99_ms": _round(_percentile(step_ms, 99)),
-            "p100_ms": _round(max(step_ms) if step_ms else None),
+            "p50_ms": rounded(_percentile(step_ms, 50), 3),
+            "p99_ms": rounded(_percentile(step_ms, 99), 3),
+            "p100_ms": rounded(max(step_ms) if step_ms else None, 3),
             "goodput_bps": round(verified * 8 / busy) if busy > 0 else 0,
             "steps": len(steps),
             "failed_steps": sum(1 for s in steps if not s.ok),
@@ -802,7 +803,7 @@ class Bench:
             and all(s.mismatches == 0 for s in steps)
             and all(s.ok for s in steps),
             "step_ms": step_ms,
-            "ideal_ms": _round(ideal * 1e3) if ideal is not None else None,
+            "ideal_ms": rounded(ideal * 1e3, 3) if ideal is not None else None,
             "transfers_per_step": len(tlist),
             "bytes_per_step": per_step,
             "step_start_s": [round(s.t0 - started, 4) for s in steps],
@@ -934,10 +935,6 @@ class Bench:
     async def run(self) -> None:
         for i, condition in enumerate(self.cfg.conditions):
             await self.run_condition(condition, i)
-
-
-def _round(x: float | None, nd: int = 3) -> float | None:
-    return None if x is None else round(x, nd)
 
 
 def _step_at(steps: list[StepResult], t: float) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mrc.lab.harness.machine import machine_line
 from mrc.lab.harness.table import line
 
 
@@ -69,9 +70,5 @@ def table(out: Mapping[str, Any]) -> str:
             )
         )
         lines.append(f"mrc / mptcp: {out['mrc_over_mptcp']}x")
-    m = out["machine"]
-    lines.append(
-        f"machine: {m['cpus']} cpus, load {m['loadavg_start'][0]} -> "
-        f"{m['loadavg_end'][0]}; {out['seconds']} s in all"
-    )
+    lines.append(machine_line(out["machine"], out["seconds"]))
     return "\n".join(lines)

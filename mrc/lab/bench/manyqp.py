@@ -36,13 +36,13 @@ from typing import Any
 
 from mrc.cli.common import emit_json
 from mrc.errors import MRCError
-from mrc.lab.harness.children import Child, Children
+from mrc.lab.harness.children import Child, Children, exit_times
 from mrc.lab.harness.envelope import envelope
 from mrc.lab.harness.fabric import unwind_on_sigterm
 from mrc.lab.harness.hosts import tool_path, wait_listening
 from mrc.lab.harness.machine import loadavg, machine_info
-from mrc.lab.harness.output import last_json, last_line
-from mrc.lab.harness.stats import median
+from mrc.lab.harness.output import last_line
+from mrc.lab.harness.stats import jain, median, medians, rounded
 from mrc.lab.harness.table import line
 from mrc.transport.sockets import udp6_counters
 from mrc.units import human_bytes
@@ -81,6 +81,8 @@ SUMMARY_KEYS = (
     *SENDER_COUNTERS,
     *RECEIVER_COUNTERS,
 )
+#: places the summary's medians keep: one that prints 0.78784999 says more than it knows
+SUMMARY_DIGITS = 6
 LISTEN_WITHIN = 15.0  # seconds mrc-recv has to listen
 RECV_GRACE = 10.0  # seconds mrc-recv has to report once every sender is done
 RECV_GRACE_FAILED = 3.0  # once one failed: it would wait for streams that never come
@@ -109,13 +111,6 @@ def free_port() -> int:
                     continue
         return port
     raise MRCError(f"no port free for both TCP and UDP on {HOST}")
-
-
-def jain(rates: Sequence[float]) -> float | None:
-    """Jain's fairness index, (sum x)^2 / (n sum x^2): 1 when every stream got the same rate,
-    1/n when one got everything; None without rates."""
-    squares = sum(x * x for x in rates)
-    return sum(rates) ** 2 / (len(rates) * squares) if squares > 0 else None
 
 
 def spread(values: Sequence[float]) -> tuple[float | None, float | None, float | None]:
@@ -205,7 +200,7 @@ def last_words(child: Child, command: str) -> str:
 def read_receiver(recv: Child, stopped: bool) -> tuple[list[dict[str, Any]], list[str]]:
     """The receiver's JSON lines (one per transfer) and its errors: those of failed transfers,
     and why it did not exit 0 (``stopped``: the benchmark stopped it, still waiting)."""
-    lines = [r for r in (last_json(line) for line in recv.out) if r is not None]
+    lines = recv.results()
     errors = [f"mrc-recv: {r.get('error') or 'not ok'}" for r in lines if not r.get("ok")]
     if stopped:
         errors.append(f"mrc-recv: stopped while waiting, {len(lines)} transfer(s) reported")
@@ -215,11 +210,6 @@ def read_receiver(recv: Child, stopped: bool) -> tuple[list[dict[str, Any]], lis
 
 
 # ---- one phase -----------------------------------------------------------------------------
-
-
-def wait_all(children: Sequence[Child], deadline: float) -> bool:
-    """Wait for every child until ``deadline`` (monotonic); False if one is still running."""
-    return all(c.finished(max(0.0, deadline - time.monotonic())) for c in children)
 
 
 def figures(
@@ -233,7 +223,6 @@ def figures(
     rates = [int(s["bytes"]) * 8 / float(s["seconds"]) for s in ok if s["seconds"]]
     fmin, fmed, fmax = spread(secs)
     rmin, rmed, rmax = spread(rates)
-    index = jain(rates)
     return {
         **shape.fields(),
         "streams_ok": len(ok),
@@ -245,17 +234,13 @@ def figures(
         "finish_min": fmin,
         "finish_median": fmed,
         "finish_max": fmax,
-        "rate_min_bps": _round(rmin),
-        "rate_median_bps": _round(rmed),
-        "rate_max_bps": _round(rmax),
-        "jain": round(index, 4) if index is not None else None,
+        "rate_min_bps": rounded(rmin, None),
+        "rate_median_bps": rounded(rmed, None),
+        "rate_max_bps": rounded(rmax, None),
+        "jain": rounded(jain(rates), 4),
         "send_cpu_seconds": round(cpu, 3),
         **{k: sum(int(s.get(k) or 0) for s in streams) for k in SENDER_COUNTERS},
     }
-
-
-def _round(x: float | None) -> int | None:
-    return None if x is None else round(x)
 
 
 def receiver_figures(lines: Sequence[Mapping[str, Any]], recv: Child) -> dict[str, Any]:
@@ -337,7 +322,8 @@ class Bench:
             t0 = time.monotonic()
             argv = self.send_argv(port, shape)
             senders = [kids.start(argv, f"mrc-send {i + 1}") for i in range(shape.procs)]
-            done = wait_all(senders, t0 + timeout)
+            exits = exit_times(dict(enumerate(senders)), t0 + timeout - time.monotonic())
+            done = len(exits) == len(senders)
             wall = time.monotonic() - t0
             if done:
                 clean = all(s.returncode == 0 for s in senders)
@@ -371,32 +357,24 @@ def ratio(many: Mapping[str, Any], one: Mapping[str, Any] | None, key: str) -> f
     return round(float(many[key]) / float(one[key]), 3)
 
 
-def _median(values: Sequence[float]) -> float | None:
-    """:func:`median`, rounded: a summary that prints 0.78784999 says more than it knows."""
-    m = median(values)
-    return None if m is None else round(m, 6)
-
-
 def summarise(phases: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Medians over the runs of every figure in SUMMARY_KEYS (of the runs that have it)."""
     return {
         **{k: phases[0][k] for k in ("procs", "parallel", "streams", "size")},
         "runs": len(phases),
         "runs_ok": sum(1 for p in phases if p["ok"]),
-        **{k: _median([p[k] for p in phases if p.get(k) is not None]) for k in SUMMARY_KEYS},
+        **medians(phases, SUMMARY_KEYS, SUMMARY_DIGITS),
     }
 
 
 def summary(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The summary: medians of each phase's figures and of the per-run ratios."""
     ones = [r["one"] for r in runs if r["one"] is not None]
+    ratios = medians(runs, ("ratio", "transfer_ratio"), SUMMARY_DIGITS)
     return {
         "many": summarise([r["many"] for r in runs]),
         "one": summarise(ones) if ones else None,
-        **{
-            f"{k}_median": _median([r[k] for r in runs if r[k] is not None])
-            for k in ("ratio", "transfer_ratio")
-        },
+        **{f"{k}_median": m for k, m in ratios.items()},
     }
 
 

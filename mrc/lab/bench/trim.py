@@ -25,10 +25,10 @@ from typing import Any
 
 from mrc import wire
 from mrc.cli.common import emit_json
-from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
+from mrc.lab.fabric import FabricSpec, Topology, netns
 from mrc.lab.fabric.trim import read_router
 from mrc.lab.harness.envelope import envelope
-from mrc.lab.harness.fabric import fabric, unwind_on_sigterm
+from mrc.lab.harness.fabric import fabric, port_counters, unwind_on_sigterm
 from mrc.lab.harness.machine import loadavg, machine_info
 from mrc.transport.gso import SOL_UDP, UDP_SEGMENT
 from mrc.transport.sockets import SO_RCVBUFFORCE, SO_TIMESTAMPNS, udp6_counters
@@ -60,11 +60,9 @@ def _cpu() -> list[int]:
 
 def _drops(topo: Topology) -> dict[str, int]:
     """tbf drops by "<node>:<port>", and interface (veth backlog) drops under "iface"."""
-    out = {"iface": 0}
-    for lk in Fabric.status(topo)["links"]:
-        for node, end in ((lk["a"], lk["a_end"]), (lk["b"], lk["b_end"])):
-            out[f"{node}:{end['ifname']}"] = end["qdisc_drops"]
-            out["iface"] += end["rx_dropped"] + end["tx_dropped"]
+    ports = port_counters(topo)
+    out = {"iface": sum(c["interface_drops"] for c in ports.values())}
+    out.update((port, c["tbf_drops"]) for port, c in ports.items())
     return out
 
 

@@ -8,7 +8,8 @@
   reads what it did to a run's packets (trims, drops);
 * :mod:`~mrc.lab.harness.output` reads a child's JSON lines (its result: the last) and its last
   words;
-* :mod:`~mrc.lab.harness.stats` holds the statistics the benchmarks report (medians, rounding);
+* :mod:`~mrc.lab.harness.stats` holds the statistics the benchmarks report (medians, rounding,
+  Jain's fairness index);
 * :mod:`~mrc.lab.harness.machine` says which machine and which code measured;
 * :mod:`~mrc.lab.harness.envelope` is the JSON object every benchmark prints around its results;
 * :mod:`~mrc.lab.harness.table` is the one printer of the tables they show people;

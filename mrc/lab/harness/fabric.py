@@ -34,22 +34,34 @@ def fabric(spec: FabricSpec) -> Iterator[Topology]:
 
 
 def port_counters(topo: Topology) -> dict[str, dict[str, Any]]:
-    """Per link end present (``p0l2:h2``), from the fabric's status: its ``drops`` (tbf's and
-    the interface's, both ways) and, on a trimming router, ``trimmed`` as an egress and whether
-    it is a ``lasthop`` port (into a host).
+    """Per link end present (``p0l2:h2``), from the fabric's status (:func:`status_counters`).
 
     Read before and after a run, :func:`port_deltas` says what the fabric did to the run's
     packets: a benchmark judges a transport by whether the fabric trimmed rather than dropped,
     and every one that asks reads the same counters the same way."""
+    return status_counters(Fabric.status(topo))
+
+
+def status_counters(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The counters of every link end present in ``status`` (:meth:`Fabric.status`), by
+    ``node:ifname``: its ``drops``, which are its ``tbf_drops`` (the qdisc's) and its
+    ``interface_drops`` (the veth's backlog, both ways), told apart for the reader that asks
+    where a packet was lost; and, on a trimming router, what it did as an egress: packets
+    ``trimmed``, its ``tail_drops`` (over the hard limit, left to tbf: an estimate) and whether
+    it is a ``lasthop`` port (into a host)."""
     out: dict[str, dict[str, Any]] = {}
-    for lk in Fabric.status(topo)["links"]:
+    for lk in status["links"]:
         for node, end in ((lk["a"], lk["a_end"]), (lk["b"], lk["b_end"])):
             if not end.get("present"):
                 continue
             trim = end.get("trim", {})
+            tbf, iface = end["qdisc_drops"], end["rx_dropped"] + end["tx_dropped"]
             out[f"{node}:{end['ifname']}"] = {
-                "drops": end["qdisc_drops"] + end["rx_dropped"] + end["tx_dropped"],
+                "drops": tbf + iface,
+                "tbf_drops": tbf,
+                "interface_drops": iface,
                 "trimmed": trim.get("trimmed", 0),
+                "tail_drops": trim.get("tail_drops", 0),
                 "lasthop": bool(trim.get("lasthop", False)),
             }
     return out
