@@ -28,8 +28,10 @@ Reported per law and sender count (medians over ``--runs``, and every run in the
 * timeouts and retransmits summed over the senders (``retransmits_timeout``, ``retransmits``);
 * fabric trims and drops: the routers' trim counters and every link end's drops (tbf and
   interface), read before and after the run;
-* sha256: every sender's SHA-256 equals the receiver's (``sha256`` vs ``sha256_receiver`` of
-  mrc-send's JSON). A mismatch is reported loudly and the exit status is 1.
+* digests: every sender's digest under the end-to-end checksum it agreed on with the receiver
+  (BLAKE3 unless told) equals the receiver's (``digest`` vs ``digest_receiver`` of mrc-send's
+  JSON, and the receiver's own line; ``sha256_ok`` in the JSON). A mismatch is reported loudly
+  and the exit status is 1.
 
 Output: progress lines on stderr (not with ``--quiet``), then the table on stdout, or with
 ``--json`` the table on stderr and one JSON object on stdout (per-sender values included, and

@@ -4,7 +4,7 @@
 Builds two namespaces joined by two veth links (one per plane), runs mrc-recv in one and
 mrc-send in the other, and shows what happened: goodput, the spread of packets over EVs and
 planes (from our counters and from the kernel's interface counters), and the end-to-end
-SHA-256 check. Falls back to loopback when namespaces cannot be made here.
+checksum's verdict. Falls back to loopback when namespaces cannot be made here.
 """
 
 from __future__ import annotations
@@ -79,10 +79,13 @@ def report(sent: dict[str, Any], got: dict[str, Any], kernel: dict[str, int] | N
         f"  transfer      {human_bytes(sent['bytes'])} in {sent['seconds']:.3f} s = "
         f"{human_rate(sent['goodput_bps'])}"
     )
-    print(f"  integrity     sender sha256   {sent['sha256']}")
+    # the end-to-end checksum the two agreed on (BLAKE3 unless told), and both digests
+    name = str(sent["checksum"])
+    width = len("receiver ") + len(name)
+    print(f"  integrity     {'sender ' + name:<{width}} {sent['digest']}")
     print(
-        f"                receiver sha256 {got['sha256']}  -> "
-        f"{'MATCH' if sent['sha256'] == got['sha256'] else 'MISMATCH'}"
+        f"                {'receiver ' + name:<{width}} {got['digest']}  -> "
+        f"{'MATCH' if sent['digest'] == got['digest'] else 'MISMATCH'}"
     )
     print(
         f"  packets       {sent['packets_sent']} sent, {sent['retransmits']} retransmitted, "

@@ -11,7 +11,7 @@ flight be answered and ends as every transfer does (``conclude``: ``DONE_IMM``, 
 swapped).
 
 Through a window (:func:`send_stream`), round ``r`` carries bytes ``r * slot ..`` of the
-source, and both sides answer a round with the SHA-256 of the whole stream up to its end: one
+source, and both sides answer a round with the checksum of the whole stream up to its end: one
 pass of the hash on each side, every round checked, and the last answer is the verdict's hash.
 """
 
@@ -30,6 +30,7 @@ from mrc.app.transfer import (
     ROUND_MASK,
     Stall,
     TransferResult,
+    agreed,
     conclude,
     post_range,
     reason,
@@ -66,7 +67,7 @@ class RoundPlan(Protocol):
         ...
 
     async def expected(self, r: int) -> str:
-        """The SHA-256 the receiver must answer round ``r`` with."""
+        """The checksum the receiver must answer round ``r`` with."""
         ...
 
 
@@ -123,8 +124,8 @@ async def _check_round(
     error = None
     if got.round != r & ROUND_MASK:
         error = f"the receiver answered round {got.round} where round {r} was due"
-    elif got.sha256 != await plan.expected(r):
-        error = f"SHA-256 mismatch in round {r}: data placed differs from sent"
+    elif got.digest != await plan.expected(r):
+        error = f"{agreed(conn).label} mismatch in round {r}: data placed differs from sent"
     if error is not None:
         await conn.send_message(Abort(error).to_json())
         raise MRCError(error)
@@ -139,7 +140,7 @@ def end_round(conn: Connection, r: int, offset: int) -> None:
 
 class StreamRounds:
     """A source through a window of two ``slot``-byte slots: round ``r`` is its bytes
-    ``r * slot ..``, answered with the SHA-256 of the stream up to the round's end."""
+    ``r * slot ..``, answered with the checksum of the stream up to the round's end."""
 
     def __init__(self, source: Source, slot: int, hasher: StreamHasher) -> None:
         self.source = source
@@ -189,7 +190,7 @@ async def send_stream(
     slot = region.length // 2
     if slot == 0:
         raise MRCError(f"the receiver granted a region of {region.length} bytes: no window")
-    hasher = StreamHasher(source)
+    hasher = StreamHasher(source, agreed(conn))
     stall = Stall(idle_timeout, "nothing acknowledged by the receiver")
     start = time.perf_counter()
     try:

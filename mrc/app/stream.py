@@ -1,34 +1,28 @@
-"""What a transfer sends, as views of bounded memory, and the SHA-256 of it computed as it goes.
+"""What a transfer sends, as views of bounded memory, and its checksum computed as it goes.
 
 A :class:`Source` is ``size`` bytes that a sender reads as views (``pieces``), never as one
 buffer: a mapped file (:class:`BufferSource`) or a generated stream (:class:`GeneratedSource`),
 whose memory does not grow with its size. :class:`StreamHasher` hashes a source in order, in a
-worker thread, one step after the other, so the sender knows the SHA-256 of any prefix it has
-sent (a round's end, the whole) without keeping those bytes or hashing them twice.
+worker thread, one step after the other, so the sender knows the checksum (the one the
+connection agreed on, mrc.app.checksum) of any prefix it has sent (a round's end, the whole)
+without keeping those bytes or hashing them twice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import math
 import mmap
 import os
 from collections.abc import Iterator
 from typing import Protocol
 
+from mrc.app.checksum import Checksum
+
 #: bytes per WRITE a sender posts, and per step of a hash (hashlib releases the GIL for each)
 CHUNK = 16 << 20
 #: random bytes a generated stream is made of
 BLOCK = 16 << 20
-
-
-def sha256_of(view: memoryview) -> str:
-    """SHA-256 in slices (hashlib releases the GIL for each, so this runs beside the loop)."""
-    h = hashlib.sha256()
-    for off in range(0, len(view), CHUNK):
-        h.update(view[off : off + CHUNK])
-    return h.hexdigest()
 
 
 class Source(Protocol):
@@ -103,22 +97,22 @@ class GeneratedSource:
 
 
 class StreamHasher:
-    """The SHA-256 of a source's prefixes, hashed in order in a worker thread.
+    """The checksum of a source's prefixes, hashed in order in a worker thread.
 
     :meth:`hash_to` schedules hashing up to a byte and gives the digest of everything before
     it; steps run one after the other, each in a thread (the loop keeps moving packets).
     :meth:`follow` paces the hashing behind what the peer acknowledged, so it takes a little
     of a core all along rather than all of one at the start or the end."""
 
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, checksum: Checksum) -> None:
         self._source = source
-        self._sha = hashlib.sha256()
+        self._sha = checksum.new()
         self._scheduled = 0  # bytes up to which hashing steps are scheduled
         self._tail: asyncio.Task[str] | None = None  # the latest step
 
     def hash_to(self, end: int) -> asyncio.Task[str]:
         """Hash up to byte ``end`` (not before what is scheduled already); the task gives
-        the SHA-256 of bytes ``0..end``."""
+        the checksum of bytes ``0..end``."""
         start = self._scheduled
         if not start <= end <= self._source.size:
             raise ValueError(f"cannot hash to {end}: hashed to {start} of {self._source.size}")
@@ -134,7 +128,7 @@ class StreamHasher:
             self.hash_to(end)
 
     async def digest(self) -> str:
-        """SHA-256 of the whole source (what is left is hashed now)."""
+        """The checksum of the whole source (what is left is hashed now)."""
         return await self.hash_to(self._source.size)
 
     def cancel(self) -> None:

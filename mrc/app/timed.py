@@ -19,15 +19,15 @@ on its own, not only the last. The rotations' hashes are computed once, before t
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import mmap
 import os
 import time
 from collections.abc import Callable
 
+from mrc.app.checksum import Checksum
 from mrc.app.rounds import Posted, end_round, send_rounds
-from mrc.app.stream import CHUNK, sha256_of
-from mrc.app.transfer import IDLE_TIMEOUT, Stall, TransferResult, conclude
+from mrc.app.stream import CHUNK
+from mrc.app.transfer import IDLE_TIMEOUT, Stall, TransferResult, agreed, conclude
 from mrc.connection import Connection
 from mrc.errors import MRCError
 
@@ -42,7 +42,8 @@ __all__ = ["ROTATIONS", "SLOT", "Posted", "RoundData", "send_timed"]
 
 class RoundData:
     """``slot`` random bytes stored twice in a row, so that every rotation of them is one
-    contiguous view (sent from where it lies, no copy per round), and the hash of each."""
+    contiguous view (sent from where it lies, no copy per round), and the checksum of each,
+    worked out once per checksum (the connection agrees on one after this is made)."""
 
     def __init__(self, slot: int = SLOT) -> None:
         if slot < ROTATIONS:
@@ -52,17 +53,24 @@ class RoundData:
         self._buf[:slot] = os.urandom(slot)
         self._buf[slot:] = self._buf[:slot]
         self._view = memoryview(self._buf)
-        self.digests = [sha256_of(self.round(k)) for k in range(ROTATIONS)]
+        self._digests: dict[Checksum, list[str]] = {}
 
     def round(self, r: int) -> memoryview:
         """What round ``r`` writes into its slot."""
         start = (r % ROTATIONS) * (self.slot // ROTATIONS)
         return self._view[start : start + self.slot]
 
-    def region_digest(self, rounds: int) -> str:
-        """SHA-256 of the region once ``rounds`` rounds are placed: each slot holds the last
-        round written into it, or the zeros it was granted with."""
-        h = hashlib.sha256()
+    def digest(self, r: int, check: Checksum) -> str:
+        """The checksum of round ``r``'s bytes (of every rotation, the first time)."""
+        digests = self._digests.get(check)
+        if digests is None:
+            digests = self._digests[check] = [check.of(self.round(k)) for k in range(ROTATIONS)]
+        return digests[r % ROTATIONS]
+
+    def region_digest(self, rounds: int, check: Checksum) -> str:
+        """The checksum of the region once ``rounds`` rounds are placed: each slot holds the
+        last round written into it, or the zeros it was granted with."""
+        h = check.new()
         for slot in (0, 1):
             # the last round of this parity: rounds - 1 or rounds - 2 (negative: none yet)
             last = rounds - 1 if (rounds - 1) % 2 == slot else rounds - 2
@@ -74,9 +82,10 @@ class _TimedRounds:
     """Rounds of ``data`` until ``deadline`` (at least one), each answered with its slot's
     hash: the hash of the rotation it wrote."""
 
-    def __init__(self, data: RoundData, deadline: float) -> None:
+    def __init__(self, data: RoundData, deadline: float, check: Checksum) -> None:
         self.data = data
         self.deadline = deadline
+        self.check = check
 
     def more(self, sent: int) -> bool:
         return sent == 0 or time.perf_counter() < self.deadline
@@ -95,7 +104,7 @@ class _TimedRounds:
         return self.data.slot
 
     async def expected(self, r: int) -> str:
-        return self.data.digests[r % ROTATIONS]
+        return await asyncio.to_thread(self.data.digest, r, self.check)
 
 
 async def send_timed(
@@ -114,12 +123,13 @@ async def send_timed(
     posted = posted if posted is not None else Posted()
     stall = Stall(idle_timeout, "nothing acknowledged by the receiver")
     start = time.perf_counter()
-    plan = _TimedRounds(data, start + seconds)
+    check = agreed(conn)
+    plan = _TimedRounds(data, start + seconds, check)
     sent, peer_msg = await send_rounds(conn, plan, posted, stall, on_progress)
     return await conclude(
         conn,
         peer_msg,
-        lambda: asyncio.to_thread(data.region_digest, sent),
+        lambda: asyncio.to_thread(data.region_digest, sent, check),
         sent * data.slot,
         start,
         stall,

@@ -3,8 +3,10 @@
 The sender asks the receiver for a region of the transfer's size, WRITEs the data into it in
 chunks, then posts a zero-length WRITE_IMM carrying ``DONE_IMM``. Completions are ordered, so
 when the receiver sees that immediate every byte before it is placed. Each side then hashes
-its buffer (SHA-256) and the two hashes are swapped over the side channel: both sides know
-whether what was placed is what was sent, and both exit non-zero if not.
+its buffer with the checksum the connection agreed on at set-up (``Connection.checksum``:
+BLAKE3 by default, keyed with a key; mrc.app.checksum) and the two digests are swapped over the
+side channel: both sides know whether what was placed is what was sent, and both exit
+non-zero if not.
 
 A timed transfer (mrc/app/timed.py, ``mrc-send --time``) asks for a region of two equal slots and
 writes round after round into them, each round ended by a zero-length WRITE_IMM carrying
@@ -14,8 +16,8 @@ last two rounds left it.
 
 A transfer larger than the region the receiver granted (mrc-recv ``--discard`` grants a window
 of two slots) goes through it the same way (mrc/app/rounds.py): the receiver hashes each round as
-it lands, keeping the SHA-256 of the whole stream so far, and answers with that; the verdict is
-the SHA-256 of everything sent. Neither side ever holds more than its window (or, sending, the
+it lands, keeping the checksum of the whole stream so far, and answers with that; the verdict
+is the checksum of everything sent. Neither side ever holds more than its window (or, sending, the
 source's own memory: a mapped file, or a generated stream of bounded size, mrc/app/stream.py).
 """
 
@@ -23,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mrc.app.stream import CHUNK, BufferSource, Source, StreamHasher, sha256_of
+from mrc.app.checksum import Checksum
+from mrc.app.stream import CHUNK, BufferSource, Source, StreamHasher
 from mrc.connection import Connection
 from mrc.errors import MRCError
 from mrc.transport.control import ControlError
@@ -65,15 +67,24 @@ class Stall:
             raise MRCError(f"{self.what} for {self.limit:g} s; giving up")
 
 
+def agreed(conn: Connection) -> Checksum:
+    """The checksum ``conn``'s transfers are verified with (agreed at set-up)."""
+    return Checksum.agreed(conn.checksum, conn.checksum_key)
+
+
 @dataclass
 class TransferResult:
+    """How a transfer ended: ``digest`` is this side's, under ``checksum`` (its name,
+    mrc.app.checksum), ``peer_digest`` the other side's."""
+
     ok: bool
     bytes: int
     seconds: float
-    sha256: str
-    peer_sha256: str | None
+    digest: str
+    peer_digest: str | None
     error: str | None = None
     peer_stats: Mapping[str, StatValue] = field(default_factory=dict)
+    checksum: str = "sha256"
 
     @property
     def goodput_bps(self) -> float:
@@ -108,7 +119,7 @@ async def send_source(
         raise MRCError("the receiver did not grant a region large enough for the transfer")
     start = time.perf_counter()
     post_range(conn, source, 0, n, 0)
-    hasher = StreamHasher(source)
+    hasher = StreamHasher(source, agreed(conn))
     peer_msg = asyncio.ensure_future(conn.recv_message())
     stall = Stall(idle_timeout, "nothing acknowledged by the receiver")
     try:
@@ -144,7 +155,7 @@ async def conclude(
     """The sender's end of every transfer, once its data WRITEs are posted: the ``DONE_IMM``
     WRITE_IMM after them, the receiver watched meanwhile (``peer_msg``: its next side-channel
     message, anything before the verdict means it gave up), then ``await digest_of()`` (the
-    SHA-256 of what the receiver must have, computed off the event loop) swapped for its
+    checksum of what the receiver must have, computed off the event loop) swapped for its
     verdict. ``n``: the payload bytes the transfer moved; ``follow(acked)``: told the bytes
     acknowledged so far while the WRITEs complete (a hasher paces itself with it)."""
     region = conn.requested
@@ -186,9 +197,10 @@ async def conclude(
         verdict = Result.from_json(reply)
     except MessageError as exc:
         raise MRCError(f"the receiver's verdict is unreadable: {exc}") from None
-    match = verdict.sha256 == digest
+    check = agreed(conn)
+    match = verdict.digest == digest
     if not match:
-        error: str | None = "SHA-256 mismatch: data placed differs from sent"
+        error: str | None = f"{check.label} mismatch: data placed differs from sent"
     elif not verdict.ok:
         error = f"the receiver failed the transfer: {verdict.error or 'no reason given'}"
     else:
@@ -197,10 +209,11 @@ async def conclude(
         ok=error is None,
         bytes=n,
         seconds=seconds,
-        sha256=digest,
-        peer_sha256=verdict.sha256,
+        digest=digest,
+        peer_digest=verdict.digest,
         error=error,
         peer_stats=verdict.stats,
+        checksum=check.name,
     )
 
 
@@ -234,7 +247,8 @@ async def receive_buffer(
     start = time.perf_counter()
     if size is None:
         size = conn.requested_size if conn.requested_size is not None else len(view)
-    hashes: _Hashes = _Stream(view, size) if size > len(view) else _Slots(view)
+    check = agreed(conn)
+    hashes: _Hashes = _Stream(view, size, check) if size > len(view) else _Slots(view, check)
     n = size
     imm = asyncio.ensure_future(_wait_done(conn, hashes))
     msg = asyncio.ensure_future(conn.recv_message())
@@ -282,10 +296,11 @@ async def receive_buffer(
     if done is None:
         raise MRCError("sender went away before sending its checksum")
     try:
-        peer_sha = Done.from_json(done).sha256
+        peer_digest = Done.from_json(done).digest
     except MessageError as exc:
         raise MRCError(f"the sender's checksum is unreadable: {exc}") from None
-    error = None if peer_sha == digest else "SHA-256 mismatch: data placed differs from sent"
+    mismatch = f"{check.label} mismatch: data placed differs from sent"
+    error = None if peer_digest == digest else mismatch
     kept_error = None
     if error is None and commit is not None:
         try:
@@ -301,9 +316,10 @@ async def receive_buffer(
         ok=error is None,
         bytes=hashes.moved(rounds),
         seconds=seconds,
-        sha256=digest,
-        peer_sha256=peer_sha,
+        digest=digest,
+        peer_digest=peer_digest,
         error=error,
+        checksum=check.name,
     )
 
 
@@ -332,8 +348,9 @@ class _Slots:
     """The region is the transfer: hashed at the end, and if the sender writes rounds (a
     timed transfer) each slot too, as its round lands."""
 
-    def __init__(self, view: memoryview) -> None:
+    def __init__(self, view: memoryview, check: Checksum) -> None:
         self.view = view
+        self.check = check
         self.length = len(view)  # (the caller may release the view once it is hashed)
         self.slot = self.length // 2
 
@@ -341,10 +358,10 @@ class _Slots:
         if self.slot == 0 or self.length % 2:
             raise MRCError(f"a timed transfer needs two equal slots, not {self.length} bytes")
         part = self.view[(r % 2) * self.slot : (r % 2 + 1) * self.slot]
-        return await asyncio.to_thread(sha256_of, part)
+        return await asyncio.to_thread(self.check.of, part)
 
     async def final(self, rounds: int) -> str:
-        return await asyncio.to_thread(sha256_of, self.view)
+        return await asyncio.to_thread(self.check.of, self.view)
 
     def moved(self, rounds: int) -> int:
         # a timed transfer moved its rounds (each one slot, hashed here); others the region
@@ -354,14 +371,14 @@ class _Slots:
 class _Stream:
     """The region is a window of two slots the sender streams ``size`` bytes through: round
     ``r`` is bytes ``r * slot ..`` of the stream, in slot ``r % 2``; each is hashed into the
-    SHA-256 of the stream so far when it lands, and that is the answer to it."""
+    checksum of the stream so far when it lands, and that is the answer to it."""
 
-    def __init__(self, view: memoryview, size: int) -> None:
+    def __init__(self, view: memoryview, size: int, check: Checksum) -> None:
         self.view = view
         self.size = size
         self.slot = len(view) // 2
         self.rounds = -(-size // self.slot) if self.slot else 0
-        self._sha = hashlib.sha256()
+        self._sha = check.new()
 
     async def round(self, r: int) -> str:
         if r >= self.rounds:

@@ -29,6 +29,7 @@ from mrc.cli.progress import Progress as Progress  # (re-exported: mrc-send, mrc
 from mrc.core.cc import load as load_law
 from mrc.errors import MRCError, UsageError
 from mrc.security.keys import read_key_file
+from mrc.transport.messages import CHECKSUMS
 from mrc.units import parse_rate, parse_size
 from mrc.wire import DEFAULT_PORT
 
@@ -343,6 +344,40 @@ def add_idle_timeout(parser: argparse._ActionsContainer, what: str, default: flo
         default=default,
         metavar="SECONDS",
         help=f"fail if {what} for this long (default {default:g})",
+    )
+
+
+def checksum_list(text: str) -> tuple[str, ...]:
+    """``--checksum``'s value: one name or a comma-separated list of them, each a checksum mrc
+    knows (mrc.app.checksum), none twice."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one checksum")
+    for name in names:
+        if name not in CHECKSUMS:
+            raise argparse.ArgumentTypeError(
+                f"{name!r} is not a checksum mrc knows ({', '.join(CHECKSUMS)})"
+            )
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"{text!r} names a checksum twice")
+    return names
+
+
+def add_checksum_arg(
+    parser: argparse._ActionsContainer, default: tuple[str, ...], side: str
+) -> None:
+    """``--checksum NAME[,NAME...]``: what mrc-send offers or mrc-recv takes, preferred first."""
+    parser.add_argument(
+        "--checksum",
+        type=checksum_list,
+        default=default,
+        metavar="NAME[,NAME]",
+        help=(
+            f"end-to-end checksums {side}, preferred first "
+            f"(default {','.join(default)}): blake3 (cryptographic; keyed with --key-file, "
+            "so a MAC), xxh3-128 (catches accidental corruption only, more than 10x cheaper "
+            "than SHA-256), sha256"
+        ),
     )
 
 

@@ -74,6 +74,7 @@ def connect_config(
         encrypt=args.encrypt,
         wait=args.wait,
         ports=args.ports,
+        checksums=args.checksum,
     )
 
 
@@ -126,4 +127,5 @@ def listener_config(
         limit_hints=LIMIT_FLAGS,
         start_timeout=args.start_timeout,
         ports=args.ports,
+        checksums=args.checksum,
     )

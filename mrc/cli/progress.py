@@ -17,7 +17,7 @@ A line says what phase its transfer is in when bytes are not (yet, or any more) 
 its pace: ``connecting`` (set-up, which with a large ``--out`` file includes the receiver
 reserving it), ``starting`` (until :data:`START_BYTES`, or a hundredth of the transfer, have
 moved: the receiver may still be faulting its memory in, the window growing), ``verifying``
-(every byte there, the SHA-256s being computed and swapped), then how it ended. Its rate and
+(every byte there, the checksums being computed and swapped), then how it ended. Its rate and
 time left come from :class:`RateEstimate`, from the end of the start phase on: nothing until
 the rate has been measured for :data:`MIN_RATE_SPAN` seconds, then an average smoothed over
 :data:`RATE_SMOOTHING` seconds, so a slow start never shows an ETA of hours.

@@ -19,6 +19,7 @@ from mrc.cli.common import (
     JsonAnswer,
     Parser,
     Progress,
+    add_checksum_arg,
     add_idle_timeout,
     add_key_args,
     add_logging_args,
@@ -47,6 +48,7 @@ from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, lo
 from mrc.cli.planewatch import PlaneWatch
 from mrc.cli.qpopts import add_qp_arg
 from mrc.connection import START_TIMEOUT, Connection, Listener, listen
+from mrc.connection.config import TAKEN_CHECKSUMS
 from mrc.core import fastpath
 from mrc.errors import MRCError
 from mrc.transport.limits import DEFAULT_MAX_SETUPS
@@ -84,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="""\
 Receive MRC transfers from mrc-send. Each packet is written straight to its offset in an
 mmap of the output file (write-to-offset), in whatever order it arrives; the result is
-verified with SHA-256 against the sender's.""",
+verified end to end against the sender's, with the checksum the two agree on (BLAKE3 by
+default, --checksum).""",
         epilog=EXAMPLES,
     )
     where = p.add_argument_group("where to listen")
@@ -200,7 +203,9 @@ verified with SHA-256 against the sender's.""",
         f"have, the newcomer is refused (default {DEFAULT_MAX_SETUPS})",
     )
     add_path_args(where, p.add_argument_group("paths"))
-    add_key_args(p.add_argument_group("security"), ENCRYPT_HELP)
+    security = p.add_argument_group("security")
+    add_key_args(security, ENCRYPT_HELP)
+    add_checksum_arg(security, TAKEN_CHECKSUMS, "taken")
     shown = p.add_argument_group("output")
     shown.add_argument(
         "--json",
@@ -293,8 +298,10 @@ async def _one(
         # CPU time of this process since the transfer began (hashing included; with --count
         # N transfers at once it is shared between them)
         "cpu_seconds": round(time.process_time() - cpu0, 4),
-        "sha256": result.sha256 if result else None,
-        "sha256_sender": result.peer_sha256 if result else None,
+        # the end-to-end checksum agreed with the sender (mrc.app.checksum) and both digests
+        "checksum": result.checksum if result else None,
+        "digest": result.digest if result else None,
+        "digest_sender": result.peer_digest if result else None,
         # the counters declared with json=RECV (mrc/core/counters.py)
         **{spec.key: counters[spec.name] for spec in RECEIVED},
         "dropped_by_reason": stats["dropped_by_reason"],
@@ -310,7 +317,8 @@ async def _one(
         lines.put(
             sys.stdout,
             f"ok: received {human_bytes(result.bytes)} from {peer} in {result.seconds:.3f} s "
-            f"({human_rate(result.goodput_bps)}); sha256 {result.sha256[:16]}... verified",
+            f"({human_rate(result.goodput_bps)}); {result.checksum} {result.digest[:16]}... "
+            "verified",
         )
     if not ok:  # with --json too: every failure is one line on stderr
         lines.put(sys.stderr, f"{PROG}: error: transfer from {peer} failed: {error}")

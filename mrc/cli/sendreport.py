@@ -41,8 +41,9 @@ def stream_record(index: int, o: Outcome) -> dict[str, Any]:
         "bytes": r.bytes,
         "seconds": round(r.seconds, 6),
         "goodput_bps": round(r.goodput_bps),
-        "sha256": r.sha256,
-        "sha256_receiver": r.peer_sha256,
+        "checksum": r.checksum,
+        "digest": r.digest,
+        "digest_receiver": r.peer_digest,
         **{spec.key: o.counters[spec.name] for spec in SENT},
         # the receiver's count (from its report at the end): trims happen on the way to it
         "trims_seen": _int(peer.get("trims_seen", 0)),
@@ -76,9 +77,11 @@ def totals(outcomes: list[Outcome], cpu: float, peak_bps: float) -> dict[str, An
         "peak_bps": round(max(peak_bps, total * 8 / seconds if seconds > 0 else 0.0)),
         # CPU time (user + system) of this process during the transfer, hashing included
         "cpu_seconds": round(cpu, 4),
-        # one hash when every stream agrees on it (a file or --size), else null
-        "sha256": _agreed(s["sha256"] for s in streams),
-        "sha256_receiver": _agreed(s["sha256_receiver"] for s in streams),
+        # the end-to-end checksum the receiver picked (mrc.app.checksum), and one digest when
+        # every stream agrees on it (a file or --size), else null
+        "checksum": _agreed(s["checksum"] for s in streams),
+        "digest": _agreed(s["digest"] for s in streams),
+        "digest_receiver": _agreed(s["digest_receiver"] for s in streams),
         **{k: sum(s[k] for s in streams) for k in (*(spec.key for spec in SENT), "trims_seen")},
         "srtt_ms": round(sum(srtts) / len(srtts), 3) if srtts else None,
         "dropped_by_reason": dict(drops),

@@ -28,7 +28,7 @@ from mrc.transport.limits import (
     DEFAULT_MAX_SETUPS,
     Limits,
 )
-from mrc.transport.messages import MAX_EVS, MAX_REGION_SIZE
+from mrc.transport.messages import CHECKSUMS, MAX_EVS, MAX_REGION_SIZE
 from mrc.transport.ports import PortRange
 from mrc.wire import MAX_PLANES
 
@@ -42,6 +42,10 @@ SETUP_TIMEOUT = 10.0
 #: how long a new side-channel connection has to say its hello and, with a key, prove it
 #: (``hello_timeout``): a sender does both within a round trip of connecting
 HELLO_TIMEOUT = 2.0
+#: the end-to-end checksums a listener takes by default, preferred first: BLAKE3, then what a
+#: peer that names none verifies with, then xxh3-128 (a sender that offers only that asked
+#: for it)
+TAKEN_CHECKSUMS = ("blake3", "sha256", "xxh3-128")
 #: how long a welcomed sender may stay silent on the data path (``start_timeout``)
 START_TIMEOUT = 10.0
 
@@ -81,6 +85,17 @@ def _check_planes(addrs: Sequence[str], name: str) -> None:
             f"{name}: at most {MAX_PLANES} planes (an ACK's port-state bitmap has "
             f"{MAX_PLANES} bits), not {len(addrs)}"
         )
+
+
+def _check_checksums(names: Sequence[str], field_name: str) -> None:
+    """Names of end-to-end checksums mrc knows (docs/PROTOCOL.md, "Checksum"), none twice."""
+    for name in names:
+        if name not in CHECKSUMS:
+            raise MRCError(
+                f"{field_name}: {name!r} is not a checksum mrc knows ({', '.join(CHECKSUMS)})"
+            )
+    if len(set(names)) != len(names):
+        raise MRCError(f"{field_name}: {', '.join(names)} names one checksum twice")
 
 
 def _check_qp(qp: QPConfig | None, prefix: str = "") -> None:
@@ -136,6 +151,10 @@ class ListenerConfig:
     side-channel message of their connection is authenticated (docs/PROTOCOL.md section 11).
     ``require_encrypt``: refuse senders that do not also encrypt payloads. Without a key,
     anyone who can reach the port can write into the regions it offers.
+
+    ``checksums``: the end-to-end checksums this listener verifies transfers with, preferred
+    first; it picks the first of them a sender offers (mrc.app.checksum), and refuses a sender
+    that offers none of them. A sender that names no checksum gets SHA-256, if listed.
     """
 
     plane_addrs: Sequence[str] = ()
@@ -156,9 +175,14 @@ class ListenerConfig:
     start_timeout: float | None = START_TIMEOUT
     key: bytes | None = None
     require_encrypt: bool = False
+    checksums: Sequence[str] = TAKEN_CHECKSUMS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plane_addrs", tuple(self.plane_addrs))
+        object.__setattr__(self, "checksums", tuple(self.checksums))
+        if not self.checksums:
+            raise MRCError("checksums: name at least one checksum this listener verifies with")
+        _check_checksums(self.checksums, "checksums")
         object.__setattr__(self, "limit_hints", types.MappingProxyType(dict(self.limit_hints)))
         if self.require_encrypt and self.key is None:
             raise MRCError("require_encrypt needs a key")
@@ -208,6 +232,8 @@ class ConnectConfig:
     ``key``: the listener's pre-shared key; both sides prove they hold it, and every datagram
     of the connection is then authenticated, its payload also encrypted with ``encrypt``.
     Each protected data packet carries 44 bytes more (docs/PROTOCOL.md section 11).
+    ``checksums``: the end-to-end checksums offered to the listener, preferred first; it picks
+    one (``Connection.checksum``). Empty: none offered, and the listener takes SHA-256.
     """
 
     evs: int = 128
@@ -221,9 +247,12 @@ class ConnectConfig:
     ports: PortRange | None = None
     key: bytes | None = None
     encrypt: bool = False
+    checksums: Sequence[str] = CHECKSUMS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "local_addrs", tuple(self.local_addrs))
+        object.__setattr__(self, "checksums", tuple(self.checksums))
+        _check_checksums(self.checksums, "checksums")
         if self.encrypt and self.key is None:
             raise MRCError("encrypt needs a key")
         if self.evs < 1:

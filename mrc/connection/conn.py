@@ -53,6 +53,8 @@ class Connection:
         requested_size: int | None = None,
         side: SideChannel | None = None,
         plane_pairs: list[tuple[str, str]] | None = None,
+        checksum: str = "sha256",
+        checksum_key: bytes | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.channel = channel
@@ -66,6 +68,10 @@ class Connection:
         self.granted = granted  # region created for this peer's request (receiver side)
         self.requested = requested  # the region we asked the receiver for (sender side)
         self.routes = routes  # route label of each EV
+        #: the end-to-end checksum the two sides agreed on at set-up (mrc.app.checksum), and
+        #: the key a keyed one uses (derived from the connection's key; None without one)
+        self.checksum = checksum
+        self.checksum_key = checksum_key
         self._peer_addrs = peer_addrs
         self._requested_size = requested_size
         self._owns_endpoint = owns_endpoint

@@ -18,6 +18,7 @@ from mrc.connection.config import ConnectConfig, from_keywords
 from mrc.connection.conn import Connection
 from mrc.connection.handshake import (
     any_address,
+    checksum_key,
     hello_of,
     plan_dial,
     read_welcome,
@@ -256,7 +257,7 @@ async def _client_setup(
         obj = await control.recv(timeout=config.timeout)
     except ControlError as exc:
         raise MRCError(f"set-up with [{host}] failed: {exc}") from None
-    reply = read_welcome(obj, host)
+    reply = read_welcome(obj, host, hello.checksums)
     plan = plan_dial(hello, reply, host, cfg, config.fabric)
     pairs = plan.pairs
     evsocks = open_ev_sockets(
@@ -304,6 +305,8 @@ async def _client_setup(
         routes=evsocks.routes,
         side=side,
         plane_pairs=pairs,
+        checksum=reply.checksum or "sha256",
+        checksum_key=checksum_key(config.key),
     )
 
 

@@ -15,6 +15,7 @@ listener's bounds (set-ups, connections, bytes granted) are counted by
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import hmac
 import secrets
 import socket
@@ -124,6 +125,35 @@ def plan_accept(
     return Plan(cfg, pairs, active, total, routes_for(pairs, fabric))
 
 
+def pick_checksum(offered: Sequence[str], accepted: Sequence[str]) -> str | None:
+    """The end-to-end checksum the listener takes: the first of its own ``accepted`` that the
+    hello ``offered`` (names it does not know are passed over); None when the hello offered
+    none and SHA-256 is acceptable (a peer that names none verifies with SHA-256). MRCError,
+    the refusal, when there is none in common."""
+    if not offered:
+        if "sha256" in accepted:
+            return None
+        raise MRCError(
+            f"the sender names no end-to-end checksum (so SHA-256), and this receiver takes "
+            f"only {', '.join(accepted)}"
+        )
+    for name in accepted:
+        if name in offered:
+            return name
+    raise MRCError(
+        f"no end-to-end checksum in common: the sender offers {', '.join(offered)}, this "
+        f"receiver takes {', '.join(accepted)}"
+    )
+
+
+def checksum_key(key: bytes | None) -> bytes | None:
+    """The 32-byte key a keyed checksum of a connection under ``key`` uses: derived, so the
+    connection's own key is never a hash key as well."""
+    if key is None:
+        return None
+    return hashlib.sha256(b"mrc end-to-end checksum key\0" + key).digest()
+
+
 def region_cost(
     request: RegionRequest | None, region_memory: RegionMemory | None
 ) -> tuple[int, int]:
@@ -218,18 +248,25 @@ def hello_of(
         regions=tuple(describe_region(r) for r in regions),
         request=None if config.encrypt else request,
         auth=auth.offer(mode) if config.key else None,
+        checksums=tuple(config.checksums),
     )
 
 
-def read_welcome(obj: object, host: str) -> Welcome:
+def read_welcome(obj: object, host: str, offered: Sequence[str] = ()) -> Welcome:
     """The listener's answer to our hello: its welcome, or the exception its refusal means
     (:class:`~mrc.transport.messages.RefusedForNow` when we may try again); a closed channel
-    (``obj`` None) or a malformed answer is an MRCError."""
+    (``obj`` None), a malformed answer or a checksum we did not ``offer`` is an MRCError."""
     if obj is None:
         raise MRCError(f"[{host}] closed the side channel during set-up")
     reply = parse_reply(obj)
     if isinstance(reply, Refusal):
         raise reply.exception()
+    picked = reply.checksum
+    if (picked is not None and picked not in offered) or (picked is None and offered):
+        raise MRCError(
+            f"[{host}] picked the checksum {picked or 'none'}, not one of those offered "
+            f"({', '.join(offered) or 'none'})"
+        )
     return reply
 
 

@@ -19,7 +19,9 @@ from mrc.connection.grants import RegionMaker
 from mrc.connection.handshake import (
     JoinTable,
     any_address,
+    checksum_key,
     describe_region,
+    pick_checksum,
     plan_accept,
     region_cost,
     route_ids,
@@ -398,6 +400,7 @@ class Listener:
             self.config.fabric,
         )
         cfg, pairs = plan.qp, plan.pairs
+        checksum = pick_checksum(hello.checksums, self.config.checksums)
         core = self.endpoint.core
         # this peer's own domain: the listener's shared regions and what it is granted, so
         # its rkeys reach nothing granted to another peer
@@ -443,6 +446,7 @@ class Listener:
                 max_imm=cfg.max_imm_dest,
                 start_bytes=self.endpoint.start_share(),
                 join=token,
+                checksum=checksum,
             )
             await control.send(welcome.to_json())
             assert evsocks is not None  # (for the type checker: opened above)
@@ -470,6 +474,8 @@ class Listener:
             requested_size=request.size if request is not None else None,
             side=side,
             plane_pairs=pairs,
+            checksum=checksum or "sha256",
+            checksum_key=checksum_key(self.config.key),
         )
         if token is not None:
             joinable = self._joinable

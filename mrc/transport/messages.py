@@ -24,7 +24,9 @@ from mrc.errors import MRCError
 from mrc.transport.control import ControlError
 
 #: 2: after set-up, messages travel numbered over a path per plane (Welcome.join, Join)
-PROTOCOL_VERSION = 2
+#: 3: the end-to-end checksum is negotiated (Hello.checksums, Welcome.checksum), and the
+#: transfer's messages carry ``digest`` (of that checksum) where they carried ``sha256``
+PROTOCOL_VERSION = 3
 
 U24 = (1 << 24) - 1  # QPNs and PSNs are 24-bit on the wire
 U32 = (1 << 32) - 1  # rkeys
@@ -45,6 +47,15 @@ MAX_STATS = 256  # keys of a ``stats`` object (and of each object nested in it)
 MAX_ADDR = 64  # characters of an IP literal (an IPv6 address with a zone index fits)
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+#: a transfer's digest: 128 bits (xxh3-128) to 256 (BLAKE3, SHA-256), in hex
+_DIGEST = re.compile(r"[0-9a-f]{32,64}")
+#: the end-to-end checksums a transfer can be verified with (mrc.app.checksum), in the order
+#: a sender offers them by default
+CHECKSUMS = ("blake3", "xxh3-128", "sha256")
+#: a checksum's name as a hello may offer it: one this side may not know is ignored, not
+#: refused, so that a newer peer's offer still finds one in common
+_CHECKSUM_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,15}")
+MAX_CHECKSUMS = 8  # names in a hello's offer
 _NONCE = re.compile(r"[0-9a-f]{32}")
 MODES = ("integrity", "encrypt")  # mrc.security.packet.Mode values
 JSON = dict[str, object]
@@ -134,12 +145,18 @@ class _Fields:
             self.fail(key, "true or false", value)
         return value
 
+    def choice(self, key: str, choices: tuple[str, ...]) -> str:
+        value = self.get(key)
+        if not isinstance(value, str) or value not in choices:
+            self.fail(key, "one of " + ", ".join(choices), value)
+        return value
+
     def text(self, key: str, max_len: int, pattern: re.Pattern[str] | None = None) -> str:
         value = self.get(key)
         if not isinstance(value, str) or len(value) > max_len:
             self.fail(key, f"a string of at most {max_len} characters", value)
         if pattern is not None and not pattern.fullmatch(value):
-            digits = (pattern.pattern.partition("{")[2]).rstrip("}")
+            digits = (pattern.pattern.partition("{")[2]).rstrip("}").replace(",", " to ")
             self.fail(key, f"{digits} lowercase hex digits", value)
         return value
 
@@ -158,6 +175,15 @@ class _Fields:
                 ipaddress.ip_address(item)
             except ValueError:
                 self.fail(f"{key}[{i}]", "an IP address", item)
+            out.append(item)
+        return tuple(out)
+
+    def names(self, key: str) -> tuple[str, ...]:
+        """A list of at most :data:`MAX_CHECKSUMS` checksum names (a hello's offer)."""
+        out = []
+        for i, item in enumerate(self.items(key, MAX_CHECKSUMS)):
+            if not isinstance(item, str) or not _CHECKSUM_NAME.fullmatch(item):
+                self.fail(f"{key}[{i}]", "a checksum name (a-z, 0-9, -)", item)
             out.append(item)
         return tuple(out)
 
@@ -286,6 +312,9 @@ class Hello:
     regions: tuple[RemoteRegion, ...] = ()
     request: RegionRequest | None = None
     auth: AuthOffer | None = None
+    #: the end-to-end checksums the sender can verify a transfer with, preferred first
+    #: (``CHECKSUMS``' names; others are ignored); empty: it names none (SHA-256 then)
+    checksums: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, obj: object) -> Hello:
@@ -310,6 +339,7 @@ class Hello:
                 else None
             ),
             auth=AuthOffer.from_json(f.get("auth")) if f.has("auth") else None,
+            checksums=f.names("checksums") if f.has("checksums") else (),
         )
         if hello.request is not None and hello.auth is not None and hello.auth.mode == "encrypt":
             f._fail_raw(
@@ -338,6 +368,8 @@ class Hello:
             out["request"] = self.request.to_json()
         if self.auth is not None:
             out["auth"] = self.auth.to_json()
+        if self.checksums:
+            out["checksums"] = list(self.checksums)
         return out
 
     def context(self) -> bytes:
@@ -431,6 +463,8 @@ class Welcome:
     start_bytes: int | None = None
     #: what a further side-channel connection shows to join this one (:class:`Join`)
     join: str | None = None
+    #: the checksum the listener picked from the hello's offer; None: the hello offered none
+    checksum: str | None = None
 
     @classmethod
     def from_json(cls, obj: object) -> Welcome:
@@ -449,6 +483,7 @@ class Welcome:
                 f.integer("start_bytes", 1, MAX_START_BYTES) if f.has("start_bytes") else None
             ),
             join=f.text("join", 32, _NONCE) if f.has("join") else None,
+            checksum=f.choice("checksum", CHECKSUMS) if f.has("checksum") else None,
         )
 
     def to_json(self) -> JSON:
@@ -467,6 +502,8 @@ class Welcome:
             out["start_bytes"] = self.start_bytes
         if self.join is not None:
             out["join"] = self.join
+        if self.checksum is not None:
+            out["checksum"] = self.checksum
         return out
 
 
@@ -554,19 +591,20 @@ def parse_reply(obj: object) -> Welcome | Refusal:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """Sender -> receiver once its final WRITE_IMM completed: what it sent, hashed."""
+    """Sender -> receiver once its final WRITE_IMM completed: what it sent, hashed (its
+    ``digest`` under the checksum the connection agreed on)."""
 
-    sha256: str
+    digest: str
     bytes: int
     type: Literal["done"] = "done"
 
     @classmethod
     def from_json(cls, obj: object) -> Done:
         f = _Fields.of_type(obj, "done")
-        return cls(f.text("sha256", 64, _SHA256), f.integer("bytes", 0, MAX_REGION_SIZE))
+        return cls(f.text("digest", 64, _DIGEST), f.integer("bytes", 0, MAX_REGION_SIZE))
 
     def to_json(self) -> JSON:
-        return {"type": "done", "sha256": self.sha256, "bytes": self.bytes}
+        return {"type": "done", "digest": self.digest, "bytes": self.bytes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -574,7 +612,7 @@ class Result:
     """Receiver -> sender: the verdict (hash of what was placed) and the receiver's counters."""
 
     ok: bool
-    sha256: str
+    digest: str
     stats: Mapping[str, StatValue]
     #: why the receiver failed the transfer although it may have the data (e.g. the output file
     #: could not be put in place); None when ``ok`` or when the hashes simply differ
@@ -586,13 +624,13 @@ class Result:
         f = _Fields.of_type(obj, "result")
         return cls(
             f.boolean("ok"),
-            f.text("sha256", 64, _SHA256),
+            f.text("digest", 64, _DIGEST),
             f.stats("stats") if f.has("stats") else {},
             f.text("error", MAX_TEXT) if f.has("error") else None,
         )
 
     def to_json(self) -> JSON:
-        out: JSON = {"type": "result", "ok": self.ok, "sha256": self.sha256}
+        out: JSON = {"type": "result", "ok": self.ok, "digest": self.digest}
         out["stats"] = dict(self.stats)
         if self.error is not None:
             out["error"] = self.error
@@ -602,19 +640,19 @@ class Result:
 @dataclass(frozen=True, slots=True)
 class RoundDigest:
     """Receiver -> sender in a timed transfer (``mrc-send --time``): round ``round`` (counted
-    modulo 2^24, as its immediate carries it) is placed and its slot hashes to ``sha256``."""
+    modulo 2^24, as its immediate carries it) is placed and its slot hashes to ``digest``."""
 
     round: int
-    sha256: str
+    digest: str
     type: Literal["round"] = "round"
 
     @classmethod
     def from_json(cls, obj: object) -> RoundDigest:
         f = _Fields.of_type(obj, "round")
-        return cls(f.integer("round", 0, U24), f.text("sha256", 64, _SHA256))
+        return cls(f.integer("round", 0, U24), f.text("digest", 64, _DIGEST))
 
     def to_json(self) -> JSON:
-        return {"type": "round", "round": self.round, "sha256": self.sha256}
+        return {"type": "round", "round": self.round, "digest": self.digest}
 
 
 @dataclass(frozen=True, slots=True)

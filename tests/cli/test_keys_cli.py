@@ -7,6 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import expected_digest
+
+from mrc.security.keys import read_key_file
 
 
 def _sha(path: Path) -> str:
@@ -37,6 +40,12 @@ def test_keyed_transfer_verifies(mrc_tools, mrc_port, tmp_path: Path, encrypt: b
     got = sent.json
     assert got["security"] == ("encrypt" if encrypt else "integrity")
     assert got["payload"] == 8192 - 44  # loopback's default less what a key adds to a packet
+    # verified with keyed BLAKE3, under a key derived from the file's
+    hash_key = hashlib.sha256(b"mrc end-to-end checksum key\0" + read_key_file(str(key))).digest()
+    data = src.read_bytes()
+    assert got["checksum"] == "blake3"
+    assert got["digest"] == got["digest_receiver"] == expected_digest(data, "blake3", hash_key)
+    assert got["digest"] != expected_digest(data, "blake3")
     assert recv.wait().returncode == 0
     assert _sha(out) == _sha(src)
 

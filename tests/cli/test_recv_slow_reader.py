@@ -53,7 +53,7 @@ def test_results_nobody_reads_yet_do_not_stall_later_transfers(mrc_tools, mrc_po
             timeout=120,
         )
         assert later.returncode == 0, later.describe()
-        assert later.json["ok"] and later.json["sha256"] == later.json["sha256_receiver"]
+        assert later.json["ok"] and later.json["digest"] == later.json["digest_receiver"]
         reader = threading.Thread(target=_read_all, args=(read_end, got))
         reader.start()
         assert recv.wait(timeout=60) == 0, recv.stderr.read() if recv.stderr else ""
@@ -66,6 +66,6 @@ def test_results_nobody_reads_yet_do_not_stall_later_transfers(mrc_tools, mrc_po
             recv.stderr.close()
     results = [json.loads(line) for line in got[0].decode().splitlines()]
     assert len(results) == streams + 1
-    assert all(r["ok"] and r["sha256"] == r["sha256_sender"] for r in results)
+    assert all(r["ok"] and r["digest"] == r["digest_sender"] for r in results)
     assert sorted(r["bytes"] for r in results) == [65536] * streams + [4 << 20]
     assert sum(len(line) + 1 for line in got[0].decode().splitlines()) > 4096

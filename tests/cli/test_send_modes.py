@@ -35,7 +35,8 @@ def test_time_sends_verified_rounds_for_the_duration_with_intervals(mrc_tools, m
     # whole rounds, every one hashed by the receiver, which counts the same bytes
     assert out["bytes"] > 0 and out["bytes"] % SLOT == 0
     assert rcv["bytes"] == out["bytes"]
-    assert out["sha256"] == out["sha256_receiver"] == rcv["sha256"] == rcv["sha256_sender"]
+    assert out["checksum"] == rcv["checksum"] == "blake3"  # the default, each round too
+    assert out["digest"] == out["digest_receiver"] == rcv["digest"] == rcv["digest_sender"]
     assert 1.0 <= out["seconds"] < 6.0
     assert out["peak_bps"] >= out["goodput_bps"] > 0
     # iperf3's intervals: back to back from 0, a quarter second each but for the last
@@ -78,8 +79,10 @@ def test_parallel_streams_are_each_verified(mrc_tools, mrc_port) -> None:
     assert [s["stream"] for s in streams] == [0, 1]
     # the same data on two QPs: two receptions, each hashed to what was sent
     assert len(got.objects) == 2 and all(r["ok"] and r["bytes"] == size for r in got.objects)
-    assert {r["sha256"] for r in got.objects} == {out["sha256"]}
-    assert all(s["ok"] and s["sha256"] == s["sha256_receiver"] == out["sha256"] for s in streams)
+    assert {r["digest"] for r in got.objects} == {out["digest"]}
+    assert all(s["ok"] and s["digest"] == s["digest_receiver"] == out["digest"] for s in streams)
+    assert {r["checksum"] for r in got.objects} == {"blake3"} == {s["checksum"] for s in streams}
+    assert out["checksum"] == "blake3"
     assert out["data_packets"] == sum(s["data_packets"] for s in streams)
     assert sorted({e["stream"] for e in out["evs"]}) == [0, 1]
     assert sum(1 for e in out["evs"] if e["stream"] == 1) == len(out["evs"]) // 2
@@ -93,10 +96,10 @@ def test_sixty_four_streams_into_one_receiver_all_verify(mrc_tools, mrc_port) ->
     sent, got = _parallel(mrc_tools, mrc_port, 64, size, 16)
     streams = sent.json["streams"]
     assert len(streams) == 64
-    assert all(s["ok"] and s["sha256"] == s["sha256_receiver"] for s in streams)
+    assert all(s["ok"] and s["digest"] == s["digest_receiver"] for s in streams)
     assert len(got.objects) == 64
     assert all(r["ok"] and r["bytes"] == size for r in got.objects)
-    assert {r["sha256"] for r in got.objects} == {sent.json["sha256"]}
+    assert {r["digest"] for r in got.objects} == {sent.json["digest"]}
 
 
 def test_parallel_streams_share_the_receiver_fairly(mrc_tools, mrc_port) -> None:

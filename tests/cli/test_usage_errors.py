@@ -262,13 +262,13 @@ def test_a_result_answers_for_the_run(capsys) -> None:
     answer = JsonAnswer("send", True)
 
     def body() -> int:
-        answer.emit({"ok": False, "role": "send", "error": "SHA-256 mismatch"})
-        raise MRCError("SHA-256 mismatch")
+        answer.emit({"ok": False, "role": "send", "error": "BLAKE3 mismatch"})
+        raise MRCError("BLAKE3 mismatch")
 
     assert run_main("mrc-send", body, answer=answer) == 1
     out, err = capsys.readouterr()
-    assert [json.loads(line)["error"] for line in out.splitlines()] == ["SHA-256 mismatch"]
-    assert err == "mrc-send: error: SHA-256 mismatch\n"
+    assert [json.loads(line)["error"] for line in out.splitlines()] == ["BLAKE3 mismatch"]
+    assert err == "mrc-send: error: BLAKE3 mismatch\n"
     quiet = JsonAnswer("send", False)
     assert run_main("mrc-send", body, answer=quiet) == 1
     assert capsys.readouterr().out.count("{") == 1  # body's emit only, no failure object

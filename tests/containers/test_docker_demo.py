@@ -52,7 +52,7 @@ def test_demo_prints_a_verified_two_plane_transfer() -> None:
     jsonschema.validate(result, schema)
     assert result["ok"] is True
     assert result["bytes"] == SIZE
-    assert result["sha256"] == result["sha256_receiver"]
+    assert result["digest"] == result["digest_receiver"]
     assert result["planes"] == 2
     assert {ev["plane"] for ev in result["evs"] if ev["packets"] > 0} == {0, 1}
     assert "verified" in proc.stderr

@@ -3,7 +3,7 @@
 A 2-plane, 2-spine fabric shaped to 200 Mbit/s whose two hosts are containers of the image
 built from this tree. mrc-recv and mrc-send run inside them (``mrc-fabric exec`` becomes
 ``ENGINE exec``, as the image's unprivileged user), spray over all four SRv6 paths, and a spine
-link goes down and comes back in the middle of the transfer. Data is verified by SHA-256 on
+link goes down and comes back in the middle of the transfer. Data is verified by BLAKE3 on
 both ends; teardown must leave no container and no namespace behind.
 """
 
@@ -111,7 +111,7 @@ def test_transfer_and_link_failure_between_host_containers(mrc_image: str) -> No
         got = json.loads(r_out.strip().splitlines()[-1])
         assert sent["ok"] and got["ok"]
         assert sent["bytes"] == got["bytes"] == SIZE
-        assert sent["sha256"] == sent["sha256_receiver"] == got["sha256"]
+        assert sent["digest"] == sent["digest_receiver"] == got["digest"]
         routes = {ev["route"] for ev in sent["evs"] if ev["packets"] > 0}
         assert routes == {"p0s0", "p0s1", "p1s0", "p1s1"}
         assert sent["evs_assumed_bad"] >= 1  # the EVs through the failed link were retired

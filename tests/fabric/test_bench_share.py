@@ -2,7 +2,7 @@
 its JSON checked key by key, every byte verified and the fabric removed afterwards.
 
 What the figures are (fairness, utilization) is test_fairness.py's to assert; here only that the
-tool measures them and says so: a Jain index in (0, 1], some utilization, SHA-256 verdicts.
+tool measures them and says so: a Jain index in (0, 1], some utilization, digests verified.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_bench_share_two_senders_json() -> None:
     assert sorted(run["per_sender"]) == ["h0", "h1"]
     for h, s in run["per_sender"].items():
         assert s["ok"] is True, (h, s.get("error"))
-        assert s["sha256"] == s["sha256_receiver"] == s["receiver_sha256"], h
+        assert s["digest"] == s["digest_receiver"] == s["receiver_digest"], h
         assert s["sha256_ok"] is True and s["bytes"] == s["receiver_bytes"] > 0, h
         assert s["seconds"] >= 2 * 0.9, (h, s["seconds"])
     assert sum(run["goodputs_bps"]) == pytest.approx(r["goodput_bps"], abs=2)

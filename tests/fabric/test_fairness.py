@@ -72,7 +72,7 @@ def test_two_qps_into_one_host_share_its_last_hop_fairly(record_property) -> Non
     for h, s in sends.items():
         assert s["ok"] is True, (h, s.get("error"))
         # every byte sent was placed and hashed alike at both ends
-        assert s["sha256"] == s["sha256_receiver"], h
+        assert s["digest"] == s["digest_receiver"], h
         # a timeout the fabric did not cause (it dropped nothing: below) is a late packet or
         # ACK of a starved CPU, as on a busy machine: a few are allowed, not a habit
         assert s["retransmits_timeout"] <= max(2, s["data_packets"] // 1000), (h, s)

@@ -47,6 +47,7 @@ from fabric_helpers import SKIP_REASON, run_cli, running_fabric, unique_name
 
 from mrc import wire
 from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
+from mrc.lab.harness.fabric import port_counters as trim_counters  # imported from here too
 from mrc.transport.sockets import SO_RCVBUFFORCE
 
 RATE = "100mbit"
@@ -56,6 +57,8 @@ WINDOW = 24
 PAYLOAD = 8192
 SENDERS = ("h0", "h1", "h2")
 RECEIVER = "h3"
+#: the counters of trim_counters (per port) that a run's figures are the deltas of
+COUNTED = ("drops", "tbf_drops", "interface_drops", "trimmed", "tail_drops")
 BIN = Path(sys.executable).parent
 
 
@@ -234,19 +237,6 @@ class Capture:
 # ---- one incast run ---------------------------------------------------------------------------
 
 
-def trim_counters(topo: Topology) -> dict[str, dict]:
-    """Per router port (``p0l1:h3``): its trim counters as an egress, from status --json."""
-    out = {}
-    for lk in Fabric.status(topo.name)["links"]:
-        for node, end in ((lk["a"], lk["a_end"]), (lk["b"], lk["b_end"])):
-            out[f"{node}:{end['ifname']}"] = {
-                "drops": end["qdisc_drops"] + end["rx_dropped"] + end["tx_dropped"],
-                **{k: end.get("trim", {}).get(k, 0) for k in ("trimmed", "tail_drops")},
-                "lasthop": bool(end.get("trim", {}).get("lasthop", False)),
-            }
-    return out
-
-
 @dataclass
 class Incast:
     sends: dict[str, dict]
@@ -373,13 +363,7 @@ def run_incast(
             thread.join(5)
         for p in procs:
             p.kill()
-    fabric = {
-        k: {
-            **after[k],
-            **{c: after[k][c] - before[k][c] for c in ("drops", "trimmed", "tail_drops")},
-        }
-        for k in after
-    }
+    fabric = {k: {**after[k], **{c: after[k][c] - before[k][c] for c in COUNTED}} for k in after}
     return Incast(sends, recvs, seconds, fabric, cap, reasons)
 
 
@@ -408,7 +392,7 @@ def check_complete(run: Incast, topo: Topology, size: int = 32 << 20) -> None:
         r = by_sender[h]
         assert s["ok"] is True, (h, s.get("error"))
         assert s["bytes"] == r["bytes"] == r["bytes_placed"] == size
-        assert s["sha256"] == s["sha256_receiver"] == r["sha256"] == r["sha256_sender"], h
+        assert s["digest"] == s["digest_receiver"] == r["digest"] == r["digest_sender"], h
 
 
 # ---- with trimming ----------------------------------------------------------------------------

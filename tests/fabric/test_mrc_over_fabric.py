@@ -102,7 +102,7 @@ def transfer(topo, mrc_tools, src: str, dst: str, port: int, size: str):
     s, rv = send.json, r.json
     assert s["ok"] is True and rv["ok"] is True, (s.get("error"), rv.get("error"))
     assert s["bytes"] == rv["bytes"] == rv["bytes_placed"]
-    assert s["sha256"] == s["sha256_receiver"] == rv["sha256"] == rv["sha256_sender"]
+    assert s["digest"] == s["digest_receiver"] == rv["digest"] == rv["digest_sender"]
     return s, rv, deltas(before, after)
 
 

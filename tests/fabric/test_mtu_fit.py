@@ -59,7 +59,7 @@ def _transfer(topo: Topology, mrc_tools, port: int, *extra: str):  # type: ignor
     assert r.returncode == 0, r.describe()
     s, rv = send.json, r.json
     assert s["ok"] is True and rv["ok"] is True, (s.get("error"), rv.get("error"))
-    assert s["sha256"] == s["sha256_receiver"] == rv["sha256"] == rv["sha256_sender"]
+    assert s["digest"] == s["digest_receiver"] == rv["digest"] == rv["digest_sender"]
     return s, rv, send.stderr
 
 

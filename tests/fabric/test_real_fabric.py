@@ -110,7 +110,7 @@ def test_a_transfer_sprays_over_every_spine_named_in_the_file(
     s, r = send.json, got.json
     assert s["ok"] is True and r["ok"] is True
     assert s["bytes"] == r["bytes_placed"] == 8 << 20
-    assert s["sha256"] == s["sha256_receiver"] == r["sha256"] == r["sha256_sender"]
+    assert s["digest"] == s["digest_receiver"] == r["digest"] == r["digest_sender"]
     # the receiver listened on right's plane addresses, taken from the file
     right = topo.host("h1")
     assert s["to"] == f"[{right.nics[0].address}]:{PORT}"

@@ -84,7 +84,7 @@ def test_an_outside_window_law_moves_data_through_the_fabric(record_property) ->
         assert s["ok"] is True, (src, s.get("error"))
         assert s["payload"] == PAYLOAD
         assert s["bytes"] == got[dst]["bytes_placed"] == 16 << 20
-        assert s["sha256"] == s["sha256_receiver"] == got[dst]["sha256"], src
+        assert s["digest"] == s["digest_receiver"] == got[dst]["digest"], src
         assert s["ecn_echoes"] > 0, (src, summary)  # the routers' marks reached the law
         assert host_drops[src] == 0, (src, summary)  # its socket waits, its NIC never drops
         assert s["retransmits_timeout"] <= 2, (src, summary)  # no run of timeouts

@@ -104,7 +104,7 @@ async def transfer_through(tap: Tap, listener: mrc.Listener, encrypt: bool) -> s
         got = await peer.recv_message(timeout=10)
         assert got == Done(digest, len(data)).to_json()
         await peer.send_message(Result(True, digest, {"bytes": len(data)}).to_json())
-        assert Result.from_json(await conn.recv_message(timeout=10)).sha256 == digest
+        assert Result.from_json(await conn.recv_message(timeout=10)).digest == digest
         await peer.close()
     return digest
 

@@ -55,6 +55,7 @@ HELLO = Hello(
     psn_window=1024,
     regions=(RemoteRegion("mine", 5, 1 << 32, 4096),),
     request=RegionRequest(1000, "file"),
+    checksums=("blake3", "xxh3-128", "sha256"),
 ).to_json()
 
 EXTREME_NUMBERS = [
@@ -99,8 +100,26 @@ json_junk = st.recursive(
     ),
     max_leaves=12,
 )
-FIELDS = ["mrc", "qpn", "psn", "udp_port", "addrs", "evs", "psn_window", "regions", "request"]
-NESTED = ["request.size", "request.name", "regions.0.rkey", "regions.0.length", "regions.0.addr"]
+FIELDS = [
+    "mrc",
+    "qpn",
+    "psn",
+    "udp_port",
+    "addrs",
+    "evs",
+    "psn_window",
+    "regions",
+    "request",
+    "checksums",
+]
+NESTED = [
+    "request.size",
+    "request.name",
+    "regions.0.rkey",
+    "regions.0.length",
+    "regions.0.addr",
+    "checksums.0",
+]
 # a field's value: JSON text as is (so 1e999 and 9...9 reach the parser as written), or junk
 values = st.sampled_from(EXTREME_NUMBERS) | json_junk.map(json.dumps)
 # in range, so that some hellos are valid and reach the limits and the allocator
@@ -162,7 +181,7 @@ class Peer:
     def line(self) -> bytes:
         if not self.pad:
             return self.payload
-        return self.payload + b'{"mrc": 2, "pad": "' + b"a" * self.pad + b'"}\n'
+        return self.payload + b'{"mrc": 3, "pad": "' + b"a" * self.pad + b'"}\n'
 
 
 payloads = st.one_of(
@@ -248,7 +267,7 @@ def check(outcome: Outcome) -> None:
         assert peer.ending == "close" or peer.kind == "oversized" or not lines, where
         return
     first = lines[0]
-    assert first.get("mrc") == 2, where
+    assert first.get("mrc") == 3, where
     if first["ok"] is False:
         error = first["error"]
         assert isinstance(error, str) and error.strip() and "\n" not in error, where

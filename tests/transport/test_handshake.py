@@ -19,7 +19,9 @@ import mrc
 from mrc.connection.config import ConnectConfig, ListenerConfig, from_keywords
 from mrc.connection.handshake import (
     JoinTable,
+    checksum_key,
     hello_of,
+    pick_checksum,
     plan_accept,
     plan_dial,
     read_welcome,
@@ -203,6 +205,9 @@ def test_the_hello_says_what_the_config_asks_for() -> None:
         (lambda: ListenerConfig(hello_timeout=0), "hello_timeout must be more than 0 s"),
         (lambda: ListenerConfig(max_memory_bytes=-5), "max_memory_bytes must be None or at"),
         (lambda: ListenerConfig(plane_addrs=["::1"] * 17), "plane_addrs: at most 16 planes"),
+        (lambda: ConnectConfig(checksums=["md5"]), "'md5' is not a checksum mrc knows"),
+        (lambda: ConnectConfig(checksums=["sha256"] * 2), "names one checksum twice"),
+        (lambda: ListenerConfig(checksums=()), "name at least one checksum"),
     ],
 )
 def test_an_impossible_config_is_refused_when_made(make: object, expected: str) -> None:
@@ -254,3 +259,41 @@ async def test_listen_and_connect_take_the_old_keywords_and_still_transfer() -> 
         assert bytes(inbox) == b"z" * 1000
     finally:
         await listener.close()
+
+
+def test_the_listener_picks_its_first_checksum_the_sender_offers() -> None:
+    assert pick_checksum(("xxh3-128", "blake3"), ("blake3", "sha256")) == "blake3"
+    assert pick_checksum(("sha256",), ("blake3", "sha256", "xxh3-128")) == "sha256"
+    # a name this side does not know (a newer peer's) is passed over, not refused
+    assert pick_checksum(("k12", "xxh3-128"), ("blake3", "xxh3-128")) == "xxh3-128"
+    assert pick_checksum((), ("blake3", "sha256")) is None  # none named: SHA-256
+    with pytest.raises(MRCError, match=r"^no end-to-end checksum in common: the sender offers"):
+        pick_checksum(("xxh3-128",), ("blake3",))
+    with pytest.raises(MRCError, match="names no end-to-end checksum"):
+        pick_checksum((), ("blake3",))
+
+
+def test_a_welcome_must_pick_a_checksum_the_hello_offered() -> None:
+    picked = Welcome(qpn=9, psn=2, udp_port=4791, checksum="sha256")
+    assert read_welcome(picked.to_json(), "::1", ("blake3", "sha256")).checksum == "sha256"
+    with pytest.raises(MRCError, match="picked the checksum sha256, not one of those offered"):
+        read_welcome(picked.to_json(), "::1", ("blake3",))
+    with pytest.raises(MRCError, match="picked the checksum none"):
+        read_welcome(Welcome(qpn=9, psn=2, udp_port=4791).to_json(), "::1", ("blake3",))
+    with pytest.raises(MessageError, match="checksum must be one of"):
+        read_welcome({**picked.to_json(), "checksum": "md5"}, "::1", ("blake3",))
+
+
+def test_a_hello_offer_is_bounded_and_names_are_words() -> None:
+    hello = Hello(qpn=7, psn=1, udp_port=5000, checksums=("blake3", "sha256"))
+    assert Hello.from_json(hello.to_json()).checksums == ("blake3", "sha256")
+    for bad in (["x"] * 9, ["BLAKE3"], [1], ["a" * 17], "blake3"):
+        with pytest.raises(MessageError, match="checksums"):
+            Hello.from_json({**hello.to_json(), "checksums": bad})
+
+
+def test_the_checksum_key_is_derived_and_never_the_connections_own() -> None:
+    key = b"k" * 32
+    derived = checksum_key(key)
+    assert derived is not None and len(derived) == 32 and derived != key
+    assert checksum_key(None) is None and checksum_key(b"j" * 32) != derived

@@ -239,11 +239,11 @@ async def test_version_mismatch_is_reported() -> None:
     async with fake_server(answer) as (port, hellos):
         with pytest.raises(mrc.MRCError, match=r"version mismatch.*version 99"):
             await mrc.connect(HOST, port, mrc.ConnectConfig(evs=4))
-    assert b'"mrc":2' in hellos[0]
+    assert b'"mrc":3' in hellos[0]
 
 
 async def test_receiver_refusal_reason_is_reported() -> None:
-    answer = b'{"mrc": 2, "ok": false, "error": "transfer too large"}\n'
+    answer = b'{"mrc": 3, "ok": false, "error": "transfer too large"}\n'
     async with fake_server(answer) as (port, _hellos):
         with pytest.raises(mrc.MRCError, match="refused by the receiver: transfer too large"):
             await mrc.connect(HOST, port, mrc.ConnectConfig(evs=4))

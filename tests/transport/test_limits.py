@@ -189,7 +189,7 @@ async def test_a_newcomer_displaces_the_oldest_silent_set_up() -> None:
         third = await Raw.open(listener.port)  # says nothing either: the oldest gives way
         reply = await quiet[0].line(timeout=5)
         assert reply == {
-            "mrc": 2,
+            "mrc": 3,
             "ok": False,
             "error": "set-up dropped for a newer connection: all 2 set-up slots were taken "
             "and this one had not yet said its hello or proved the key",
@@ -231,7 +231,7 @@ async def test_a_set_up_that_takes_too_long_is_refused_and_frees_its_slot() -> N
     regions = Regions()
     async with listening(regions, max_setups=1, setup_timeout=0.3) as listener:
         slow = await Raw.open(listener.port)
-        await slow.say(b'{"mrc": 2, ')  # half a hello, then nothing
+        await slow.say(b'{"mrc": 3, ')  # half a hello, then nothing
         reply = await slow.line(timeout=3)
         assert reply["ok"] is False
         assert reply["error"] == "set-up did not finish within 0.3 s"

@@ -93,7 +93,7 @@ def test_a_nic_that_loses_its_link_takes_its_plane_out_on_both_ends(
     s_res, r_res = finish(send, recv)
     s, rv = s_res.json, r_res.json
     assert s["ok"] is True and rv["ok"] is True
-    assert s["sha256"] == s["sha256_receiver"] == rv["sha256"]
+    assert s["digest"] == s["digest_receiver"] == rv["digest"]
 
     reason = "plane 1 down: this host's NIC lost its link"
     rows = _ev_log(str(send_log))

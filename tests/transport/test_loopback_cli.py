@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import pytest
+from conftest import expected_digest
 
 MiB = 1 << 20
-
-
-def file_sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_pair(send: dict, recv: dict, size: int) -> None:
     """Both sides agree the transfer of ``size`` bytes was verified."""
     assert send["ok"] is True and recv["ok"] is True
     assert send["bytes"] == size and recv["bytes"] == size
-    assert send["sha256"] == send["sha256_receiver"] == recv["sha256"] == recv["sha256_sender"]
+    assert send["checksum"] == recv["checksum"] == "blake3"  # what both take by default
+    assert send["digest"] == send["digest_receiver"] == recv["digest"] == recv["digest_sender"]
     assert recv["bytes_placed"] == size
     assert recv["error"] is None
     assert recv["dropped_by_reason"] == {}
@@ -69,7 +62,7 @@ def test_64mib_sprayed_over_128_evs_into_a_file(mrc_tools, mrc_port, tmp_path: P
     check_pair(send, recv, size)
     assert out.stat().st_size == size
     assert not (tmp_path / "out.bin.part").exists()
-    assert file_sha(out) == send["sha256"]
+    assert expected_digest(out.read_bytes(), send["checksum"]) == send["digest"]
     assert recv["out"] == str(out)
     assert send["payload"] == 8192 and send["planes"] == 1
     assert send["data_packets"] == size // 8192 + 1  # + the zero-length DONE WRITE_IMM
@@ -92,7 +85,7 @@ def test_file_transfer(mrc_tools, mrc_port, tmp_path: Path, size: int) -> None:
     )
     check_pair(send, recv, size)
     assert send["source"] == str(src)
-    assert send["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+    assert send["digest"] == expected_digest(src.read_bytes(), send["checksum"])
     assert out.read_bytes() == src.read_bytes()
     assert sorted(p.name for p in out.parent.iterdir()) == ["copy.bin"]  # no .part left
     assert send["data_packets"] == -(-size // 8192) + 1

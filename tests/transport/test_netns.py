@@ -94,7 +94,7 @@ def test_64mib_over_two_planes(two_hosts, mrc_tools) -> None:
 
     assert s["ok"] is True and rv["ok"] is True
     assert s["bytes"] == rv["bytes"] == rv["bytes_placed"] == 64 * MiB
-    assert s["sha256"] == s["sha256_receiver"] == rv["sha256"] == rv["sha256_sender"]
+    assert s["digest"] == s["digest_receiver"] == rv["digest"] == rv["digest_sender"]
     assert rv["from"] == h.a_addrs[0]
 
     # spraying: every EV is a distinct source port, half on each plane
@@ -132,7 +132,7 @@ def test_the_default_payload_fits_the_path_mtu(two_hosts_1500, mrc_tools) -> Non
     s, rv = send.json, r.json
     assert s["payload"] == 1500 - 40 - 8 - 32 == 1420
     assert "payload 1420 bytes per packet (path MTU 1500 to" in send.stderr, send.stderr
-    assert s["sha256"] == s["sha256_receiver"] == rv["sha256"] and rv["bytes"] == 4 * MiB
+    assert s["digest"] == s["digest_receiver"] == rv["digest"] and rv["bytes"] == 4 * MiB
     # datagrams that fit go whole: the sender's kernel cut none into fragments
     assert "exceed what the path MTU leaves" not in send.stderr
     assert _fragments_made(h.a) == frags

@@ -38,7 +38,7 @@ def test_a_receiver_stopped_for_a_moment_costs_a_moment(mrc_tools, mrc_port) -> 
     sent, got = send.wait(90), recv.wait(30)
     assert sent.returncode == 0 and got.returncode == 0, sent.describe() + got.describe()
     out, back = sent.json, got.json
-    assert out["sha256"] == out["sha256_receiver"] == back["sha256"]
+    assert out["digest"] == out["digest_receiver"] == back["digest"]
     assert out["bytes"] == back["bytes"] == SIZE
     # the stop landed mid-transfer and was taken for silence, not for dead paths
     assert out["silent_timeouts"] >= 1, out

@@ -62,7 +62,7 @@ def test_a_transfer_keeps_to_the_port_range(two_hosts, mrc_tools) -> None:
     recv = receiver_on_both_planes(h, mrc_tools, "--ports", ports)
     send, r = finish(send_over_both_planes(h, mrc_tools, "--size", "16M", "--ports", ports), recv)
     s, rv = send.json, r.json
-    assert s["sha256"] == s["sha256_receiver"] == rv["sha256"] and rv["bytes"] == 16 * MiB
+    assert s["digest"] == s["digest_receiver"] == rv["digest"] and rv["bytes"] == 16 * MiB
     # 128 EVs and their backups, each a 32-bit value of its own, through one source port
     # per plane (the EVs of a plane differ by flow label)
     values = [e["value"] for e in s["evs"]]

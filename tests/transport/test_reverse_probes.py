@@ -53,7 +53,7 @@ def test_a_receiver_retires_the_ack_paths_that_died_and_only_those(
     quiet = ("--qp", "tlp_max=0", "--qp", "min_rto=0.3", "--qp", "initial_rto=0.3")
     send, r = finish(send_over_both_planes(h, mrc_tools, "--size", "64M", *quiet), recv)
     s, rv = send.json, r.json
-    assert s["sha256"] == s["sha256_receiver"] == rv["sha256"] and rv["bytes"] == 64 * MiB
+    assert s["digest"] == s["digest_receiver"] == rv["digest"] and rv["bytes"] == 64 * MiB
     changes = [json.loads(line) for line in log.read_text().splitlines()]
     probed = [c for c in changes if c["reason"] == "reverse probe unanswered"]
     resends = {k: v for k, v in s.items() if k.startswith("retransmits")}
@@ -76,7 +76,7 @@ def test_mrc_recv_takes_the_probe_interval_from_qp(mrc_tools, mrc_port, interval
     )  # fmt: skip
     s, r = send.wait(60), recv.wait(30)
     assert s.returncode == 0 and r.returncode == 0, s.describe() + r.describe()
-    assert s.json["sha256"] == r.json["sha256"]
+    assert s.json["digest"] == r.json["digest"]
     if interval is None:
         assert r.json["reverse_probes_sent"] > 0
     else:

@@ -161,7 +161,7 @@ async def test_bad_hellos_are_refused_naming_the_field_and_leak_nothing() -> Non
         before = open_fds()
         for line, expected in BAD_HELLOS:
             reply = await exchange(listener.port, line)
-            assert reply["mrc"] == 2 and reply["ok"] is False, (line, reply)
+            assert reply["mrc"] == 3 and reply["ok"] is False, (line, reply)
             error = reply["error"]
             assert isinstance(error, str) and expected in error, (line, error)
             assert "\n" not in error
@@ -278,14 +278,14 @@ def test_messages_round_trip() -> None:
     assert hello.request == RegionRequest(1000, "file")
     assert hello.regions == (RemoteRegion("mine", 5, 1 << 32, 4096),)
     assert Hello.from_json(hello.to_json()) == hello
-    minimal = Hello.from_json({"mrc": 2, "qpn": 1, "psn": 0, "udp_port": 1})
+    minimal = Hello.from_json({"mrc": 3, "qpn": 1, "psn": 0, "udp_port": 1})
     assert minimal == Hello(1, 0, 1)
     assert parse_reply(GOOD_WELCOME.to_json()) == GOOD_WELCOME
     granted = Welcome(qpn=9, psn=0, udp_port=1, max_imm=3, start_bytes=1 << 20)
     assert parse_reply(granted.to_json()) == granted
     refusal = Refusal("no room")
     assert parse_reply(refusal.to_json()) == refusal
-    assert parse_reply({"mrc": 2, "ok": False}) == Refusal("no reason")
+    assert parse_reply({"mrc": 3, "ok": False}) == Refusal("no reason")
     assert len(Refusal.because("x" * 10_000).error) <= 4096
     done = Done(SHA, 12)
     assert Done.from_json(done.to_json()) == done
@@ -299,20 +299,24 @@ def test_messages_round_trip() -> None:
 @pytest.mark.parametrize(
     ("cls", "obj", "expected"),
     [
-        (Done, {"type": "done", "sha256": "ABC", "bytes": 1}, "sha256 must be 64 lowercase hex"),
-        (Done, {"type": "done", "sha256": SHA, "bytes": False}, "bytes must be an integer"),
-        (Done, {"type": "result", "sha256": SHA, "bytes": 1}, 'type must be "done"'),
-        (Result, {"type": "result", "ok": 1, "sha256": SHA}, "ok must be true or false"),
-        (Result, {"type": "result", "ok": True, "sha256": SHA, "stats": {"x": []}}, "stats.x"),
+        (
+            Done,
+            {"type": "done", "digest": "ABC", "bytes": 1},
+            "digest must be 32 to 64 lowercase hex",
+        ),
+        (Done, {"type": "done", "digest": SHA, "bytes": False}, "bytes must be an integer"),
+        (Done, {"type": "result", "digest": SHA, "bytes": 1}, 'type must be "done"'),
+        (Result, {"type": "result", "ok": 1, "digest": SHA}, "ok must be true or false"),
+        (Result, {"type": "result", "ok": True, "digest": SHA, "stats": {"x": []}}, "stats.x"),
         (
             Result,
-            {"type": "result", "ok": True, "sha256": SHA, "stats": {"x": float("nan")}},
+            {"type": "result", "ok": True, "digest": SHA, "stats": {"x": float("nan")}},
             "stats.x",
         ),
-        (RoundDigest, {"type": "round", "round": 1 << 24, "sha256": SHA}, "round must be"),
-        (RoundDigest, {"type": "round", "round": True, "sha256": SHA}, "round must be"),
-        (RoundDigest, {"type": "round", "round": 1}, "sha256 is missing"),
-        (RoundDigest, {"type": "done", "round": 1, "sha256": SHA}, 'type must be "round"'),
+        (RoundDigest, {"type": "round", "round": 1 << 24, "digest": SHA}, "round must be"),
+        (RoundDigest, {"type": "round", "round": True, "digest": SHA}, "round must be"),
+        (RoundDigest, {"type": "round", "round": 1}, "digest is missing"),
+        (RoundDigest, {"type": "done", "round": 1, "digest": SHA}, 'type must be "round"'),
         (Abort, {"error": None}, "error must be a string"),
         (Abort, {}, "error is missing"),
         (RemoteRegion, {"name": "", "rkey": 1, "addr": (1 << 64) - 1, "length": 2}, "length"),

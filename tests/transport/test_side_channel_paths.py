@@ -146,16 +146,16 @@ async def test_hostile_joins_are_refused_with_one_line() -> None:
         port = conn.control.peer_port
         (token,) = listener._joinable
         bad = [
-            (b'{"mrc": 2, "join": "' + b"0" * 32 + b'", "plane": 1}\n', "no connection to join"),
-            (b'{"mrc": 2, "join": "zz", "plane": 1}\n', "join must be"),
-            (b'{"mrc": 2, "join": "' + b"0" * 32 + b'", "plane": true}\n', "plane must be"),
+            (b'{"mrc": 3, "join": "' + b"0" * 32 + b'", "plane": 1}\n', "no connection to join"),
+            (b'{"mrc": 3, "join": "zz", "plane": 1}\n', "join must be"),
+            (b'{"mrc": 3, "join": "' + b"0" * 32 + b'", "plane": true}\n', "plane must be"),
             # the real token, without the key's proof, or with a wrong one, or a plane beyond
-            (f'{{"mrc": 2, "join": "{token}", "plane": 1}}\n'.encode(), "proof is wrong"),
+            (f'{{"mrc": 3, "join": "{token}", "plane": 1}}\n'.encode(), "proof is wrong"),
             (
-                f'{{"mrc": 2, "join": "{token}", "plane": 1, "proof": "{"ab" * 32}"}}\n'.encode(),
+                f'{{"mrc": 3, "join": "{token}", "plane": 1, "proof": "{"ab" * 32}"}}\n'.encode(),
                 "proof is wrong",
             ),
-            (f'{{"mrc": 2, "join": "{token}", "plane": 7}}\n'.encode(), "no plane 7"),
+            (f'{{"mrc": 3, "join": "{token}", "plane": 7}}\n'.encode(), "no plane 7"),
         ]
         for line, words in bad:
             reply = await _raw_join(port, line)

@@ -3,28 +3,33 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 
 import pytest
+from conftest import expected_digest
 from requested_pair import requested_pair
 
 import mrc
+from mrc.app.checksum import Checksum
 from mrc.app.timed import ROTATIONS, Posted, RoundData, send_timed
 from mrc.app.transfer import receive_buffer
+from mrc.transport.messages import CHECKSUMS
 
 SLOT = 256 << 10
 
 
-def test_rounds_are_distinct_rotations_and_the_region_digest_follows_them() -> None:
+@pytest.mark.parametrize("name", CHECKSUMS)
+def test_rounds_are_distinct_rotations_and_the_region_digest_follows_them(name: str) -> None:
     data = RoundData(1024)
+    check = Checksum(name)
     rounds = [bytes(data.round(r)) for r in range(ROTATIONS)]
     assert len(set(rounds)) == ROTATIONS  # r and r + 2 (one slot) never carry the same bytes
-    assert [hashlib.sha256(r).hexdigest() for r in rounds] == data.digests
+    digests = [data.digest(r, check) for r in range(ROTATIONS)]
+    assert [expected_digest(r, name) for r in rounds] == digests
     region = bytearray(2048)
-    assert data.region_digest(0) == hashlib.sha256(region).hexdigest()
+    assert data.region_digest(0, check) == expected_digest(region, name)
     for r in range(7):  # place the rounds as the receiver would, slot r % 2
         region[(r % 2) * 1024 : (r % 2 + 1) * 1024] = data.round(r)
-        assert data.region_digest(r + 1) == hashlib.sha256(region).hexdigest(), r
+        assert data.region_digest(r + 1, check) == expected_digest(region, name), r
 
 
 async def test_timed_transfer_verifies_every_round_on_both_sides() -> None:
@@ -43,8 +48,9 @@ async def test_timed_transfer_verifies_every_round_on_both_sides() -> None:
         # the receiver counts the rounds it hashed, not the region
         assert got.bytes == sent.bytes
         assert 0.3 <= sent.seconds < 10
-        assert sent.sha256 == got.sha256 == hashlib.sha256(buf[: 2 * SLOT]).hexdigest()
-        assert sent.sha256 == data.region_digest(rounds)
+        assert sent.checksum == got.checksum == "blake3"
+        assert sent.digest == got.digest == expected_digest(buf[: 2 * SLOT], got.checksum)
+        assert sent.digest == data.region_digest(rounds, Checksum(sent.checksum))
         assert sent.peer_stats["bytes_placed"] == sent.bytes
     finally:
         await conn.close()
@@ -63,7 +69,7 @@ async def test_a_round_whose_hash_differs_fails_both_sides() -> None:
             return_exceptions=True,
         )
         assert isinstance(sent, mrc.MRCError)
-        assert str(sent) == "SHA-256 mismatch in round 0: data placed differs from sent"
+        assert str(sent) == "BLAKE3 mismatch in round 0: data placed differs from sent"
         assert isinstance(got, mrc.MRCError)
         assert str(got) == f"sender gave up: {sent}"
     finally:

@@ -1,12 +1,12 @@
-"""send_buffer / receive_buffer: the SHA-256 verdict both sides agree on."""
+"""send_buffer / receive_buffer: the end-to-end checksum verdict both sides agree on."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 
 import pytest
+from conftest import expected_digest
 from requested_pair import requested_pair
 
 import mrc
@@ -25,9 +25,10 @@ async def test_verified_transfer_both_sides_agree() -> None:
             send_buffer(conn, memoryview(data)),
             receive_buffer(peer, peer.granted.view[:size], progress.append),
         )
-        digest = hashlib.sha256(data).hexdigest()
+        assert sent.checksum == got.checksum == "blake3"  # the default both sides agree on
+        digest = expected_digest(data, sent.checksum)
         assert sent.ok and got.ok
-        assert sent.sha256 == sent.peer_sha256 == got.sha256 == got.peer_sha256 == digest
+        assert sent.digest == sent.peer_digest == got.digest == got.peer_digest == digest
         assert bytes(buf[:size]) == data
         assert sent.bytes == got.bytes == size
         assert progress and progress[-1] == size
@@ -50,10 +51,10 @@ async def test_mismatch_is_detected_on_both_sides() -> None:
             send_buffer(conn, memoryview(data)), receive_buffer(peer, elsewhere)
         )
         assert not sent.ok and not got.ok
-        assert "SHA-256 mismatch" in (sent.error or "")
-        assert "SHA-256 mismatch" in (got.error or "")
-        assert sent.sha256 == hashlib.sha256(data).hexdigest()
-        assert sent.peer_sha256 == got.sha256 == hashlib.sha256(bytes(size)).hexdigest()
+        assert "BLAKE3 mismatch" in (sent.error or "")
+        assert "BLAKE3 mismatch" in (got.error or "")
+        assert sent.digest == expected_digest(data, sent.checksum)
+        assert sent.peer_digest == got.digest == expected_digest(bytes(size), got.checksum)
     finally:
         await conn.close()
         await listener.close()

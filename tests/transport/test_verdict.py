@@ -9,7 +9,6 @@ the region before it hashes it: a late WRITE is dropped and counted (``region_cl
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import socket
 import threading
@@ -17,11 +16,12 @@ import time
 from typing import Any
 
 import pytest
+from conftest import expected_digest
 from requested_pair import requested_pair
 
 import mrc
 from mrc import wire
-from mrc.app import transfer
+from mrc.app.checksum import Checksum
 from mrc.app.transfer import receive_buffer, send_buffer
 
 FORGED = b"\xee" * 64
@@ -44,17 +44,17 @@ async def test_a_write_forged_while_the_receiver_hashes_changes_nothing(
     loop = asyncio.get_running_loop()
     hashed = loop.create_future()
     forged = threading.Event()
-    real_sha256_of = transfer.sha256_of
+    real_of = Checksum.of
 
-    def sha256_of(view: memoryview) -> str:
+    def of(check: Checksum, view: memoryview) -> str:
         """The receiver's hash of its region; the forgery lands right after it."""
-        digest = real_sha256_of(view)
+        digest = real_of(check, view)
         if view.obj is buf:
             loop.call_soon_threadsafe(hashed.set_result, None)
             assert forged.wait(30)
         return digest
 
-    monkeypatch.setattr(transfer, "sha256_of", sha256_of)
+    monkeypatch.setattr(Checksum, "of", of)
     forger = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
         region = conn.requested
@@ -70,9 +70,9 @@ async def test_a_write_forged_while_the_receiver_hashes_changes_nothing(
         forged.set()
         sent, got = await asyncio.gather(sending, receiving)
         assert sent.ok and got.ok, (sent.error, got.error)
-        assert sent.sha256 == got.sha256 == hashlib.sha256(data).hexdigest()
+        assert sent.digest == got.digest == expected_digest(data, got.checksum)
         # what was kept is what both sides verified
-        assert hashlib.sha256(buf[:size]).hexdigest() == got.sha256
+        assert expected_digest(buf[:size], got.checksum) == got.digest
         assert peer.stats()["dropped_by_reason"] == {"region_closed": 1}
         assert peer.bytes_placed == size
     finally:

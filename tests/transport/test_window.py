@@ -7,7 +7,10 @@ import asyncio
 import hashlib
 from typing import Any
 
+from conftest import expected_digest
+
 import mrc
+from mrc.app.checksum import Checksum
 from mrc.app.rounds import Posted, send_stream
 from mrc.app.stream import BLOCK, GeneratedSource, StreamHasher
 from mrc.app.transfer import receive_buffer
@@ -37,7 +40,7 @@ def test_a_generated_stream_holds_one_block_whatever_its_size() -> None:
 async def test_the_hasher_gives_every_prefix_in_order() -> None:
     source = GeneratedSource(3 * MiB + 11, block=MiB)
     data = _bytes(source)
-    hasher = StreamHasher(source)
+    hasher = StreamHasher(source, Checksum())
     first, second = hasher.hash_to(MiB), hasher.hash_to(2 * MiB + 5)
     assert await second == hashlib.sha256(data[: 2 * MiB + 5]).hexdigest()
     assert await first == hashlib.sha256(data[:MiB]).hexdigest()
@@ -75,8 +78,9 @@ async def test_a_transfer_larger_than_the_region_goes_through_it_in_rounds() -> 
             receive_buffer(peer, peer.granted.view),
         )
         assert sent.ok and got.ok, (sent.error, got.error)
-        digest = hashlib.sha256(_bytes(source)).hexdigest()
-        assert sent.sha256 == sent.peer_sha256 == got.sha256 == got.peer_sha256 == digest
+        digest = expected_digest(_bytes(source), got.checksum)
+        assert sent.checksum == got.checksum == "blake3"
+        assert sent.digest == sent.peer_digest == got.digest == got.peer_digest == digest
         assert sent.bytes == got.bytes == posted.bytes == size
         assert sent.peer_stats["bytes_placed"] == size
         assert len(made) == 1 and len(made[0]) == window
@@ -102,7 +106,7 @@ async def test_a_round_placed_elsewhere_fails_both_sides() -> None:
             return_exceptions=True,
         )
         assert isinstance(sent, mrc.MRCError)
-        assert str(sent) == "SHA-256 mismatch in round 0: data placed differs from sent"
+        assert str(sent) == "BLAKE3 mismatch in round 0: data placed differs from sent"
         assert isinstance(got, mrc.MRCError) and str(got) == f"sender gave up: {sent}"
     finally:
         await conn.close()

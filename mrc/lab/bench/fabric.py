@@ -101,8 +101,8 @@ class Bench:
             raise MRCError(f"mrc-send failed ({send.returncode}): {send.stderr.strip()[-500:]}")
         if recv.returncode != 0 or rj is None or not rj.get("ok"):
             raise MRCError(f"mrc-recv failed ({recv.returncode}): {recv.stderr.strip()[-500:]}")
-        if sj["sha256"] != rj["sha256"]:
-            raise MRCError("SHA-256 mismatch between sender and receiver")
+        if sj["digest"] != rj["digest"]:
+            raise MRCError(f"{sj['checksum']} mismatch between sender and receiver")
         routes: dict[str, int] = {}
         for e in sj["evs"]:
             routes[e["route"]] = routes.get(e["route"], 0) + e["packets"]

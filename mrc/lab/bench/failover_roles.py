@@ -140,7 +140,7 @@ def _mrc_config(args: argparse.Namespace) -> QPConfig:
 
 async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
     import mrc
-    from mrc.app.stream import sha256_of
+    from mrc.app.checksum import Checksum
     from mrc.lab.fabric import load_topology
 
     topo = load_topology(args.fabric)
@@ -244,7 +244,7 @@ async def mrc_recv(args: argparse.Namespace) -> dict[str, Any]:
     t_done = time.monotonic()
     done.set()
     await sampler_task
-    digest = await asyncio.to_thread(sha256_of, view)
+    digest = await asyncio.to_thread(Checksum("sha256").of, view)
     msg = None
     if finished:
         try:

@@ -7,7 +7,8 @@ For every run, every sender count N and every law: ``mrc-recv --count N --discar
 host, and h0 .. h(N-1) each ``mrc-send --time`` into it at once; the laws alternate run by run,
 so machine noise hits all. Reported per law and sender count, medians over the runs: Jain's
 index of the senders' goodputs, utilization of the last hop, timeouts and retransmits, the
-fabric's trims and drops, and whether every byte arrived (SHA-256).
+fabric's trims and drops, and whether every byte arrived (the end-to-end checksum's digests;
+the key saying so is still ``sha256_ok``).
 
 tools/bench_share.py parses the arguments (its --help says what each figure means) and calls
 :func:`main`.
@@ -25,14 +26,13 @@ from typing import Any
 from mrc.cli.common import emit_json
 from mrc.errors import MRCError, UsageError
 from mrc.lab.bench.fabric import MRC_OVERHEAD
-from mrc.lab.bench.manyqp import jain
 from mrc.lab.fabric import Fabric, FabricSpec, Topology
 from mrc.lab.harness.children import Child, Children, exit_times
 from mrc.lab.harness.envelope import envelope
 from mrc.lab.harness.fabric import fabric, port_counters, port_deltas, unwind_on_sigterm
 from mrc.lab.harness.hosts import in_host, tool_path, wait_listening
 from mrc.lab.harness.machine import loadavg, machine_info, machine_line
-from mrc.lab.harness.stats import medians, rounded
+from mrc.lab.harness.stats import jain, medians, rounded
 from mrc.lab.harness.table import render
 from mrc.units import parse_rate
 from mrc.wire import DEFAULT_PORT
@@ -64,8 +64,9 @@ SEND_KEYS = (
     "planes_lost",
     "srtt_ms",
     "cpu_seconds",
-    "sha256",
-    "sha256_receiver",
+    "checksum",
+    "digest",
+    "digest_receiver",
     "error",
 )
 
@@ -94,8 +95,8 @@ class Share:
 
     def run(self, law: str, n: int, what: Sequence[str]) -> dict[str, Any]:
         """One run: ``n`` senders under ``law`` sending ``what`` (mrc-send's --time T or
-        --size S); the run's figures, per-sender values and SHA-256 verdict. MRCError if a
-        sender or the receiver fails other than by a SHA-256 mismatch."""
+        --size S); the run's figures, per-sender values and the verdict of the end-to-end
+        checksums. MRCError if a sender or the receiver fails other than by a mismatch."""
         topo, receiver = self.topo, self.receiver
         senders = [f"h{i}" for i in range(n)]
         window = window_of(law, self.args)
@@ -155,16 +156,17 @@ class Share:
             s = {k: sj.get(k) for k in SEND_KEYS}
             rj = recvs.get(h)
             s["receiver_bytes"] = rj.get("bytes") if rj else None
-            s["receiver_sha256"] = rj.get("sha256") if rj else None
-            # as tests/fabric/test_fairness.py: the sender's hash equals the one the receiver
-            # sent back; and the receiver's own line for this sender agrees, hash and bytes
-            hashes = {s["sha256"], s["sha256_receiver"], s["receiver_sha256"]}
+            s["receiver_digest"] = rj.get("digest") if rj else None
+            # as tests/fabric/test_fairness.py: the sender's digest (under the checksum the
+            # two agreed on) equals the one the receiver sent back; and the receiver's own line
+            # for this sender agrees, digest and bytes
+            hashes = {s["digest"], s["digest_receiver"], s["receiver_digest"]}
             s["sha256_ok"] = len(hashes) == 1 and None not in hashes
-            if s["sha256"] is not None and len(hashes - {None}) > 1:
+            if s["digest"] is not None and len(hashes - {None}) > 1:
                 s["sha256_ok"] = False
                 mismatches.append(
-                    f"{h}: sender {s['sha256']}, receiver (to the sender) "
-                    f"{s['sha256_receiver']}, receiver (its own line) {s['receiver_sha256']}"
+                    f"{h}: sender {s['checksum']} {s['digest']}, receiver (to the sender) "
+                    f"{s['digest_receiver']}, receiver (its own line) {s['receiver_digest']}"
                 )
             elif not s["sha256_ok"] or c.returncode != 0 or not sj.get("ok"):
                 raise MRCError(
@@ -247,7 +249,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-#: the table's columns: law, senders, jain, ..., drops, and sha256 as it is
+#: the table's columns: law, senders, jain, ..., drops, and the digests' verdict as it is
 COLUMN_WIDTHS = (10, 8, 8, 13, 7, 14, 10, 9, 9, 8, 0)
 
 
@@ -255,7 +257,7 @@ def table(out: Mapping[str, Any]) -> str:
     """The human table: a row per law and sender count, what the columns mean, the machine."""
     c = out["config"]
     head = ["law", "senders", "jain", "utilization", "span", "goodput", "timeouts", "retrans"]
-    head += ["trims", "drops", "sha256"]
+    head += ["trims", "drops", "digests"]
     rows = [
         (
             str(r["cc"]),
@@ -324,7 +326,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         share = Share(args, topo, receiver)
         warm = share.run(args.cc[0], n_max, ["--size", "1M"])  # warm-up, not reported
         if not warm["sha256_ok"]:
-            raise MRCError(f"SHA-256 MISMATCH in the warm-up: {'; '.join(warm['mismatches'])}")
+            raise MRCError(f"digest MISMATCH in the warm-up: {'; '.join(warm['mismatches'])}")
         for i in range(args.runs):
             for n in args.senders:
                 for law in args.cc:  # interleaved: A, B, A, B ... so noise hits every law
@@ -337,7 +339,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         f"(span {r['utilization_span'] or 0:.1%}) "
                         f"({', '.join(f'{g / 1e6:.1f}' for g in r['goodputs_bps'])} Mbit/s), "
                         f"{r['timeouts']} timeouts, {r['retransmits']} retransmits, "
-                        f"{r['fabric_trims']} trims, {r['fabric_drops']} drops, sha256 "
+                        f"{r['fabric_trims']} trims, {r['fabric_drops']} drops, digests "
                         + ("ok" if r["sha256_ok"] else "MISMATCH")
                     )
     body: dict[str, Any] = {
@@ -367,7 +369,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark as ``args`` (tools/bench_share.py's arguments) says: the table on
-    stdout, or with ``--json`` on stderr and the JSON on stdout; 1 on a SHA-256 mismatch."""
+    stdout, or with ``--json`` on stderr and the JSON on stdout; 1 on a digest mismatch."""
     if os.geteuid() != 0:
         raise MRCError("needs root (network namespaces, tc, BPF)")
     from mrc.lab.fabric.trim import unavailable_reason
@@ -388,7 +390,7 @@ def main(args: argparse.Namespace) -> int:
             for one in r["runs"]:
                 for m in one["mismatches"]:
                     print(
-                        f"{PROG}: error: SHA-256 MISMATCH ({r['cc']} x{r['senders']}, "
+                        f"{PROG}: error: digest MISMATCH ({r['cc']} x{r['senders']}, "
                         f"run {one['run']}): {m}",
                         file=sys.stderr,
                     )
