@@ -8,7 +8,10 @@ interleaved (each kind leads in turn, so drift hits all alike):
 * **mrc**: ``mrc-recv --discard --json`` in B, ``mrc-send --size S --payload P --json`` from A
   (one QP sprayed over all planes): goodput, packets/s, retransmits. ``--burst K`` passes
   mrc-send's GSO bursts on; ``--security none,integrity,encrypt`` adds runs with a pre-shared
-  key (and ``--encrypt``) and reports what each costs against the run without one.
+  key (and ``--encrypt``) and reports what each costs against the run without one;
+  ``--checksum blake3,xxh3-128,sha256`` runs MRC once per end-to-end checksum (mrc-send and
+  mrc-recv ``--checksum NAME``) and reports each one's goodput, sender and receiver CPU per
+  GiB, and what it costs against the first.
 * the references of :mod:`mrc.lab.harness.peers` (``--compare``, default all), P+28-byte datagrams,
   the size of an MRC data datagram: **raw** a Python loop of one ``send`` / ``recv_into`` per
   datagram; **gso** the same datagrams sent 7 (or up to 64) per ``sendmsg`` with UDP_SEGMENT
@@ -24,6 +27,7 @@ on stdout instead of JSON). Needs root. Examples::
     sudo .venv/bin/python tools/bench_qp.py --links 1,2 --payloads 1400,8192 --mtu 1500
     sudo .venv/bin/python tools/bench_qp.py --quick             # < 20 s smoke run
     sudo .venv/bin/python tools/bench_qp.py --security none,integrity,encrypt --compare raw
+    sudo .venv/bin/python tools/bench_qp.py --checksum blake3,xxh3-128,sha256 --compare tcp
 
 The runs are :mod:`mrc.lab.bench.qp`; this script parses the arguments.
 """
@@ -36,6 +40,7 @@ import sys
 from mrc.cli.common import Parser, float_between, positive_int, run_main, size_arg
 from mrc.lab.bench.qp import IPV6_UDP, PEER_KINDS, SECURITY_MODES
 from mrc.lab.bench.qp import main as run_bench
+from mrc.transport.messages import CHECKSUMS
 from mrc.units import SIZE_HELP
 from mrc.wire import DATA_HDR_LEN, DATA_IMM_HDR_LEN
 
@@ -75,6 +80,16 @@ def _modes(text: str) -> list[str]:
             f"security modes are {', '.join(SECURITY_MODES)}; not {', '.join(bad) or text!r}"
         )
     return modes
+
+
+def _checksums(text: str) -> list[str]:
+    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    bad = [n for n in names if n not in CHECKSUMS]
+    if not names or bad:
+        raise argparse.ArgumentTypeError(
+            f"checksums are {', '.join(CHECKSUMS)}; not {', '.join(bad) or text!r}"
+        )
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,6 +151,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="MRC runs without a key (none), with one (integrity: mrc-send/mrc-recv "
         "--key-file) and encrypting (encrypt: also --encrypt), interleaved; the table adds "
         "each mode's goodput cost against none (default none)",
+    )
+    p.add_argument(
+        "--checksum",
+        type=_checksums,
+        default=None,
+        metavar="NAME[,NAME...]",
+        help=f"MRC runs with each end-to-end checksum ({', '.join(CHECKSUMS)}; mrc-send and "
+        "mrc-recv --checksum NAME), interleaved; the table adds each one's goodput, sender and "
+        "receiver CPU s/GiB and their cost against the first listed (default: no --checksum "
+        "for either, so they agree on mrc's default, blake3). With --security: several "
+        "checksums and one mode, or one checksum and several modes, not both",
     )
     p.add_argument(
         "--evs",
@@ -201,6 +227,8 @@ def _finish_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             )
     if any(n > 16 for n in a.links):
         p.error("--links: at most 16")
+    if a.checksum is not None and len(a.checksum) > 1 and len(a.security) > 1:
+        p.error("--security and --checksum: only one of them may list more than one")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,9 @@ in turn, so drift hits all alike):
 
 * **mrc**: ``mrc-recv --discard --json`` in B, ``mrc-send --size S --payload P --json`` from A
   (one QP sprayed over all planes): goodput, packets/s, retransmits; with a pre-shared key (and
-  ``--encrypt``) too when asked, and what each costs against the run without one;
+  ``--encrypt``) too when asked, and what each costs against the run without one; with each
+  end-to-end checksum asked for (``--checksum NAME`` to both), and what each costs, in goodput
+  and in each side's CPU, against the first;
 * the references of :mod:`mrc.lab.harness.peers`, P+28-byte datagrams, the size of an MRC data
   datagram: **raw** one ``send`` / ``recv_into`` per datagram; **gso** the same datagrams sent
   up to 64 per ``sendmsg`` with UDP_SEGMENT and received as GRO trains; **tcp** kernel TCP over
@@ -24,7 +26,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,10 +92,13 @@ class Bench:
         size: int,
         profile: bool = False,
         security: str = "none",
+        checksum: str | None = None,
     ) -> dict[str, Any]:
+        """One transfer; ``checksum``: both tools' ``--checksum`` (None: neither gets one,
+        and they agree on mrc's default)."""
         a = self.args
         n = hosts.links
-        keys = self._key_args(security)
+        keys = self._key_args(security) + (["--checksum", checksum] if checksum else [])
         recv_argv = [self.mrc_recv, "--discard", "--json", "--no-progress", "--timeout", "30"]
         recv_argv += keys
         for addr in hosts.b_addrs[:n]:
@@ -140,10 +145,14 @@ class Bench:
             why = (sj or {}).get("error") or last_line(send.stderr) or f"exit {send.returncode}"
             recv_why = last_line(recv.stderr) or "no error"
             raise MRCError(f"mrc-send failed: {why} (mrc-recv: {recv_why})")
+        if checksum is not None and sj.get("checksum") != checksum:
+            raise MRCError(f"asked for checksum {checksum}, mrc-send used {sj.get('checksum')}")
         seconds = float(sj["seconds"])
         run: dict[str, Any] = {
             "ok": bool(sj.get("ok")) and bool(rj and rj.get("ok")),
             "security": sj.get("security", "none"),
+            # the end-to-end checksum the transfer was verified with (mrc-recv picked it)
+            "checksum": sj.get("checksum"),
             "bytes": sj["bytes"],
             "seconds": seconds,
             "goodput_bps": sj["goodput_bps"],
@@ -275,7 +284,9 @@ class Bench:
 
         a = self.args
         prefix = f"bq{os.getpid()}l{links}"
-        kinds = [_mrc_kind(m) for m in a.security] + list(a.compare)
+        configs = _configs(a)
+        base = next(iter(configs))
+        kinds = list(configs) + list(a.compare)
         results: dict[int, dict[str, list[Any]]] = {
             p: {x: [] for k in kinds for x in (k, f"{k}_errors")} for p in a.payloads
         }
@@ -293,10 +304,12 @@ class Bench:
                                 if kind in PEER_KINDS:
                                     r[kind].append(self.peer_run(hosts, p, kind))
                                 else:
-                                    mode = _mode_of(kind)
-                                    first = run == 0 and mode == a.security[0]
+                                    mode, check = configs[kind]
+                                    first = run == 0 and kind == base
                                     r[kind].append(
-                                        self.mrc_run(hosts, p, a.size, first, security=mode)
+                                        self.mrc_run(
+                                            hosts, p, a.size, first, security=mode, checksum=check
+                                        )
                                     )
                             except MRCError as exc:
                                 r[f"{kind}_errors"].append(str(exc))
@@ -309,7 +322,8 @@ class Bench:
         return [self._summarise(links, p, results[p]) for p in a.payloads]
 
     def _log_run(self, run: int, links: int, p: int, r: dict[str, list[Any]]) -> None:
-        base = _mrc_kind(self.args.security[0])
+        check = _first_checksum(self.args)
+        base = _mrc_kind(self.args.security[0], check)
         m = r[base][-1] if r[base] and len(r[base]) + len(r[f"{base}_errors"]) == run + 1 else None
         ms = (
             f"mrc {m['goodput_bps'] / 1e9:.2f} Gbit/s {m['pps'] / 1e3:.1f}k pps "
@@ -324,22 +338,27 @@ class Bench:
             ws += f" | {kind} " + (f"{w['payload_bps'] / 1e9:.2f} Gbit/s" if w else "failed")
         keyed = ""
         for mode in self.args.security:
-            runs = r.get(_mrc_kind(mode), [])
-            if (
-                mode != "none"
-                and runs
-                and len(runs) + len(r[f"{_mrc_kind(mode)}_errors"]) == run + 1
-            ):
+            kind = _mrc_kind(mode, check)
+            runs = r.get(kind, [])
+            if mode != "none" and runs and len(runs) + len(r[f"{kind}_errors"]) == run + 1:
                 keyed += f" | {mode} {runs[-1]['goodput_bps'] / 1e9:.2f} Gbit/s"
+        for name in (self.args.checksum or [])[1:]:
+            kind = _mrc_kind(self.args.security[0], name)
+            runs = r.get(kind, [])
+            if runs and len(runs) + len(r[f"{kind}_errors"]) == run + 1:
+                keyed += f" | {name} {runs[-1]['goodput_bps'] / 1e9:.2f} Gbit/s"
         self.log(f"  run {run + 1}/{self.args.runs} links={links} P={p}: {ms}{keyed}{ws}")
 
     def _summarise(self, links: int, p: int, r: dict[str, list[Any]]) -> dict[str, Any]:
-        base = _mrc_kind(self.args.security[0])
+        a = self.args
+        check = _first_checksum(a)
+        base = _mrc_kind(a.security[0], check)
         mrc_runs = r[base]
         security: dict[str, Any] = {}
-        plain = median([x["goodput_bps"] for x in r.get("mrc", [])])
+        plain = median([x["goodput_bps"] for x in r.get(_mrc_kind("none", check), [])])
         for mode in self.args.security:
-            runs = r[_mrc_kind(mode)]
+            kind = _mrc_kind(mode, check)
+            runs = r[kind]
             goodput = median([x["goodput_bps"] for x in runs])
             security[mode] = {
                 "goodput_bps_median": goodput,
@@ -348,11 +367,13 @@ class Bench:
                 "retransmits": [x["retransmits"] for x in runs],
                 # goodput lost against the run without a key, medians of the same runs
                 "cost_vs_none": round(1 - goodput / plain, 3) if goodput and plain else None,
-                "all_ok": all(x["ok"] for x in runs) and not r[f"{_mrc_kind(mode)}_errors"],
-                "errors": r[f"{_mrc_kind(mode)}_errors"],
+                "all_ok": all(x["ok"] for x in runs) and not r[f"{kind}_errors"],
+                "errors": r[f"{kind}_errors"],
                 **({"runs": runs} if mode != self.args.security[0] else {}),
             }
         mrc: dict[str, Any] = {
+            # what the runs were verified with: as asked, or what mrc's default came to
+            "checksum": check or _reported_checksum(mrc_runs),
             "goodput_bps_median": median([x["goodput_bps"] for x in mrc_runs]),
             "pps_median": median([x["pps"] for x in mrc_runs]),
             "retransmits_median": median([x["retransmits"] for x in mrc_runs]),
@@ -382,7 +403,7 @@ class Bench:
         aim = None
         if mrc["goodput_bps_median"] is not None:
             aim = round(mrc["goodput_bps_median"] / AIM_BPS, 3)
-        return {
+        row = {
             "links": links,
             "payload": p,
             "mrc": mrc,
@@ -391,6 +412,13 @@ class Bench:
             "mrc_goodput_vs_1gbit": aim,
             "security": security,
         }
+        if a.checksum:
+            kinds = {name: _mrc_kind(a.security[0], name) for name in a.checksum}
+            row["checksum"] = checksum_summary(
+                {name: r[kind] for name, kind in kinds.items()},
+                {name: r[f"{kind}_errors"] for name, kind in kinds.items()},
+            )
+        return row
 
 
 def _peer_summary(payload: int, runs: list[dict[str, Any]], errors: list[str]) -> dict[str, Any]:
@@ -405,13 +433,72 @@ def _peer_summary(payload: int, runs: list[dict[str, Any]], errors: list[str]) -
     }
 
 
-def _mrc_kind(mode: str) -> str:
-    """The results key of MRC runs with ``mode`` ("mrc" for no key)."""
-    return "mrc" if mode == "none" else f"mrc_{mode}"
+def checksum_summary(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]], errors: Mapping[str, list[str]]
+) -> dict[str, Any]:
+    """Per checksum (``runs`` and ``errors`` by name, in --checksum's order), its MRC runs'
+    medians, the CPU each side spent per GiB, and what it costs against the first listed:
+    ``cost_vs_first`` the fraction of goodput lost, ``*_cpu_s_per_gib_vs_first`` the CPU
+    seconds per GiB more (less, if negative) on that side. Every run is under ``runs``, but the
+    first checksum's, which are mrc's own (``mrc.runs``)."""
+    out: dict[str, Any] = {}
+    firsts: dict[str, float | None] = {}
+    for i, (name, got) in enumerate(runs.items()):
+        goodput = _median_of(got, "goodput_bps")
+        cpu = {side: _median_of(got, f"{side}_cpu_s_per_gib") for side in ("send", "recv")}
+        if i == 0:
+            firsts = {"goodput": goodput, **cpu}
+        out[name] = {
+            "goodput_bps_median": goodput,
+            "pps_median": _median_of(got, "pps"),
+            **{f"{side}_cpu_s_per_gib_median": v for side, v in cpu.items()},
+            "goodput_bps": [x["goodput_bps"] for x in got],
+            "retransmits": [x["retransmits"] for x in got],
+            # goodput lost against the first checksum, medians of the same runs
+            "cost_vs_first": round(1 - goodput / firsts["goodput"], 3)
+            if goodput and firsts["goodput"]
+            else None,
+            **{f"{side}_cpu_s_per_gib_vs_first": _less(v, firsts[side]) for side, v in cpu.items()},
+            "all_ok": all(x["ok"] for x in got) and not errors[name],
+            "errors": errors[name],
+            **({"runs": list(got)} if i else {}),
+        }
+    return out
 
 
-def _mode_of(kind: str) -> str:
-    return "none" if kind == "mrc" else kind.removeprefix("mrc_")
+def _median_of(runs: Sequence[Mapping[str, Any]], key: str) -> float | None:
+    """The median of ``key`` over the runs that have it (None: a run that could not tell)."""
+    return median([x[key] for x in runs if x.get(key) is not None])
+
+
+def _less(x: float | None, than: float | None) -> float | None:
+    return round(x - than, 3) if x is not None and than is not None else None
+
+
+def _first_checksum(a: argparse.Namespace) -> str | None:
+    """The checksum of the runs reported under mrc (None: none asked for, mrc's default)."""
+    return a.checksum[0] if a.checksum else None
+
+
+def _reported_checksum(runs: Sequence[Mapping[str, Any]]) -> str | None:
+    """The one checksum ``runs`` say they were verified with; None with no run (or several)."""
+    names = {x.get("checksum") for x in runs}
+    return names.pop() if len(names) == 1 else None
+
+
+def _configs(a: argparse.Namespace) -> dict[str, tuple[str, str | None]]:
+    """Every MRC configuration to run, by its results key: (security mode, checksum), each
+    --security mode with each --checksum (at most one of them lists several), the first the
+    one reported under mrc."""
+    checks: list[str | None] = list(a.checksum) if a.checksum else [None]
+    return {_mrc_kind(m, c): (m, c) for m in a.security for c in checks}
+
+
+def _mrc_kind(mode: str, checksum: str | None = None) -> str:
+    """The results key of MRC runs with ``mode`` ("mrc" for no key) and ``checksum`` (None:
+    none asked for)."""
+    kind = "mrc" if mode == "none" else f"mrc_{mode}"
+    return kind if checksum is None else f"{kind}@{checksum}"
 
 
 def main(a: argparse.Namespace) -> int:
@@ -447,6 +534,8 @@ def main(a: argparse.Namespace) -> int:
         "quick": a.quick,
         "aim_bps": AIM_BPS,
         "security": a.security,
+        # --checksum, the first the one reported under mrc; null: none asked for (mrc's default)
+        "checksum": a.checksum,
         "compare": a.compare,
     }
     memory: dict[str, Any] = {"first_touch_us_per_page_start": first_touch_start}
@@ -479,6 +568,7 @@ def main(a: argparse.Namespace) -> int:
         r["mrc"]["errors"]
         or any(r[PEER_KEYS[k]]["errors"] for k in a.compare)
         or any(v["errors"] for v in r["security"].values())
+        or any(v["errors"] for v in r.get("checksum", {}).values())
         for r in results
     )
     return 1 if failed else 0

@@ -17,12 +17,14 @@ PEER_HELP = {
 
 
 def table(out: Mapping[str, Any]) -> str:
-    """The human table: a row per (links, payload), MRC next to each reference; the cost of
-    each security mode below when there are several."""
+    """The human table: a row per (links, payload), MRC (and the checksum it verified with)
+    next to each reference; below, when there are several, the cost of each security mode and
+    each checksum's goodput and CPU per GiB on each side against the first."""
     compare = out["config"]["compare"]
     # a "|" column between the groups: " | " with the columns' " "
-    head = ["links", "payload", "|", "MRC Gbit/s", "MRC kpps", "rtx", "CPU s/GiB snd/rcv"]
-    widths = [5, 7, 1, 10, 8, 5, 17]
+    head = ["links", "payload", "|", "checksum", "MRC Gbit/s", "MRC kpps", "rtx"]
+    head.append("CPU s/GiB snd/rcv")
+    widths = [5, 7, 1, 8, 10, 8, 5, 17]
     for kind in compare:
         head += ["|", kind + " Gbit/s", "MRC/" + kind]
         widths += [1, 11, 8]
@@ -33,7 +35,8 @@ def table(out: Mapping[str, Any]) -> str:
     rows = []
     for r in out["results"]:
         m = r["mrc"]
-        cells = [str(r["links"]), str(r["payload"]), "|", f(m["goodput_bps_median"], 1e9, ".3f")]
+        cells = [str(r["links"]), str(r["payload"]), "|", m.get("checksum") or "-"]
+        cells.append(f(m["goodput_bps_median"], 1e9, ".3f"))
         cells += [f(m["pps_median"], 1e3, ".1f"), f(m["retransmits_median"], 1, ".0f")]
         cells.append(
             f"{f(m['send_cpu_s_per_gib_median'], 1, '8.2f')}/"
@@ -63,6 +66,7 @@ def table(out: Mapping[str, Any]) -> str:
         head = ["links", "payload", "|", "security", "Gbit/s", "cost"]
         cost_table = render(costs, ">", sep=" ", widths=(5, 7, 1, 9, 8, 6), head=head)
         lines += ["", cost_table]
+    lines += checksum_table(out["results"])
     c = out["config"]
     lines.append(
         f"(medians of {c['runs']} run(s), interleaved; MRC {c['size']} bytes per transfer; "
@@ -71,6 +75,46 @@ def table(out: Mapping[str, Any]) -> str:
         + f"; loop {out['machine']['event_loop']})"
     )
     return "\n".join(lines)
+
+
+def checksum_table(results: list[Mapping[str, Any]]) -> list[str]:
+    """The lines (a blank one first) of the per-checksum table, when a row has several
+    checksums: each one's goodput and what it costs against the first listed, and the CPU
+    seconds per GiB of mrc-send and of mrc-recv, with the difference from the first's (+:
+    more); none otherwise."""
+    rows = []
+    first = ""
+    for r in results:
+        checks = r.get("checksum") or {}
+        if len(checks) < 2:
+            continue
+        first = first or next(iter(checks))
+        for name, v in checks.items():
+            cells = [str(r["links"]), str(r["payload"]), "|", name, _num(v["goodput_bps_median"])]
+            cells.append(_pct(v["cost_vs_first"]))
+            for side in ("send", "recv"):
+                cells += ["|", _num(v[f"{side}_cpu_s_per_gib_median"], 1, ".2f")]
+                cells.append(_num(v[f"{side}_cpu_s_per_gib_vs_first"], 1, "+.2f"))
+            rows.append(cells)
+    if not rows:
+        return []
+    head = ["links", "payload", "|", "checksum", "Gbit/s", "cost", "|", "snd CPU s/GiB"]
+    head += ["snd +/-", "|", "rcv CPU s/GiB", "rcv +/-"]
+    widths = (5, 7, 1, 8, 8, 6, 1, 13, 7, 1, 13, 7)
+    return [
+        "",
+        *render(rows, ">", sep=" ", widths=widths, head=head).splitlines(),
+        f"(cost: goodput lost against {first}; CPU s/GiB: each process's CPU seconds per "
+        f"GiB moved; +/-: more than {first}'s)",
+    ]
+
+
+def _num(v: float | None, scale: float = 1e9, fmt: str = ".3f") -> str:
+    return "-" if v is None else format(v / scale, fmt)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:5.1f}%"
 
 
 # ---- arguments ---------------------------------------------------------------------------
