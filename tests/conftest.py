@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import json
 import os
@@ -16,9 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import blake3
 import pytest
-import xxhash
 
 from mrc.lab.testbed import TwoHosts, leftover_namespaces, netns_available
 
@@ -116,23 +113,6 @@ def free_port(host: str = "::1") -> int:
             continue
         return port
     raise RuntimeError("no free port found")
-
-
-def expected_digest(data: bytes | memoryview, name: str, key: bytes | None = None) -> str:
-    """The digest a transfer of ``data`` verified with the end-to-end checksum ``name`` must
-    report, computed with the hash libraries themselves (not mrc.app.checksum), so that a test
-    comparing the two checks mrc rather than repeating it. ``key``: what keyed BLAKE3 is keyed
-    with, for a connection under a pre-shared key K:
-    ``hashlib.sha256(b"mrc end-to-end checksum key\0" + K).digest()``."""
-    if name == "blake3":
-        return blake3.blake3(data, key=key).hexdigest()
-    if key is not None:
-        raise ValueError(f"{name} is never keyed")
-    if name == "xxh3-128":
-        return xxhash.xxh3_128_hexdigest(data)
-    if name == "sha256":
-        return hashlib.sha256(data).hexdigest()
-    raise ValueError(f"no end-to-end checksum named {name!r}")
 
 
 @dataclass

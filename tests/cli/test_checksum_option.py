@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import expected_digest
+from digests import expected_digest
 
 
 def test_both_sides_verify_with_the_checksum_they_name(mrc_tools, mrc_port, tmp_path) -> None:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import expected_digest
+from digests import expected_digest
 
 from mrc.security.keys import read_key_file
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
-from conftest import expected_digest
+from digests import expected_digest
 
 import mrc
 from mrc.app.transfer import TransferResult, receive_buffer, send_buffer

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import expected_digest
+from digests import expected_digest
 
 MiB = 1 << 20
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import expected_digest
+from digests import expected_digest
 
 from mrc.lab.testbed import _tc_rate
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import expected_digest
+from digests import expected_digest
 from requested_pair import requested_pair
 
 import mrc

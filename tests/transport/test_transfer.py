@@ -6,7 +6,7 @@ import asyncio
 import os
 
 import pytest
-from conftest import expected_digest
+from digests import expected_digest
 from requested_pair import requested_pair
 
 import mrc

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import expected_digest
+from digests import expected_digest
 from requested_pair import requested_pair
 
 import mrc

@@ -7,7 +7,7 @@ import asyncio
 import hashlib
 from typing import Any
 
-from conftest import expected_digest
+from digests import expected_digest
 
 import mrc
 from mrc.app.checksum import Checksum
