@@ -48,10 +48,11 @@ try:
 except ValueError:
     sys.exit(f"[docker] error: no JSON result (mrc-send exit {status}, mrc-recv exit {recv_status})")
 good = (status == recv_status == "0" and send["ok"] and recv["ok"]
-        and send["sha256"] == send["sha256_receiver"] == recv["sha256"])
+        and send["checksum"] == recv["checksum"]
+        and send["digest"] == send["digest_receiver"] == recv["digest"])
 if not good:
     sys.exit(f"[docker] error: transfer not verified (mrc-send exit {status}, "
              f"mrc-recv exit {recv_status}: {send.get('error') or recv.get('error')})")
 print(f"[docker] verified: {send['bytes']} bytes over {send['planes']} planes, "
-      f"same sha256 {send['sha256'][:16]}... in both containers")
+      f"same {send['checksum']} {send['digest'][:16]}... in both containers")
 PY
