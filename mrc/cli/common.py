@@ -285,8 +285,9 @@ def cc_arg(text: str) -> str:
 
 CC_HELP = (
     "window law (congestion control): nscc (the default: UET 1.0's NSCC, a window driven by "
-    "ECN echoes with queueing delay, trims and a fair increase, capped by the window), "
-    "nscc-mrc (mrc's own, which also cuts on queueing delay alone), fixed (a window of that "
+    "ECN echoes with queueing delay, trims and a fair increase, capped by the window; "
+    "uet-1.0-nscc is the same law by mrc_ctl's name), nscc-mrc (mrc's own, which also cuts "
+    "on queueing delay alone), fixed (a window of that "
     "many packets), or MODULE:CLASS, a law of your own in a module or a .py file "
     "(docs/CONGESTION.md)"
 )

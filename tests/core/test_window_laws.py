@@ -6,16 +6,20 @@ ECN-marking last hop, and one flow whose queue only ECN keeps short."""
 from __future__ import annotations
 
 import dataclasses
+import random
 from pathlib import Path
 
 import pytest
 
+import mrc.core.memory
+import mrc.core.qp
 from mrc import wire
 from mrc.core import QPConfig
 from mrc.core.cc import (
     FixedWindow,
     MrcNscc,
     MrcNsccParams,
+    UetNscc,
     WindowLaw,
     create,
     law_class,
@@ -67,6 +71,47 @@ def test_the_registry_names_the_laws_and_loads_one_from_a_file() -> None:
         with pytest.raises(ValueError, match=why) as err:
             load(bad)
         assert "\n" not in str(err.value)
+
+
+def test_uet_1_0_nscc_is_mrc_ctls_name_for_nscc() -> None:
+    """``uet-1.0-nscc``, the algorithm string OCP's mrc_ctl.h defines for UET 1.0 NSCC, is
+    another name of ``nscc``: the same class, parameters and decisions (docs/CONGESTION.md)."""
+    alias = "uet-1.0-nscc"
+    assert {"nscc", alias} <= set(names())
+    assert law_class(alias) is law_class("nscc") is UetNscc
+    assert load(alias) == alias  # what --cc does with it: a registered name, kept as it is
+    values: dict[str, float | int | bool] = {"gamma": 0.5, "qa_gate": 2, "shared_base": False}
+    assert params_of(alias, values) == params_of("nscc", values)
+    assert param_from_text(alias, "target_delay", "0.0005") == 0.0005
+    with pytest.raises(ValueError, match=r"cc\.gamma"):
+        QPConfig(cc=alias, cc_params={"gamma": 1.5}).validate()
+    config = QPConfig(payload_size=1000, max_outstanding=256, cc=alias, cc_params=values)
+    config.validate()
+    laws: list[UetNscc] = []
+    for cc in ("nscc", alias):
+        law = create(cc, config.cc_params, config)
+        assert type(law) is UetNscc
+        laws.append(law)
+    # the same signals give the same windows: ACKs below, at and over the target delay, with
+    # and without CE, a trim, a loss and a timeout
+    windows: list[list[tuple[float, int]]] = [[], []]
+    for law, seen in zip(laws, windows, strict=True):
+        law.on_resume(0.0)
+        now = 0.0
+        for i in range(400):
+            now += 0.00005
+            rtt = 0.001 + (0.002 if i % 100 >= 60 else 0.0001 * (i % 5))
+            law.on_ack(now, 1000 * (1 + i % 3), rtt, i % 100 >= 80)
+            if i in (150, 310):
+                law.on_trim(now, rtt)
+            if i == 220:
+                law.on_loss(now)
+            if i == 390:
+                law.on_timeout(now)
+            seen.append((law.cwnd, law.limit))
+    assert windows[0] == windows[1]
+    assert len(set(windows[0])) > 10  # the window moved: the laws were tested, not idle
+    assert laws[0].counters() == laws[1].counters()
 
 
 def test_register_takes_only_laws_with_plain_parameters() -> None:
@@ -307,6 +352,40 @@ def test_an_outside_law_runs_an_incast_and_reacts_to_trims_and_ecn() -> None:
         assert c["cc_ce_cuts"] > 0 and 0.0 < alpha < 1.0, (c, alpha)
     assert ecn_trims < trims
     assert sum(c["cc_trim_cuts"] for c in ecn_counters) < sum(c["cc_trim_cuts"] for c in counters)
+
+
+class _SeededSecrets:
+    """``secrets`` as the core draws from it (rkeys, region addresses, probe keys), seeded:
+    those values travel in datagrams (as tools/sim_digest.py does)."""
+
+    def __init__(self, seed: int) -> None:
+        self._rng = random.Random(seed)
+
+    def randbits(self, k: int) -> int:
+        return self._rng.getrandbits(k)
+
+    def token_bytes(self, n: int) -> bytes:
+        return self._rng.randbytes(n)
+
+
+def test_uet_1_0_nscc_sends_what_nscc_sends_in_a_seeded_incast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """QPs configured ``cc="uet-1.0-nscc"`` put on the wire exactly what ``cc="nscc"`` QPs do,
+    datagram for datagram, through a trimming, ECN-marking last hop."""
+    last = LinkSpec(rate=RATE, queue=20_000, trim=True, ecn=3 * WIRE)
+    runs = []
+    for cc in ("nscc", "uet-1.0-nscc"):
+        secrets = _SeededSecrets(1)
+        for module in (mrc.core.memory, mrc.core.qp):
+            monkeypatch.setattr(module, "secrets", secrets)
+        fab, transfers = _incast(cc, 2, 150, last)
+        assert all(isinstance(t.qp.requester.cc, UetNscc) for t in transfers)
+        stats = fab.link("last:r/p0").stats
+        assert stats.trimmed + stats.ecn_marked > 0  # the law had signals to act on
+        net = transfers[0].net
+        runs.append([(s.time, s.host, s.qpn, s.ev, s.sport, s.data) for s in net.sent])
+    assert runs[0] == runs[1]
 
 
 def test_ecn_keeps_an_outside_laws_queue_short() -> None:

@@ -1,7 +1,7 @@
 """Congestion control as window laws: what the requester asks of one (:class:`WindowLaw`),
-the ones that ship (``fixed``, ``nscc``, ``nscc-mrc``), the registry that names them and
-:func:`load`, which loads a law given as code, ``MODULE:CLASS`` (docs/CONGESTION.md, "Writing
-a window law")."""
+the ones that ship (``fixed``, ``nscc``, also named ``uet-1.0-nscc`` as in mrc_ctl.h,
+``nscc-mrc``), the registry that names them and :func:`load`, which loads a law given as
+code, ``MODULE:CLASS`` (docs/CONGESTION.md, "Writing a window law")."""
 
 from mrc.core.cc.base import LawContext, NoParams, WindowLaw
 from mrc.core.cc.fixed import FixedWindow

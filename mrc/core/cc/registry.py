@@ -1,6 +1,7 @@
 """Window laws by name, and their parameters from dicts and text.
 
-``QPConfig.cc`` names a law registered here: ``fixed``, ``nscc``, ``nscc-mrc``, one a program
+``QPConfig.cc`` names a law registered here: ``fixed``, ``nscc``, ``nscc-mrc``,
+``uet-1.0-nscc`` (:data:`UET_NSCC`, ``nscc`` by the name mrc_ctl.h gives it), one a program
 registered with :func:`register`, or a ``MODULE:CLASS`` law that :func:`mrc.core.cc.load`
 (mrc/core/cc/loader.py) loaded in this process and registered under the text it returned.
 Everything here only looks laws up: checking a config (``QPConfig.validate``) or making a law
@@ -26,6 +27,11 @@ from mrc.core.cc.nscc import MrcNscc
 from mrc.core.cc.uet import UetNscc
 
 Value = int | float | bool
+
+#: the algorithm string OCP's mrc_ctl.h defines for UET 1.0 NSCC
+#: (``mrc_ctl_device_attr.cc.algorithms``): another name of ``nscc``, the same law, so that a
+#: CC profile written for mrc_ctl names one here as it is
+UET_NSCC = "uet-1.0-nscc"
 
 _LAWS: dict[str, type[WindowLaw]] = {}
 _KINDS_OF: dict[type, dict[str, type]] = {}  # a Params class -> _kinds(it)
@@ -180,4 +186,5 @@ def _a(kind: type) -> str:
 
 register("fixed", FixedWindow)
 register("nscc", UetNscc)
+register(UET_NSCC, UetNscc)  # the same class: the same parameters, windows and shared base
 register("nscc-mrc", MrcNscc)

@@ -1,4 +1,5 @@
-"""NSCC as UET 1.0 defines it (``QPConfig.cc = "nscc"``, the default): one queue pair's window.
+"""NSCC as UET 1.0 defines it (``QPConfig.cc = "nscc"``, the default, or ``"uet-1.0-nscc"``,
+mrc_ctl.h's name for it): one queue pair's window.
 
 UET's network-signal-based congestion control, written from the public description of the
 algorithm (the UET 1.0 specification's NSCC and the Ultra Ethernet Consortium's htsim model of
