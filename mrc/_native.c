@@ -1232,7 +1232,8 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-/* What the kernels can do, for mrc.core.fastpath to tell a stale build from this one:
+/* What the kernels can do, for mrc/native.py to refuse a stale build whole (its own
+ * KERNEL_VERSION must equal this one):
  * 2 = place_train takes `skip` (protected trains); 3 = note_arrivals; 4 = open_in_place and
  * seal_data; 5 = open_in_place takes `encrypt`; 6 = Packet, record_burst, take_acked and recv_batch. */
 #define KERNEL_VERSION 6

@@ -3,6 +3,10 @@
 from array import array
 from collections.abc import Callable
 
+#: ``#define KERNEL_VERSION`` of the source it was built from (mrc.native uses it only when equal
+#: to mrc.native.KERNEL_VERSION)
+KERNEL_VERSION: int
+
 def place_train(
     view: memoryview,
     off: int,
@@ -18,6 +22,7 @@ def place_train(
     blocks: dict[int, int],
     seqs: array[int],
     marks: bytearray,
+    skip: int = 0,
     /,
 ) -> tuple[int, int, int]: ...
 def pack_burst(

@@ -9,10 +9,10 @@
   packet in flight, the records and send buffers of a burst made in one call, and the records
   an ACK acknowledged removed in one call (see :class:`PyPacket` and the two functions'
   docstrings below).
-* :data:`open_in_place` and :data:`seal_data`: keyed mode's per-packet work around the AES-GCM
-  calls (which stay ``cryptography``'s, passed in; unsealing in both modes, sealing in
-  integrity mode), C only: their reference and fallback is the Python of
-  ``mrc.security.packet``'s Opener and Sealer.
+
+Keyed mode's C kernels (``open_in_place``, ``seal_data``: the per-packet work around the AES-GCM
+calls) are :mod:`mrc.security.packet`'s, beside their Python reference; every C kernel comes
+from :mod:`mrc.native`, which uses the extension whole or not at all.
 
 A receiver spends most of its time on plain data packets that are exactly what it expects:
 an untrimmed, unprotected RDMA WRITE ONLY to this QP, under the rkey of the region being
@@ -24,8 +24,8 @@ here counts or answers: a segment is either placed and reported, or left alone.
 
 Two implementations with one signature and identical results, byte for byte: the C kernel in
 ``mrc/_native.c`` (built by ``pip install``, optional) and :func:`py_place_train` below, the
-reference and the fallback. ``MRC_NATIVE=0`` in the environment forces the Python one;
-:data:`NATIVE` says which one :data:`place_train` is.
+reference and the fallback. ``MRC_NATIVE=0`` in the environment forces the Python one (as a
+stale build does: :mod:`mrc.native`); :data:`NATIVE` says which one :data:`place_train` is.
 
 Arguments of ``place_train(view, off, seg, qpn, rkey, region, region_addr, initial_psn, cum,
 hi, window, blocks, seqs, marks[, skip])``:
@@ -53,14 +53,12 @@ once the train is done), how many were placed, and their payload bytes.
 
 from __future__ import annotations
 
-import os
 from array import array
 from collections.abc import Callable
 from itertools import chain
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from mrc import wire
+from mrc import native, wire
 
 MARK_FECN = 1
 MARK_ACKREQ = 2
@@ -108,23 +106,6 @@ if TYPE_CHECKING:  # array is generic only for type checkers before Python 3.12
     ]
     NoteArrivals = Callable[
         [array[int], bytearray, int, int, dict[int, int], set[int], int], tuple[int, int, bool]
-    ]
-    OpenInPlace = Callable[
-        [
-            memoryview,
-            int,
-            bytes,
-            Callable[..., bytes],
-            Callable[..., bytes],
-            type,
-            bytearray,
-            int,
-            bool,
-        ],
-        tuple[str | None, int, int],
-    ]
-    SealData = Callable[
-        [bytes, bytes | memoryview, bytes, int, Callable[..., bytes], Callable[..., bytes]], bytes
     ]
     RecordBurst = Callable[
         [
@@ -475,64 +456,24 @@ def py_take_acked(
     return newly, cancelled
 
 
-def _native() -> ModuleType | None:
-    if os.environ.get("MRC_NATIVE", "1").strip() == "0":
-        return None
-    try:
-        from mrc import _native as native
-    except ImportError:
-        return None
-    return native
-
-
-#: the native extension where it is in use (None: not built, or MRC_NATIVE=0); its kernels are
-#: picked below, and by mrc.transport.rxbatch for the receive batch
-native_module: ModuleType | None = _native()
-#: what its kernels can do (mrc/_native.c, KERNEL_VERSION; 0: none): a stale build serves the
-#: older ones
-native_version: int = getattr(native_module, "KERNEL_VERSION", 0)
-#: the C kernels, or None where they were not built (or MRC_NATIVE=0); getattr: an extension
-#: built from an older mrc/_native.c (before pack_burst) still serves place_train
-native_place_train: PlaceTrain | None = (
-    getattr(native_module, "place_train", None)
-    if native_version >= 2  # older builds take no skip
-    else None
-)
-native_pack_burst: PackBurst | None = getattr(native_module, "pack_burst", None)
-native_note_arrivals: NoteArrivals | None = (
-    getattr(native_module, "note_arrivals", None) if native_version >= 3 else None
-)
-#: the unsealing of a whole data packet in place, in C (None: not built, stale
-#: or MRC_NATIVE=0); its reference is mrc.security.packet.Opener.unseal's Python path, which
-#: passes it the AES-GCM calls (this module never imports ``cryptography``)
-open_in_place: OpenInPlace | None = (
-    getattr(native_module, "open_in_place", None) if native_version >= 5 else None
-)
-#: its sender's side: the sealed first part of an integrity-mode data packet (reference:
-#: mrc.security.packet.Sealer.seal_pair's Python path)
-seal_data: SealData | None = (
-    getattr(native_module, "seal_data", None) if native_version >= 4 else None
-)
-_sender_records = native_version >= 6
-#: the sender's records in C: their type and the two kernels that make and take them (None:
-#: not built, stale or MRC_NATIVE=0)
-native_packet: type | None = getattr(native_module, "Packet", None) if _sender_records else None
-native_record_burst: RecordBurst | None = (
-    getattr(native_module, "record_burst", None) if _sender_records else None
-)
-native_take_acked: TakeAcked | None = (
-    getattr(native_module, "take_acked", None) if _sender_records else None
-)
+#: the C kernels (the extension's: mrc.native.module), or None where it is not in use (not
+#: built, stale or MRC_NATIVE=0: mrc.native.describe() says which)
+native_place_train: PlaceTrain | None = None
+native_pack_burst: PackBurst | None = None
+native_note_arrivals: NoteArrivals | None = None
+#: the sender's records in C: their type and the two kernels that make and take them
+native_packet: type | None = None
+native_record_burst: RecordBurst | None = None
+native_take_acked: TakeAcked | None = None
+if native.module is not None:
+    native_place_train = native.module.place_train
+    native_pack_burst = native.module.pack_burst
+    native_note_arrivals = native.module.note_arrivals
+    native_packet = native.module.Packet
+    native_record_burst = native.module.record_burst
+    native_take_acked = native.module.take_acked
 #: True when every kernel here is the C one
-NATIVE = (
-    native_place_train is not None
-    and native_pack_burst is not None
-    and native_note_arrivals is not None
-    and open_in_place is not None
-    and seal_data is not None
-    and native_record_burst is not None
-    and native_take_acked is not None
-)
+NATIVE = native.module is not None
 #: what the responder calls for every train (tests may swap it)
 place_train: PlaceTrain = native_place_train or py_place_train
 #: what the responder calls for every run of a train (tests may swap it)
@@ -548,13 +489,6 @@ take_acked: TakeAcked = native_take_acked or py_take_acked
 
 
 def describe() -> str:
-    """Which batch kernels are in use, for logs and ``-v`` output."""
-    if NATIVE:
-        return "native (mrc._native)"
-    if os.environ.get("MRC_NATIVE", "1").strip() == "0":
-        reason = "MRC_NATIVE=0"
-    elif native_module is None:
-        reason = "not built"
-    else:
-        reason = "mrc._native is stale: rebuild it with tools/setup.sh"
-    return f"python ({reason})"
+    """Which batch kernels are in use, for logs and ``-v`` output (:func:`mrc.native.describe`:
+    every kernel of the package is C, or every one is Python)."""
+    return native.describe()

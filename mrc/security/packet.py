@@ -28,13 +28,15 @@ This module is sans-IO: bytes in, bytes out, no sockets or clocks.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from mrc.core import fastpath
+from mrc import native
 from mrc.errors import MRCError
 
 SEC_BLOCK = struct.Struct("!IQ16s")  # key id, counter, header ICV
@@ -53,6 +55,37 @@ BTH_SECURE = 0x40  # BTH byte 8
 REPLAY_WINDOW = 1 << 14
 
 _EMPTY = b""
+
+if TYPE_CHECKING:
+    OpenInPlace = Callable[
+        [
+            memoryview,
+            int,
+            bytes,
+            Callable[..., bytes],
+            Callable[..., bytes],
+            type,
+            bytearray,
+            int,
+            bool,
+        ],
+        tuple[str | None, int, int],
+    ]
+    SealData = Callable[
+        [bytes, bytes | memoryview, bytes, int, Callable[..., bytes], Callable[..., bytes]], bytes
+    ]
+
+#: keyed mode's per-packet work around the AES-GCM calls (which stay ``cryptography``'s,
+#: passed in), in C: a whole data packet unsealed in place (both modes; reference:
+#: Opener.unseal's Python path) and the sealed first part of an integrity-mode data packet
+#: (reference: Sealer.seal_pair's Python path). None when mrc.native.module is None (not
+#: built, stale or MRC_NATIVE=0); each Opener and Sealer takes what these are when it is made
+#: (tests may swap them)
+open_in_place: OpenInPlace | None = None
+seal_data: SealData | None = None
+if native.module is not None:
+    open_in_place = native.module.open_in_place
+    seal_data = native.module.seal_data
 
 
 class Mode(Enum):
@@ -107,7 +140,7 @@ class Sealer:
         self.counter = 0
         #: integrity mode's data packets sealed by ``mrc._native.seal_data`` (the same bytes
         #: as the Python below, the reference and the fallback: None)
-        self.seal_data = fastpath.seal_data if mode is Mode.INTEGRITY else None
+        self.seal_data = seal_data if mode is Mode.INTEGRITY else None
 
     def seal_pair(
         self, headers: bytes, payload: bytes | memoryview | None
@@ -207,7 +240,7 @@ class Opener:
         self._pay = AESGCM(keys.payload_key).decrypt
         self._encrypt = mode is Mode.ENCRYPT
         self.replay = ReplayWindow()
-        self.in_place = fastpath.open_in_place
+        self.in_place = open_in_place
 
     def _headers(self, data: memoryview, hdr_len: int) -> tuple[int, bytearray]:
         """Authenticate headers and security block: (counter, headers + key id + counter

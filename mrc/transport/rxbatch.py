@@ -25,8 +25,7 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from mrc import wire
-from mrc.core import fastpath
+from mrc import native, wire
 from mrc.transport import ecn as _ecn
 from mrc.transport import flowlabel, gso
 
@@ -100,9 +99,8 @@ def py_recv_batch(
     return metas, tries, False
 
 
-#: the C kernel, or None where it was not built (or MRC_NATIVE=0, or a stale build)
-native_recv_batch: RecvBatch | None = (
-    getattr(fastpath.native_module, "recv_batch", None) if fastpath.native_version >= 6 else None
-)
+#: the C kernel (mrc.native.module's), or None where it was not built (or MRC_NATIVE=0, or a
+#: stale build)
+native_recv_batch: RecvBatch | None = None if native.module is None else native.module.recv_batch
 #: what the endpoint calls for every readable socket (tests may swap it)
 recv_batch: RecvBatch = native_recv_batch or py_recv_batch

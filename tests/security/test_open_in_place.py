@@ -17,7 +17,8 @@ import random
 import pytest
 
 from mrc import wire
-from mrc.core import fastpath
+from mrc.native import describe
+from mrc.security import packet as sec
 from mrc.security.packet import (
     DATA_OVERHEAD,
     SEC_BLOCK_LEN,
@@ -33,15 +34,13 @@ _KEYS = DirectionKeys(5, bytes(range(16)), bytes(range(100, 116)))
 _OTHER = DirectionKeys(6, bytes(range(16)), bytes(range(100, 116)))  # same keys, another id
 
 
-def _native() -> fastpath.OpenInPlace:
-    if fastpath.open_in_place is None:
-        pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
-    return fastpath.open_in_place
+def _native() -> sec.OpenInPlace:
+    if sec.open_in_place is None:
+        pytest.skip(f"mrc._native is not in use here: {describe()}")
+    return sec.open_in_place
 
 
-def _opener(
-    in_place: fastpath.OpenInPlace | None, window: int, mode: Mode = Mode.INTEGRITY
-) -> Opener:
+def _opener(in_place: sec.OpenInPlace | None, window: int, mode: Mode = Mode.INTEGRITY) -> Opener:
     opener = Opener(_KEYS, mode)
     opener.in_place = in_place
     opener.replay = ReplayWindow(window)
@@ -185,8 +184,8 @@ def test_the_sealing_kernel_writes_the_reference_bytes(seed: int) -> None:
     """``seal_data`` (C) and Sealer.seal_pair's Python give the same first part for the same
     data packet and counter (marks in BTH byte 4 kept as they are, authenticated as cleared),
     and what either seals the other side opens."""
-    if fastpath.seal_data is None:
-        pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
+    if sec.seal_data is None:
+        pytest.skip(f"mrc._native is not in use here: {describe()}")
     rng = random.Random(seed)
     native, reference = Sealer(_KEYS, Mode.INTEGRITY), Sealer(_KEYS, Mode.INTEGRITY)
     reference.seal_data = None
@@ -210,9 +209,9 @@ def test_the_sealing_kernel_writes_the_reference_bytes(seed: int) -> None:
 
 
 def test_the_sealing_kernel_refuses_what_it_is_never_given() -> None:
-    if fastpath.seal_data is None:
-        pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
-    seal = fastpath.seal_data
+    if sec.seal_data is None:
+        pytest.skip(f"mrc._native is not in use here: {describe()}")
+    seal = sec.seal_data
     sealer = Sealer(_KEYS, Mode.INTEGRITY)
     hdr = wire.pack_data(2, 0, 0, 3, 8, False, None)
     args = (hdr, b"x" * 8, b"\0\0\0\5", 1, sealer._hdr, sealer._pay)

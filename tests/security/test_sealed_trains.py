@@ -20,7 +20,9 @@ import pytest
 from core.test_fastpath import OTHER_QPN, QPN, SLOTS, Receiver, S, Train, _trains
 
 from mrc import wire
-from mrc.core import Access, ProtectionDomain, fastpath
+from mrc.core import Access, ProtectionDomain
+from mrc.native import describe
+from mrc.security import packet as sec
 from mrc.security.packet import DATA_OVERHEAD, DirectionKeys, Mode, Protection, Sealer
 
 _KEYS_IN = DirectionKeys(7, bytes(range(16)), bytes(range(16, 32)))  # what the peer seals with
@@ -119,9 +121,9 @@ def test_encrypted_trains_unseal_in_place_with_either_opener(
     """Encrypt mode leaves each plaintext where the packet ends, so its trains go to the
     train kernel too, with the C opener and with the Python one alike."""
     if not native:
-        monkeypatch.setattr(fastpath, "open_in_place", None)
-    elif fastpath.open_in_place is None:
-        pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
+        monkeypatch.setattr(sec, "open_in_place", None)
+    elif sec.open_in_place is None:
+        pytest.skip(f"mrc._native is not in use here: {describe()}")
     train, fast = _run(1, "train", False, Mode.ENCRYPT)
     single, _none = _run(1, "single", False, Mode.ENCRYPT)
     assert fast > 400

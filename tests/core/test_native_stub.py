@@ -1,0 +1,252 @@
+"""The boundary of the C extension (issue 38, item 3): mrc.native loads ``mrc._native`` once and
+uses it whole or not at all, and mrc/_native.pyi says what it holds.
+
+* The stub against the built module: the same public names both ways (functions, the record
+  type and its attributes, ``KERNEL_VERSION``), and each function's parameter count: from
+  ``__text_signature__`` where the builtin has one, else from the count its own ``TypeError``
+  states when called with too many arguments (a kernel whose message says neither is skipped).
+  Skipped when the extension is not built, or is stale (it then describes an older source).
+* The loader: a module reporting another ``KERNEL_VERSION`` is refused whole, with
+  :func:`mrc.native.describe`'s text; ``MRC_NATIVE=0`` and an unbuilt extension likewise; and
+  in a fresh interpreter a stale build holding every kernel leaves every consumer on Python.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+from mrc import native
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+STUB = ROOT / "mrc" / "_native.pyi"
+SOURCE = ROOT / "mrc" / "_native.c"
+
+STALE_TEXT = "python (mrc._native is stale: rebuild it with tools/setup.sh)"
+
+#: the count a builtin's TypeError states: "takes 14 or 15 arguments", "takes at most 7
+#: arguments", "takes exactly 3 arguments"
+_TAKES = re.compile(r"takes (?:(at most|exactly) )?(\d+)(?: or (\d+))? (?:positional )?argument")
+
+
+def _public(names: Iterable[str]) -> set[str]:
+    return {n for n in names if not n.startswith("_")}
+
+
+def _stub() -> ast.Module:
+    return ast.parse(STUB.read_text(), str(STUB))
+
+
+def _stub_names(body: list[ast.stmt]) -> dict[str, ast.stmt]:
+    """Public names a stub body defines (functions, classes, annotated names; not imports)."""
+    out: dict[str, ast.stmt] = {}
+    for node in body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            out[node.name] = node
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out[node.target.id] = node
+    return {k: v for k, v in out.items() if not k.startswith("_")}
+
+
+def _arity(fn: ast.FunctionDef, drop_self: bool = False) -> tuple[int, int]:
+    """(required, total) positional parameters of a stub function."""
+    params = [*fn.args.posonlyargs, *fn.args.args]
+    if drop_self:
+        params = params[1:]
+    return len(params) - len(fn.args.defaults), len(params)
+
+
+def _built() -> types.ModuleType:
+    try:
+        module = importlib.import_module("mrc._native")
+    except ImportError:
+        pytest.skip("mrc._native is not built here (tools/setup.sh builds it)")
+    if native.check(module) is not None:
+        version = getattr(module, "KERNEL_VERSION", None)
+        pytest.skip(
+            f"{native.STALE} (it is KERNEL_VERSION {version}, the source {native.KERNEL_VERSION})"
+        )
+    return module
+
+
+def _claimed(obj: object) -> tuple[int | None, int] | None:
+    """(required or None, total) as the builtin says: its text signature, else the count its
+    TypeError states for a call with far too many arguments; None: it says neither."""
+    if getattr(obj, "__text_signature__", None):
+        params = list(inspect.signature(obj).parameters.values())  # type: ignore[arg-type]
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+            return None
+        required = sum(p.default is p.empty for p in params)
+        return required, len(params)
+    try:
+        obj(*[None] * 64)  # type: ignore[operator]
+    except TypeError as exc:
+        m = _TAKES.search(str(exc))
+    else:  # pragma: no cover - no kernel takes 64 arguments
+        return None
+    if m is None:
+        return None
+    low, high = int(m.group(2)), int(m.group(3) or m.group(2))
+    return (None if m.group(1) == "at most" else low), high
+
+
+def test_the_loader_expects_the_version_of_the_c_source() -> None:
+    m = re.search(r"^#define KERNEL_VERSION (\d+)$", SOURCE.read_text(), re.MULTILINE)
+    assert m is not None
+    assert int(m.group(1)) == native.KERNEL_VERSION
+
+
+def test_the_stub_and_the_built_module_name_the_same_things() -> None:
+    module = _built()
+    stub = _stub_names(_stub().body)
+    built = _public(dir(module))
+    assert sorted(set(stub) - built) == [], "in mrc/_native.pyi, not in the built module"
+    assert sorted(built - set(stub)) == [], "in the built module, not in mrc/_native.pyi"
+    for name, node in stub.items():
+        if isinstance(node, ast.ClassDef):
+            assert isinstance(getattr(module, name), type), name
+            attrs = _stub_names(node.body)
+            attrs.pop("__init__", None)
+            have = _public(dir(getattr(module, name)))
+            assert sorted(set(attrs) ^ have) == [], f"{name}: attributes differ"
+        elif isinstance(node, ast.FunctionDef):
+            assert callable(getattr(module, name)), name
+
+
+def test_the_stub_gives_each_kernel_its_parameter_count() -> None:
+    module = _built()
+    checked: list[str] = []
+    for name, node in _stub_names(_stub().body).items():
+        if isinstance(node, ast.FunctionDef):
+            required, total = _arity(node)
+        elif isinstance(node, ast.ClassDef):
+            init = next(
+                (n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"),
+                None,
+            )
+            if init is None:
+                continue
+            required, total = _arity(init, drop_self=True)
+        else:
+            continue
+        claimed = _claimed(getattr(module, name))
+        if claimed is None:
+            continue  # neither a text signature nor a count in its TypeError: not checkable
+        want_required, want_total = claimed
+        assert total == want_total, (
+            f"{name}: the stub has {total} parameters, the module {want_total}"
+        )
+        if want_required is not None:
+            assert required == want_required, (
+                f"{name}: {required} required, the module {want_required}"
+            )
+        checked.append(name)
+    if not checked:
+        pytest.skip("no kernel of mrc._native states its parameters")
+
+
+@pytest.mark.parametrize("version", [native.KERNEL_VERSION - 1, native.KERNEL_VERSION + 1, None])
+def test_a_module_of_another_kernel_version_is_refused_whole(
+    version: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = types.ModuleType("mrc._native")
+    if version is not None:
+        fake.KERNEL_VERSION = version  # type: ignore[attr-defined]
+    for name in _stub_names(_stub().body):  # every kernel there: none of them is taken
+        if name != "KERNEL_VERSION":
+            setattr(fake, name, object())
+    assert native.check(fake) == native.STALE
+    monkeypatch.setitem(sys.modules, "mrc._native", fake)
+    module, why = native.load({})
+    assert module is None and why == native.STALE
+    assert native.summary(why) == STALE_TEXT
+    fake.KERNEL_VERSION = native.KERNEL_VERSION  # type: ignore[attr-defined]
+    assert native.check(fake) is None
+    assert native.load({}) == (fake, None) and native.summary(None) == "native (mrc._native)"
+
+
+def test_mrc_native_0_and_an_unbuilt_module_use_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert native.load({"MRC_NATIVE": "0"}) == (None, "MRC_NATIVE=0")
+    assert native.load({"MRC_NATIVE": " 0\n"}) == (None, "MRC_NATIVE=0")
+    assert native.summary("MRC_NATIVE=0") == "python (MRC_NATIVE=0)"
+    monkeypatch.setitem(sys.modules, "mrc._native", None)  # import fails: as if never built
+    assert native.load({}) == (None, "not built")
+    assert native.summary("not built") == "python (not built)"
+
+
+_PROBE = """
+import json, sys, types
+fake = {fake}
+if fake is not None:  # a stale build holding every kernel, installed before mrc looks
+    mod = types.ModuleType("mrc._native")
+    mod.KERNEL_VERSION = fake
+    for name in {names!r}:
+        setattr(mod, name, object())
+    sys.modules["mrc._native"] = mod
+from mrc import native
+from mrc.core import fastpath as f
+from mrc.security import packet
+from mrc.transport import rxbatch
+print(json.dumps({{
+    "module": native.module is not None,
+    "describe": f.describe(),
+    "NATIVE": f.NATIVE,
+    "python": [
+        f.place_train is f.py_place_train,
+        f.note_arrivals is f.py_note_arrivals,
+        f.pack_burst is f.py_pack_burst,
+        f.record_burst is f.py_record_burst,
+        f.Packet is f.PyPacket,
+        f.take_acked is f.py_take_acked,
+        rxbatch.recv_batch is rxbatch.py_recv_batch,
+        packet.open_in_place is None,
+        packet.seal_data is None,
+    ],
+}}))
+"""
+
+
+def _probe(fake: int | None, **env: str) -> dict[str, object]:
+    names = sorted(n for n in _stub_names(_stub().body) if n != "KERNEL_VERSION")
+    environ = {k: v for k, v in os.environ.items() if k != "MRC_NATIVE"} | env
+    res = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(fake=fake, names=names)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    out: dict[str, object] = json.loads(res.stdout)
+    return out
+
+
+def test_a_stale_build_leaves_every_kernel_python() -> None:
+    """Whatever kernels a stale build holds, none is used: fastpath, rxbatch and packet all
+    take their Python twins, and describe() says why."""
+    got = _probe(native.KERNEL_VERSION - 1)
+    assert got == {"module": False, "describe": STALE_TEXT, "NATIVE": False, "python": [True] * 9}
+
+
+def test_mrc_native_0_leaves_every_kernel_python() -> None:
+    got = _probe(None, MRC_NATIVE="0")
+    want = {"module": False, "describe": "python (MRC_NATIVE=0)", "NATIVE": False}
+    assert got == want | {"python": [True] * 9}
+
+
+def test_a_current_build_is_used_whole() -> None:
+    _built()
+    got = _probe(None)
+    want = {"module": True, "describe": "native (mrc._native)", "NATIVE": True}
+    assert got == want | {"python": [False] * 9}
