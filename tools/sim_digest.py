@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import hashlib
 import io
-import random
 import struct
 import sys
 from collections.abc import Callable, Iterator
@@ -29,10 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sim_alltoall  # noqa: E402
 import sim_cc  # noqa: E402
 
-import mrc.core.memory  # noqa: E402
-import mrc.core.qp  # noqa: E402
 from mrc.cli.common import emit_json  # noqa: E402
 from mrc.lab.sim import SimNetwork  # noqa: E402
+from mrc.lab.sim_secrets import seeded_secrets  # noqa: E402
 
 ALLTOALL = ["--steps", "3", "--size", "262144", "--fail-at", "0.02"]
 
@@ -48,33 +46,11 @@ SCENARIOS: list[tuple[str, Callable[[], object]]] = [
 ]
 
 
-#: the core's modules that draw from ``secrets``
-SECRET_USERS = [mrc.core.memory, mrc.core.qp]
-
-
-class SeededSecrets:
-    """``secrets`` as the core uses it (rkeys, region addresses, probe keys), from a seeded
-    generator: those values travel in datagrams, so without this no two runs hash alike."""
-
-    def __init__(self, seed: int) -> None:
-        self._rng = random.Random(seed)
-
-    def randbits(self, k: int) -> int:
-        return self._rng.getrandbits(k)
-
-    def token_bytes(self, n: int) -> bytes:
-        return self._rng.randbytes(n)
-
-
 @contextlib.contextmanager
 def hashing(h: hashlib._Hash) -> Iterator[None]:
     """Feed every datagram ``SimNetwork._transmit`` sees into ``h`` while inside, with the
     core's secrets drawn from a seeded generator."""
     original = SimNetwork._transmit
-    seeded = SeededSecrets(1)
-    saved = [(module, module.__dict__["secrets"]) for module in SECRET_USERS]
-    for module, _ in saved:
-        module.__dict__["secrets"] = seeded
 
     def transmit(self: SimNetwork, data: bytes, sport: int, dst: str) -> None:
         h.update(struct.pack("!dI", self.now, sport))
@@ -85,11 +61,10 @@ def hashing(h: hashlib._Hash) -> Iterator[None]:
 
     SimNetwork._transmit = transmit  # type: ignore[method-assign]
     try:
-        yield
+        with seeded_secrets(1):
+            yield
     finally:
         SimNetwork._transmit = original  # type: ignore[method-assign]
-        for module, value in saved:
-            module.__dict__["secrets"] = value
 
 
 def main(argv: list[str] | None = None) -> int:

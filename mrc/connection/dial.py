@@ -11,7 +11,7 @@ import secrets
 import time
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mrc.connection.common import adopt, new_qpn, resolve, side_channel
 from mrc.connection.config import ConnectConfig, from_keywords
@@ -49,9 +49,6 @@ from mrc.transport.sidechannel import (
 )
 from mrc.transport.sockets import udp_socket
 from mrc.wire import DEFAULT_PORT
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import logging
 import secrets
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from mrc.connection.common import new_qpn, resolve, side_channel
 from mrc.connection.config import Buffer, ListenerConfig, from_keywords
@@ -62,9 +62,6 @@ from mrc.transport.sidechannel import (
 )
 from mrc.transport.sockets import udp_socket
 from mrc.wire import DEFAULT_PORT
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
