@@ -6,13 +6,10 @@ ECN-marking last hop, and one flow whose queue only ECN keeps short."""
 from __future__ import annotations
 
 import dataclasses
-import random
 from pathlib import Path
 
 import pytest
 
-import mrc.core.memory
-import mrc.core.qp
 from mrc import wire
 from mrc.core import QPConfig
 from mrc.core.cc import (
@@ -32,6 +29,7 @@ from mrc.core.cc import (
 from mrc.core.config import AUTO_BURST
 from mrc.lab.sim import Faults
 from mrc.lab.sim_links import Fabric, LinkSpec
+from mrc.lab.sim_secrets import seeded_secrets
 
 from .mrcsim_harness import RecordingNetwork, Transfer, make_transfer, run_until
 
@@ -354,32 +352,14 @@ def test_an_outside_law_runs_an_incast_and_reacts_to_trims_and_ecn() -> None:
     assert sum(c["cc_trim_cuts"] for c in ecn_counters) < sum(c["cc_trim_cuts"] for c in counters)
 
 
-class _SeededSecrets:
-    """``secrets`` as the core draws from it (rkeys, region addresses, probe keys), seeded:
-    those values travel in datagrams (as tools/sim_digest.py does)."""
-
-    def __init__(self, seed: int) -> None:
-        self._rng = random.Random(seed)
-
-    def randbits(self, k: int) -> int:
-        return self._rng.getrandbits(k)
-
-    def token_bytes(self, n: int) -> bytes:
-        return self._rng.randbytes(n)
-
-
-def test_uet_1_0_nscc_sends_what_nscc_sends_in_a_seeded_incast(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_uet_1_0_nscc_sends_what_nscc_sends_in_a_seeded_incast() -> None:
     """QPs configured ``cc="uet-1.0-nscc"`` put on the wire exactly what ``cc="nscc"`` QPs do,
     datagram for datagram, through a trimming, ECN-marking last hop."""
     last = LinkSpec(rate=RATE, queue=20_000, trim=True, ecn=3 * WIRE)
     runs = []
     for cc in ("nscc", "uet-1.0-nscc"):
-        secrets = _SeededSecrets(1)
-        for module in (mrc.core.memory, mrc.core.qp):
-            monkeypatch.setattr(module, "secrets", secrets)
-        fab, transfers = _incast(cc, 2, 150, last)
+        with seeded_secrets(1):
+            fab, transfers = _incast(cc, 2, 150, last)
         assert all(isinstance(t.qp.requester.cc, UetNscc) for t in transfers)
         stats = fab.link("last:r/p0").stats
         assert stats.trimmed + stats.ecn_marked > 0  # the law had signals to act on
