@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     receivers = []
     for n, (src, dst) in enumerate(itertools.permutations(HOSTS, 2), start=1):
         cfg = QPConfig(payload_size=8192, max_outstanding=args.window, psn_window=16384, cc=args.cc)
+        if args.line_rate:  # what a host knows of its NICs: --rate a plane
+            cfg.line_rate_bps = args.rate * 2
         apply_settings(cfg, args.qp)
         qa, qb = net.connect(
             src, dst, evs=128, config=cfg, planes=2, qpn_a=n, qpn_b=100 + n, routes=True
@@ -121,6 +123,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-at", type=float, default=0.25)
     p.add_argument("--heal-at", type=float)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--line-rate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tell each QP its NICs' rate, QPConfig.line_rate_bps (default: yes)",
+    )
     add_qp_arg(p, ", after --cc and --window")
     return p
 

@@ -29,9 +29,11 @@ queue of 64 x 9000 bytes; links not named are ideal):
       is a false alarm).
 
 Every datagram also gets 50 us + up to 50 us of delay before the fabric; ACK settings are
-QPConfig's defaults. --window caps each QP's packets in flight (an adaptive law's ceiling; the
-window itself for fixed), the PSN window is at least 4 windows, and --qp settings apply last,
-to every QP of every law (so a cc.NAME parameter fits one law only). --quick: 512 / 256 KiB
+QPConfig's defaults, and each QP is told its line rate (line_rate_bps: 100 Mbit/s x its
+planes, what a host knows of its NICs; --no-line-rate: not told, the law as before issue 39).
+--window caps each QP's packets in flight (an adaptive law's ceiling; the window itself for
+fixed), the PSN window is at least 4 windows, and --qp settings apply last, to every QP of
+every law (so a cc.NAME parameter fits one law only). --quick: 512 / 256 KiB
 per incast sender, 0.5 s of fairness, 2 steps of 256 KiB, 4 MiB: seconds per law; the full
 run of nscc,fixed takes about 100 s.
 
@@ -78,7 +80,8 @@ PROG = "sim_cc.py"
 PAYLOAD = 8192
 MBIT = 1e6 / 8  # bytes/s
 JUMBO = 9000
-NIC = LinkSpec(rate=100 * MBIT, queue=64 * JUMBO)
+NIC_RATE = 100 * MBIT  # bytes/s, a host's NIC per plane
+NIC = LinkSpec(rate=NIC_RATE, queue=64 * JUMBO)
 EVS = 128
 UNTOLD_CAP = 512
 CHUNK = 1 << 20  # one write of a fair* backlog
@@ -95,10 +98,13 @@ class Run:
     qp: list[str]
     seed: int
     quick: bool
+    line_rate: bool = True  # tell each QP its NICs' rate (QPConfig.line_rate_bps)
     done: dict[str, Result] = field(default_factory=dict)
 
-    def config(self, window: int | None = None) -> QPConfig:
+    def config(self, window: int | None = None, planes: int = 1) -> QPConfig:
         cfg = with_window(QPConfig(payload_size=PAYLOAD, cc=self.law), window or self.window)
+        if self.line_rate:  # what a host knows of its NICs: 100 Mbit/s a plane
+            cfg.line_rate_bps = NIC_RATE * 8 * planes
         apply_settings(cfg, self.qp)
         cfg.validate()
         return cfg
@@ -160,7 +166,7 @@ def into_one(
     fab = Fabric(nic=NIC, lasthop=LinkSpec(rate=mbit * MBIT, **last))
     names = [f"s{i}" for i in range(n)]
     net = setup(run, fab, ["r", *names])
-    return net, fab, flows_of(net, [(s, "r") for s in names], run.config(window), 4, size)
+    return net, fab, flows_of(net, [(s, "r") for s in names], run.config(window, 4), 4, size)
 
 
 def settle(net: SimNetwork, flows: list[Flow], limit: float) -> bool:
@@ -289,7 +295,7 @@ def alltoall(run: Run, fail_at: float | None = None) -> Result:
     spec = LinkSpec(rate=100 * MBIT, queue=120_000)
     fab = Fabric(nic=NIC, up=spec, down=spec, lasthop=spec, spines=2, leaves=dict(LEAVES))
     net = setup(run, fab, HOSTS)
-    flows = flows_of(net, list(itertools.permutations(HOSTS, 2)), run.config(), 2, size)
+    flows = flows_of(net, list(itertools.permutations(HOSTS, 2)), run.config(None, 2), 2, size)
 
     def fail() -> None:
         for name in FAILED:
@@ -387,6 +393,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--scenarios", default=",".join(SCENARIOS), help="comma-separated (default: all)")
     add("--quick", action="store_true", help="much smaller sizes: a smoke test")
     add("--seed", type=int, default=1, help="simulator seed (1)")
+    add(
+        "--line-rate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tell each QP its NICs' rate, QPConfig.line_rate_bps (default: yes)",
+    )
     add("--json", action="store_true", help="one JSON object on stdout instead of the table")
     add_qp_arg(p, ", to every QP of every law, after --window")
     args = p.parse_args(argv)
@@ -414,7 +426,7 @@ def body(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, Result]] = {}
     corrupt = 0
     for law, spec in args.laws.items():
-        run = Run(spec, args.window, args.qp, args.seed, args.quick)
+        run = Run(spec, args.window, args.qp, args.seed, args.quick, args.line_rate)
         for name in args.scenarios:
             t0 = time.monotonic()
             out = run.done[name] = SCENARIOS[name](run)
@@ -427,7 +439,8 @@ def body(args: argparse.Namespace) -> int:
                 print(f"{PROG}: {law} {name}: {out['wall_s']} s", file=sys.stderr)
         results[law] = {name: run.done[name] for name in args.scenarios}
     if args.json:
-        settings = {k: getattr(args, k) for k in ("window", "qp", "seed", "quick", "scenarios")}
+        keys = ("window", "qp", "seed", "quick", "line_rate", "scenarios")
+        settings = {k: getattr(args, k) for k in keys}
         emit_json({**settings, "laws": results})
     else:
         print(table(results, args.scenarios))

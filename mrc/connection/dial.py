@@ -34,6 +34,7 @@ from mrc.transport import auth
 from mrc.transport.control import MAX_LINE, ControlChannel, ControlError
 from mrc.transport.endpoint import Endpoint
 from mrc.transport.evsockets import open_ev_sockets
+from mrc.transport.linkspeed import with_line_rate
 from mrc.transport.messages import (
     Hello,
     Join,
@@ -257,6 +258,7 @@ async def _client_setup(
     reply = read_welcome(obj, host, hello.checksums)
     plan = plan_dial(hello, reply, host, cfg, config.fabric)
     pairs = plan.pairs
+    cfg = with_line_rate(cfg, [local for local, _ in pairs], config.fabric)
     evsocks = open_ev_sockets(
         plan.total, plan.routes, reply.udp_port, config.ports, cfg.source_ports
     )

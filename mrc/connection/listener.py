@@ -42,6 +42,7 @@ from mrc.transport.limits import (
     Limits,
     source_of,
 )
+from mrc.transport.linkspeed import with_line_rate
 from mrc.transport.memory import default_budget, usable_memory
 from mrc.transport.messages import (
     PROTOCOL_VERSION,
@@ -397,6 +398,7 @@ class Listener:
             self.config.fabric,
         )
         cfg, pairs = plan.qp, plan.pairs
+        cfg = with_line_rate(cfg, [local for local, _ in pairs], self.config.fabric)
         checksum = pick_checksum(hello.checksums, self.config.checksums)
         core = self.endpoint.core
         # this peer's own domain: the listener's shared regions and what it is granted, so

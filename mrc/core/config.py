@@ -155,6 +155,10 @@ class QPConfig(EVConfig):
     # Raise it where switches hash the UDP ports but not the flow label. Over IPv4, where no
     # flow label is carried, every EV has a port of its own whatever this says
     source_ports: int = 1
+    # the QP's line rate, bits/s summed over its planes (its NICs' speeds, or a topology
+    # file's plane rate), for the window law: nscc caps its window at 1.5 x this x the base
+    # RTT it measures unless cc.max_cwnd is given. None: unknown (no such cap)
+    line_rate_bps: float | None = None
 
     @property
     def burst_max(self) -> int:
@@ -195,6 +199,8 @@ class QPConfig(EVConfig):
             raise ValueError("ack_batch_max must be at least 1")
         if self.tlp_max < 0:
             raise ValueError("tlp_max must be >= 0")
+        if self.line_rate_bps is not None and not self.line_rate_bps > 0:
+            raise ValueError("line_rate_bps must be > 0 bits/s, or None (unknown)")
         params_of(self.cc, self.cc_params)  # the law is registered, its parameters fit it
         EVConfig.validate(self)
         if not 0 < self.min_rto <= self.initial_rto <= self.max_rto:

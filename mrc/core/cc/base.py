@@ -40,6 +40,8 @@ class QPSettings(Protocol):
     def burst_delay_fraction(self) -> float: ...
     @property
     def burst_spread(self) -> int: ...
+    @property
+    def line_rate_bps(self) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +50,16 @@ class LawContext:
 
     ``payload_size``: bytes of payload per packet, the unit of ``limit``; ``max_outstanding``:
     the cap of ``limit`` whatever the law says; ``burst_delay_fraction`` and ``burst_spread``:
-    how bursts are paced and spread (``QPConfig``'s comments say how).
+    how bursts are paced and spread (``QPConfig``'s comments say how); ``line_rate_bps``: the
+    QP's line rate, bits/s summed over its planes, None where unknown (the host's NICs or the
+    topology file say it; a law may bound its window by it and the base RTT it measures).
     """
 
     payload_size: int
     max_outstanding: int
     burst_delay_fraction: float = 0.5
     burst_spread: int = 4
+    line_rate_bps: float | None = None
 
     @classmethod
     def of(cls, settings: QPSettings) -> LawContext:
@@ -64,6 +69,7 @@ class LawContext:
             max_outstanding=settings.max_outstanding,
             burst_delay_fraction=settings.burst_delay_fraction,
             burst_spread=settings.burst_spread,
+            line_rate_bps=settings.line_rate_bps,
         )
 
 

@@ -37,8 +37,12 @@ Where this must differ from a NIC (docs/CONGESTION.md, "Where it must differ fro
   that is given, else a constant (``initial_window`` packets): one each flow measured would
   make the fair increase unfair. The window's bound, ``max_cwnd``, is measured unless given:
   1.5 x the best delivery rate any QP of this process to the same peer host saw, times the
-  base RTT plus the target. The time-valued gains scale by the base RTT where UET's use
-  12 us: the law behaves on a 1 ms path as UET's does on a 12 us one.
+  base RTT plus the target; and, when the QP's line rate is known (``QPConfig.line_rate_bps``:
+  its NICs' speeds or a topology file's plane rate), at most UET's own 1.5 x that rate x the
+  base RTT measured so far, so that a fabric that neither trims nor marks is not overrun into
+  tail drops (docs/CONGESTION.md, "A window from the line rate"). The time-valued gains
+  scale by the base RTT where UET's use 12 us: the law behaves on a 1 ms path as UET's does
+  on a 12 us one.
 * Trim NACKs do not lower the base RTT (UET's ``update_base_rtt_on_nack``): a data packet's
   own serialization is much of the round trip at these link rates, and a trimmed header has
   none.
@@ -66,6 +70,8 @@ _INF = float("inf")
 REFERENCE_BDP_PACKETS = 150_000 / 4096
 #: UET's target is 0.75 of the network RTT where the fabric trims (its reference b factor)
 TARGET_RTT_FRACTION = 0.75
+#: UET's max_cwnd: 1.5 x the network's bandwidth-delay product (its line rate x base RTT)
+MAX_CWND_BDP = 1.5
 #: fast increase starts below 1 us of queueing delay on a 12 us network: 1/12 of the base RTT
 FAST_INCREASE_FRACTION = 1 / 12
 
@@ -153,6 +159,7 @@ class UetNscc(WindowLaw):
         "p",
         "mss",
         "cap",
+        "line_rate",
         "cwnd",
         "target",
         "base_rtt",
@@ -191,6 +198,8 @@ class UetNscc(WindowLaw):
         self.p = params
         self.mss = ctx.payload_size
         self.cap = float(ctx.payload_size * ctx.max_outstanding)
+        #: the QP's line rate, bytes/s over all its planes (0.0: unknown)
+        self.line_rate = (ctx.line_rate_bps or 0.0) / 8
         self.cwnd = float(self.mss * max(1, min(params.initial_window, ctx.max_outstanding)))
         # UET's scaling factor a: the network's BDP over the reference network's. The
         # network's, not the flow's: the fair increase is fair only if every flow through a
@@ -253,10 +262,19 @@ class UetNscc(WindowLaw):
         return rate * self.interval
 
     @property
+    def line_cap(self) -> float:
+        """UET's max_cwnd from what the host knows, bytes: 1.5 x the line rate x the base RTT
+        measured so far (at least a packet); infinite while either is unknown."""
+        if not self.line_rate or self.base_rtt == _INF:
+            return _INF
+        return max(float(self.mss), MAX_CWND_BDP * self.line_rate * self.base_rtt)
+
+    @property
     def max_cwnd(self) -> float:
         if self.p.max_cwnd:
             return min(self.cap, float(self.p.max_cwnd))
-        return min(self.cap, max(1.5 * self.bdp, self.mss * float(self.p.initial_window)))
+        top = max(MAX_CWND_BDP * self.bdp, self.mss * float(self.p.initial_window))
+        return min(self.cap, top, self.line_cap)
 
     def burst(self, most: int, planes: int) -> int:
         """Packets per burst, sized as mrc's own NSCC sizes them (:func:`burst_packets`)."""
