@@ -14,7 +14,7 @@ from typing import cast
 
 from mrc import counter_registry as registry
 from mrc.app.timed import SLOT
-from mrc.app.transfer import IDLE_TIMEOUT, receive_buffer
+from mrc.app.transfer import IDLE_TIMEOUT, agreed, receive_buffer
 from mrc.cli.common import (
     JsonAnswer,
     Parser,
@@ -246,7 +246,13 @@ async def _one(
     where = path if path else "memory"
     if size > region.length:
         where = f"a window of {human_bytes(region.length)}"
-    log.info("transfer from %s: %s into %s", peer, human_bytes(size), where)
+    log.info(
+        "transfer from %s: %s into %s, verified with %s",
+        peer,
+        human_bytes(size),
+        where,
+        agreed(conn).label,
+    )
     quiet = args.no_progress or args.quiet or args.json
     label = f"{peer} -> {path if path else 'memory'}"
     progress = Progress(size, label, False if quiet else None)

@@ -18,7 +18,7 @@ from mrc import wire
 from mrc.app.rounds import Posted, send_stream
 from mrc.app.stream import BufferSource, GeneratedSource, Source
 from mrc.app.timed import SLOT, RoundData, send_timed
-from mrc.app.transfer import IDLE_TIMEOUT, TransferResult
+from mrc.app.transfer import IDLE_TIMEOUT, TransferResult, agreed
 from mrc.cli.common import (
     CC_HELP,
     JsonAnswer,
@@ -376,13 +376,14 @@ async def _main(args: argparse.Namespace, answer: JsonAnswer) -> int:
             apply_denies(conn, args.deny)
         log.info(
             "connected %d QP(s): sending %s over %d EVs each; window %d packets of %d bytes, "
-            "security %s",
+            "security %s, verified with %s",
             len(conns),
             label,
             args.evs,
             qp.max_outstanding,
             qp.payload_size,
             ("encrypt" if args.encrypt else "integrity") if key else "none",
+            agreed(conns[0]).label,
         )
         out = await _run(args, conns, data, progress)
     finally:
