@@ -72,24 +72,24 @@ def _peer_kinds(text: str) -> list[str]:
     return kinds
 
 
-def _modes(text: str) -> list[str]:
-    modes = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
-    bad = [m for m in modes if m not in SECURITY_MODES]
-    if not modes or bad:
+def _names(text: str, allowed: tuple[str, ...] | list[str], what: str) -> list[str]:
+    """A comma-separated list of ``allowed`` names (repeats once), for --security and
+    --checksum alike."""
+    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    bad = [n for n in names if n not in allowed]
+    if not names or bad:
         raise argparse.ArgumentTypeError(
-            f"security modes are {', '.join(SECURITY_MODES)}; not {', '.join(bad) or text!r}"
+            f"{what} are {', '.join(allowed)}; not {', '.join(bad) or text!r}"
         )
-    return modes
+    return names
+
+
+def _modes(text: str) -> list[str]:
+    return _names(text, SECURITY_MODES, "security modes")
 
 
 def _checksums(text: str) -> list[str]:
-    names = list(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
-    bad = [n for n in names if n not in CHECKSUMS]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(
-            f"checksums are {', '.join(CHECKSUMS)}; not {', '.join(bad) or text!r}"
-        )
-    return names
+    return _names(text, CHECKSUMS, "checksums")
 
 
 def build_parser() -> argparse.ArgumentParser:
