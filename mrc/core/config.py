@@ -49,6 +49,12 @@ class EVConfig:
     ecn_penalty_rtts: float = 4.0
     ecn_penalty_min: float = 0.001
     ecn_penalty_max_fraction: float = 0.5
+    # congestion without marks (docs/EV_HEALTH.md, "Congestion without marks"): an RTT sample
+    # more than max(delay_evidence_min, delay_evidence_fraction x its plane's base RTT) above
+    # that base is queueing delay on its path, and a loss there is congestion, not failure,
+    # unless the path keeps losing (both 0: off; every loss without a mark is failure)
+    delay_evidence_min: float = 0.0005
+    delay_evidence_fraction: float = 0.5
     # EVs of one route (an SRv6 path) share its fate: once this many of them are assumed bad,
     # the route's other EVs leave the rotation too (0: off; needs route labels)
     route_dead_evs: int = 2
@@ -75,6 +81,10 @@ class EVConfig:
             raise ValueError("ecn_penalty_min must be between 0 and 10 seconds")
         if not 0 <= self.ecn_penalty_max_fraction < 1:
             raise ValueError("ecn_penalty_max_fraction must be >= 0 and < 1")
+        if not 0 <= self.delay_evidence_min <= 10:
+            raise ValueError("delay_evidence_min must be between 0 and 10 seconds")
+        if not 0 <= self.delay_evidence_fraction <= 100:
+            raise ValueError("delay_evidence_fraction must be between 0 and 100")
         if not 0 <= self.reverse_probe_interval <= 10:
             raise ValueError("reverse_probe_interval must be between 0 and 10 seconds")
         if not 0 <= self.reverse_probes_per_plane <= 64:

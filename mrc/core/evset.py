@@ -45,6 +45,8 @@ SACKs are avoided too, for data and ACKs alike.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import random
 from collections.abc import Callable
 
@@ -52,6 +54,7 @@ from mrc import wire
 from mrc.core.cepenalty import CEPenalties
 from mrc.core.config import EVConfig
 from mrc.core.counters import BOTH, CounterSpec, Source
+from mrc.core.delaysigns import DelaySigns
 from mrc.core.events import EVReason, EVState, EVStateChanged
 from mrc.core.evprobes import EVProbes
 from mrc.core.planesteer import PlaneSteering
@@ -165,6 +168,15 @@ EV_COUNTERS = (
         attr="losses_congested",
         json=BOTH,
     ),
+    CounterSpec(
+        "ev_losses_delayed",
+        Source.EVS,
+        "Losses not held against their EV: the first of an episode on a path whose queueing "
+        "delay had risen, or a lost ACK the first on its path",
+        metric="mrc_qp_ev_losses_delayed",
+        attr="losses_delayed",
+        json=BOTH,
+    ),
 )
 
 
@@ -208,6 +220,12 @@ class EVSet:
         self.probes = EVProbes(cfg.probe_interval, cfg.probe_timeout)
         self.ce = CEPenalties(self.planes, self.target, cfg.ecn_penalty_max_fraction)
         self.pen_next = self.ce.next_end  # read per ACK and per send (``lift_penalties``)
+        self.delay = DelaySigns(self.nplanes, cfg.delay_evidence_min, cfg.delay_evidence_fraction)
+        # losses held for judgement (``lost``): (due, order, arguments of ``lost``)
+        self._held: list[tuple[float, int, tuple[int, EVReason, bool, float, str, float, float]]]
+        self._held = []
+        self.held_next = _INF  # the earliest due (read per ACK: ``judge_held``)
+        self._held_order = itertools.count()
         self._start_judging()
         self._start_counters()
         self._rebuild()
@@ -286,6 +304,7 @@ class EVSet:
         self.floor_holds = 0
         self.losses_congested = 0  # losses not held against an EV: its path was marked
         self.losses_route_alive = 0  # losses not held against an EV: its route delivered since
+        self.losses_delayed = 0  # losses not held against an EV: its path's delay had risen
         self.assumed_bad_false = 0  # retirements later proved false
 
     def __len__(self) -> int:
@@ -503,14 +522,18 @@ class EVSet:
         self._plane_routes = [sorted(r) for r in ids]
         # per EV the index of its (plane, route), and per index the send time of the latest
         # packet that route is known to have delivered (the requester keeps it up to date
-        # from acknowledgements, where ``track_routes``; answered probes count too)
+        # from acknowledgements; answered probes count too)
+        # (a plane whose routes are not known has each EV for a path of its own: the key of
+        # its loss episodes, mrc.core.delaysigns, and never pooled as a route)
         index: dict[tuple[int, int], int] = {}
         self.route_ix = [
-            index.setdefault((self.planes[ev], route), len(index))
+            index.setdefault(
+                (self.planes[ev], route if self._route_known[self.planes[ev]] else -1 - ev),
+                len(index),
+            )
             for ev, route in enumerate(self.routes)
         ]
         self.route_alive_sent = [_NEG_INF] * len(index)
-        self.track_routes = any(self._route_known)
 
     # ---- CE penalties ------------------------------------------------------------------
 
@@ -608,12 +631,21 @@ class EVSet:
         sent_at: float | None = None,
         detail: str = "",
         congestion_since: float | None = None,
+        episode: float = 0.0,
+        hold: bool = True,
     ) -> None:
         """A packet sent on ``ev`` (at ``sent_at``) was lost without a trim: loss means failure,
         unless its path was congested: with ``congestion_since`` given, a path that showed
         congestion since then (``congested``) lost it to a queue, not a failure, and neither
         the EV nor its plane is blamed (``losses_congested``; the packet is resent elsewhere
         all the same).
+
+        Without marks, delay is the evidence (``episode`` and ``delay``, mrc.core.delaysigns):
+        a loss on a plane whose queueing delay rose since ``congestion_since`` is congestion
+        if it begins an episode on its path or falls within ``episode`` seconds of the one
+        that did (``losses_delayed``); a path that keeps losing after that, delivering
+        nothing, has failed. A loss with no delay seen yet is held ``episode`` seconds
+        (``judge_held``), then judged on the evidence there is then (``hold`` False: now).
 
         ``reason`` is one of the loss reasons of ``_TRANSITIONS`` (``detail`` completes its
         phrase, e.g. the OS error of a send error). ``plane_evidence``: whether the loss also
@@ -637,6 +669,20 @@ class EVSet:
             # the reordering window (a deep queue) or dropped by congestion, not by a failure
             self.losses_route_alive += 1
             return
+        if congestion_since is not None and sent_at is not None and self.delay.enabled:
+            if self.delay.delayed(plane, congestion_since):
+                ix = self.route_ix[ev]
+                if self.delay.excuses(ix, sent_at, self.route_alive_sent[ix], episode):
+                    self.losses_delayed += 1
+                    return
+            elif hold:
+                # no delay seen yet: judged ``episode`` from now, when the ACKs of what was
+                # queued ahead of a tail-dropped packet have had time to show it
+                due = now + episode
+                args = (ev, reason, plane_evidence, sent_at, detail, congestion_since, episode)
+                heapq.heappush(self._held, (due, next(self._held_order), args))
+                self.held_next = self._held[0][0]
+                return
         if plane_evidence and sent_at is not None and sent_at <= self.plane_alive_sent[plane]:
             plane_evidence = False
         if plane_evidence:
@@ -655,6 +701,34 @@ class EVSet:
         self._retire_and_replace(ev, now, reason, detail, sent_at)
         self._route_fate(plane, self.routes[ev], now)
 
+    def judge_held(self, now: float) -> None:
+        """Judge the losses held by ``lost`` that are due by ``now``, on the evidence there is
+        now. Callers test ``now >= held_next`` first: all an ACK pays while nothing is due."""
+        held = self._held
+        while held and held[0][0] <= now:
+            _due, _n, (ev, reason, plane_ev, sent_at, detail, since, episode) = heapq.heappop(held)
+            self.lost(ev, now, reason, plane_ev, sent_at, detail, since, episode, hold=False)
+        self.held_next = held[0][0] if held else _INF
+
+    def ack_lost(self, ev: int, now: float, span: float) -> None:
+        """An ACK sent on ``ev`` was lost (data arrived twice, docs/EV_HEALTH.md). The first
+        such loss on its path (its route where known, else the EV) begins an episode and is
+        not held against it: a reverse queue that drops ACKs in a burst of congestion loses
+        one now and then, a dead path keeps losing them. A loss ``span`` or more after the
+        episode's first, with no probe on the path answered since, retires the EV."""
+        ix = self.route_ix[ev]
+        if self.delay.enabled and self.delay.excuses(ix, now, self.route_alive_sent[ix], span):
+            self.losses_delayed += 1
+            return
+        self.lost(ev, now, EVReason.ACK_LOST, plane_evidence=False)
+
+    def path_answered(self, ev: int, sent: float) -> None:
+        """A probe of ``ev`` sent at ``sent`` was answered (a reverse probe of a GOOD EV): its
+        path worked then."""
+        ix = self.route_ix[ev]
+        if sent > self.route_alive_sent[ix]:
+            self.route_alive_sent[ix] = sent
+
     def _route_fate(self, plane: int, route: int, now: float) -> None:
         """EVs on one route share its fate: once ``route_dead_evs`` of them are assumed bad,
         the route is taken for down and its other EVs leave the rotation too (each probed and
@@ -662,7 +736,7 @@ class EVSet:
         packet first. Only with route labels (``routes``) and another route in the plane with
         GOOD EVs to carry the traffic."""
         dead_evs = self.config.route_dead_evs
-        if dead_evs <= 0:
+        if dead_evs <= 0 or not self._route_known[plane]:
             return
         n = len(self.values)
         same = [e for e in range(n) if self.planes[e] == plane and self.routes[e] == route]

@@ -377,6 +377,7 @@ class QueuePair:
             else:
                 if self.reverse.answered(ev):
                     self.stats.reverse_probes_answered += 1
+                    self.evs.path_answered(ev, now - rtt)
                 self._events.append(ProbeReplied(self.qpn, ev, rtt))
             return
         if self.remote_qpn is None:

@@ -664,6 +664,8 @@ class Requester:
         self._complete()
         if news > 0.0:  # news (as for the RACK point, 0.0 stands for none)
             self.timers.news(now)  # the next silence may be probed again
+        if now >= evs.held_next:
+            evs.judge_held(now)  # losses held for the delay their path may yet show
         if self.recovery.advance(news) and self._outstanding:
             lost = self.recovery.detect(
                 self._outstanding, self.rtt.srtt, evs.planes, evs.plane_alive_sent
@@ -774,6 +776,8 @@ class Requester:
             return None
         rtt_sample = now - latest.sent_at
         self.rtt.sample(rtt_sample)
+        if evs.delay.enabled:
+            evs.delay.sample(evs.planes[latest.ev], rtt_sample, now)
         if evs.steering is not None:
             evs.plane_rtt(evs.planes[latest.ev], rtt_sample, now)
         return rtt_sample
@@ -850,7 +854,7 @@ class Requester:
             sacked,
             evs.planes,
             delivered,
-            evs.route_ix if evs.track_routes else None,
+            evs.route_ix,
             evs.route_alive_sent,
             # retirements still open to being proved false
             evs.route_delivered if evs.judging else None,
@@ -946,7 +950,14 @@ class Requester:
         if evs.peer_plane_down[evs.planes[ev]]:
             self.losses_unblamed += 1
             return
-        evs.lost(ev, now, reason, sent_at=sent, congestion_since=sent - self._ce_memory())
+        evs.lost(
+            ev,
+            now,
+            reason,
+            sent_at=sent,
+            congestion_since=sent - self._ce_memory(),
+            episode=self.recovery.window(self.rtt.srtt),
+        )
 
     def _on_nack(self, code: int, seq: int, pkt: _Packet, now: float) -> None:
         """A NACK on_ack believed: about ``pkt`` (seq ``seq``), in flight, echoing the EV of

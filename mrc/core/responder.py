@@ -14,7 +14,7 @@ from collections.abc import Callable
 from mrc import wire
 from mrc.core import fastpath
 from mrc.core.config import QPConfig
-from mrc.core.events import Datagram, Event, EVReason, ImmediateReceived
+from mrc.core.events import Datagram, Event, ImmediateReceived
 from mrc.core.evset import EVSet
 from mrc.core.memory import ProtectionDomain
 from mrc.core.psn import to_psn, to_seq
@@ -170,7 +170,7 @@ class Responder:
         if since < cfg.tlp_min - cfg.ack_delay:
             self.stats.duplicates_early += 1
         elif cfg.ev_health:
-            self.evs.lost(ev, now, EVReason.ACK_LOST, plane_evidence=False)
+            self.evs.ack_lost(ev, now, 2 * cfg.tlp_min)
 
     def on_data_train(
         self, view: memoryview, off: int, seg: int, src_ev: int, now: float, skip: int = 0

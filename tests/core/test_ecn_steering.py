@@ -80,9 +80,13 @@ def test_a_marked_spine_gets_less_traffic_while_marked_and_all_of_it_back_after(
     assert after[1] == pytest.approx(after[0], rel=0.1), after
 
 
-def _incast(ecn: int | None) -> dict[str, int]:
+#: delay evidence off: losses without marks are all failures (the rule before it)
+NO_DELAY = {"delay_evidence_min": 0.0, "delay_evidence_fraction": 0.0}
+
+
+def _incast(ecn: int | None, **config: float) -> dict[str, int]:
     """8 senders -> b through a last hop with a 10 kB queue that tail-drops (no trimming):
-    pure congestion, no failure anywhere."""
+    pure congestion, no failure anywhere. ``config``: QPConfig fields."""
     net = RecordingNetwork(11, Faults(delay=0.0, jitter=0.0))
     links = LinkSpec(rate=4 * RATE, queue=64_000, delay=10e-6)
     last = LinkSpec(rate=RATE, queue=10_000, delay=5e-6, ecn=ecn)
@@ -97,7 +101,7 @@ def _incast(ecn: int | None) -> dict[str, int]:
             src,
             "b",
             evs=16,
-            config=QPConfig(payload_size=PAYLOAD),
+            config=QPConfig(payload_size=PAYLOAD, **config),
             qpn_a=i + 1,
             qpn_b=i + 1,
             planes=2,
@@ -117,8 +121,8 @@ def _incast(ecn: int | None) -> dict[str, int]:
 
 
 def test_congestion_losses_on_marked_paths_retire_far_fewer_evs_and_retirements_are_false() -> None:
-    marked = _incast(ecn=2_000)
-    unmarked = _incast(ecn=None)
+    marked = _incast(ecn=2_000, **NO_DELAY)
+    unmarked = _incast(ecn=None, **NO_DELAY)
     # without marks every tail drop looks like a failure; with them, losses on marked paths
     # are congestion. What is still retired is the first flight's losses, before any mark came
     # back (measured: 41 against 121)
@@ -131,6 +135,18 @@ def test_congestion_losses_on_marked_paths_retire_far_fewer_evs_and_retirements_
     # also send resends that the window holds back; 32 of 32 before)
     for c in (marked, unmarked):
         assert c["evs_assumed_bad_false"] >= 0.7 * c["evs_assumed_bad"] > 0, c
+
+
+def test_losses_after_the_delay_rose_retire_no_ev_without_marks() -> None:
+    """The same incast, no marks, with delay evidence (the default): a loss on a plane whose
+    queueing delay had risen is congestion (mrc.core.delaysigns), so the tail drops retire
+    (almost) nothing. Measured: 0 EVs assumed bad, against 121 with every such loss taken
+    for a failure (above)."""
+    told = _incast(ecn=None)
+    untold = _incast(ecn=None, **NO_DELAY)
+    assert untold["evs_assumed_bad"] > 50, untold
+    assert told["ev_losses_delayed"] > 20, told
+    assert told["evs_assumed_bad"] <= 3, told
 
 
 def test_a_dead_link_still_retires_its_evs_and_they_are_not_false() -> None:
@@ -157,7 +173,8 @@ def test_a_dead_link_still_retires_its_evs_and_they_are_not_false() -> None:
 
 
 def _evs(routes: list[int], **kw: float) -> EVSet:
-    config = EVConfig(**{"route_dead_evs": 0, **kw})  # route fate off unless asked
+    # route fate off unless asked; delay evidence off (its rules: tests/core/test_delay_signs.py)
+    config = EVConfig(**{"route_dead_evs": 0, **NO_DELAY, **kw})
     return EVSet(
         list(range(2000, 2000 + len(routes))), [0] * len(routes), routes=routes, config=config
     )
@@ -204,7 +221,9 @@ def test_a_trim_makes_losses_on_its_path_or_last_hop_congestion_not_failure() ->
     assert evs.state[0] == EVState.GOOD and evs.losses_congested == 1
     evs.lost(1, 1.02, EVReason.SACK_LOSS, sent_at=1.005, congestion_since=1.005 - 0.01)
     assert evs.state[1] == EVState.ASSUMED_BAD  # route 1 showed nothing
-    two = EVSet(list(range(3000, 3008)), [0, 1] * 4, routes=[0] * 8)  # two planes
+    two = EVSet(  # two planes
+        list(range(3000, 3008)), [0, 1] * 4, routes=[0] * 8, config=EVConfig(**NO_DELAY)
+    )
     two.lasthop_trimmed(0, 2.0)  # plane 0's last hop into the peer: incast
     assert all(s == EVState.GOOD for s in two.state) and two.usable == [True] * 8  # no skip
     two.lost(4, 2.01, EVReason.SACK_LOSS, sent_at=2.0, congestion_since=2.0 - 0.01)

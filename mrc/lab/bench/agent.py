@@ -241,6 +241,10 @@ class MrcTransport(Transport):
         out["evs_resurrected"] = sum(e["evs_resurrected"] for e in evs)
         out["evs_assumed_bad_false"] = sum(e["evs_assumed_bad_false"] for e in evs)
         out["planes_lost"] = sum(e["planes_lost"] for e in evs)
+        # losses not held against an EV, data and ACK EVs alike (docs/EV_HEALTH.md)
+        both = evs + [c.ev_counters() for c in self.inbound.values()]
+        for k in ("ev_losses_congested", "ev_losses_delayed"):
+            out[k] = sum(e[k] for e in both)
         out["ev_transitions"] = dict(self.ev_events)
         out["send_errors"] = sum(int(c.stats()["send_errors"]) for c in self.out.values())
         return out

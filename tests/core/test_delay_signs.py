@@ -1,0 +1,130 @@
+"""Congestion without marks: a loss after its plane's queueing delay rose is congestion, unless
+the path keeps losing (mrc.core.delaysigns, docs/EV_HEALTH.md "Congestion without marks").
+
+The rules on an EVSet alone, with explicit times; the simulator's incast without marks is in
+tests/core/test_ecn_steering.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from mrc.core.config import EVConfig
+from mrc.core.events import EVReason, EVState
+from mrc.core.evset import EVSet
+
+BASE = 0.001  # every plane's base RTT in these tests
+DELAYED = BASE + 0.002  # a sample 2 ms over it: delay (over max(0.5 ms, 0.5 x base))
+MEMORY = 0.01  # how far back before a send evidence counts (the requester's CE memory)
+SPAN = 0.004  # an episode (the requester's reordering window)
+
+
+def _evs(routes: list[int] | None = None, **kw: float) -> EVSet:
+    """8 EVs on two planes (even: plane 0), routes as given; route fate off unless asked."""
+    config = EVConfig(**{"route_dead_evs": 0, **kw})
+    evs = EVSet(list(range(1000, 1008)), [0, 1] * 4, config=config, routes=routes)
+    for plane in (0, 1):
+        evs.delay.sample(plane, BASE, 0.5)
+    return evs
+
+
+def _lose(evs: EVSet, ev: int, sent: float, now: float) -> None:
+    evs.lost(
+        ev, now, EVReason.SACK_LOSS, sent_at=sent, congestion_since=sent - MEMORY, episode=SPAN
+    )
+
+
+def test_a_loss_after_the_delay_rose_is_congestion() -> None:
+    evs = _evs()
+    evs.delay.sample(0, DELAYED, 1.0)
+    _lose(evs, 2, 1.001, 1.004)
+    assert evs.state[2] == EVState.GOOD and evs.losses_delayed == 1
+    assert evs.delay.samples == 1
+
+
+def test_a_small_rise_is_no_delay_and_the_held_loss_is_then_a_failure() -> None:
+    evs = _evs()
+    evs.delay.sample(0, BASE + 0.0004, 1.0)  # under the 0.5 ms floor: no evidence
+    assert evs.delay.samples == 0
+    _lose(evs, 2, 1.001, 1.004)
+    # held for an episode: the ACKs of what was queued ahead of a tail drop come later
+    assert evs.state[2] == EVState.GOOD and evs.held_next == pytest.approx(1.004 + SPAN)
+    evs.judge_held(1.005)  # not due yet
+    assert evs.state[2] == EVState.GOOD
+    evs.judge_held(1.004 + SPAN)
+    assert evs.state[2] == EVState.ASSUMED_BAD and evs.losses_delayed == 0
+    assert evs.held_next == float("inf")
+
+
+def test_delay_shown_while_a_loss_is_held_excuses_it() -> None:
+    evs = _evs()
+    _lose(evs, 2, 1.001, 1.004)
+    evs.delay.sample(0, DELAYED, 1.006)  # the queue ahead of the drop drains
+    evs.judge_held(1.01)
+    assert evs.state[2] == EVState.GOOD and evs.losses_delayed == 1
+
+
+def test_delay_on_the_other_plane_excuses_nothing() -> None:
+    evs = _evs()
+    evs.delay.sample(1, DELAYED, 1.0)
+    _lose(evs, 2, 1.001, 1.004)
+    evs.judge_held(1.01)
+    assert evs.state[2] == EVState.ASSUMED_BAD
+
+
+def test_a_route_that_keeps_losing_is_a_failure_despite_the_delay() -> None:
+    evs = _evs(routes=[0, 0, 1, 1, 0, 0, 1, 1])  # EV 0 and 4: plane 0, route 0
+    evs.delay.sample(0, DELAYED, 1.0)
+    _lose(evs, 0, 1.001, 1.004)  # the episode's first loss
+    _lose(evs, 4, 1.003, 1.006)  # within the episode: one tail drop
+    assert evs.state[0] == EVState.GOOD and evs.state[4] == EVState.GOOD
+    evs.delay.sample(0, DELAYED, 1.01)
+    _lose(evs, 4, 1.001 + SPAN + 0.001, 1.012)  # later, nothing delivered since: dead
+    assert evs.state[4] == EVState.ASSUMED_BAD
+    assert evs.losses_delayed == 2
+
+
+def test_a_route_that_delivered_since_begins_a_new_episode() -> None:
+    evs = _evs(routes=[0, 0, 1, 1, 0, 0, 1, 1])
+    evs.delay.sample(0, DELAYED, 1.0)
+    _lose(evs, 0, 1.001, 1.004)
+    evs.route_alive_sent[evs.route_ix[0]] = 1.002  # a packet sent after the loss arrived
+    evs.delay.sample(0, DELAYED, 1.01)
+    _lose(evs, 4, 1.009, 1.012)
+    assert evs.state[4] == EVState.GOOD and evs.losses_delayed == 2
+
+
+def test_without_known_routes_each_ev_is_its_own_path() -> None:
+    evs = _evs()
+    evs.delay.sample(0, DELAYED, 1.0)
+    _lose(evs, 0, 1.001, 1.004)
+    _lose(evs, 2, 1.001 + SPAN + 0.001, 1.008)  # another EV: its own first loss
+    assert evs.state[0] == evs.state[2] == EVState.GOOD
+    _lose(evs, 0, 1.001 + SPAN + 0.002, 1.009)  # EV 0 again, nothing delivered
+    assert evs.state[0] == EVState.ASSUMED_BAD
+
+
+def test_off_every_loss_without_a_mark_is_a_failure_at_once() -> None:
+    evs = _evs(delay_evidence_min=0.0, delay_evidence_fraction=0.0)
+    evs.delay.sample(0, DELAYED, 1.0)
+    _lose(evs, 2, 1.001, 1.004)
+    assert evs.state[2] == EVState.ASSUMED_BAD and evs.losses_delayed == 0
+
+
+def test_a_lost_ack_begins_an_episode_and_a_reverse_path_that_keeps_losing_retires() -> None:
+    evs = _evs()
+    evs.ack_lost(2, 1.0, 0.01)
+    assert evs.state[2] == EVState.GOOD and evs.losses_delayed == 1
+    evs.ack_lost(2, 1.005, 0.01)  # the same episode
+    assert evs.state[2] == EVState.GOOD
+    evs.path_answered(2, 1.006)  # a reverse probe on it came back: it works
+    evs.ack_lost(2, 1.02, 0.01)  # a new episode
+    assert evs.state[2] == EVState.GOOD and evs.losses_delayed == 3
+    evs.ack_lost(2, 1.031, 0.01)  # 11 ms on, nothing answered: dead
+    assert evs.state[2] == EVState.ASSUMED_BAD
+
+
+def test_the_knobs_are_checked() -> None:
+    with pytest.raises(ValueError, match="delay_evidence_min"):
+        EVConfig(delay_evidence_min=-1).validate()
+    with pytest.raises(ValueError, match="delay_evidence_fraction"):
+        EVConfig(delay_evidence_fraction=1000).validate()
