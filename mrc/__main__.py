@@ -25,6 +25,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "fabric": ("mrc.lab.cli:fabric_main", "mrc-fabric", "build and break SRv6 test fabrics"),
     "bench": ("mrc.lab.cli:bench_main", "mrc-bench", "collective workloads: MRC vs TCP vs MPTCP"),
     "keygen": ("mrc.cli.keygen:main", "mrc-keygen", "write a new pre-shared key file"),
+    "host-setup": (
+        "mrc.cli.hostsetup:main",
+        "mrc-host-setup",
+        "a host's one-time root set-up for a real uSID fabric",
+    ),
 }
 
 

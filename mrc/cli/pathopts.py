@@ -9,6 +9,7 @@ import ipaddress
 import json
 import socket
 import time
+from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING
 
 from mrc import wire
@@ -135,6 +136,30 @@ def local_plane_addrs(topo: Topology | None, name: str | None = None) -> list[st
                 f"{nic.address} is not an address of this machine"
             )
     return [nic.address for nic in nics]
+
+
+def check_host_routes(topo: Topology | None, local: Sequence[str] | None) -> None:
+    """On a real uSID fabric, the routes that carry each path are the host's one-time set-up
+    (``mrc-host-setup``, as root): without them every datagram would leave unencapsulated, by
+    plain routing, so refuse to start in one line that says what to run. Anything else (no
+    fabric, another kind, addresses not of a fabric host) has nothing to check."""
+    from mrc.topology.realfile import UsidTopology
+
+    if not isinstance(topo, UsidTopology) or not local:
+        return
+    from mrc.srv6 import hostroutes
+    from mrc.srv6.evroutes import host_of_address
+
+    found = host_of_address(topo, local[0])
+    if found is None:
+        return
+    name = found[0].name
+    problem = hostroutes.problem(topo, name)
+    if problem is not None:
+        raise MRCError(
+            f"fabric {topo.name!r}: this host's uSID routes are not set up ({problem}); run, "
+            f"once, as root: mrc-host-setup --fabric {topo.layout.source} --host {name}"
+        )
 
 
 def local_address_problem(addr: str, peers: list[str]) -> str | None:

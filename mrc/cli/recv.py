@@ -44,7 +44,14 @@ from mrc.cli.outputs import (
     shell_word,
     stale_parts,
 )
-from mrc.cli.pathopts import EVLog, add_path_args, apply_denies, load_fabric, local_plane_addrs
+from mrc.cli.pathopts import (
+    EVLog,
+    add_path_args,
+    apply_denies,
+    check_host_routes,
+    load_fabric,
+    local_plane_addrs,
+)
 from mrc.cli.planewatch import PlaneWatch
 from mrc.cli.qpopts import add_qp_arg
 from mrc.connection import START_TIMEOUT, Connection, Listener, listen
@@ -340,6 +347,7 @@ async def _main(args: argparse.Namespace) -> int:
     fabric = load_fabric(args.fabric, args.fabric_host)
     if fabric is not None and hosts == ["::"]:
         hosts = local_plane_addrs(fabric, args.fabric_host) or hosts
+    check_host_routes(fabric, hosts)
     plane_addrs = hosts if len(hosts) > 1 or hosts[0] not in ("::", "0.0.0.0") else None
     evlog = EVLog(args.ev_log)
     config = listener_config(

@@ -45,6 +45,7 @@ from mrc.cli.pathopts import (
     EVLog,
     add_path_args,
     apply_denies,
+    check_host_routes,
     host_address,
     load_fabric,
     local_address_problem,
@@ -335,6 +336,7 @@ async def _main(args: argparse.Namespace, answer: JsonAnswer) -> int:
     qp = sender_qp(args, _payload(args, fabric, host, port))
     args.payload = qp.payload_size
     local = args.local or local_plane_addrs(fabric, args.fabric_host)
+    check_host_routes(fabric, local)
     data, label = _load(args)
     size = 2 * data.slot if isinstance(data, RoundData) else data.size
     evlog = EVLog(args.ev_log)

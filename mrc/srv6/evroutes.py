@@ -32,6 +32,10 @@ class EVRoute:
     #: NICs have checksum offload off (trimmed packets carry real checksums) and whose kernel
     #: then drops an IPv6-in-IPv6 GSO packet it must segment in software (tx_dropped)
     gso: bool = True
+    #: the source ports (first, last) the route's sockets bind to: on a real uSID fabric the
+    #: port, not a mark, picks the host's table for the route's spine (mrc.srv6.hostroutes),
+    #: so no privilege is needed; None = any (``--ports``, else the kernel's choice)
+    ports: tuple[int, int] | None = None
 
 
 def plain_routes(pairs: list[tuple[str, str]]) -> list[list[EVRoute]]:
@@ -73,6 +77,7 @@ def fabric_routes(topo: Topology, pairs: list[tuple[str, str]]) -> list[list[EVR
                 path.spine or f"plane {src[1]} direct",
                 path.mark,
                 gso=not (topo.trim and path.usid is not None),
+                ports=path.ports,
             )
             for path in list_paths(topo, src[0].name, dst[0].name, planes=[src[1]])
             if path.spine is not None

@@ -3,7 +3,8 @@
 In a two-tier plane every path between two hosts is chosen by one decision: which spine to
 turn at.  So a path is (plane, spine), and its segment list is ``[spine SID, destination
 address]``; on a ``--srv6 usid`` fabric it is ``[uSID container, destination address]``, the
-outer and inner destinations of IPv6-in-IPv6 (:mod:`mrc.srv6.usid`).  Hosts under the same
+outer and inner destinations of IPv6-in-IPv6 (:mod:`mrc.srv6.usid`), whose micro-SIDs a real
+fabric's file gives (:class:`mrc.topology.realfile.UsidTopology`).  Hosts under the same
 leaf also get every leaf -> spine -> leaf detour (so traffic can be sprayed over all spines,
 like everything else) plus the direct path through the leaf, which carries no SRH at all.
 """
@@ -14,6 +15,7 @@ import functools
 from dataclasses import dataclass
 
 from mrc.topology import Topology
+from mrc.topology.realfile import UsidTopology
 
 from . import usid
 from .srh import encode_srh
@@ -35,6 +37,9 @@ class Path:
     #: IPv6-in-IPv6, and the socket mark that picks it (mrc.srv6.usid); else None and 0
     usid: str | None = None
     mark: int = 0
+    #: on a real uSID fabric (a file, mrc.topology.realfile): the source ports whose sockets
+    #: the host's rules send into this path's table (mrc.srv6.hostroutes), instead of a mark
+    ports: tuple[int, int] | None = None
 
     @property
     def direct(self) -> bool:
@@ -67,7 +72,17 @@ def list_paths(topo: Topology, src: str, dst: str, planes: list[int] | None = No
             src_netns=s.netns,
         )
         for spine in topo.spines(plane):
-            if topo.srv6 == "usid":
+            if isinstance(topo, UsidTopology):
+                box = topo.layout.path_container(plane, sn.leaf, spine.name, dn.leaf, d.name)
+                paths.append(
+                    common(
+                        spine=spine.name,
+                        segments=(box, dn.address),
+                        usid=box,
+                        ports=topo.layout.spine_ports[spine.index],
+                    )
+                )
+            elif topo.srv6 == "usid":
                 box = usid.path_container(
                     plane,
                     topo.router(sn.leaf).index,

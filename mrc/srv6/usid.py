@@ -23,12 +23,18 @@ The sending host picks the spine (the path) per socket: the fabric gives each ho
 routing table per spine index, chosen by the socket's firewall mark (:func:`mark`), whose
 routes encapsulate toward each other host over that spine (``seg6 mode encap.red``: with one
 segment the kernel adds no routing header at all).
+
+A real fabric numbers its switches its own way: its file (mrc.topology.realfile) gives every
+router's uSID and every host NIC's, which :class:`UsidLayout` holds. Its hosts pick the table
+by the socket's UDP *source port* instead of a mark (:mod:`mrc.srv6.hostroutes`): a process
+binds a port without any privilege, where SO_MARK needs CAP_NET_ADMIN.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 #: The 32-bit locator block every container starts with (RFC 9800's F3216 format: 32-bit
 #: block, 16-bit uSIDs, so up to six of them in one address).
@@ -71,20 +77,21 @@ def downlink_usid(plane: int, host: int) -> int:
     return usid(KIND_DOWNLINK, plane, host)
 
 
-def container(usids: Sequence[int]) -> str:
-    """The address carrying ``usids`` in travel order after the block (at most six)."""
+def container(usids: Sequence[int], block: int = BLOCK) -> str:
+    """The address carrying ``usids`` in travel order after the 32-bit ``block`` (at most
+    six)."""
     if not 0 < len(usids) <= MAX_USIDS:
         raise ValueError(f"a container holds 1 to {MAX_USIDS} uSIDs, not {len(usids)}")
-    value = BLOCK
+    value = block
     for u in usids:
         value = value << USID_BITS | u
     value <<= USID_BITS * (MAX_USIDS - len(usids))
     return str(ipaddress.IPv6Address(value))
 
 
-def locator(u: int) -> str:
+def locator(u: int, block: int = BLOCK) -> str:
     """The /48 a switch (or a host's NIC) owns: the block and its uSID."""
-    return f"{container([u])}/48"
+    return f"{container([u], block)}/48"
 
 
 def leaf_prefix(plane: int) -> str:
@@ -122,3 +129,45 @@ def shift(address: str) -> str:
     args = value & ((1 << args_bits) - 1)
     block = value >> (128 - BLOCK_BITS)
     return str(ipaddress.IPv6Address(block << (128 - BLOCK_BITS) | args << USID_BITS))
+
+
+#: A real fabric's hosts: the source ports their rules send into the spine tables, unless the
+#: file says otherwise; above Linux's default ephemeral range (32768-60999), so the kernel
+#: never hands an unrelated socket one of them. A rule's port range may not end at 65535
+#: (the kernel refuses it: EINVAL, "Invalid sport range"), hence 65534.
+DEFAULT_PORTS = (61000, 65534)
+MAX_RULE_PORT = 65534
+
+
+@dataclass(frozen=True)
+class UsidLayout:
+    """What a real fabric's file says about its micro-SIDs (mrc.topology.realfile): the block,
+    each router's and each host NIC's uSID, and how the hosts pick a spine: per spine index
+    ``s``, table ``table_base + s``, chosen by a source port in ``spine_ports[s]``."""
+
+    block: int
+    mtu: int
+    spine_ports: tuple[tuple[int, int], ...]
+    #: router name -> its uSID (leaves and spines)
+    routers: Mapping[str, int] = field(hash=False)
+    #: (host name, plane) -> the uSID of that NIC (the host decapsulates what ends with it)
+    nics: Mapping[tuple[str, int], int] = field(hash=False)
+    table_base: int = TABLE_BASE
+    rule_priority: int = RULE_PRIORITY
+    #: the file it was read from, for the messages that tell a user what to run
+    source: str = ""
+
+    def locator(self, u: int) -> str:
+        return locator(u, self.block)
+
+    def table(self, spine: int) -> int:
+        return self.table_base + spine
+
+    def path_container(
+        self, plane: int, src_leaf: str, spine: str, dst_leaf: str, dst_host: str
+    ) -> str:
+        """Source leaf, spine, destination leaf, the destination NIC: the whole path."""
+        r = self.routers
+        return container(
+            [r[src_leaf], r[spine], r[dst_leaf], self.nics[dst_host, plane]], self.block
+        )

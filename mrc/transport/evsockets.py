@@ -103,7 +103,9 @@ def _distinct_port_socket(
     route: EVRoute, peer_port: int, ports: PortRange | None, used: set[int]
 ) -> socket.socket:
     """An EV socket for ``route`` whose source port no other socket of the QP has (the same
-    port on another plane's address would make two EVs one value)."""
+    port on another plane's address would make two EVs one value). A route with ports of its
+    own (a real uSID fabric's, whose port picks its spine) takes them instead of ``ports``."""
+    ports = PortRange(*route.ports) if route.ports is not None else ports
     for _attempt in range(64):
         sock = ev_socket(route.local, (route.remote, peer_port), route.srh, ports, used, route.mark)
         sport = sock.getsockname()[1]

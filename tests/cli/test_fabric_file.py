@@ -98,11 +98,10 @@ BAD_FILES: list[tuple[str, object, str]] = [
     ),
     ("no-hosts", edit(lambda d: d.pop("hosts")), "top level: missing key 'hosts'"),
     ("version-2", edit(_set(("version",), 2)), "version: 2: this mrc reads version 1"),
-    (
+    (  # a uSID fabric says more (tests/cli/test_usid_fabric_file.py)
         "usid-routers",
         edit(_set(("srv6",), "usid")),
-        "srv6: 'usid': a real fabric's routes are SRHs ('srh'); uSID routes are only built by"
-        " mrc-fabric so far",
+        "top level: missing key 'usid'",
     ),
     (
         "bad-name",
