@@ -19,6 +19,7 @@ beside the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Protocol
 import blake3
 import xxhash
 
+from mrc.errors import MRCError
 from mrc.transport.messages import CHECKSUMS
 
 #: bytes per update (each releases the GIL; a worker thread hashes beside the loop)
@@ -100,3 +102,80 @@ class Checksum:
         for off in range(0, len(view), STEP):
             h.update(view[off : off + STEP])
         return h.hexdigest()
+
+
+class PrefixHasher:
+    """A view hashed from its start as its bytes become final, a step of at most
+    :data:`STEP` bytes at a time in a worker thread, so the loop keeps placing packets.
+
+    The receiver of a transfer moves the end (:meth:`advance`) as the sender marks bytes
+    written and the region is frozen below them, so that when the last byte arrives only the
+    tail is left to hash (:meth:`digest`). One step runs at a time, in order: the hash object
+    is only touched by the step running, and :meth:`aclose` waits for it, so no thread still
+    reads the buffer once its owner lets go of it (an mmap cannot close while one does)."""
+
+    def __init__(self, view: memoryview, into: Hasher) -> None:
+        self._view = view
+        self._hash = into  # a fresh hash object, or one that hashed what came before
+        self.hashed = 0  # bytes hashed so far (steps ended)
+        self._end = 0  # bytes that may be hashed: final, never to change
+        self._step: asyncio.Future[None] | None = None  # the step running, if any
+        self._moved = asyncio.Event()  # set when a step ends
+        self._error: BaseException | None = None
+        self._closed = False
+
+    @property
+    def end(self) -> int:
+        """Bytes handed over to be hashed (:meth:`advance`): hashed, or on the way."""
+        return self._end
+
+    def advance(self, end: int) -> None:
+        """Hash on up to byte ``end`` (cut to the view): the caller vouches that the bytes
+        below it never change again."""
+        if end > self._end:
+            self._end = min(end, len(self._view))
+            self._next()
+
+    async def digest(self) -> str:
+        """The checksum of everything hashed into the hash object, once the whole view is."""
+        self.advance(len(self._view))
+        while self.hashed < len(self._view):
+            if self._error is not None:
+                raise MRCError(f"hashing failed: {self._error}")
+            if self._closed:
+                raise MRCError("hashing was stopped")
+            self._moved.clear()
+            await self._moved.wait()
+        return self._hash.hexdigest()
+
+    async def aclose(self) -> None:
+        """Start no more steps, and wait for the one running to end (a step: a few ms)."""
+        self._closed = True
+        self._moved.set()
+        step = self._step
+        if step is not None:
+            await asyncio.wait({step})
+
+    def _next(self) -> None:
+        start = self.hashed
+        stop = min(start + STEP, self._end)
+        if self._step is not None or self._closed or self._error is not None or stop <= start:
+            return
+        step = asyncio.get_running_loop().run_in_executor(None, self._update, start, stop)
+        self._step = step
+        step.add_done_callback(lambda done: self._stepped(done, stop))
+
+    def _update(self, start: int, stop: int) -> None:
+        with self._view[start:stop] as part:
+            self._hash.update(part)
+
+    def _stepped(self, step: asyncio.Future[None], stop: int) -> None:
+        self._step = None
+        if step.cancelled():
+            self._error = MRCError("a step was cancelled")
+        elif (exc := step.exception()) is not None:
+            self._error = exc
+        else:
+            self.hashed = stop
+            self._next()
+        self._moved.set()

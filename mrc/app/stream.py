@@ -101,14 +101,17 @@ class StreamHasher:
 
     :meth:`hash_to` schedules hashing up to a byte and gives the digest of everything before
     it; steps run one after the other, each in a thread (the loop keeps moving packets).
-    :meth:`follow` paces the hashing behind what the peer acknowledged, so it takes a little
-    of a core all along rather than all of one at the start or the end."""
+    :meth:`follow` paces the hashing with what the peer acknowledged, so it takes a little
+    of a core all along rather than all of one at the start or the end, and keeps as far
+    ahead of it as the acknowledgements moved since the last call: the source does not
+    change, and at the end little is left to hash before the verdict."""
 
     def __init__(self, source: Source, checksum: Checksum) -> None:
         self._source = source
         self._sha = checksum.new()
         self._scheduled = 0  # bytes up to which hashing steps are scheduled
         self._tail: asyncio.Task[str] | None = None  # the latest step
+        self._acked = 0  # what follow() was told last
 
     def hash_to(self, end: int) -> asyncio.Task[str]:
         """Hash up to byte ``end`` (not before what is scheduled already); the task gives
@@ -121,9 +124,12 @@ class StreamHasher:
         return self._tail
 
     def follow(self, acked: int) -> None:
-        """Hash on up to ``acked`` bytes if no step is running and a chunk is waiting."""
+        """Hash on if no step is running and a chunk is waiting: up to ``acked`` bytes and
+        as many again as were acknowledged since the last call (what comes by the next)."""
         idle = self._tail is None or self._tail.done()
-        end = min(acked, self._source.size)
+        ahead = max(0, acked - self._acked)
+        self._acked = max(self._acked, acked)
+        end = min(acked + ahead, self._source.size)
         if idle and end - self._scheduled >= CHUNK:
             self.hash_to(end)
 

@@ -100,6 +100,13 @@ class Connection:
         :meth:`deregister`."""
         region.close()
 
+    def freeze_region(self, region: MemoryRegion, upto: int) -> None:
+        """Place nothing new below byte ``upto`` of ``region`` any more (it only rises): those
+        bytes are final, so they can be hashed while the rest is still written and the hash
+        still describes them at the end. Later WRITEs of new data starting below it are
+        dropped as for :meth:`close_region`; the rest of the region stays open."""
+        region.freeze(upto)
+
     # ---- work requests -----------------------------------------------------------------
 
     def post_write(
@@ -206,6 +213,14 @@ class Connection:
         """Sender side: packets the peer acknowledged cumulatively, in bytes of full payload
         (a cheap progress measure: it overcounts by the short last packet of each WRITE)."""
         return self.qp.requester.acked_packets * self.qp.config.payload_size
+
+    @property
+    def imm_room(self) -> int:
+        """Sender side: WRITE_IMMs that may be posted now without waiting
+        (``QPConfig.max_imm_outstanding``, or the peer's ``max_imm_dest`` if fewer, less
+        those not yet ended)."""
+        requester = self.qp.requester
+        return max(0, requester.imm_cap - requester.imms_outstanding)
 
     @property
     def bytes_placed(self) -> int:

@@ -10,7 +10,7 @@ leave random gaps, so a stranger cannot guess where a region is from where anoth
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntFlag
 
 
@@ -34,9 +34,40 @@ class MemoryRegion:
     name: str = ""
     writable: bool = False  # REMOTE_WRITE granted (a plain bool: checked per packet)
     closed: bool = False  # close() was called: nothing is placed here any more
+    #: bytes from the start that are final (:meth:`freeze`): nothing new is placed below
+    frozen: int = 0
+    #: ``view`` from byte ``frozen`` on, and its address: what the train kernel may write
+    #: (kept here so that placing a train costs no slicing)
+    open_view: memoryview = field(init=False)
+    open_addr: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.writable = bool(self.access & Access.REMOTE_WRITE)
+        self.open_view = self.view
+        self.open_addr = self.addr
+
+    def freeze(self, upto: int) -> None:
+        """Place nothing new below byte ``upto`` any more (it only rises): what lies there is
+        final, so a hash of it taken now (the receiver of a transfer hashes the prefix its
+        sender marked written while the rest is still coming) still describes it at the end.
+        A WRITE of new data starting below it is dropped as one to a closed region is
+        (``region_closed``, NACK code 2); a retransmission of one placed is still
+        acknowledged."""
+        if not 0 <= upto <= self.length:
+            raise ValueError(f"cannot freeze {upto} bytes of a region of {self.length}")
+        if upto <= self.frozen:
+            return
+        if self.open_view is not self.view:
+            self.open_view.release()
+        self.frozen = upto
+        self.open_view = self.view[upto:]
+        self.open_addr = self.addr + upto
+
+    def release(self) -> None:
+        """Let go of the buffer (``ProtectionDomain.deregister``): every view of it here."""
+        if self.open_view is not self.view:
+            self.open_view.release()
+        self.view.release()
 
     def close(self) -> None:
         """Place nothing here any more: what the region holds now is final, so that a hash of
@@ -105,7 +136,7 @@ class ProtectionDomain:
     def deregister(self, region: MemoryRegion) -> None:
         """Forget ``region``: later writes to its rkey are dropped as bad_rkey."""
         self._by_rkey.pop(region.rkey, None)
-        region.view.release()
+        region.release()
 
     def lookup(self, rkey: int) -> MemoryRegion | None:
         return self._by_rkey.get(rkey)

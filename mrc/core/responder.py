@@ -128,6 +128,11 @@ class Responder:
             stats.dropped_by_reason["region_closed" if region.closed else "no_access"] += 1
             self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_ev)
             return
+        if offset < region.frozen and length and seq > cum and not self._has(seq):
+            # new data below the region's final prefix (MemoryRegion.freeze): closed there
+            stats.dropped_by_reason["region_closed"] += 1
+            self._nack(wire.NackCode.REMOTE_ACCESS_ERROR, seq, src_ev)
+            return
         stats.packets_received += 1
         if seq <= cum or self._has(seq):
             stats.duplicates += 1
@@ -198,8 +203,8 @@ class Responder:
             seg,
             self.qpn,
             rkey,
-            region.view,
-            region.addr,
+            region.open_view,  # not below its final prefix: a segment there stops the kernel
+            region.open_addr,
             self.peer_initial_psn,
             self._cum,
             self._hi,

@@ -21,7 +21,7 @@ from requested_pair import requested_pair
 
 import mrc
 from mrc import wire
-from mrc.app.checksum import Checksum
+from mrc.app.checksum import PrefixHasher
 from mrc.app.transfer import receive_buffer, send_buffer
 
 FORGED = b"\xee" * 64
@@ -44,17 +44,16 @@ async def test_a_write_forged_while_the_receiver_hashes_changes_nothing(
     loop = asyncio.get_running_loop()
     hashed = loop.create_future()
     forged = threading.Event()
-    real_of = Checksum.of
+    real_update = PrefixHasher._update
 
-    def of(check: Checksum, view: memoryview) -> str:
-        """The receiver's hash of its region; the forgery lands right after it."""
-        digest = real_of(check, view)
-        if view.obj is buf:
+    def update(hasher: PrefixHasher, start: int, stop: int) -> None:
+        """A step of the receiver's hash of its region; the forgery lands after the last."""
+        real_update(hasher, start, stop)
+        if hasher._view.obj is buf and stop == len(hasher._view):
             loop.call_soon_threadsafe(hashed.set_result, None)
             assert forged.wait(30)
-        return digest
 
-    monkeypatch.setattr(Checksum, "of", of)
+    monkeypatch.setattr(PrefixHasher, "_update", update)
     forger = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
         region = conn.requested
