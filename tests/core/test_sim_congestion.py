@@ -348,11 +348,12 @@ def _trace_digest(seed: int, fabric: Fabric | None = None) -> str:
 #: tail loss probes began to carry P (their ACKs go twice), and when receivers began to probe
 #: their reverse EVs (replies on a cursor of their own), and when EVs became 32 bits (ACKs of
 #: 40 bytes, probes of 28) and a second tail loss probe in a row began to leave the plane of
-#: the first. What they guard: the default network
+#: the first, and when a loss after its plane's delay rose stopped retiring its EV. What they
+#: guard: the default network
 #: and an ideal fabric give one and the same trace, and it changes only with the protocol
 _DEFAULT_DIGESTS = {
-    1: "d672c9d6b75fa8050c650b867caaf4318ded34b31b98d2aa124272f16254236b",
-    2: "12c842bd2d46218f1026b9d662744bac6b6e52e29176d29ec5bd829aae08d64e",
+    1: "93871e66770022ab53e8d8fd4030aa445377aac7d56c4d4f624010a72e672379",
+    2: "7afbf782b1ba5e186c564095494b6cd6cb8034d7e0f6d51d905ec0827b297918",
 }
 
 
