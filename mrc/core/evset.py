@@ -646,6 +646,7 @@ class EVSet:
         that did (``losses_delayed``); a path that keeps losing after that, delivering
         nothing, has failed. A loss with no delay seen yet is held ``episode`` seconds
         (``judge_held``), then judged on the evidence there is then (``hold`` False: now).
+        Either way the plane's loss streak takes the loss at once.
 
         ``reason`` is one of the loss reasons of ``_TRANSITIONS`` (``detail`` completes its
         phrase, e.g. the OS error of a send error). ``plane_evidence``: whether the loss also
@@ -669,20 +670,9 @@ class EVSet:
             # the reordering window (a deep queue) or dropped by congestion, not by a failure
             self.losses_route_alive += 1
             return
-        if congestion_since is not None and sent_at is not None and self.delay.enabled:
-            if self.delay.delayed(plane, congestion_since):
-                ix = self.route_ix[ev]
-                if self.delay.excuses(ix, sent_at, self.route_alive_sent[ix], episode):
-                    self.losses_delayed += 1
-                    return
-            elif hold:
-                # no delay seen yet: judged ``episode`` from now, when the ACKs of what was
-                # queued ahead of a tail-dropped packet have had time to show it
-                due = now + episode
-                args = (ev, reason, plane_evidence, sent_at, detail, congestion_since, episode)
-                heapq.heappush(self._held, (due, next(self._held_order), args))
-                self.held_next = self._held[0][0]
-                return
+        # the plane's streak takes every loss its path's delay may yet excuse, as before
+        # there was delay evidence: losses of a live plane are interleaved with deliveries
+        # that reset it, and a whole plane that dies is found as fast as ever
         if plane_evidence and sent_at is not None and sent_at <= self.plane_alive_sent[plane]:
             plane_evidence = False
         if plane_evidence:
@@ -690,6 +680,27 @@ class EVSet:
         if self.loss_streak[plane] >= self.config.plane_dead_losses and not self.plane_down[plane]:
             self.set_plane_down(plane, now, EVReason.PLANE_DOWN, str(self.loss_streak[plane]))
             return
+        if congestion_since is not None and sent_at is not None and self.delay.enabled:
+            if self.delay.delayed(plane, congestion_since):
+                ix = self.route_ix[ev]
+                if self.delay.excuses(ix, sent_at, self.route_alive_sent[ix], episode):
+                    self.losses_delayed += 1
+                    return
+            elif hold:
+                # no delay seen yet: the EV is judged ``episode`` from now, when the ACKs of
+                # what was queued ahead of a tail-dropped packet have had time to show it
+                held: tuple[int, EVReason, bool, float, str, float, float] = (
+                    ev,
+                    reason,
+                    False,
+                    sent_at,
+                    detail,
+                    congestion_since,
+                    episode,
+                )
+                heapq.heappush(self._held, (now + episode, next(self._held_order), held))
+                self.held_next = self._held[0][0]
+                return
         if self.state[ev] not in (EVState.GOOD, EVState.SKIP) or not self.active[ev]:
             return
         if (

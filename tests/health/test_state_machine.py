@@ -504,7 +504,9 @@ def test_whole_plane_loss_and_return() -> None:
     down = [e for e in events if e.reason is EVReason.PLANE_DOWN and e.plane == 1]
     assert down, "plane 1 never declared down"
     t_down = down[0].time
-    assert t_down - T1 < 6 * RTT, t_down - T1
+    # measured: 11.6 ms (5.8 RTTs), 12.0 since losses after a delay rise retire no EV (the
+    # dead plane's EVs stay in the rotation a little longer, the plane's streak is the same)
+    assert t_down - T1 < 7 * RTT, t_down - T1
     assert qa.stats.retransmits_timeout == 0
     assert qa.evs.planes_lost == 1
     # every EV of the plane was retired at that moment, backups included
