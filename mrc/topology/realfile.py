@@ -25,6 +25,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -270,13 +271,7 @@ def parse_real_fabric(doc: Any, where: str = "fabric file") -> Topology:
     if mode == "usid":
         return _parse_usid(c, top, fabric_name, where)
 
-    owner: dict[tuple[str, str], str] = {}  # (kind, value) -> the field that first used it
-
-    def claim(kind: str, value: str, field: str) -> None:
-        """Names are unique among hosts and spines, addresses among NICs and SIDs."""
-        if (kind, value) in owner:
-            c.fail(field, f"{kind} {value} is already {owner[kind, value]}")
-        owner[kind, value] = field
+    claim = _Claims(c)  # names unique among hosts and spines, addresses among NICs and SIDs
 
     spines_of: dict[int, list[Router]] = {}
     for i, item in enumerate(c.items(top["planes"], "planes")):
@@ -300,28 +295,12 @@ def parse_real_fabric(doc: Any, where: str = "fabric file") -> Topology:
     if missing:
         c.fail("planes", f"plane numbers must be 0..{nplanes - 1}; plane {missing[0]} is missing")
 
-    hosts = []
-    for i, item in enumerate(c.items(top["hosts"], "hosts")):
-        field = f"hosts[{i}]"
-        host_doc = c.obj(item, field, _HOST_KEYS)
-        name = c.name(host_doc["name"], f"{field}.name")
-        claim("name", name, f"{field}.name")
-        nics: dict[int, HostNic] = {}
-        for j, nic_item in enumerate(c.items(host_doc["nics"], f"{field}.nics")):
-            nfield = f"{field}.nics[{j}]"
-            nic_doc = c.obj(nic_item, nfield, _NIC_KEYS)
-            plane = c.plane(nic_doc["plane"], f"{nfield}.plane")
-            if plane not in spines_of:
-                c.fail(f"{nfield}.plane", f"no plane {plane} (planes are 0..{nplanes - 1})")
-            if plane in nics:
-                c.fail(f"{nfield}.plane", f"host {name} has two NICs in plane {plane}")
-            address = c.address(nic_doc["address"], f"{nfield}.address")
-            claim("address", address, f"{nfield}.address")
-            nics[plane] = HostNic(plane, "", address, "", "", "", "")
-        for plane in range(nplanes):
-            if plane not in nics:
-                c.fail(f"{field}.nics", f"host {name} has no NIC in plane {plane}")
-        hosts.append(Host(name, "", i, tuple(nics[p] for p in range(nplanes))))
+    def nic_of(doc: dict[str, Any], field: str, host: str, plane: int) -> HostNic:
+        address = c.address(doc["address"], f"{field}.address")
+        claim("address", address, f"{field}.address")
+        return HostNic(plane, "", address, "", "", "", "")
+
+    hosts = _hosts(c, top, _NIC_KEYS, nplanes, claim, nic_of)
 
     return Topology(
         name=fabric_name,
@@ -347,12 +326,7 @@ def _parse_usid(c: _Checker, top: dict[str, Any], fabric_name: str, where: str) 
     table = c.integer(u.get("table", us.TABLE_BASE), "usid.table", MIN_TABLE, MAX_TABLE)
     priority = c.integer(u.get("priority", us.RULE_PRIORITY), "usid.priority", 1, MAX_PRIORITY)
 
-    owner: dict[tuple[str, Any], str] = {}
-
-    def claim(kind: str, value: Any, field: str, shown: str) -> None:
-        if (kind, value) in owner:
-            c.fail(field, f"{kind} {shown} is already {owner[kind, value]}")
-        owner[kind, value] = field
+    claim = _Claims(c)
 
     usids: dict[str, int] = {}
     leaves_of: dict[int, list[Router]] = {}
@@ -370,7 +344,7 @@ def _parse_usid(c: _Checker, top: dict[str, Any], fabric_name: str, where: str) 
                 rfield = f"{tfield}[{j}]"
                 router = c.obj(router_item, rfield, _USID_ROUTER_KEYS)
                 name = c.name(router["name"], f"{rfield}.name")
-                claim("name", name, f"{rfield}.name", name)
+                claim("name", name, f"{rfield}.name")
                 sid = c.usid(router["usid"], f"{rfield}.usid")
                 claim("micro-SID", sid, f"{rfield}.usid", f"{sid:x}")
                 usids[name] = sid
@@ -383,48 +357,33 @@ def _parse_usid(c: _Checker, top: dict[str, Any], fabric_name: str, where: str) 
     nspines = max(len(r) for r in spines_of.values())
     ports = _spine_ports(c, u.get("ports"), nspines, nplanes)
 
-    hosts = []
     nic_usids: dict[tuple[str, int], int] = {}
-    for i, item in enumerate(c.items(top["hosts"], "hosts")):
-        field = f"hosts[{i}]"
-        host_doc = c.obj(item, field, _HOST_KEYS)
-        name = c.name(host_doc["name"], f"{field}.name")
-        claim("name", name, f"{field}.name", name)
-        nics: dict[int, HostNic] = {}
-        for j, nic_item in enumerate(c.items(host_doc["nics"], f"{field}.nics")):
-            nfield = f"{field}.nics[{j}]"
-            nic_doc = c.obj(nic_item, nfield, _USID_NIC_KEYS)
-            plane = c.plane(nic_doc["plane"], f"{nfield}.plane")
-            if plane not in spines_of:
-                c.fail(f"{nfield}.plane", f"no plane {plane} (planes are 0..{nplanes - 1})")
-            if plane in nics:
-                c.fail(f"{nfield}.plane", f"host {name} has two NICs in plane {plane}")
-            address = c.address(nic_doc["address"], f"{nfield}.address")
-            if ipaddress.IPv6Address(address) in block_net:
-                c.fail(
-                    f"{nfield}.address",
-                    f"{address} is inside the uSID block {block_net}: give the NIC's own address",
-                )
-            claim("address", address, f"{nfield}.address", address)
-            leaf = nic_doc["leaf"]
-            leaves = [r.name for r in leaves_of[plane]]
-            if not isinstance(leaf, str):
-                c.fail(f"{nfield}.leaf", f"must be a string (a leaf's name), not {_kind(leaf)}")
-            if leaf not in leaves:
-                c.fail(
-                    f"{nfield}.leaf",
-                    f"{leaf!r} is not a leaf of plane {plane} ({', '.join(leaves)})",
-                )
-            sid = c.usid(nic_doc["usid"], f"{nfield}.usid")
-            claim("micro-SID", sid, f"{nfield}.usid", f"{sid:x}")
-            nic_usids[name, plane] = sid
-            dev = c.ifname(nic_doc["dev"], f"{nfield}.dev")
-            gateway = c.address(nic_doc["gateway"], f"{nfield}.gateway", link_local=True)
-            nics[plane] = HostNic(plane, dev, address, "", gateway, leaf, "")
-        for plane in range(nplanes):
-            if plane not in nics:
-                c.fail(f"{field}.nics", f"host {name} has no NIC in plane {plane}")
-        hosts.append(Host(name, "", i, tuple(nics[p] for p in range(nplanes))))
+
+    def nic_of(doc: dict[str, Any], nfield: str, name: str, plane: int) -> HostNic:
+        address = c.address(doc["address"], f"{nfield}.address")
+        if ipaddress.IPv6Address(address) in block_net:
+            c.fail(
+                f"{nfield}.address",
+                f"{address} is inside the uSID block {block_net}: give the NIC's own address",
+            )
+        claim("address", address, f"{nfield}.address")
+        leaf = doc["leaf"]
+        leaves = [r.name for r in leaves_of[plane]]
+        if not isinstance(leaf, str):
+            c.fail(f"{nfield}.leaf", f"must be a string (a leaf's name), not {_kind(leaf)}")
+        if leaf not in leaves:
+            c.fail(
+                f"{nfield}.leaf",
+                f"{leaf!r} is not a leaf of plane {plane} ({', '.join(leaves)})",
+            )
+        sid = c.usid(doc["usid"], f"{nfield}.usid")
+        claim("micro-SID", sid, f"{nfield}.usid", f"{sid:x}")
+        nic_usids[name, plane] = sid
+        dev = c.ifname(doc["dev"], f"{nfield}.dev")
+        gateway = c.address(doc["gateway"], f"{nfield}.gateway", link_local=True)
+        return HostNic(plane, dev, address, "", gateway, leaf, "")
+
+    hosts = _hosts(c, top, _USID_NIC_KEYS, nplanes, claim, nic_of)
 
     layout = us.UsidLayout(
         block=block,
@@ -449,6 +408,54 @@ def _parse_usid(c: _Checker, top: dict[str, Any], fabric_name: str, where: str) 
         srv6="usid",
         layout=layout,
     )
+
+
+class _Claims:
+    """What must be unique in a file (names among hosts and routers, addresses, micro-SIDs),
+    and the field that first used each: a second use is one line naming both."""
+
+    def __init__(self, c: _Checker) -> None:
+        self._c = c
+        self._owner: dict[tuple[str, object], str] = {}
+
+    def __call__(self, kind: str, value: object, field: str, shown: str | None = None) -> None:
+        if (kind, value) in self._owner:
+            what = shown if shown is not None else value
+            self._c.fail(field, f"{kind} {what} is already {self._owner[kind, value]}")
+        self._owner[kind, value] = field
+
+
+def _hosts(
+    c: _Checker,
+    top: dict[str, Any],
+    nic_keys: dict[str, bool],
+    nplanes: int,
+    claim: _Claims,
+    nic_of: Callable[[dict[str, Any], str, str, int], HostNic],
+) -> list[Host]:
+    """Every host of the file, with exactly one NIC per plane; ``nic_of(doc, field, host,
+    plane)`` checks the rest of a NIC (its keys are ``nic_keys``) and makes it."""
+    hosts = []
+    for i, item in enumerate(c.items(top["hosts"], "hosts")):
+        field = f"hosts[{i}]"
+        host_doc = c.obj(item, field, _HOST_KEYS)
+        name = c.name(host_doc["name"], f"{field}.name")
+        claim("name", name, f"{field}.name")
+        nics: dict[int, HostNic] = {}
+        for j, nic_item in enumerate(c.items(host_doc["nics"], f"{field}.nics")):
+            nfield = f"{field}.nics[{j}]"
+            nic_doc = c.obj(nic_item, nfield, nic_keys)
+            plane = c.plane(nic_doc["plane"], f"{nfield}.plane")
+            if not 0 <= plane < nplanes:
+                c.fail(f"{nfield}.plane", f"no plane {plane} (planes are 0..{nplanes - 1})")
+            if plane in nics:
+                c.fail(f"{nfield}.plane", f"host {name} has two NICs in plane {plane}")
+            nics[plane] = nic_of(nic_doc, nfield, name, plane)
+        for plane in range(nplanes):
+            if plane not in nics:
+                c.fail(f"{field}.nics", f"host {name} has no NIC in plane {plane}")
+        hosts.append(Host(name, "", i, tuple(nics[p] for p in range(nplanes))))
+    return hosts
 
 
 def _block(c: _Checker, value: Any, field: str) -> tuple[int, ipaddress.IPv6Network]:
