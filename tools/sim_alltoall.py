@@ -7,14 +7,18 @@ Four hosts on two leaves (a, b | c, d), 2 planes x 2 spines, every link shaped t
 with a tail-drop queue of ``--queue`` bytes; every host writes ``--size`` bytes to each of the
 other three per step (12 QPs, kept for the whole run). At ``--fail-at`` seconds the link between
 leaf L0 and spine 0 of plane 0 goes down in both directions (``--heal-at`` brings it back).
+The fabric is SRv6, as mrc-fabric builds it: each EV pinned to one spine's route (hosts on one
+leaf too: the spine hairpins), every QP told its routes; ``--fabric ecmp``: a plain network,
+spines picked by a hash of the EV, QPs told no routes, hosts on one leaf talking through it.
 
     .venv/bin/python tools/sim_alltoall.py --cc fixed --window 4
     .venv/bin/python tools/sim_alltoall.py --cc nscc --window 64 --qp cc.target_rtt_fraction=0.5
     .venv/bin/python tools/sim_alltoall.py --cc nscc --fail-at 99        # no failure
 
 Prints one line: every step's time (ms), the senders' timeouts, tail loss probes and
-retransmissions, ACKs refused as not answering a copy sent, duplicates received and ACK EVs
-retired for "ACK lost". Same arguments, same output: the simulator is seeded.
+retransmissions, EVs retired (and of those, proved false later), ACKs refused as not answering
+a copy sent, duplicates received and ACK EVs retired for "ACK lost". Same arguments, same
+output: the simulator is seeded.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     spec = LinkSpec(rate=args.rate / 8, queue=args.queue)
     # a host's own NIC queue is deeper, as on the netns fabric (HOST_QUEUE_FRAMES of 9000 bytes)
     nic = LinkSpec(rate=args.rate / 8, queue=max(args.queue, 64 * 9000))
-    fab = Fabric(nic=nic, up=spec, down=spec, lasthop=spec, spines=2, leaves=dict(LEAVES))
+    leaves = dict(LEAVES)
+    ecmp = args.fabric == "ecmp"
+    fab = Fabric(nic=nic, up=spec, down=spec, lasthop=spec, spines=2, leaves=leaves, ecmp=ecmp)
     net = SimNetwork(seed=args.seed, faults=Faults(delay=0.00005, jitter=0.00005), fabric=fab)
     for h in HOSTS:
         net.add_host(h)
@@ -52,9 +58,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         if args.line_rate:  # what a host knows of its NICs: --rate a plane
             cfg.line_rate_bps = args.rate * 2
         apply_settings(cfg, args.qp)
-        qa, qb = net.connect(
-            src, dst, evs=128, config=cfg, planes=2, qpn_a=n, qpn_b=100 + n, routes=True
-        )
+        qa, qb = net.connect(src, dst, evs=128, config=cfg, planes=2, qpn_a=n, qpn_b=100 + n)
         region = net.hosts[dst].core.pd.register(bytearray(args.size))
         qps.append((qa, region))
         receivers.append(qb)
@@ -82,6 +86,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "tlp": sum(s.retransmits_tlp for s in stats),
         "retransmits": sum(s.retransmits for s in stats),
         "evs_assumed_bad": sum(qa.evs.assumed_bad for qa, _r in qps),
+        # of those, how many were later proved false (their route or probe delivered)
+        "evs_assumed_bad_false": sum(qa.evs.assumed_bad_false for qa, _r in qps),
         "acks_refused": sum(s.dropped_by_reason["ack_wrong_ev"] for s in stats),
         "duplicates": sum(qb.stats.duplicates for qb in receivers),
         "acks_lost": sum(1 for host in net.hosts.values() for e in host.events if _ack_lost(e)),
@@ -123,6 +129,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-at", type=float, default=0.25)
     p.add_argument("--heal-at", type=float)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--fabric",
+        choices=("srv6", "ecmp"),
+        default="srv6",
+        help="srv6: EVs pinned to spine routes, as on mrc-fabric (default); ecmp: hashed",
+    )
     p.add_argument(
         "--line-rate",
         action=argparse.BooleanOptionalAction,

@@ -28,6 +28,11 @@ queue of 64 x 9000 bytes; links not named are ideal):
       bad (ev_bad_events: transitions to ASSUMED_BAD on both hosts; no path failed, so each
       is a false alarm).
 
+The fabric is an SRv6 one by default, as mrc-fabric builds (each EV pinned to a spine route,
+every QP told its routes: mrc.lab.sim_links); --fabric ecmp makes it a plain network whose
+switches hash EVs onto spines and whose QPs know no routes (only alltoall and link_down have
+more than one spine, so only they differ).
+
 Every datagram also gets 50 us + up to 50 us of delay before the fabric; ACK settings are
 QPConfig's defaults, and each QP is told its line rate (line_rate_bps: 100 Mbit/s x its
 planes, what a host knows of its NICs; --no-line-rate: not told, the law as before issue 39).
@@ -99,6 +104,7 @@ class Run:
     seed: int
     quick: bool
     line_rate: bool = True  # tell each QP its NICs' rate (QPConfig.line_rate_bps)
+    ecmp: bool = False  # a plain network (Fabric.ecmp) instead of SRv6 routes
     done: dict[str, Result] = field(default_factory=dict)
 
     def config(self, window: int | None = None, planes: int = 1) -> QPConfig:
@@ -152,7 +158,7 @@ def flows_of(
 ) -> list[Flow]:
     out = []
     for n, (src, dst) in enumerate(pairs, start=1):
-        qa, qb = net.connect(src, dst, EVS, cfg, n, n, planes=planes, routes=True)
+        qa, qb = net.connect(src, dst, EVS, cfg, n, n, planes=planes)
         buf = bytearray(size)
         out.append(Flow(src, qa, qb, buf, net.hosts[dst].core.pd.register(buf)))
     return out
@@ -163,7 +169,7 @@ def into_one(
 ) -> tuple[SimNetwork, Fabric, list[Flow]]:
     """``n`` senders, each on a leaf of its own, into host r over 4 planes; r's last hop is
     ``mbit`` per plane and ``last`` (the rest of its LinkSpec)."""
-    fab = Fabric(nic=NIC, lasthop=LinkSpec(rate=mbit * MBIT, **last))
+    fab = Fabric(nic=NIC, lasthop=LinkSpec(rate=mbit * MBIT, **last), ecmp=run.ecmp)
     names = [f"s{i}" for i in range(n)]
     net = setup(run, fab, ["r", *names])
     return net, fab, flows_of(net, [(s, "r") for s in names], run.config(window, 4), 4, size)
@@ -293,7 +299,8 @@ def fair(run: Run, n: int) -> Result:
 def alltoall(run: Run, fail_at: float | None = None) -> Result:
     steps, size = run.pick(6, 2), run.pick(1 << 20, 256 * KIB)
     spec = LinkSpec(rate=100 * MBIT, queue=120_000)
-    fab = Fabric(nic=NIC, up=spec, down=spec, lasthop=spec, spines=2, leaves=dict(LEAVES))
+    leaves = dict(LEAVES)
+    fab = Fabric(nic=NIC, up=spec, down=spec, lasthop=spec, spines=2, leaves=leaves, ecmp=run.ecmp)
     net = setup(run, fab, HOSTS)
     flows = flows_of(net, list(itertools.permutations(HOSTS, 2)), run.config(None, 2), 2, size)
 
@@ -399,6 +406,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=True,
         help="tell each QP its NICs' rate, QPConfig.line_rate_bps (default: yes)",
     )
+    add(
+        "--fabric",
+        choices=("srv6", "ecmp"),
+        default="srv6",
+        help="srv6: EVs pinned to spine routes, as on mrc-fabric (default); ecmp: hashed",
+    )
     add("--json", action="store_true", help="one JSON object on stdout instead of the table")
     add_qp_arg(p, ", to every QP of every law, after --window")
     args = p.parse_args(argv)
@@ -426,7 +439,8 @@ def body(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, Result]] = {}
     corrupt = 0
     for law, spec in args.laws.items():
-        run = Run(spec, args.window, args.qp, args.seed, args.quick, args.line_rate)
+        ecmp = args.fabric == "ecmp"
+        run = Run(spec, args.window, args.qp, args.seed, args.quick, args.line_rate, ecmp)
         for name in args.scenarios:
             t0 = time.monotonic()
             out = run.done[name] = SCENARIOS[name](run)
@@ -439,7 +453,7 @@ def body(args: argparse.Namespace) -> int:
                 print(f"{PROG}: {law} {name}: {out['wall_s']} s", file=sys.stderr)
         results[law] = {name: run.done[name] for name in args.scenarios}
     if args.json:
-        keys = ("window", "qp", "seed", "quick", "line_rate", "scenarios")
+        keys = ("window", "qp", "seed", "quick", "line_rate", "fabric", "scenarios")
         settings = {k: getattr(args, k) for k in keys}
         emit_json({**settings, "laws": results})
     else:

@@ -4,9 +4,10 @@ change" (issue 41: seeded simulations produce identical datagrams before and aft
 
 Why: a refactor of the sans-IO core (the requester's timers moved into recovery, say) must not
 change a single decision. Every datagram a QP hands the simulated wire, with its virtual send
-time, source port and destination, is hashed in order while the simulator tools run their quick
-scenarios (tools/sim_cc.py and tools/sim_alltoall.py, fixed seeds). Run it before and after the
-change: the digests must be equal. A difference names the scenario where it first appears.
+time, EV (32 bits: source port and flow label) and destination, is hashed in order while the
+simulator tools run their quick scenarios (tools/sim_cc.py and tools/sim_alltoall.py, fixed
+seeds). Run it before and after the change: the digests must be equal. A difference names the
+scenario where it first appears.
 
   .venv/bin/python tools/sim_digest.py            # prints one digest per scenario, then all
   .venv/bin/python tools/sim_digest.py --json
@@ -52,12 +53,12 @@ def hashing(h: hashlib._Hash) -> Iterator[None]:
     core's secrets drawn from a seeded generator."""
     original = SimNetwork._transmit
 
-    def transmit(self: SimNetwork, data: bytes, sport: int, dst: str) -> None:
-        h.update(struct.pack("!dI", self.now, sport))
+    def transmit(self: SimNetwork, data: bytes, ev: int, dst: str) -> None:
+        h.update(struct.pack("!dI", self.now, ev))
         h.update(dst.encode())
         h.update(struct.pack("!I", len(data)))
         h.update(data)
-        original(self, data, sport, dst)
+        original(self, data, ev, dst)
 
     SimNetwork._transmit = transmit  # type: ignore[method-assign]
     try:

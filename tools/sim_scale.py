@@ -2,8 +2,9 @@
 """How far the seeded simulator scales: one step of a workload on H hosts, timed.
 
 Hosts sit 16 to a leaf on a fabric of ``--planes`` planes with ``--spines`` spines each
-(``mrc.lab.sim_links.Fabric``: per-link rate and queue, ECMP by source port); every QP is a
-real ``QueuePair`` pair of the core, as in the tests. Workloads:
+(``mrc.lab.sim_links.Fabric``: per-link rate and queue; SRv6, each EV pinned to a spine's route
+as on mrc-fabric, or with ``--fabric ecmp`` hashed onto one); every QP is a real ``QueuePair``
+pair of the core, as in the tests. Workloads:
 
 * ``ring``: host i writes ``--size`` bytes to host i+1 (H QPs): what grows with the hosts
   alone;
@@ -29,12 +30,21 @@ import time
 from mrc.cli.common import emit_json
 from mrc.core import QPConfig, QueuePair
 from mrc.core.events import Event, WriteCompleted
+from mrc.evlayout import ev_slot
 from mrc.lab.sim import Faults, SimNetwork
 from mrc.lab.sim_links import Fabric, LinkSpec
 
 HOSTS_PER_LEAF = 16
-#: source ports the simulator hands out, each to one EV of the whole simulation (from 1024)
+#: source ports the simulator hands out, each to one route of one QP in the whole simulation
+#: (from 1024), so that an EV names its host
 PORTS = 65536 - 1024
+
+
+def ports_per_qp(args: argparse.Namespace) -> int:
+    """Source ports one QP takes: one per route and plane its EVs use, as the transport's
+    sockets (a route per spine on SRv6, one per plane with ECMP); EVs differ in flow label."""
+    routes = [1 if args.fabric == "ecmp" else args.spines] * args.planes
+    return len({ev_slot(i, routes) for i in range(args.evs)})
 
 
 def _pairs(workload: str, hosts: int) -> list[tuple[int, int]]:
@@ -66,7 +76,10 @@ def run_one(args: argparse.Namespace, hosts: int) -> dict[str, object]:
     spec = LinkSpec(rate=args.rate / 8, queue=args.queue)
     names = [f"h{i}" for i in range(hosts)]
     leaves = {name: f"L{i // HOSTS_PER_LEAF}" for i, name in enumerate(names)}
-    fab = Fabric(nic=spec, up=spec, down=spec, lasthop=spec, spines=args.spines, leaves=leaves)
+    ecmp = args.fabric == "ecmp"
+    fab = Fabric(
+        nic=spec, up=spec, down=spec, lasthop=spec, spines=args.spines, leaves=leaves, ecmp=ecmp
+    )
     net = SimNetwork(seed=args.seed, faults=Faults(delay=0.00005, jitter=0.00001), fabric=fab)
     t0 = time.perf_counter()
     for name in names:
@@ -120,6 +133,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-qps", type=int, default=20_000, help="skip sizes needing more QPs")
     p.add_argument("--max-sim", type=float, default=10.0, help="simulated seconds at most")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--fabric",
+        choices=("srv6", "ecmp"),
+        default="srv6",
+        help="srv6: EVs pinned to spine routes, as on mrc-fabric (default); ecmp: hashed",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -139,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         if need > args.max_qps:
             skipped = f"more than {args.max_qps} QPs"
             results.append({"hosts": hosts, "qps": need, "skipped": skipped})
-        elif 2 * need * args.evs > PORTS:
-            # the simulator names every EV by a source port unique in the whole simulation
-            why = f"{2 * need * args.evs} EVs: the simulator has {PORTS} source ports in all"
+        elif 2 * need * ports_per_qp(args) > PORTS:
+            # a source port per route of each QP, unique in the whole simulation
+            ports = 2 * need * ports_per_qp(args)
+            why = f"{ports} source ports: the simulator has {PORTS} in all"
             results.append({"hosts": hosts, "qps": need, "skipped": f"{why} (fewer --evs)"})
         else:
             results.append(run_one(args, hosts))

@@ -6,12 +6,20 @@ lose, trim, duplicate or reorder packets according to a seeded fault schedule. T
 Tests use it to check invariants over hundreds of seeds; researchers can use it to try ideas
 without sockets.
 
+EVs are what the transport opens (``connect``): 32 bits, a UDP source port and a flow label
+(``mrc.wire.ev_value``), laid out by the transport's own rule (``mrc.evlayout``: EV i on plane
+i mod P, its plane's routes in turn, flow label i + 1), one source port per route and plane,
+unique in the whole simulation so that a datagram's EV names the host and plane it left from.
+
 Congestion is opt-in: with a :class:`~mrc.lab.sim_links.Fabric` (``SimNetwork(fabric=...)`` or
-``set_fabric``) each datagram, after the seeded ``Faults`` (applied at the sender, as today),
-crosses that fabric's links, which serialize at a rate, queue, trim or drop, and mark ECN; the
-module ``mrc.lab.sim_links`` documents the topology and how EVs map onto it. Without one, every
-datagram is delivered after its own delay, exactly as before the fabric existed (same seed, same
-events).
+``set_fabric``, before ``connect``) each datagram, after the seeded ``Faults`` (applied at the
+sender), crosses that fabric's links, which serialize at a rate, queue, trim or drop, and mark
+ECN. By default the fabric is what runs on an mrc-fabric: one SRv6 route per spine, each EV
+pinned to its route's spine, and each QP told its routes (``EVSet.set_routes``) as the
+transport tells it, so that route fate works here as it does there; ``Fabric(ecmp=True)`` is a
+plain network instead, where switches hash EVs onto spines and QPs know no routes. The module
+``mrc.lab.sim_links`` documents both. Without a fabric every datagram is delivered after its
+own delay and a plane has one route (its paths are unknown to the QP, as on plain routing).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from mrc.core.config import QPConfig
 from mrc.core.endpoint import EndpointCore
 from mrc.core.events import Event
 from mrc.core.qp import QueuePair
+from mrc.evlayout import ev_label, ev_slot
 from mrc.lab.sim_links import Fabric
 
 
@@ -41,7 +50,7 @@ class Faults:
     reorder_delay: float = 0.002
     delay: float = 0.0001
     jitter: float = 0.00002
-    dead_evs: set[int] = field(default_factory=set)  # EV source ports whose path drops all
+    dead_evs: set[int] = field(default_factory=set)  # EVs (32-bit values) whose path drops all
 
 
 @dataclass(slots=True)
@@ -68,21 +77,25 @@ class SimNetwork:
         self._next_port = 1024
         self.lost = 0
         self.trimmed = 0
-        # source port -> (host, plane) of the EV that owns it: where a datagram enters a fabric
-        self._port_owner: dict[int, tuple[str, int]] = {}
+        # EV -> (host, plane) of the QP that owns it: where a datagram enters a fabric
+        self._ev_owner: dict[int, tuple[str, int]] = {}
         self.fabric: Fabric | None = None
         if fabric is not None:
             self.set_fabric(fabric)
 
     def set_fabric(self, fabric: Fabric) -> None:
-        """Send every datagram through ``fabric``'s links from now on (see mrc.lab.sim_links)."""
+        """Send every datagram through ``fabric``'s links from now on (see mrc.lab.sim_links).
+        Before ``connect``: a QP's EVs and routes are laid out for the fabric it will cross."""
         if self.fabric is not None:
             raise ValueError("this network already has a fabric")
+        if self._links:
+            raise ValueError("set the fabric before connecting QPs: their EVs follow its routes")
         fabric.attach(self._at, self._deliver)
         self.fabric = fabric
 
     def _ports(self, n: int) -> list[int]:
-        """``n`` fresh source ports: unique across the whole simulation, like real EVs."""
+        """``n`` fresh source ports, unique across the whole simulation, so that an EV names
+        the host it left from (real hosts each have ports of their own)."""
         if self._next_port + n > 65536:
             raise ValueError("the simulation ran out of 16-bit source ports")
         ports = list(range(self._next_port, self._next_port + n))
@@ -105,25 +118,19 @@ class SimNetwork:
         psn_a: int = 0,
         psn_b: int = 0,
         planes: int = 1,
-        routes: bool = False,
+        routes: bool | None = None,
+        backups: int = 0,
     ) -> tuple[QueuePair, QueuePair]:
-        """A connected QP pair between hosts ``a`` and ``b``, each with ``evs`` EVs.
+        """A connected QP pair between hosts ``a`` and ``b``, each with ``evs`` EVs in rotation
+        and ``backups`` more in the pool, EVs laid out as the transport lays them out.
 
-        ``routes``: label each EV with the spine its port hashes to on the fabric, as SRv6
-        route labels do for real QPs (EVs of one route share its fate; docs/EV_HEALTH.md)."""
-        ports_a = self._ports(evs)
-        ports_b = self._ports(evs)
-        plane_of = [i % planes for i in range(evs)]
-        # with a fabric, each EV's route is the spine it hashes to (what SRv6 labels give real QPs)
-        fab = self.fabric if routes else None
-        routes_a = [fab.spine_of(p) for p in ports_a] if fab is not None else None
-        routes_b = [fab.spine_of(p) for p in ports_b] if fab is not None else None
-        pd_a, pd_b = self.hosts[a].core.pd, self.hosts[b].core.pd
-        qa = QueuePair(qpn_a, pd_a, ports_a, plane_of, config, psn_a, ev_routes=routes_a)
-        qb = QueuePair(qpn_b, pd_b, ports_b, plane_of, config, psn_b, ev_routes=routes_b)
-        for host, ports in ((a, ports_a), (b, ports_b)):
-            for port, plane in zip(ports, plane_of, strict=True):
-                self._port_owner[port] = (host, plane)
+        ``routes``: whether the QPs are told each EV's route (``EVSet.set_routes``; EVs of one
+        route share its fate, docs/EV_HEALTH.md). None: as the transport would, i.e. on an SRv6
+        fabric (the default kind) and nowhere else. True on an ``ecmp`` fabric: the spine each
+        EV hashes to, which no real host knows (for studies). False: never."""
+        cfg = config or QPConfig()
+        qa = self._queue_pair(a, qpn_a, evs, backups, planes, cfg, psn_a, routes)
+        qb = self._queue_pair(b, qpn_b, evs, backups, planes, cfg, psn_b, routes)
         qa.connect(qpn_b, psn_b)
         qb.connect(qpn_a, psn_a)
         self.hosts[a].core.add(qa)
@@ -131,6 +138,54 @@ class SimNetwork:
         self._links[(a, qpn_a)] = (b, qpn_b)
         self._links[(b, qpn_b)] = (a, qpn_a)
         return qa, qb
+
+    def _queue_pair(
+        self,
+        host: str,
+        qpn: int,
+        active: int,
+        backups: int,
+        planes: int,
+        config: QPConfig,
+        psn: int,
+        told: bool | None,
+    ) -> QueuePair:
+        """A QP of ``host``, its EVs opened (ports, flow labels, routes) as
+        ``mrc.transport.evsockets.open_ev_sockets`` opens them."""
+        fab = self.fabric
+        pinned = fab is not None and not fab.ecmp
+        per_plane = [fab.routes_per_plane if fab is not None else 1] * planes
+        ports: dict[tuple[int, int, int], int] = {}
+        values: list[int] = []
+        plane_of: list[int] = []
+        route_of: list[int] = []
+        for i in range(active + backups):
+            slot = ev_slot(i, per_plane, config.source_ports)
+            if slot not in ports:
+                ports[slot] = self._ports(1)[0]
+            values.append(wire.ev_value(ports[slot], ev_label(i)))
+            plane_of.append(slot[0])
+            route_of.append(slot[1])
+        for ev, plane in zip(values, plane_of, strict=True):
+            self._ev_owner[ev] = (host, plane)
+        ids: list[int] | None = None
+        if pinned:
+            assert fab is not None
+            for ev, spine in zip(values, route_of, strict=True):
+                fab.pin(ev, spine)
+            if told is not False:
+                # what mrc.connection.handshake.route_ids makes of the routes' labels (a
+                # spine's name, distinct per plane): a number per (plane, spine), in EV order
+                labels: dict[tuple[int, int], int] = {}
+                ids = [
+                    labels.setdefault(pr, len(labels))
+                    for pr in zip(plane_of, route_of, strict=True)
+                ]
+        elif told and fab is not None:
+            ids = [fab.spine_of(ev) for ev in values]
+        return QueuePair(
+            qpn, self.hosts[host].core.pd, values, plane_of, config, psn, active, ev_routes=ids
+        )
 
     # ---- scheduling --------------------------------------------------------------------
 
@@ -155,10 +210,10 @@ class SimNetwork:
             qp.handle_timer(self.now)
             self.pump(host, qp)
 
-    def _transmit(self, data: bytes, sport: int, dst: str) -> None:
+    def _transmit(self, data: bytes, ev: int, dst: str) -> None:
         f = self.faults
         r = self.rng
-        if sport in f.dead_evs or r.random() < f.loss:
+        if ev in f.dead_evs or r.random() < f.loss:
             self.lost += 1
             return
         if data[0] in (wire.Opcode.RDMA_WRITE_ONLY, wire.Opcode.RDMA_WRITE_ONLY_IMM) and (
@@ -179,24 +234,24 @@ class SimNetwork:
             if r.random() < f.reorder:
                 delay += r.random() * f.reorder_delay
             if self.fabric is None:
-                self._at(self.now + delay, partial(self._deliver, dst, data, sport))
+                self._at(self.now + delay, partial(self._deliver, dst, data, ev))
             else:
-                self._at(self.now + delay, partial(self._enter_fabric, dst, data, sport))
+                self._at(self.now + delay, partial(self._enter_fabric, dst, data, ev))
 
-    def _enter_fabric(self, dst: str, data: bytes, sport: int) -> None:
+    def _enter_fabric(self, dst: str, data: bytes, ev: int) -> None:
         assert self.fabric is not None
-        src, plane = self._port_owner.get(sport, ("?", 0))
-        self.fabric.send(self.now, src, dst, sport, plane, data)
+        src, plane = self._ev_owner.get(ev, ("?", 0))
+        self.fabric.send(self.now, src, dst, ev, plane, data)
 
-    def _deliver(self, dst: str, data: bytes, sport: int) -> None:
+    def _deliver(self, dst: str, data: bytes, ev: int) -> None:
         host = self.hosts[dst]
-        qp = host.core.receive_datagram(memoryview(data), sport, self.now)
+        qp = host.core.receive_datagram(memoryview(data), ev, self.now)
         if qp is not None:
             self.pump(host, qp)
 
-    def inject(self, dst: str, data: bytes, sport: int = 9999) -> None:
+    def inject(self, dst: str, data: bytes, ev: int = 9999) -> None:
         """Deliver a raw datagram to ``dst`` now (for malformed-input tests)."""
-        self._at(self.now, lambda: self._deliver(dst, data, sport))
+        self._at(self.now, lambda: self._deliver(dst, data, ev))
 
     def kick(self) -> None:
         """Pump every QP once (after posting work)."""

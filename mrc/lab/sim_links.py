@@ -6,7 +6,8 @@ congestion control has nothing to react to.  A :class:`Fabric` attached to a net
 :class:`Link` objects instead, each serving packets one at a time at its rate, so that a sender
 faster than its bottleneck builds a queue, the queue overflows, and several senders into one
 receiver contend for one queue, exactly the situations MRC's trimming, NACKs and (later)
-congestion control exist for.  Without a fabric the simulator is unchanged, seed for seed.
+congestion control exist for.  Without a fabric nothing queues, as before links existed: an
+ideal fabric (no rates) whose QPs get one route per plane gives the very same events.
 
 Topology (one copy per plane, two tiers, hosts on leaves; every host is its own leaf unless
 ``Fabric.leaves`` says otherwise)::
@@ -14,12 +15,25 @@ Topology (one copy per plane, two tiers, hosts on leaves; every host is its own 
     src --nic:src/pP--> leaf(src) --up:leaf/pP/sS--> spine S of plane P
         --down:leaf(dst)/pP/sS--> leaf(dst) --last:dst/pP--> dst
 
-* The plane of a datagram is the plane of the EV it leaves on (``SimNetwork.connect`` gives EV
-  ``i`` plane ``i % planes``, on both QPs, so an ACK echoing an EV returns on the same plane).
-* Within a plane, the spine is chosen by a hash of the UDP source port (the EV):
-  ``crc32(port as 2 big-endian bytes) % spines``, as an ECMP switch would, so spraying over EVs
-  spreads a QP over the spines and two EVs can collide on one spine as in a real fabric.
-* Hosts on the same leaf skip the spines: ``nic`` then ``last``.
+EVs are 32 bits, as on the wire (``mrc.wire.ev_value``: the UDP source port in the high 16, the
+flow label in the low 16), and ``SimNetwork.connect`` lays a QP's EVs out as the transport does
+(``mrc.evlayout``): EV ``i`` is on plane ``i % planes`` and its datagrams, and ACKs echoing it,
+stay in that plane; within a plane, how an EV finds its spine is the fabric's kind:
+
+* **SRv6 (the default, ``ecmp=False``): what runs on an mrc-fabric.** Each EV is pinned to the
+  spine of its route (``Fabric.pin``): EV ``i`` takes its plane's ``spines`` routes in turn,
+  route ``(i // planes) % spines``, one source port per route and plane, and the QP is told its
+  routes as the transport tells it (``EVSet.set_routes``), so route fate and route-alive
+  evidence (docs/EV_HEALTH.md) work as on the netns fabric. Hosts on one leaf still go through
+  the spine of the route (the spine hairpins the packet back down, docs/FABRIC.md), so
+  spraying covers every spine. A datagram whose EV is pinned to nothing (``inject``, a QP built
+  by hand) takes the plane's default path, as the fabric's static routes send it: through
+  spine 0, or straight through a shared leaf.
+* **A plain network (``ecmp=True``).** No source routes: a QP has one route per plane (one
+  source port per plane; its EVs differ in flow label) and is told nothing of its paths, and a
+  switch hashes each EV onto a spine, ``crc32(EV as 4 big-endian bytes) % spines``, so two EVs
+  can collide on one spine. Hosts on the same leaf skip the spines: ``nic`` then ``last``. For
+  studies of MRC on a network without SRv6 (``Fabric.spine_of`` tells the spine of an EV).
 * ``last:dst/pP`` is the last hop into a receiver: every sender to ``dst`` in plane ``P`` shares
   its queue (incast N->1); a trim there also sets LASTHOP, like ``mrc/lab/fabric/trim`` on a port
   that faces the destination host.  ``nic:src/pP`` is the sender's own NIC port, which by
@@ -85,7 +99,7 @@ _WRITE_IMM = int(wire.Opcode.RDMA_WRITE_ONLY_IMM)
 
 #: schedule(when, fn): run ``fn`` at virtual time ``when`` (the network's event heap)
 Schedule = Callable[[float, Callable[[], None]], None]
-#: deliver(dst host, datagram, source port): hand a datagram to the receiving endpoint
+#: deliver(dst host, datagram, EV): hand a datagram to the receiving endpoint
 Deliver = Callable[[str, bytes, int], None]
 
 
@@ -149,7 +163,7 @@ class LinkEvent:
     link: str
     kind: str
     pid: int
-    sport: int
+    ev: int  # the datagram's 32-bit EV (UDP source port and flow label)
     data: bytes
     queued: int = 0
     marked: bool = False
@@ -162,7 +176,7 @@ class Packet:
     pid: int
     data: bytes
     dst: str
-    sport: int
+    ev: int
     path: tuple[Link, ...]
     hop: int = 0
     arrived: float = 0.0  # when it reached path[hop]
@@ -329,9 +343,7 @@ class Link:
     def _trace(self, now: float, kind: str, pkt: Packet, queued: int, marked: bool) -> None:
         trace = self.fabric.trace
         if trace is not None:
-            trace.append(
-                LinkEvent(now, self.name, kind, pkt.pid, pkt.sport, pkt.data, queued, marked)
-            )
+            trace.append(LinkEvent(now, self.name, kind, pkt.pid, pkt.ev, pkt.data, queued, marked))
 
 
 @dataclass
@@ -347,6 +359,8 @@ class Fabric:
     down: LinkSpec = field(default_factory=LinkSpec)  # spine -> leaf, per (leaf, plane, spine)
     lasthop: LinkSpec = field(default_factory=LinkSpec)  # leaf -> host, per (host, plane)
     spines: int = 1  # per plane
+    #: a plain network: switches hash EVs onto spines; False: SRv6, each EV pinned to its route
+    ecmp: bool = False
     leaves: dict[str, str] = field(default_factory=dict)  # host -> leaf; default: its own
     overrides: dict[str, LinkSpec] = field(default_factory=dict)  # link name -> spec
     record: bool = False  # keep a LinkEvent per packet step in ``trace``
@@ -357,6 +371,7 @@ class Fabric:
     _routes: dict[tuple[str, str, int, int], tuple[Link, ...]] = field(
         default_factory=dict, init=False, repr=False
     )
+    _pins: dict[int, int] = field(default_factory=dict, init=False, repr=False)  # EV -> spine
     _pids: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -379,9 +394,28 @@ class Fabric:
 
     # ---- topology ----------------------------------------------------------------------
 
-    def spine_of(self, sport: int) -> int:
-        """ECMP within a plane: the spine an EV's packets cross, from its source port."""
-        return zlib.crc32(sport.to_bytes(2, "big")) % self.spines
+    @property
+    def routes_per_plane(self) -> int:
+        """How many routes a QP has in each plane, as the transport would open them: one per
+        spine on an SRv6 fabric (between hosts on one leaf too), one on a plain network."""
+        return 1 if self.ecmp else self.spines
+
+    def pin(self, ev: int, spine: int) -> None:
+        """Send EV ``ev``'s datagrams through ``spine`` of their plane: its SRv6 route."""
+        if self.ecmp:
+            raise ValueError("a plain (ecmp) fabric has no source routes to pin EVs to")
+        if not 0 <= spine < self.spines:
+            raise ValueError(f"spine {spine} of {self.spines}")
+        self._pins[ev] = spine
+
+    def spine_of(self, ev: int) -> int:
+        """The spine EV ``ev``'s datagrams cross between two leaves: its route's, if pinned;
+        else the ECMP hash of its 32 bits on a plain fabric, spine 0 (the default path of the
+        static routes) on an SRv6 one."""
+        spine = self._pins.get(ev)
+        if spine is not None:
+            return spine
+        return zlib.crc32(ev.to_bytes(4, "big")) % self.spines if self.ecmp else 0
 
     def link(self, name: str) -> Link:
         """The link called ``name`` (KeyError if no packet has used it yet)."""
@@ -394,15 +428,15 @@ class Fabric:
             self.links[name] = link
         return link
 
-    def route(self, src: str, dst: str, sport: int, plane: int) -> tuple[Link, ...]:
-        key = (src, dst, sport, plane)
+    def route(self, src: str, dst: str, ev: int, plane: int) -> tuple[Link, ...]:
+        key = (src, dst, ev, plane)
         path = self._routes.get(key)
         if path is None:
             src_leaf = self.leaves.get(src, src)
             dst_leaf = self.leaves.get(dst, dst)
             hops = [self._link(f"nic:{src}/p{plane}", self.nic)]
-            if src_leaf != dst_leaf:
-                s = self.spine_of(sport)
+            if src_leaf != dst_leaf or ev in self._pins:  # a pinned route hairpins at its spine
+                s = self.spine_of(ev)
                 hops.append(self._link(f"up:{src_leaf}/p{plane}/s{s}", self.up))
                 hops.append(self._link(f"down:{dst_leaf}/p{plane}/s{s}", self.down))
             hops.append(self._link(f"last:{dst}/p{plane}", self.lasthop, lasthop=True))
@@ -412,11 +446,11 @@ class Fabric:
 
     # ---- moving packets ----------------------------------------------------------------
 
-    def send(self, now: float, src: str, dst: str, sport: int, plane: int, data: bytes) -> None:
-        """A datagram leaves ``src`` on EV ``sport`` (of plane ``plane``) towards ``dst``."""
+    def send(self, now: float, src: str, dst: str, ev: int, plane: int, data: bytes) -> None:
+        """A datagram leaves ``src`` on EV ``ev`` (of plane ``plane``) towards ``dst``."""
         self._pids += 1
-        path = self.route(src, dst, sport, plane)
-        path[0].arrive(now, Packet(self._pids, data, dst, sport, path))
+        path = self.route(src, dst, ev, plane)
+        path[0].arrive(now, Packet(self._pids, data, dst, ev, path))
 
     def forward(self, when: float, pkt: Packet) -> None:
         """``pkt`` left ``pkt.path[pkt.hop]``; at ``when`` it reaches the next hop or the host."""
@@ -429,10 +463,10 @@ class Fabric:
     def _arrive_host(self, now: float, pkt: Packet) -> None:
         if self.trace is not None:
             self.trace.append(
-                LinkEvent(now, f"host:{pkt.dst}", "deliver", pkt.pid, pkt.sport, pkt.data)
+                LinkEvent(now, f"host:{pkt.dst}", "deliver", pkt.pid, pkt.ev, pkt.data)
             )
         assert self._deliver is not None
-        self._deliver(pkt.dst, pkt.data, pkt.sport)
+        self._deliver(pkt.dst, pkt.data, pkt.ev)
 
     # ---- reading the results -----------------------------------------------------------
 

@@ -9,8 +9,9 @@ So a QP opens ``source_ports`` sockets per route (a route: a plane's local and r
 and on an SRv6 fabric the sticky routing header of one spine), not one per EV: a default QP of
 20 EVs over 4 planes opens 4 sockets where it opened 20. EV i is on plane i mod P, takes that
 plane's routes in turn, and the sockets of its route in turn; its flow label is i + 1 (a label
-of 0 would ask the kernel to pick one). Over IPv4 there is no flow label: every EV gets a
-socket of its own there, and the port alone tells EVs apart, as before MRC's 32-bit EVs.
+of 0 would ask the kernel to pick one): ``mrc.evlayout``, the rule the simulator follows too.
+Over IPv4 there is no flow label: every EV gets a socket of its own there, and the port alone
+tells EVs apart, as before MRC's 32-bit EVs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from mrc import wire
 from mrc.errors import MRCError
+from mrc.evlayout import ev_label, ev_slot
 from mrc.srv6.evroutes import EVRoute
 from mrc.transport import flowlabel
 from mrc.transport.ports import PortRange, RangeExhausted
@@ -60,21 +62,18 @@ def open_ev_sockets(
     out = EVSockets([], [], [], [], [], [])
     opened: dict[tuple[int, int, int], socket.socket] = {}
     used: set[int] = set()
-    nplanes = len(routes)
+    per_plane = [len(options) for options in routes]
     try:
         for i in range(count):
-            plane = i % nplanes
-            options = routes[plane]
-            turn = i // nplanes
-            option = turn % len(options)
-            route = options[option]
-            key = (plane, option, (turn // len(options)) % source_ports)
+            key = ev_slot(i, per_plane, source_ports)
+            plane, option, _socket = key
+            route = routes[plane][option]
             sock = opened.get(key)
             if sock is None or sock.family != socket.AF_INET6:
                 sock = _distinct_port_socket(route, peer_port, ports, used)
                 opened[key] = sock
                 out.sockets.append(sock)
-            label = i + 1 if sock.family == socket.AF_INET6 else 0
+            label = ev_label(i) if sock.family == socket.AF_INET6 else 0
             out.per_ev.append(sock)
             out.values.append(wire.ev_value(sock.getsockname()[1], label))
             out.labels.append(label)

@@ -61,8 +61,9 @@ def test_a_dead_route_takes_its_evs_out_together() -> None:
     shared = _run_tool("--fail-at", "0.1")
     alone = _run_tool("--fail-at", "0.1", "--qp", "route_dead_evs=0")
     assert shared["route_down_transitions"] > 0 and alone["route_down_transitions"] == 0
-    # measured: worst step 196 vs 325 ms, tail probes 34 vs 300; timeouts 0 and 0 since the
-    # ACK of a tail loss probe goes twice (P), 2 vs 39 before
+    # measured: worst step 219 vs 375 ms, tail probes 38 vs 365; timeouts 0 and 0 since the
+    # ACK of a tail loss probe goes twice (P), 2 vs 39 before. (With the spine picked by a
+    # hash of the EV, before the simulator pinned EVs to SRv6 routes: 200 vs 324 ms, 31 vs 249)
     assert max(shared["steps_ms"]) < 0.7 * max(alone["steps_ms"])  # type: ignore[call-overload]
     assert shared["timeouts"] <= alone["timeouts"]  # type: ignore[operator]
     assert shared["tlp"] * 2 < alone["tlp"]  # type: ignore[operator]
@@ -71,16 +72,19 @@ def test_a_dead_route_takes_its_evs_out_together() -> None:
 def test_no_failure_takes_no_route_down() -> None:
     quiet = _run_tool("--fail-at", "99")
     assert quiet["route_down_transitions"] == 0
-    # a tail drop in the simulator's 120 kB queues is a real loss: 1 EV here (no route)
+    # a tail drop in the simulator's 120 kB queues is a real loss, but one after the delay
+    # rose is not held against its EV: 0 here (3 before delay evidence, all proved false)
     assert quiet["evs_assumed_bad"] <= 2 and quiet["timeouts"] == 0  # type: ignore[operator]
+    assert quiet["evs_assumed_bad_false"] == quiet["evs_assumed_bad"]  # nothing failed
 
 
 def test_the_target_of_two_own_packets_keeps_the_slow_links_busy() -> None:
     """At 100 Mbit/s an 8 KiB packet takes 0.66 ms on a link and three flows share each
     receiver's last hop: a 0.5 ms target alone holds every window at about a packet
-    (measured: steps of 96-161 ms against 76-80 with cc.target_packets=2; off by default, as
+    (measured: steps of 126-187 ms against 84-94 with cc.target_packets=2; off by default, as
     it did not help on the netns fabric)."""
     new = _run_tool("--fail-at", "99", "--qp", "cc.target_packets=2")
     old = _run_tool("--fail-at", "99")
     assert max(new["steps_ms"]) < 0.7 * max(old["steps_ms"])  # type: ignore[call-overload]
     assert new["timeouts"] == 0 and new["evs_assumed_bad"] <= 2  # type: ignore[operator]
+    assert new["evs_assumed_bad_false"] == new["evs_assumed_bad"]

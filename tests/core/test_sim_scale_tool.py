@@ -38,6 +38,33 @@ def test_every_qp_of_a_step_completes_and_is_counted() -> None:
 def test_sizes_beyond_the_simulator_are_skipped_with_the_reason() -> None:
     rows = _run("--hosts", "3000", "--workload", "ring", "--evs", "16")["results"]
     assert isinstance(rows, list)
-    assert rows[0]["qps"] == 3000 and "96000 EVs" in str(rows[0]["skipped"])
+    # 16 EVs over 4 planes x 4 spines: a source port each (one per route of the QP)
+    assert rows[0]["qps"] == 3000 and "96000 source ports" in str(rows[0]["skipped"])
     rows = _run("--hosts", "200", "--workload", "alltoall", "--max-qps", "1000")["results"]
     assert isinstance(rows, list) and rows[0]["skipped"] == "more than 1000 QPs"
+
+
+def test_a_qp_takes_a_port_per_route_and_plane_not_per_ev() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sim_scale", TOOL)
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    ports = {
+        (fabric, evs): tool.ports_per_qp(
+            tool.parser().parse_args(["--fabric", fabric, "--evs", str(evs)])
+        )
+        for fabric in ("srv6", "ecmp")
+        for evs in (4, 16, 128)
+    }
+    # 4 planes x 4 spines: 16 routes, fewer if the EVs do not reach them all; with ECMP a
+    # route per plane, its EVs told apart by flow label
+    assert ports == {
+        ("srv6", 4): 4,
+        ("srv6", 16): 16,
+        ("srv6", 128): 16,
+        ("ecmp", 4): 4,
+        ("ecmp", 16): 4,
+        ("ecmp", 128): 4,
+    }

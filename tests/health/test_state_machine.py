@@ -169,22 +169,7 @@ def connect(
 ) -> tuple[QueuePair, QueuePair]:
     """A QP pair with ``active`` EVs in rotation plus ``backups`` in the pool, EV i on plane
     i mod ``planes`` (as mrc.connection lays them out)."""
-    total = active + backups
-    plane_of = [i % planes for i in range(total)]
-    qs = []
-    for name in ("a", "b"):
-        ports = net._ports(total)
-        qs.append(
-            QueuePair(1, net.hosts[name].core.pd, ports, plane_of, config, 0, active_evs=active)
-        )
-    qa, qb = qs
-    qa.connect(1, 0)
-    qb.connect(1, 0)
-    net.hosts["a"].core.add(qa)
-    net.hosts["b"].core.add(qb)
-    net._links[("a", 1)] = ("b", 1)
-    net._links[("b", 1)] = ("a", 1)
-    return qa, qb
+    return net.connect("a", "b", active, config, planes=planes, backups=backups)
 
 
 def run_transfer(
