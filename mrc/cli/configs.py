@@ -33,9 +33,18 @@ LIMIT_FLAGS = {
 
 
 def sender_qp(args: argparse.Namespace, payload: int) -> QPConfig:
-    """mrc-send's QP settings: --payload (as chosen for the path), --burst, --cc, --window,
-    then every --qp; ValueError (bad usage) if impossible."""
-    config = QPConfig(payload_size=payload, burst=args.burst, cc=args.cc)
+    """mrc-send's QP settings: --payload (as chosen for the path), --burst or --spray, --cc,
+    --window, then every --qp; ValueError (bad usage) if impossible."""
+    burst = args.burst
+    if args.spray == "packet":
+        if burst is not None and burst != 1:
+            raise ValueError(
+                f"--spray packet sends every packet on its own EV: not --burst {burst}"
+            )
+        burst = 1
+    elif args.spray == "burst" and burst == 1:
+        raise ValueError("--spray burst needs bursts: not --burst 1")
+    config = QPConfig(payload_size=payload, burst=burst, cc=args.cc)
     apply_settings(with_window(config, args.window or DEFAULT_WINDOW), args.qp)
     config.validate()
     return config

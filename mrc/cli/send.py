@@ -190,6 +190,14 @@ verified end to end with the checksum the receiver picks (BLAKE3 by default, --c
         "links are still sprayed packet by packet (default: up to 16 with nscc; 1, every "
         "packet on its own EV, with --cc fixed)",
     )
+    how.add_argument(
+        "--spray",
+        choices=("packet", "burst"),
+        default=None,
+        help="how packets take EVs: 'packet', every packet on the next EV (--burst 1); "
+        "'burst' (the default with nscc), bursts of up to --burst packets share one EV "
+        "(docs/PROTOCOL.md, deviation 13, has what each costs)",
+    )
     how.add_argument("--cc", type=cc_arg, default="nscc", metavar="LAW", help=CC_HELP)
     add_qp_arg(how, ", applied after every other option")
     add_idle_timeout(how, "the receiver acknowledges nothing", IDLE_TIMEOUT)

@@ -153,3 +153,33 @@ def test_the_failover_roles_read_qp_the_same_way() -> None:
     assert res.stderr.splitlines()[-1].endswith(
         "error: argument --qp: tlp_max: want an integer, not 'x'"
     )
+
+
+def test_mrc_send_spray_sets_the_burst_and_refuses_a_contradiction() -> None:
+    from mrc.cli.configs import sender_qp
+    from mrc.cli.send import build_parser
+
+    def qp(*extra: str) -> QPConfig:
+        args = build_parser().parse_args(["--size", "1M", "--to", "[::1]:1", *extra])
+        return sender_qp(args, 1400)
+
+    assert qp("--spray", "packet").burst_max == 1
+    assert qp("--spray", "burst").burst == qp().burst is None  # the law's bursts (nscc: 16)
+    assert qp().burst_max > 1
+    assert qp("--spray", "burst", "--burst", "8").burst_max == 8
+    line = _usage_error(
+        str(BIN / "mrc-send"),
+        "--size",
+        "1M",
+        "--to",
+        "[::1]:1",
+        "--spray",
+        "packet",
+        "--burst",
+        "4",
+    )
+    assert line.startswith("mrc-send: error: --spray packet sends every packet on its own EV")
+    line = _usage_error(
+        str(BIN / "mrc-send"), "--size", "1M", "--to", "[::1]:1", "--spray", "burst", "--burst", "1"
+    )
+    assert line.startswith("mrc-send: error: --spray burst needs bursts: not --burst 1")
