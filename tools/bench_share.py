@@ -33,6 +33,40 @@ Reported per law and sender count (medians over ``--runs``, and every run in the
   JSON, and the receiver's own line; ``sha256_ok`` in the JSON). A mismatch is reported loudly
   and the exit status is 1.
 
+Without trimming or marks, with a last hop slower than the tools are told, and with a link
+that dies mid-run (issue 39):
+
+* ``--no-trim`` builds the fabric without ``--trim``: every router port a plain tbf, a
+  tail-drop queue of ~10 ms, and no ECN marks; congestion shows only as delay and drops;
+* ``--reshape RATE`` (needs ``--no-trim``), once the fabric is up and before any sender runs,
+  reshapes the receiver's plane links (its leaf's port into it, one per plane: its NIC links)
+  to RATE with tc, behind the tools' back: the leaf's port a tbf holding ``--reshape-queue`` ms
+  of RATE (default 9), tail drop; the receiver's own NIC the fabric's host queue at RATE. The
+  topology file still says ``--rate``, so every sender takes its line rate from that and is
+  wrong. Utilization is then of planes x RATE, the real capacity;
+* ``--fail-at SECONDS`` sets plane 0's first spine's link into the receiver's leaf down (both
+  ends, admin down, as ``mrc-fabric link``) that long after the senders' data begins to flow
+  (the receiver's NICs have taken in 256 KiB), in every measured run, and up again after it:
+  a link carrying that spine's share of plane 0 for every sender. Reported: its route's EVs
+  retired (the senders' data EVs, from ``--ev-log``; the receiver's ACK EVs), how soon after
+  the failure the first and the last were, other EVs retired, the longest stall after it
+  (every sender reports every 50 ms: ``--interval``), and the last hop's rate on its own
+  counters in the second just before and just after the failure (before the first sender
+  finishes; shorter if SECONDS < 2);
+* ``--size SIZE`` sends SIZE from every sender instead of ``--time`` (the issue's rows: 64M);
+* ``--library DIR`` runs mrc-send and mrc-recv with DIR first on their PYTHONPATH: another
+  checkout of mrc (a git worktree of an older commit, with its native module), so one version
+  of this tool measures two of mrc; ``config.children_mrc_commit`` says which ran.
+
+Every run also reports EVs retired (``evs_assumed_bad``: the senders' data EVs; ``_ack``: the
+receiver's ACK EVs), how many of those proved false (``evs_assumed_bad_false``), losses
+excused by queueing delay (``ev_losses_delayed``; null where the code that ran does not count
+it), the last hop's own receive counters (``lasthop_utilization``, ``lasthop_peak_bps``) and,
+with ``--reshape`` or ``--fail-at``, the longest time any sender had nothing acknowledged
+(``max_stall_s``, in 50 ms steps) and the EVs retired by reason (every process writes
+``--ev-log``: ``retired_reasons``, ``retired_reasons_ack``; summed over the runs in the
+summary).
+
 Output: progress lines on stderr (not with ``--quiet``), then the table on stdout, or with
 ``--json`` the table on stderr and one JSON object on stdout (per-sender values included, and
 the machine: its CPU count and load). The fabric's namespaces are named mrc-<name>-... with a
@@ -41,6 +75,10 @@ unique default name and are always removed, also on Ctrl-C / SIGTERM. Needs root
     sudo .venv/bin/python tools/bench_share.py                        # 2 and 4 senders, nscc
     sudo .venv/bin/python tools/bench_share.py --senders 2,4 --cc nscc,nscc-mrc --runs 3
     sudo .venv/bin/python tools/bench_share.py --senders 2 --cc nscc,fixed --time 2 --json
+    sudo .venv/bin/python tools/bench_share.py --senders 2,4,8 --size 64M --rate 200mbit \\
+        --no-trim --reshape 50mbit --runs 3                       # issue 39's first row
+    sudo .venv/bin/python tools/bench_share.py --senders 2 --size 64M --rate 200mbit \\
+        --no-trim --reshape 50mbit --fail-at 2                    # ... and a link dies
 """
 
 from __future__ import annotations
@@ -48,8 +86,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
-from mrc.cli.common import Parser, cc_arg, float_between, positive_int, rate_arg, run_main
+from mrc.cli.common import (
+    Parser,
+    cc_arg,
+    float_between,
+    positive_int,
+    rate_arg,
+    run_main,
+    size_arg,
+)
 from mrc.core.cc import names as cc_names
 from mrc.lab.bench.share import PROG
 from mrc.lab.bench.share import main as run_bench
@@ -115,8 +162,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--time",
         type=float_between(0, 600, " s"),
-        default=6.0,
+        default=None,
         help="seconds every sender sends in a run (mrc-send --time; default 6)",
+    )
+    p.add_argument(
+        "--size",
+        type=size_arg,
+        default=None,
+        help="bytes every sender sends in a run instead (mrc-send --size: 64M ...)",
     )
     p.add_argument(
         "--runs", type=positive_int, default=1, help="runs; medians are reported (default 1)"
@@ -139,6 +192,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="mrc-send --window for every sender (default auto: mrc-send's own cap, 512, for "
         "laws that find their window; 4 per plane for --cc fixed, whose window it is)",
     )
+    p.add_argument(
+        "--no-trim",
+        action="store_true",
+        help="build the fabric without --trim: plain tail-drop queues, no trims, no ECN marks",
+    )
+    p.add_argument(
+        "--reshape",
+        type=rate_arg,
+        metavar="RATE",
+        help="with --no-trim: reshape the receiver's plane links to RATE once the fabric is up, "
+        "behind the tools' back (they are told --rate)",
+    )
+    p.add_argument(
+        "--reshape-queue",
+        type=float_between(0, 1000, " ms"),
+        default=None,
+        metavar="MS",
+        help="with --reshape: the leaf port's tail-drop queue, in ms of RATE (default 9)",
+    )
+    p.add_argument(
+        "--fail-at",
+        type=float_between(0, 600, " s"),
+        metavar="SECONDS",
+        help="set plane 0's first spine's link into the receiver's leaf down SECONDS after the "
+        "data begins to flow, in every run (up again after it)",
+    )
+    p.add_argument(
+        "--library",
+        metavar="DIR",
+        help="run mrc-send and mrc-recv with the mrc package of DIR, another checkout "
+        "(PYTHONPATH=DIR): before/after comparisons",
+    )
     p.add_argument("--name", help="fabric name, the namespaces' prefix (default share<pid>)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -146,6 +231,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.name = args.name or f"share{os.getpid()}"
     if not NAME_RE.match(args.name):
         p.error(f"bad --name {args.name!r}: use 1-24 letters, digits or '_' (no '-')")
+    if args.size is not None and args.time is not None:
+        p.error("--size and --time exclude each other: every sender sends one or the other")
+    if args.size is not None and args.size <= 0:
+        p.error("--size must be at least 1 byte")
+    if args.size is None and args.time is None:
+        args.time = 6.0
+    if args.reshape is not None and not args.no_trim:
+        p.error(
+            "--reshape needs --no-trim: a trimming router's virtual queue drains at the rate "
+            "the fabric was built with"
+        )
+    if args.reshape_queue is not None and args.reshape is None:
+        p.error("--reshape-queue needs --reshape")
+    if args.reshape is not None and args.reshape_queue is None:
+        args.reshape_queue = 9.0
+    if args.fail_at is not None and args.time is not None and args.fail_at >= args.time:
+        p.error(f"--fail-at {args.fail_at:g} must be less than --time {args.time:g}")
+    if args.library is not None:
+        lib = Path(args.library)
+        if not (lib / "mrc" / "__init__.py").is_file():
+            p.error(f"--library {args.library}: no mrc package there (DIR/mrc/__init__.py)")
+        args.library = str(lib.resolve())
     return args
 
 

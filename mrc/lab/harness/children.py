@@ -167,12 +167,17 @@ class Child:
 
 
 def exit_times(
-    children: Mapping[Key, Child], timeout: float, poll: float = POLL
+    children: Mapping[Key, Child],
+    timeout: float,
+    poll: float = POLL,
+    on_poll: Callable[[float], None] | None = None,
 ) -> dict[Key, float]:
     """Wait up to ``timeout`` seconds for every one of ``children`` to exit; when each did, on
     :func:`time.monotonic`'s clock (seen within ``poll`` seconds), everything it printed read.
     One still running at the end has no entry and is left running: its caller says which, and
-    :class:`Children` stops it.
+    :class:`Children` stops it. ``on_poll(now)``, if given, runs at every look while any of
+    them runs (a benchmark that acts or samples on a schedule meanwhile: bench_share's link
+    failure and last-hop counters); an exit is seen that much later while it runs.
 
     Why not :meth:`Child.finished` one after the other: that says only that all had exited by
     the time the last had, and a benchmark that puts several children's own durations on one
@@ -186,6 +191,8 @@ def exit_times(
                 exits[key] = now
         if len(exits) == len(children) or now > deadline:
             break
+        if on_poll is not None:
+            on_poll(now)
         time.sleep(poll)
     for key in exits:
         children[key].finished(DRAIN)

@@ -9,7 +9,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from mrc.errors import MRCError
 from mrc.lab.fabric import Fabric, FabricSpec, Topology
+from mrc.topology import Link
 
 
 def unwind_on_sigterm() -> None:
@@ -87,4 +89,41 @@ def port_deltas(
         "fabric_trims_lasthop": lasthop,
         "fabric_drops": drops,
         "drops_at": dropped_at,
+    }
+
+
+def reshape(topo: Topology, link: Link, rate_bps: int, queue_s: float) -> dict[str, Any]:
+    """Reshape a host's link in a running fabric to ``rate_bps``, behind the tools' back: the
+    topology file (what mrc-send reads its line rate from) still says the old rate.
+
+    The router's port into the host gets a tbf at the new rate holding ``queue_s`` of it (a
+    tail-drop FIFO, nothing marks or trims; at least two full frames), the host's own NIC the
+    fabric's host queue at that rate (:func:`mrc.lab.fabric.shaping.tbf_params`). Only for a
+    fabric built without ``--trim``: a trimmer's virtual queue drains at the rate it was built
+    with, and its htb is not a tbf. What the kernel holds afterwards, read back:
+    ``{"port", "rate_bps", "limit_bytes"}`` of the router's port."""
+    from mrc.lab.fabric.kernel import TC_H_ROOT, handles
+    from mrc.lab.fabric.shaping import tbf_params
+
+    if topo.trim:
+        raise MRCError("reshape needs a fabric without --trim")
+    if link.kind != "host-leaf":
+        raise MRCError(f"reshape takes a host's link, not {link.a}-{link.b} ({link.kind})")
+    host, router = (link.a, link.a_ifname), (link.b, link.b_ifname)
+    rate_Bps, burst, _ = tbf_params(rate_bps, link.mtu)
+    frame = link.mtu + 14
+    limit = max(round(rate_Bps * queue_s), 2 * frame)
+    with handles([topo.netns_of(host[0]), topo.netns_of(router[0])]) as hs:
+        hr = hs[topo.netns_of(router[0])]
+        index = hr.index(router[1])
+        hr.ipr.tc(
+            "replace", "tbf", index=index, handle="1:", rate=rate_Bps, burst=burst, limit=limit
+        )
+        hs[topo.netns_of(host[0])].shape(host[1], rate_bps, link.mtu, host=True)
+        (q,) = [q for q in hr.ipr.get_qdiscs(index=index) if q.get("parent") == TC_H_ROOT]
+        parms = dict(q.get_attr("TCA_OPTIONS")["attrs"])["TCA_TBF_PARMS"]
+    return {
+        "port": f"{router[0]}:{router[1]}",
+        "rate_bps": int(parms["rate"]) * 8,
+        "limit_bytes": int(parms["limit"]),
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -80,3 +81,32 @@ def wait_listening(child: Child, port: int, netns: str | None, timeout: float) -
             return
         time.sleep(0.01)
     raise MRCError(f"{child.label} did not listen on port {port} within {timeout:g} s")
+
+
+def library_env(library: str | None) -> dict[str, str] | None:
+    """The environment that makes mrc's commands (and anything else in Python) import mrc from
+    ``library``, another checkout of it (its directory holds ``mrc/``), before the installed
+    one: a before/after benchmark runs the same tool on two versions. None: the environment
+    as it is."""
+    if library is None:
+        return None
+    rest = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (library, rest) if p)}
+
+
+def imported_mrc(env: dict[str, str] | None) -> str:
+    """The directory of the ``mrc`` package a Python started with ``env`` imports (what a
+    benchmark's children run), as that Python says: with ``-P`` and from ``/``, so that, as
+    for mrc's commands, the working directory is not on its path."""
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", "import mrc, os; print(os.path.dirname(mrc.__file__))"],
+        env=env,
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise MRCError(f"python cannot import mrc with that PYTHONPATH: {why}")
+    return done.stdout.strip()

@@ -33,12 +33,13 @@ def cpu_model() -> str:
     return ""
 
 
-def mrc_commit() -> str | None:
+def mrc_commit(package: str | None = None) -> str | None:
     """The commit of the checkout mrc runs from (``-dirty`` with changes under mrc/), or None
-    for an installed copy."""
+    for an installed copy. ``package``: the directory of another copy of the mrc package (a
+    benchmark's children may run one: :func:`mrc.lab.harness.hosts.imported_mrc`)."""
     import mrc
 
-    repo = str(Path(mrc.__file__).resolve().parents[1])
+    repo = str(Path(package or mrc.__file__).resolve().parents[0 if package else 1])
     with contextlib.suppress(OSError):
         head = subprocess.run(
             ["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True, text=True
