@@ -210,6 +210,7 @@ SEND_FLAGS = [
     "--encrypt",
     "--checksum",
     "--burst",
+    "--spray",
     "--cc",
     "--qp",
     "--wait",
