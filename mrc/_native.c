@@ -14,12 +14,8 @@
  * note_arrivals() sets the SACK bits of what place_train reported (fastpath.py_note_arrivals
  * is the reference), one dict update per 64-packet block rather than per packet.
  *
- * open_in_place() checks and unprotects a whole data packet in its receive buffer, as
- * mrc.security.packet.Opener.unseal's Python path does (the reference; the AES-GCM calls are
- * the caller's, from `cryptography`): key id, replay window, header ICV, payload ICV (or, in
- * encrypt mode, the decryption, its plaintext copied to the packet's end), then the headers
- * moved up to the payload and the counter recorded. seal_data() is its
- * sender's side (Sealer.seal_pair's Python path is the reference).
+ * Keyed mode's kernels (sealing, and unsealing in place) are mrc/_native_gcm.c's: they do
+ * their own AES-GCM with OpenSSL, which this extension does not link (it builds without).
  *
  * Every length is checked before the read or write it guards; no state outlives a call.
  */
@@ -311,274 +307,6 @@ static PyObject *note_arrivals(PyObject *module, PyObject *const *args, Py_ssize
 done:
     PyBuffer_Release(&mb);
     PyBuffer_Release(&sb);
-    return result;
-}
-
-#define SECURE_BYTE 8  /* BTH byte that carries S */
-#define KEEP_BYTE4 0x4F /* BTH byte 4 as authenticated: the switch-set marks cleared */
-#define SEC_BLOCK_LEN 28 /* key id 4, counter 8, header ICV 16 */
-#define ICV_LEN 16
-
-/* Call open(nonce, tag, aad): 0 if it returned, 1 if it raised invalid_tag (cleared), -1 with
- * any other exception set. */
-static int gcm_open(PyObject *open, PyObject *nonce, PyObject *tag, PyObject *aad,
-                    PyObject *invalid_tag)
-{
-    PyObject *res = PyObject_CallFunctionObjArgs(open, nonce, tag, aad, NULL);
-    if (res != NULL) {
-        Py_DECREF(res);
-        return 0;
-    }
-    if (PyErr_ExceptionMatches(invalid_tag)) {
-        PyErr_Clear();
-        return 1;
-    }
-    return -1;
-}
-
-static PyObject *verdict(const char *reason, unsigned long long top, Py_ssize_t start)
-{
-    if (reason == NULL)
-        return Py_BuildValue("(OKn)", Py_None, top, start);
-    return Py_BuildValue("(sKn)", reason, top, start);
-}
-
-static PyObject *open_in_place(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    if (nargs != 9) {
-        PyErr_Format(PyExc_TypeError, "open_in_place takes 9 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    int encrypt = PyObject_IsTrue(args[8]);
-    if (encrypt < 0)
-        return NULL;
-    Py_ssize_t hdr_len = PyLong_AsSsize_t(args[1]);
-    unsigned long long top = PyLong_AsUnsignedLongLong(args[7]);
-    if (PyErr_Occurred())
-        return NULL;
-    if (hdr_len < SECURE_BYTE + 1) {
-        PyErr_SetString(PyExc_ValueError, "hdr_len is too short for a BTH");
-        return NULL;
-    }
-    PyObject *kid = args[2], *open_hdr = args[3], *open_pay = args[4], *invalid = args[5];
-    if (!PyBytes_Check(kid) || PyBytes_GET_SIZE(kid) != 4) {
-        PyErr_SetString(PyExc_TypeError, "the key id must be 4 bytes");
-        return NULL;
-    }
-    Py_buffer db, sb;
-    if (PyObject_GetBuffer(args[0], &db, PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(args[6], &sb, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&db);
-        return NULL;
-    }
-    PyObject *result = NULL, *nonce = NULL, *icv = NULL, *aad = NULL, *whole = NULL,
-             *payload = NULL, *slice = NULL;
-    unsigned char *data = (unsigned char *)db.buf;
-    unsigned char *seen = (unsigned char *)sb.buf;
-    unsigned long long size = (unsigned long long)sb.len;
-    Py_ssize_t n = db.len, end = hdr_len + SEC_BLOCK_LEN;
-    if (size == 0) {
-        PyErr_SetString(PyExc_ValueError, "the replay window is empty");
-        goto done;
-    }
-    if (n < end || !(data[SECURE_BYTE] & 0x40)) {
-        result = verdict("security_missing", top, -1);
-        goto done;
-    }
-    if (n == end) { /* headers alone (trimmed): the reference path builds them anew */
-        result = verdict(NULL, top, -1);
-        goto done;
-    }
-    if (memcmp(data + hdr_len, PyBytes_AS_STRING(kid), 4) != 0) {
-        result = verdict("security_key_id", top, -1);
-        goto done;
-    }
-    unsigned long long ctr = be64(data + hdr_len + 4);
-    if (ctr <= top) {
-        const char *why = NULL;
-        if (ctr == 0)
-            why = "security_replay";
-        else if (top - ctr >= size)
-            why = "security_too_old";
-        else if (seen[ctr % size])
-            why = "security_replay";
-        if (why != NULL) {
-            result = verdict(why, top, -1);
-            goto done;
-        }
-    }
-    unsigned char nb[12] = {0};
-    for (int i = 0; i < 8; i++)
-        nb[4 + i] = (unsigned char)(ctr >> (56 - 8 * i));
-    nonce = PyBytes_FromStringAndSize((const char *)nb, 12);
-    icv = PyBytes_FromStringAndSize((const char *)data + hdr_len + 12, ICV_LEN);
-    aad = PyBytes_FromStringAndSize((const char *)data, hdr_len + 12);
-    if (nonce == NULL || icv == NULL || aad == NULL)
-        goto done;
-    PyBytes_AS_STRING(aad)[4] &= KEEP_BYTE4;
-    int bad = gcm_open(open_hdr, nonce, icv, aad, invalid);
-    if (bad < 0)
-        goto done;
-    if (bad) {
-        result = verdict("security_bad_tag", top, -1);
-        goto done;
-    }
-    if (n < end + ICV_LEN) {
-        result = verdict("security_short", top, -1);
-        goto done;
-    }
-    /* integrity: the payload (after its ICV) is the AAD of open(nonce, icv, payload);
-     * encrypt: the ciphertext and its tag are open(nonce, ciphertext + tag, None) */
-    Py_ssize_t at = encrypt ? end : end + ICV_LEN;
-    Py_DECREF(icv);
-    icv = encrypt ? Py_NewRef(Py_None)
-                  : PyBytes_FromStringAndSize((const char *)data + end, ICV_LEN);
-    whole = PyMemoryView_FromObject(args[0]); /* a view of the caller's object: no copy */
-    if (icv == NULL || whole == NULL)
-        goto done;
-    PyObject *lo = PyLong_FromSsize_t(at);
-    if (lo == NULL)
-        goto done;
-    slice = PySlice_New(lo, NULL, NULL);
-    Py_DECREF(lo);
-    if (slice == NULL)
-        goto done;
-    payload = PyObject_GetItem(whole, slice);
-    if (payload == NULL)
-        goto done;
-    Py_ssize_t plain_len = n - end - ICV_LEN; /* the payload's bytes, in either mode */
-    if (encrypt) {
-        PyObject *plain = PyObject_CallFunctionObjArgs(open_pay, nonce, payload, Py_None, NULL);
-        if (plain == NULL) {
-            if (!PyErr_ExceptionMatches(invalid))
-                goto done;
-            PyErr_Clear();
-            result = verdict("security_bad_tag", top, -1);
-            goto done;
-        }
-        if (!PyBytes_Check(plain) || PyBytes_GET_SIZE(plain) != plain_len) {
-            Py_DECREF(plain);
-            PyErr_SetString(PyExc_TypeError, "the plaintext is not as long as the ciphertext");
-            goto done;
-        }
-        /* the data's views are released before it is written */
-        Py_CLEAR(payload);
-        Py_CLEAR(whole);
-        /* the plaintext ends where the packet ends (over the ciphertext's end and tag) */
-        memcpy(data + n - plain_len, PyBytes_AS_STRING(plain), (size_t)plain_len);
-        Py_DECREF(plain);
-    } else {
-        bad = gcm_open(open_pay, nonce, icv, payload, invalid);
-        if (bad < 0)
-            goto done;
-        if (bad) {
-            result = verdict("security_bad_tag", top, -1);
-            goto done;
-        }
-    }
-    /* the headers, S cleared, right before the payload: DATA_OVERHEAD bytes into the packet */
-    Py_ssize_t start = n - plain_len - hdr_len;
-    memmove(data + start, data, (size_t)hdr_len);
-    data[start + SECURE_BYTE] &= (unsigned char)~0x40;
-    /* the counter is seen (Opener's ReplayWindow.accept) */
-    if (ctr > top) {
-        unsigned long long gap = ctr - top;
-        if (gap >= size) {
-            memset(seen, 0, (size_t)size);
-        } else if (gap > 1) {
-            unsigned long long lo_i = (top + 1) % size, hi_i = ctr % size;
-            if (lo_i < hi_i) {
-                memset(seen + lo_i, 0, (size_t)(hi_i - lo_i));
-            } else {
-                memset(seen + lo_i, 0, (size_t)(size - lo_i));
-                memset(seen, 0, (size_t)hi_i);
-            }
-        }
-        top = ctr;
-    }
-    seen[ctr % size] = 1;
-    result = verdict(NULL, top, start);
-done:
-    Py_XDECREF(payload);
-    Py_XDECREF(slice);
-    Py_XDECREF(whole);
-    Py_XDECREF(aad);
-    Py_XDECREF(icv);
-    Py_XDECREF(nonce);
-    PyBuffer_Release(&sb);
-    PyBuffer_Release(&db);
-    return result;
-}
-
-/* The first part of an integrity-mode data packet: headers (S set) + key id + counter + header
- * ICV + payload ICV, each ICV from seal(nonce, b"", aad). */
-static PyObject *seal_data(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "seal_data takes 6 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    PyObject *kid = args[2], *seal_hdr = args[4], *seal_pay = args[5];
-    unsigned long long ctr = PyLong_AsUnsignedLongLong(args[3]);
-    if (ctr == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    if (!PyBytes_Check(kid) || PyBytes_GET_SIZE(kid) != 4) {
-        PyErr_SetString(PyExc_TypeError, "the key id must be 4 bytes");
-        return NULL;
-    }
-    Py_buffer hb;
-    if (PyObject_GetBuffer(args[0], &hb, PyBUF_SIMPLE) < 0)
-        return NULL;
-    PyObject *result = NULL, *nonce = NULL, *aad = NULL, *empty = NULL, *icv = NULL,
-             *picv = NULL;
-    Py_ssize_t hdr_len = hb.len;
-    if (hdr_len < SECURE_BYTE + 1) {
-        PyErr_SetString(PyExc_ValueError, "the headers are too short for a BTH");
-        goto done;
-    }
-    unsigned char nb[12] = {0};
-    for (int i = 0; i < 8; i++)
-        nb[4 + i] = (unsigned char)(ctr >> (56 - 8 * i));
-    nonce = PyBytes_FromStringAndSize((const char *)nb, 12);
-    aad = PyBytes_FromStringAndSize(NULL, hdr_len + 12);
-    empty = PyBytes_FromStringAndSize(NULL, 0);
-    if (nonce == NULL || aad == NULL || empty == NULL)
-        goto done;
-    unsigned char *a = (unsigned char *)PyBytes_AS_STRING(aad);
-    memcpy(a, hb.buf, (size_t)hdr_len);
-    a[4] &= KEEP_BYTE4; /* authenticated as a switch may leave it */
-    a[SECURE_BYTE] |= 0x40;
-    memcpy(a + hdr_len, PyBytes_AS_STRING(kid), 4);
-    memcpy(a + hdr_len + 4, nb + 4, 8);
-    icv = PyObject_CallFunctionObjArgs(seal_hdr, nonce, empty, aad, NULL);
-    if (icv == NULL)
-        goto done;
-    picv = PyObject_CallFunctionObjArgs(seal_pay, nonce, empty, args[1], NULL);
-    if (picv == NULL)
-        goto done;
-    if (!PyBytes_Check(icv) || PyBytes_GET_SIZE(icv) != ICV_LEN || !PyBytes_Check(picv) ||
-        PyBytes_GET_SIZE(picv) != ICV_LEN) {
-        PyErr_SetString(PyExc_TypeError, "an ICV must be 16 bytes");
-        goto done;
-    }
-    result = PyBytes_FromStringAndSize(NULL, hdr_len + SEC_BLOCK_LEN + ICV_LEN);
-    if (result == NULL)
-        goto done;
-    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(result);
-    memcpy(o, a, (size_t)hdr_len + 12);
-    o[4] = ((const unsigned char *)hb.buf)[4]; /* the marks as they are */
-    memcpy(o + hdr_len + 12, PyBytes_AS_STRING(icv), ICV_LEN);
-    memcpy(o + hdr_len + SEC_BLOCK_LEN, PyBytes_AS_STRING(picv), ICV_LEN);
-done:
-    Py_XDECREF(picv);
-    Py_XDECREF(icv);
-    Py_XDECREF(empty);
-    Py_XDECREF(aad);
-    Py_XDECREF(nonce);
-    PyBuffer_Release(&hb);
     return result;
 }
 
@@ -1216,11 +944,6 @@ static PyMethodDef methods[] = {
      "Place the common-case segments of a GRO train (see mrc/core/fastpath.py)."},
     {"note_arrivals", (PyCFunction)(void (*)(void))note_arrivals, METH_FASTCALL,
      "Set the SACK bits of a run of placed arrivals (see mrc/core/fastpath.py)."},
-    {"open_in_place", (PyCFunction)(void (*)(void))open_in_place, METH_FASTCALL,
-     "Check and unprotect a whole data packet in place (see "
-     "mrc/security/packet.py)."},
-    {"seal_data", (PyCFunction)(void (*)(void))seal_data, METH_FASTCALL,
-     "The sealed first part of an integrity-mode data packet (see mrc/security/packet.py)."},
     {"pack_burst", (PyCFunction)(void (*)(void))pack_burst, METH_FASTCALL,
      "Write the headers of a burst of data packets (see mrc/core/fastpath.py)."},
     {"record_burst", (PyCFunction)(void (*)(void))record_burst, METH_FASTCALL,
@@ -1233,10 +956,12 @@ static PyMethodDef methods[] = {
 };
 
 /* What the kernels can do, for mrc/native.py to refuse a stale build whole (its own
- * KERNEL_VERSION must equal this one):
+ * KERNEL_VERSION must equal this one, and mrc/_native_gcm.c's too):
  * 2 = place_train takes `skip` (protected trains); 3 = note_arrivals; 4 = open_in_place and
- * seal_data; 5 = open_in_place takes `encrypt`; 6 = Packet, record_burst, take_acked and recv_batch. */
-#define KERNEL_VERSION 6
+ * seal_data; 5 = open_in_place takes `encrypt`; 6 = Packet, record_burst, take_acked and
+ * recv_batch; 7 = open_in_place and seal_data gone to mrc._native_gcm (as open_in_place and
+ * seal_packet, with their AES-GCM). */
+#define KERNEL_VERSION 7
 
 static int exec_module(PyObject *m)
 {

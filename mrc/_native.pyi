@@ -1,4 +1,5 @@
-"""Type stub of the C batch kernels (mrc/_native.c); semantics in mrc/core/fastpath.py."""
+"""Type stub of the C batch kernels (mrc/_native.c); semantics in mrc/core/fastpath.py and
+mrc/transport/rxbatch.py (keyed mode's kernels: mrc/_native_gcm.pyi)."""
 
 from array import array
 from collections.abc import Callable
@@ -49,27 +50,6 @@ def note_arrivals(
     hi: int,
     /,
 ) -> tuple[int, int, bool]: ...
-def open_in_place(
-    data: memoryview,
-    hdr_len: int,
-    kid: bytes,
-    open_header: Callable[..., bytes],
-    open_payload: Callable[..., bytes],
-    invalid_tag: type,
-    seen: bytearray,
-    top: int,
-    encrypt: bool,
-    /,
-) -> tuple[str | None, int, int]: ...
-def seal_data(
-    headers: bytes,
-    payload: bytes | memoryview,
-    kid: bytes,
-    counter: int,
-    seal_header: Callable[..., bytes],
-    seal_payload: Callable[..., bytes],
-    /,
-) -> bytes: ...
 
 class Packet:
     wr: object

@@ -55,6 +55,9 @@ fi
 # pip install compiles the native receive kernel (mrc/_native.c); without a C compiler and
 # Python's headers mrc still installs, with the pure-Python kernel (docs/USAGE.md, "Install")
 command -v gcc >/dev/null 2>&1 || command -v cc >/dev/null 2>&1 || need+=(gcc)
+# keyed mode's kernels (mrc/_native_gcm.c) do AES-GCM with OpenSSL's libcrypto and build
+# against its headers; without them the other kernels still build and keyed mode runs Python
+[ -f /usr/include/openssl/evp.h ] || need+=(libssl-dev)
 pick_python() {
   for py in python3.13 python3.12 python3.11 python3; do
     if command -v "$py" >/dev/null 2>&1 &&
@@ -106,7 +109,14 @@ if [ -f "$stamp" ] && [ "$python_only" -eq 0 ] && [ "${MRC_PURE_PYTHON:-0}" != 1
    ! .venv/bin/python -c 'import mrc._native' 2>/dev/null; then
   rm -f "$stamp"
 fi
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ mrc/_native.c -nt "$stamp" ]; then
+# likewise keyed mode's kernels once OpenSSL's headers are here
+if [ -f "$stamp" ] && [ "$python_only" -eq 0 ] && [ "${MRC_PURE_PYTHON:-0}" != 1 ] &&
+   [ -f /usr/include/openssl/evp.h ] &&
+   ! .venv/bin/python -c 'import mrc._native_gcm' 2>/dev/null; then
+  rm -f "$stamp"
+fi
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ mrc/_native.c -nt "$stamp" ] ||
+   [ mrc/_native_gcm.c -nt "$stamp" ]; then
   say "installing mrc and its dependencies into .venv (pip install -e '.[$extra]')"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   # the distribution was called mrc before it became mrc-transport: an install under the old

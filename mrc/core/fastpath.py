@@ -10,9 +10,10 @@
   an ACK acknowledged removed in one call (see :class:`PyPacket` and the two functions'
   docstrings below).
 
-Keyed mode's C kernels (``open_in_place``, ``seal_data``: the per-packet work around the AES-GCM
-calls) are :mod:`mrc.security.packet`'s, beside their Python reference; every C kernel comes
-from :mod:`mrc.native`, which uses the extension whole or not at all.
+Keyed mode's C kernels (``open_in_place``, ``seal_packet``: sealing and unsealing, AES-GCM
+included, from ``mrc._native_gcm``) are :mod:`mrc.security.packet`'s, beside their Python
+reference; every C kernel comes from :mod:`mrc.native`, which uses the extensions together or
+not at all (``mrc._native`` alone where the AES-GCM one was not built).
 
 A receiver spends most of its time on plain data packets that are exactly what it expects:
 an untrimmed, unprotected RDMA WRITE ONLY to this QP, under the rkey of the region being

@@ -22,6 +22,12 @@ its own 64-bit counter that every protected datagram takes the next value of: th
 counter, so no (key, nonce) pair is ever used twice. The receiver keeps a window of counters
 seen, which drops replays without assuming order (spraying reorders by design).
 
+The per-packet work (sealing, and unsealing in the receive buffer) is done by
+``mrc._native_gcm``'s kernels where that extension is in use (:mod:`mrc.native`), with AES-GCM
+from OpenSSL and each key's context made once; the Python below, with ``cryptography``'s
+AESGCM, is the reference they are tested against and the fallback (not built, no OpenSSL
+headers, ``MRC_NATIVE=0``).
+
 This module is sans-IO: bytes in, bytes out, no sockets or clocks.
 """
 
@@ -57,35 +63,30 @@ REPLAY_WINDOW = 1 << 14
 _EMPTY = b""
 
 if TYPE_CHECKING:
+    from mrc._native_gcm import GcmKey
+
     OpenInPlace = Callable[
-        [
-            memoryview,
-            int,
-            bytes,
-            Callable[..., bytes],
-            Callable[..., bytes],
-            type,
-            bytearray,
-            int,
-            bool,
-        ],
-        tuple[str | None, int, int],
+        [memoryview, int, bytes, GcmKey, GcmKey, bytearray, int, bool, bool],
+        tuple[str | None, int, int, int],
     ]
-    SealData = Callable[
-        [bytes, bytes | memoryview, bytes, int, Callable[..., bytes], Callable[..., bytes]], bytes
+    SealPacket = Callable[
+        [bytes, bytes | memoryview | None, bytes, int, GcmKey, GcmKey, bool],
+        tuple[bytes, bytes | memoryview],
     ]
 
-#: keyed mode's per-packet work around the AES-GCM calls (which stay ``cryptography``'s,
-#: passed in), in C: a whole data packet unsealed in place (both modes; reference:
-#: Opener.unseal's Python path) and the sealed first part of an integrity-mode data packet
-#: (reference: Sealer.seal_pair's Python path). None when mrc.native.module is None (not
-#: built, stale or MRC_NATIVE=0); each Opener and Sealer takes what these are when it is made
-#: (tests may swap them)
+#: keyed mode's per-packet work in C, AES-GCM included (``mrc._native_gcm``): a datagram
+#: unsealed in its receive buffer (reference: Opener.unseal's Python path) and a datagram
+#: sealed (reference: Sealer.seal_pair's Python path), in both modes. None when
+#: mrc.native.gcm is None (not built, stale, no OpenSSL headers, or MRC_NATIVE=0); each Opener
+#: and Sealer takes what these are when it is made (tests may swap them)
 open_in_place: OpenInPlace | None = None
-seal_data: SealData | None = None
-if native.module is not None:
-    open_in_place = native.module.open_in_place
-    seal_data = native.module.seal_data
+seal_packet: SealPacket | None = None
+#: a key's AES-GCM contexts for those kernels (``GcmKey(key)``), made once per key
+gcm_key: Callable[[bytes], GcmKey] | None = None
+if native.gcm is not None:
+    open_in_place = native.gcm.open_in_place
+    seal_packet = native.gcm.seal_packet
+    gcm_key = native.gcm.GcmKey
 
 
 class Mode(Enum):
@@ -125,9 +126,10 @@ _CLEAR_SECURE = ~BTH_SECURE & 0xFF
 class Sealer:
     """Protects the datagrams one side sends on a connection (one per direction).
 
-    In integrity mode a data packet's first part (headers, security block, payload ICV) is
-    built by ``mrc._native.seal_data`` with the same AES-GCM calls; ``seal_data`` None takes the
-    Python path below, the reference (tests/security/test_open_in_place.py compares them).
+    Every datagram is sealed by ``mrc._native_gcm.seal_packet`` where it is in use, with this
+    direction's keys' AES-GCM contexts (made here, once); ``seal_packet`` None takes the Python
+    path below, the reference (tests/security/test_open_in_place.py and test_native_gcm.py
+    compare them).
     """
 
     def __init__(self, keys: DirectionKeys, mode: Mode) -> None:
@@ -138,9 +140,12 @@ class Sealer:
         self._pay = AESGCM(keys.payload_key).encrypt
         self._encrypt = mode is Mode.ENCRYPT
         self.counter = 0
-        #: integrity mode's data packets sealed by ``mrc._native.seal_data`` (the same bytes
-        #: as the Python below, the reference and the fallback: None)
-        self.seal_data = seal_data if mode is Mode.INTEGRITY else None
+        #: the kernel that seals every datagram (the same bytes as the Python below, the
+        #: reference and the fallback: None), and the keys it takes
+        self.seal_packet = seal_packet if gcm_key is not None else None
+        if gcm_key is not None:
+            self._hkey = gcm_key(keys.header_key)
+            self._pkey = gcm_key(keys.payload_key)
 
     def seal_pair(
         self, headers: bytes, payload: bytes | memoryview | None
@@ -152,8 +157,10 @@ class Sealer:
         mode: the second part is the ciphertext followed by its tag.
         """
         self.counter = ctr = self.counter + 1
-        if payload is not None and self.seal_data is not None:
-            return self.seal_data(headers, payload, self._kid, ctr, self._hdr, self._pay), payload
+        if self.seal_packet is not None:
+            return self.seal_packet(
+                headers, payload, self._kid, ctr, self._hkey, self._pkey, self._encrypt
+            )
         nonce = ctr.to_bytes(12, "big")
         h = bytearray(headers)
         byte4 = h[4]
@@ -222,14 +229,13 @@ class ReplayWindow:
 class Opener:
     """Checks and unprotects the datagrams a connection receives (one per direction).
 
-    A whole data packet in a writable receive buffer (the common case of a keyed transfer) is
-    checked and unprotected by ``mrc._native.open_in_place`` where it was received: the same
-    checks in the same order, the same AES-GCM calls (``cryptography``'s, passed to it), the
-    same result, without the per-packet Python around them (integrity mode: about 6 µs a
-    packet, where the two AES-GCM calls take about 5). The Python below is the reference and the
+    A datagram in a writable receive buffer (every one a transfer receives) is checked and
+    unprotected by ``mrc._native_gcm.open_in_place`` where it was received: the same checks in
+    the same order, the same result, with AES-GCM in the same call (this direction's keys'
+    contexts, made here, once). The Python below, with ``cryptography``, is the reference and the
     fallback (``in_place`` None: no extension, ``MRC_NATIVE=0``, or a test);
-    tests/security/test_open_in_place.py holds the two to the same verdicts, bytes and replay
-    state.
+    tests/security/test_open_in_place.py holds the two to the same verdicts, bytes, buffer and
+    replay state.
     """
 
     def __init__(self, keys: DirectionKeys, mode: Mode) -> None:
@@ -240,7 +246,10 @@ class Opener:
         self._pay = AESGCM(keys.payload_key).decrypt
         self._encrypt = mode is Mode.ENCRYPT
         self.replay = ReplayWindow()
-        self.in_place = open_in_place
+        self.in_place = open_in_place if gcm_key is not None else None
+        if gcm_key is not None:
+            self._hkey = gcm_key(keys.header_key)
+            self._pkey = gcm_key(keys.payload_key)
 
     def _headers(self, data: memoryview, hdr_len: int) -> tuple[int, bytearray]:
         """Authenticate headers and security block: (counter, headers + key id + counter
@@ -294,34 +303,35 @@ class Opener:
 
     def unseal(self, data: memoryview, hdr_len: int, is_data: bool) -> memoryview:
         """The datagram as the unprotected protocol would have carried it (headers with S
-        cleared, then the payload; a trimmed data packet: the headers alone).
+        cleared, then the payload; an ACK, a probe or a trimmed data packet: the headers alone).
 
-        Raises :class:`SecurityDrop`. The counter is recorded as seen only on success.
+        Raises :class:`SecurityDrop`. The counter is recorded as seen only on success. In a
+        writable buffer (a receive buffer of ours) the result is made where the datagram lies,
+        over its security block, and is a view of it.
         """
-        if is_data and self.in_place is not None and not data.readonly:
+        if self.in_place is not None and not data.readonly:
             replay = self.replay
-            reason, top, start = self.in_place(
+            reason, top, start, stop = self.in_place(
                 data,
                 hdr_len,
                 self._kid,
-                self._hdr,
-                self._pay,
-                InvalidTag,
+                self._hkey,
+                self._pkey,
                 replay.seen,
                 replay.top,
                 self._encrypt,
+                is_data,
             )
             if reason is not None:
                 raise SecurityDrop(reason)
-            if start >= 0:
-                replay.top = top
-                return data[start:]
-            # start -1: headers alone (a trimmed packet), which the path below rebuilds
+            replay.top = top
+            return data[start:stop]
         ctr, head = self._headers(data, hdr_len)
         del head[hdr_len:]
         head[4] = data[4]  # the switch-set marks (trimmed, last hop) count
         head[8] &= _CLEAR_SECURE
-        if is_data and len(data) > hdr_len + SEC_BLOCK_LEN:
+        end = hdr_len + SEC_BLOCK_LEN
+        if is_data and len(data) > end:
             payload = self.open_payload(data, hdr_len, ctr)
             if data.readonly:
                 head += payload
@@ -339,6 +349,12 @@ class Opener:
                 data[start : start + hdr_len] = head
                 self.replay.accept(ctr)
                 return data[start:]
+        elif not data.readonly:
+            # headers alone, in a receive buffer of ours: they end where the security block
+            # ended (as the kernel leaves them, so that both leave the same buffer)
+            data[SEC_BLOCK_LEN:end] = head
+            self.replay.accept(ctr)
+            return data[SEC_BLOCK_LEN:end]
         self.replay.accept(ctr)
         return memoryview(head)
 

@@ -1,14 +1,17 @@
-"""The boundary of the C extension (issue 38, item 3): mrc.native loads ``mrc._native`` once and
-uses it whole or not at all, and mrc/_native.pyi says what it holds.
+"""The boundary of the C extensions (issue 38, items 3 and 4): mrc.native loads ``mrc._native``
+and ``mrc._native_gcm`` once and uses them whole or not at all (or the first alone, where the
+second was not built: no OpenSSL headers), and mrc/_native.pyi and mrc/_native_gcm.pyi say what
+they hold.
 
-* The stub against the built module: the same public names both ways (functions, the record
-  type and its attributes, ``KERNEL_VERSION``), and each function's parameter count: from
+* Each stub against its built module: the same public names both ways (functions, types and
+  their attributes, ``KERNEL_VERSION``), and each function's parameter count: from
   ``__text_signature__`` where the builtin has one, else from the count its own ``TypeError``
   states when called with too many arguments (a kernel whose message says neither is skipped).
   Skipped when the extension is not built, or is stale (it then describes an older source).
-* The loader: a module reporting another ``KERNEL_VERSION`` is refused whole, with
-  :func:`mrc.native.describe`'s text; ``MRC_NATIVE=0`` and an unbuilt extension likewise; and
-  in a fresh interpreter a stale build holding every kernel leaves every consumer on Python.
+* The loader: a module reporting another ``KERNEL_VERSION`` is refused, and the other with it,
+  with :func:`mrc.native.describe`'s text; ``MRC_NATIVE=0`` and an unbuilt extension likewise;
+  a missing ``mrc._native_gcm`` leaves keyed mode alone on Python; and in a fresh interpreter a
+  stale build holding every kernel leaves every consumer on Python.
 """
 
 from __future__ import annotations
@@ -30,10 +33,16 @@ import pytest
 from mrc import native
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-STUB = ROOT / "mrc" / "_native.pyi"
-SOURCE = ROOT / "mrc" / "_native.c"
+#: each extension: its name, stub and source
+EXTENSIONS = {
+    name: (ROOT / "mrc" / f"{name}.pyi", ROOT / "mrc" / f"{name}.c")
+    for name in ("_native", "_native_gcm")
+}
 
 STALE_TEXT = "python (mrc._native is stale: rebuild it with tools/setup.sh)"
+GCM_STALE_TEXT = "python (mrc._native_gcm is stale: rebuild it with tools/setup.sh)"
+BOTH = "native (mrc._native, mrc._native_gcm)"
+NO_GCM_TEXT = f"native (mrc._native; keyed mode python: {native.NO_GCM})"
 
 #: the count a builtin's TypeError states: "takes 14 or 15 arguments", "takes at most 7
 #: arguments", "takes exactly 3 arguments"
@@ -44,8 +53,9 @@ def _public(names: Iterable[str]) -> set[str]:
     return {n for n in names if not n.startswith("_")}
 
 
-def _stub() -> ast.Module:
-    return ast.parse(STUB.read_text(), str(STUB))
+def _stub(name: str = "_native") -> ast.Module:
+    stub = EXTENSIONS[name][0]
+    return ast.parse(stub.read_text(), str(stub))
 
 
 def _stub_names(body: list[ast.stmt]) -> dict[str, ast.stmt]:
@@ -67,11 +77,11 @@ def _arity(fn: ast.FunctionDef, drop_self: bool = False) -> tuple[int, int]:
     return len(params) - len(fn.args.defaults), len(params)
 
 
-def _built() -> types.ModuleType:
+def _built(name: str = "_native") -> types.ModuleType:
     try:
-        module = importlib.import_module("mrc._native")
+        module = importlib.import_module(f"mrc.{name}")
     except ImportError:
-        pytest.skip("mrc._native is not built here (tools/setup.sh builds it)")
+        pytest.skip(f"mrc.{name} is not built here (tools/setup.sh builds it)")
     if native.check(module) is not None:
         version = getattr(module, "KERNEL_VERSION", None)
         pytest.skip(
@@ -101,15 +111,18 @@ def _claimed(obj: object) -> tuple[int | None, int] | None:
     return (None if m.group(1) == "at most" else low), high
 
 
-def test_the_loader_expects_the_version_of_the_c_source() -> None:
-    m = re.search(r"^#define KERNEL_VERSION (\d+)$", SOURCE.read_text(), re.MULTILINE)
+@pytest.mark.parametrize("name", EXTENSIONS)
+def test_the_loader_expects_the_version_of_the_c_source(name: str) -> None:
+    source = EXTENSIONS[name][1]
+    m = re.search(r"^#define KERNEL_VERSION (\d+)$", source.read_text(), re.MULTILINE)
     assert m is not None
     assert int(m.group(1)) == native.KERNEL_VERSION
 
 
-def test_the_stub_and_the_built_module_name_the_same_things() -> None:
-    module = _built()
-    stub = _stub_names(_stub().body)
+@pytest.mark.parametrize("name", EXTENSIONS)
+def test_the_stub_and_the_built_module_name_the_same_things(name: str) -> None:
+    module = _built(name)
+    stub = _stub_names(_stub(name).body)
     built = _public(dir(module))
     assert sorted(set(stub) - built) == [], "in mrc/_native.pyi, not in the built module"
     assert sorted(built - set(stub)) == [], "in the built module, not in mrc/_native.pyi"
@@ -124,10 +137,11 @@ def test_the_stub_and_the_built_module_name_the_same_things() -> None:
             assert callable(getattr(module, name)), name
 
 
-def test_the_stub_gives_each_kernel_its_parameter_count() -> None:
-    module = _built()
+@pytest.mark.parametrize("ext", EXTENSIONS)
+def test_the_stub_gives_each_kernel_its_parameter_count(ext: str) -> None:
+    module = _built(ext)
     checked: list[str] = []
-    for name, node in _stub_names(_stub().body).items():
+    for name, node in _stub_names(_stub(ext).body).items():
         if isinstance(node, ast.FunctionDef):
             required, total = _arity(node)
         elif isinstance(node, ast.ClassDef):
@@ -156,44 +170,75 @@ def test_the_stub_gives_each_kernel_its_parameter_count() -> None:
         pytest.skip("no kernel of mrc._native states its parameters")
 
 
-@pytest.mark.parametrize("version", [native.KERNEL_VERSION - 1, native.KERNEL_VERSION + 1, None])
-def test_a_module_of_another_kernel_version_is_refused_whole(
-    version: int | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    fake = types.ModuleType("mrc._native")
+def _fake(name: str, version: int | None) -> types.ModuleType:
+    """A module standing for the built ``mrc.<name>`` of ``version`` (None: it says none),
+    holding every name of its stub."""
+    fake = types.ModuleType(f"mrc.{name}")
     if version is not None:
         fake.KERNEL_VERSION = version  # type: ignore[attr-defined]
-    for name in _stub_names(_stub().body):  # every kernel there: none of them is taken
-        if name != "KERNEL_VERSION":
-            setattr(fake, name, object())
-    assert native.check(fake) == native.STALE
-    monkeypatch.setitem(sys.modules, "mrc._native", fake)
-    module, why = native.load({})
-    assert module is None and why == native.STALE
-    assert native.summary(why) == STALE_TEXT
-    fake.KERNEL_VERSION = native.KERNEL_VERSION  # type: ignore[attr-defined]
-    assert native.check(fake) is None
-    assert native.load({}) == (fake, None) and native.summary(None) == "native (mrc._native)"
+    for attr in _stub_names(_stub(name).body):  # every kernel there: none of them is taken
+        if attr != "KERNEL_VERSION":
+            setattr(fake, attr, object())
+    return fake
+
+
+@pytest.mark.parametrize("stale", EXTENSIONS)
+@pytest.mark.parametrize("version", [native.KERNEL_VERSION - 1, native.KERNEL_VERSION + 1, None])
+def test_a_module_of_another_kernel_version_is_refused_whole(
+    stale: str, version: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Either extension stale: neither is used (a rebuild is the cure, not half of one)."""
+    fakes = {
+        name: _fake(name, version if name == stale else native.KERNEL_VERSION)
+        for name in EXTENSIONS
+    }
+    why = native.stale(f"mrc.{stale}")
+    assert native.check(fakes[stale]) == why
+    if stale == "_native":
+        assert why == native.STALE
+    for name, fake in fakes.items():
+        monkeypatch.setitem(sys.modules, f"mrc.{name}", fake)
+    assert native.load({}) == (None, None, why, why)
+    assert native.summary(why, why) == (STALE_TEXT if stale == "_native" else GCM_STALE_TEXT)
+    fakes[stale].KERNEL_VERSION = native.KERNEL_VERSION  # type: ignore[attr-defined]
+    assert native.check(fakes[stale]) is None
+    assert native.load({}) == (fakes["_native"], fakes["_native_gcm"], None, None)
+    assert native.summary(None, None) == BOTH
 
 
 def test_mrc_native_0_and_an_unbuilt_module_use_none(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert native.load({"MRC_NATIVE": "0"}) == (None, "MRC_NATIVE=0")
-    assert native.load({"MRC_NATIVE": " 0\n"}) == (None, "MRC_NATIVE=0")
-    assert native.summary("MRC_NATIVE=0") == "python (MRC_NATIVE=0)"
+    off = (None, None, "MRC_NATIVE=0", "MRC_NATIVE=0")
+    assert native.load({"MRC_NATIVE": "0"}) == off
+    assert native.load({"MRC_NATIVE": " 0\n"}) == off
+    assert native.summary("MRC_NATIVE=0", "MRC_NATIVE=0") == "python (MRC_NATIVE=0)"
     monkeypatch.setitem(sys.modules, "mrc._native", None)  # import fails: as if never built
-    assert native.load({}) == (None, "not built")
-    assert native.summary("not built") == "python (not built)"
+    assert native.load({}) == (None, None, "not built", "not built")
+    assert native.summary("not built", "not built") == "python (not built)"
+
+
+def test_without_the_gcm_extension_keyed_mode_alone_is_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No OpenSSL headers at build time: ``mrc._native`` is still used, and keyed mode's
+    kernels are Python (the one partial set, which describe() names)."""
+    main = _fake("_native", native.KERNEL_VERSION)
+    monkeypatch.setitem(sys.modules, "mrc._native", main)
+    monkeypatch.setitem(sys.modules, "mrc._native_gcm", None)  # as if it did not build
+    assert native.load({}) == (main, None, None, native.NO_GCM)
+    assert native.summary(None, native.NO_GCM) == NO_GCM_TEXT
 
 
 _PROBE = """
 import json, sys, types
-fake = {fake}
-if fake is not None:  # a stale build holding every kernel, installed before mrc looks
-    mod = types.ModuleType("mrc._native")
-    mod.KERNEL_VERSION = fake
-    for name in {names!r}:
-        setattr(mod, name, object())
-    sys.modules["mrc._native"] = mod
+for ext, fake in {fakes!r}.items():
+    if fake == "absent":  # not built
+        sys.modules[ext] = None
+    elif fake is not None:  # a build holding every kernel, installed before mrc looks
+        mod = types.ModuleType(ext)
+        mod.KERNEL_VERSION = fake
+        for name in {names!r}[ext]:
+            setattr(mod, name, object())
+        sys.modules[ext] = mod
 from mrc import native
 from mrc.core import fastpath as f
 from mrc.security import packet
@@ -211,17 +256,25 @@ print(json.dumps({{
         f.take_acked is f.py_take_acked,
         rxbatch.recv_batch is rxbatch.py_recv_batch,
         packet.open_in_place is None,
-        packet.seal_data is None,
+        packet.seal_packet is None,
+        packet.gcm_key is None,
     ],
 }}))
 """
 
 
-def _probe(fake: int | None, **env: str) -> dict[str, object]:
-    names = sorted(n for n in _stub_names(_stub().body) if n != "KERNEL_VERSION")
+def _probe(fake: int | None, gcm: int | str | None = None, **env: str) -> dict[str, object]:
+    """What a fresh interpreter uses with ``mrc._native`` replaced by a build of version
+    ``fake`` and ``mrc._native_gcm`` by one of version ``gcm`` ("absent": not built; None:
+    the real ones)."""
+    names = {
+        f"mrc.{ext}": sorted(n for n in _stub_names(_stub(ext).body) if n != "KERNEL_VERSION")
+        for ext in EXTENSIONS
+    }
+    fakes = {"mrc._native": fake, "mrc._native_gcm": gcm}
     environ = {k: v for k, v in os.environ.items() if k != "MRC_NATIVE"} | env
     res = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(fake=fake, names=names)],
+        [sys.executable, "-c", _PROBE.format(fakes=fakes, names=names)],
         env=environ,
         capture_output=True,
         text=True,
@@ -234,19 +287,30 @@ def _probe(fake: int | None, **env: str) -> dict[str, object]:
 
 def test_a_stale_build_leaves_every_kernel_python() -> None:
     """Whatever kernels a stale build holds, none is used: fastpath, rxbatch and packet all
-    take their Python twins, and describe() says why."""
-    got = _probe(native.KERNEL_VERSION - 1)
-    assert got == {"module": False, "describe": STALE_TEXT, "NATIVE": False, "python": [True] * 9}
+    take their Python twins, and describe() says why; a stale keyed extension beside a current
+    main one likewise."""
+    got = _probe(native.KERNEL_VERSION - 1, native.KERNEL_VERSION - 1)
+    assert got == {"module": False, "describe": STALE_TEXT, "NATIVE": False, "python": [True] * 10}
+    got = _probe(native.KERNEL_VERSION, native.KERNEL_VERSION + 1)
+    want = {"module": False, "describe": GCM_STALE_TEXT, "NATIVE": False}
+    assert got == want | {"python": [True] * 10}
 
 
 def test_mrc_native_0_leaves_every_kernel_python() -> None:
     got = _probe(None, MRC_NATIVE="0")
     want = {"module": False, "describe": "python (MRC_NATIVE=0)", "NATIVE": False}
-    assert got == want | {"python": [True] * 9}
+    assert got == want | {"python": [True] * 10}
+
+
+def test_without_the_gcm_extension_only_keyed_mode_is_python() -> None:
+    got = _probe(native.KERNEL_VERSION, "absent")
+    want = {"module": True, "describe": NO_GCM_TEXT, "NATIVE": True}
+    assert got == want | {"python": [False] * 7 + [True] * 3}
 
 
 def test_a_current_build_is_used_whole() -> None:
     _built()
+    _built("_native_gcm")
     got = _probe(None)
-    want = {"module": True, "describe": "native (mrc._native)", "NATIVE": True}
-    assert got == want | {"python": [False] * 9}
+    want = {"module": True, "describe": BOTH, "NATIVE": True}
+    assert got == want | {"python": [False] * 10}

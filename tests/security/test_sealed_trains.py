@@ -123,7 +123,7 @@ def test_encrypted_trains_unseal_in_place_with_either_opener(
     if not native:
         monkeypatch.setattr(sec, "open_in_place", None)
     elif sec.open_in_place is None:
-        pytest.skip(f"mrc._native is not in use here: {describe()}")
+        pytest.skip(f"mrc._native_gcm is not in use here: {describe()}")
     train, fast = _run(1, "train", False, Mode.ENCRYPT)
     single, _none = _run(1, "single", False, Mode.ENCRYPT)
     assert fast > 400
