@@ -24,6 +24,9 @@ what the window law reads anyway; here it is remembered per path, as CE marks ar
 from __future__ import annotations
 
 _NEG_INF = float("-inf")
+_NO_EPISODE = (_NEG_INF, 0, _NEG_INF)
+#: sends lost beyond an episode's span, with nothing delivered, still taken for congestion
+LATE_LOSSES = 3
 
 
 class DelaySigns:
@@ -35,7 +38,9 @@ class DelaySigns:
         self.enabled = floor > 0 or fraction > 0
         self.base = [float("inf")] * nplanes  # smallest RTT sample per plane
         self._plane_at = [_NEG_INF] * nplanes  # latest delayed sample per plane
-        self._episode: dict[int, float] = {}  # path key -> send time of its episode's first loss
+        # path key -> (send time of its episode's first loss, sends lost since beyond the
+        # span, the latest of them)
+        self._episode: dict[int, tuple[float, int, float]] = {}
         self.samples = 0  # samples found delayed
 
     def sample(self, plane: int, rtt: float, now: float) -> None:
@@ -55,14 +60,27 @@ class DelaySigns:
         is the one losing, the episode rule (:meth:`excuses`) tells it from a queue."""
         return self._plane_at[plane] >= since
 
-    def excuses(self, key: int, sent_at: float, alive_sent: float, span: float) -> bool:
+    def excuses(
+        self, key: int, sent_at: float, alive_sent: float, span: float, late: int = 0
+    ) -> bool:
         """Whether a loss on path ``key`` of a packet sent at ``sent_at`` may be congestion:
         it starts an episode (the path delivered a packet sent at or after the last
-        episode's first loss: ``alive_sent``), or falls within ``span`` of the episode's
-        first loss. A loss later than that, with nothing delivered since, is the path
-        that keeps losing: False."""
-        start = self._episode.get(key, _NEG_INF)
+        episode's first loss: ``alive_sent``), falls within ``span`` of the episode's first
+        loss, or is one of the first ``late`` sends lost after that (the requester's data
+        paths: ``LATE_LOSSES``). A path that loses more, with nothing delivered since the
+        episode began, keeps losing: False.
+
+        Why a count as well as a span: behind a queue that stays full, the path's packets
+        sent since the episode began are still queued, or dropped too, when the next loss is
+        found, and a span alone took such a path for dead (docs/EV_HEALTH.md); a dead path
+        loses every packet sprayed on it, so a few more cost it little time."""
+        start, lost, last = self._episode.get(key, _NO_EPISODE)
         if start == _NEG_INF or alive_sent >= start:
-            self._episode[key] = sent_at
+            self._episode[key] = (sent_at, 0, sent_at)
             return True
-        return sent_at - start < span
+        if sent_at - start < span:
+            return True
+        if sent_at != last:  # the packets of one burst leave together: one send
+            lost += 1
+            self._episode[key] = (start, lost, sent_at)
+        return lost <= late

@@ -54,7 +54,7 @@ from mrc import wire
 from mrc.core.cepenalty import CEPenalties
 from mrc.core.config import EVConfig
 from mrc.core.counters import BOTH, CounterSpec, Source
-from mrc.core.delaysigns import DelaySigns
+from mrc.core.delaysigns import LATE_LOSSES, DelaySigns
 from mrc.core.events import EVReason, EVState, EVStateChanged
 from mrc.core.evprobes import EVProbes
 from mrc.core.planesteer import PlaneSteering
@@ -683,7 +683,8 @@ class EVSet:
         if congestion_since is not None and sent_at is not None and self.delay.enabled:
             if self.delay.delayed(plane, congestion_since):
                 ix = self.route_ix[ev]
-                if self.delay.excuses(ix, sent_at, self.route_alive_sent[ix], episode):
+                alive = self.route_alive_sent[ix]
+                if self.delay.excuses(ix, sent_at, alive, episode, LATE_LOSSES):
                     self.losses_delayed += 1
                     return
             elif hold:

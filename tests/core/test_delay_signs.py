@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from mrc.core.config import EVConfig
+from mrc.core.delaysigns import LATE_LOSSES
 from mrc.core.events import EVReason, EVState
 from mrc.core.evset import EVSet
 
@@ -18,7 +19,7 @@ MEMORY = 0.01  # how far back before a send evidence counts (the requester's CE 
 SPAN = 0.004  # an episode (the requester's reordering window)
 
 
-def _evs(routes: list[int] | None = None, **kw: float) -> EVSet:
+def _evs(routes: list[int] | None = None, **kw: float | int) -> EVSet:
     """8 EVs on two planes (even: plane 0), routes as given; route fate off unless asked."""
     config = EVConfig(**{"route_dead_evs": 0, **kw})
     evs = EVSet(list(range(1000, 1008)), [0, 1] * 4, config=config, routes=routes)
@@ -72,15 +73,24 @@ def test_delay_on_the_other_plane_excuses_nothing() -> None:
 
 
 def test_a_route_that_keeps_losing_is_a_failure_despite_the_delay() -> None:
-    evs = _evs(routes=[0, 0, 1, 1, 0, 0, 1, 1])  # EV 0 and 4: plane 0, route 0
+    # EV 0 and 4: plane 0, route 0 (a plane whose other routes deliver: its streak is not
+    # what this test is about)
+    evs = _evs(routes=[0, 0, 1, 1, 0, 0, 1, 1], plane_dead_losses=100)
     evs.delay.sample(0, DELAYED, 1.0)
     _lose(evs, 0, 1.001, 1.004)  # the episode's first loss
     _lose(evs, 4, 1.003, 1.006)  # within the episode: one tail drop
     assert evs.state[0] == EVState.GOOD and evs.state[4] == EVState.GOOD
     evs.delay.sample(0, DELAYED, 1.01)
-    _lose(evs, 4, 1.001 + SPAN + 0.001, 1.012)  # later, nothing delivered since: dead
+    # later, nothing delivered since: a queue that stays full, or a dead route; the first
+    # LATE_LOSSES sends are given the benefit of the doubt (a burst's packets are one send)
+    late = [1.001 + SPAN + 0.001 * (k + 1) for k in range(LATE_LOSSES)]
+    for sent in late:
+        _lose(evs, 4, sent, 1.012)
+        _lose(evs, 0, sent, 1.012)  # the same send (a burst): not counted again
+    assert evs.state[0] == evs.state[4] == EVState.GOOD
+    _lose(evs, 4, late[-1] + 0.001, 1.013)  # one more: the route keeps losing, it is dead
     assert evs.state[4] == EVState.ASSUMED_BAD
-    assert evs.losses_delayed == 2
+    assert evs.losses_delayed == 2 + 2 * LATE_LOSSES
 
 
 def test_a_route_that_delivered_since_begins_a_new_episode() -> None:
@@ -99,8 +109,11 @@ def test_without_known_routes_each_ev_is_its_own_path() -> None:
     _lose(evs, 0, 1.001, 1.004)
     _lose(evs, 2, 1.001 + SPAN + 0.001, 1.008)  # another EV: its own first loss
     assert evs.state[0] == evs.state[2] == EVState.GOOD
-    _lose(evs, 0, 1.001 + SPAN + 0.002, 1.009)  # EV 0 again, nothing delivered
+    for k in range(LATE_LOSSES + 1):  # EV 0 again and again, nothing delivered
+        assert evs.state[0] == EVState.GOOD
+        _lose(evs, 0, 1.001 + SPAN + 0.002 + 0.001 * k, 1.009)
     assert evs.state[0] == EVState.ASSUMED_BAD
+    assert evs.state[2] == EVState.GOOD
 
 
 def test_off_every_loss_without_a_mark_is_a_failure_at_once() -> None:
