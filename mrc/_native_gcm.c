@@ -237,26 +237,43 @@ static int nonce_of(PyObject *o, Py_buffer *view)
     return 0;
 }
 
+/* The arguments of GcmKey.encrypt and .decrypt, (nonce, data, aad): their buffers, all
+ * taken or none (gcm_args_release gives them back). */
+static int gcm_args(const char *name, PyObject *const *args, Py_ssize_t nargs, Py_buffer *nb,
+                    Py_buffer *db, Py_buffer *ab)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "%s takes 3 arguments (%zd given)", name, nargs);
+        return -1;
+    }
+    if (nonce_of(args[0], nb) < 0)
+        return -1;
+    if (PyObject_GetBuffer(args[1], db, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(nb);
+        return -1;
+    }
+    if (optional_buffer(args[2], ab) < 0) {
+        PyBuffer_Release(db);
+        PyBuffer_Release(nb);
+        return -1;
+    }
+    return 0;
+}
+
+static void gcm_args_release(Py_buffer *nb, Py_buffer *db, Py_buffer *ab)
+{
+    release(ab);
+    PyBuffer_Release(db);
+    PyBuffer_Release(nb);
+}
+
 /* GcmKey.encrypt(nonce, data, aad): the ciphertext of `data` followed by its 16-byte tag, as
  * cryptography's AESGCM.encrypt gives it (the tests compare the two). */
 static PyObject *gcmkey_encrypt(GcmKeyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "encrypt takes 3 arguments (%zd given)", nargs);
-        return NULL;
-    }
     Py_buffer nb, db, ab;
-    if (nonce_of(args[0], &nb) < 0)
+    if (gcm_args("encrypt", args, nargs, &nb, &db, &ab) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &db, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&nb);
-        return NULL;
-    }
-    if (optional_buffer(args[2], &ab) < 0) {
-        PyBuffer_Release(&db);
-        PyBuffer_Release(&nb);
-        return NULL;
-    }
     PyObject *out = NULL;
     if (db.len > PY_SSIZE_T_MAX - ICV_LEN) {
         PyErr_SetString(PyExc_OverflowError, "the data is too long");
@@ -272,9 +289,7 @@ static PyObject *gcmkey_encrypt(GcmKeyObject *self, PyObject *const *args, Py_ss
         openssl_error("AES-GCM encryption");
     }
 done:
-    release(&ab);
-    PyBuffer_Release(&db);
-    PyBuffer_Release(&nb);
+    gcm_args_release(&nb, &db, &ab);
     return out;
 }
 
@@ -282,22 +297,9 @@ done:
  * None when it is not authentic (too short for a tag, or a tag that does not match). */
 static PyObject *gcmkey_decrypt(GcmKeyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "decrypt takes 3 arguments (%zd given)", nargs);
-        return NULL;
-    }
     Py_buffer nb, db, ab;
-    if (nonce_of(args[0], &nb) < 0)
+    if (gcm_args("decrypt", args, nargs, &nb, &db, &ab) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &db, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&nb);
-        return NULL;
-    }
-    if (optional_buffer(args[2], &ab) < 0) {
-        PyBuffer_Release(&db);
-        PyBuffer_Release(&nb);
-        return NULL;
-    }
     PyObject *out = NULL;
     if (db.len < ICV_LEN) {
         out = Py_NewRef(Py_None);
@@ -317,9 +319,7 @@ static PyObject *gcmkey_decrypt(GcmKeyObject *self, PyObject *const *args, Py_ss
         Py_SETREF(out, Py_NewRef(Py_None));
     }
 done:
-    release(&ab);
-    PyBuffer_Release(&db);
-    PyBuffer_Release(&nb);
+    gcm_args_release(&nb, &db, &ab);
     return out;
 }
 
