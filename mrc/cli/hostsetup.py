@@ -13,7 +13,7 @@ import argparse
 import errno
 import os
 
-from mrc.cli.common import Parser, emit_json, run_main
+from mrc.cli.common import JsonAnswer, Parser, run_main
 from mrc.errors import MRCError, UsageError
 from mrc.srv6 import hostroutes
 from mrc.srv6.evroutes import is_local_address, local_fabric_hosts
@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object: fabric, file, host, action, dry_run and the ip commands",
+        help="print one JSON object: ok, fabric, file, host, action, dry_run and the ip "
+        "commands (docs/schemas/mrc-host-setup.schema.json); on failure ok false and the error",
     )
     return p
 
@@ -141,6 +142,7 @@ def _check_host(topo: UsidTopology, host: Host, remove: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    answer = JsonAnswer("host-setup", args.json)
 
     def body() -> int:
         topo = _fabric(args.fabric)
@@ -164,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         lines = hostroutes.ip_lines(steps, remove=args.remove)
         action = "remove" if args.remove else "setup"
         if args.json:
-            emit_json(
+            answer.emit(
                 {
+                    "ok": True,
                     "fabric": topo.name,
                     "file": args.fabric,
                     "host": host.name,
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
 
-    return run_main(PROG, body)
+    return run_main(PROG, body, answer=answer)
 
 
 if __name__ == "__main__":

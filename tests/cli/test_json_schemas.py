@@ -103,6 +103,7 @@ COVERED = {
     "mrc-fabric-paths": "test_fabric_outputs_match_their_schemas",
     "mrc-bench": "tests/bench/test_bench_quick.py",
     "mrc-real-fabric": "test_real_fabric_files_match_their_schema",
+    "mrc-host-setup": "test_host_setup_matches_its_schema",
     "failover_demo": "tests/containers/test_failover_demo_containers.py",
     "bench_qp": "test_bench_qp_matches_its_schema",
     "bench_fabric": "test_bench_fabric_matches_its_schema",
@@ -192,6 +193,76 @@ def test_real_fabric_files_match_their_schema() -> None:
     for case in sorted(refused):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad[case], schema)
+
+
+def test_host_setup_matches_its_schema(mrc_tools, tmp_path: Path) -> None:
+    """--dry-run (any user may) and --remove with it print the result object; a file it
+    refuses prints the failure object; each validates, and the commands are the plan's."""
+    from test_usid_fabric_file import GOOD
+
+    from mrc.srv6 import hostroutes
+    from mrc.topology.realfile import parse_real_fabric
+
+    schema = _schema("mrc-host-setup")
+    path = tmp_path / "lab.json"
+    path.write_text(json.dumps(GOOD))
+    plan = hostroutes.plan(parse_real_fabric(GOOD), "gpu1")
+    for extra, action in (([], "setup"), (["--remove"], "remove")):
+        res = mrc_tools.run(
+            "mrc-host-setup", "--fabric", str(path), "--host", "gpu1", "--dry-run", "--json",
+            *extra, timeout=30,
+        )  # fmt: skip
+        assert res.returncode == 0, res.describe()
+        jsonschema.validate(res.json, schema)
+        assert res.json["action"] == action and res.json["dry_run"] is True
+        assert res.json["commands"] == hostroutes.ip_lines(plan, remove=action == "remove")
+    path.write_text("{}")
+    res = mrc_tools.run("mrc-host-setup", "--fabric", str(path), "--dry-run", "--json")
+    assert res.returncode == 2, res.describe()
+    jsonschema.validate(res.json, schema)
+    assert res.json["ok"] is False and res.json["role"] == "host-setup"
+    assert res.stderr == f"mrc-host-setup: error: {res.json['error']}\n", res.describe()
+
+
+def test_real_usid_fabric_files_match_their_schema() -> None:
+    """The uSID form of the same schema: the tests' good file and FABRIC.md's example pass;
+    what the loader refuses that a schema can see is refused; and each object's keys are the
+    loader's own (mrc.topology.realfile), so the two cannot drift apart."""
+    from test_usid_fabric_file import BAD, GOOD
+
+    from mrc.topology import realfile as rf
+
+    schema = _schema("mrc-real-fabric")
+    jsonschema.validate(GOOD, schema)
+    text = (REPO / "docs" / "FABRIC.md").read_text().split("\n### Real uSID fabrics\n", 1)[1]
+    jsonschema.validate(json.loads(text.split("```json\n", 1)[1].split("```", 1)[0]), schema)
+    refused = {"srv6-unknown", "usid-unknown-key", "block-a-number", "block-a-48", "no-usid"}
+    refused |= {"mtu-a-string", "mtu-small", "mtu-bool", "table-main", "ports-a-number"}
+    refused |= {"ports-garbage", "plane-empty-leaves", "spine-with-a-sid", "spine-no-usid"}
+    refused |= {"usid-five-digits", "usid-zero", "usid-not-hex", "usid-a-number", "priority-0"}
+    refused |= {"nic-unknown-key", "nic-leaf-a-number", "nic-dev-with-a-space", "nic-no-dev"}
+    refused |= {"nic-dev-too-long", "nic-dev-null", "plane-no-leaves", "nic-no-gateway"}
+    refused |= {"nic-no-leaf", "nic-no-usid", "usid-a-list", "no-block", "no-mtu"}
+    bad = {case: doc for case, doc, _err in BAD}
+    assert refused <= set(bad), sorted(refused - set(bad))
+    for case in sorted(refused):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad[case], schema)
+    defs: dict[str, Any] = schema["$defs"]  # type: ignore[assignment]
+
+    def keys(obj: dict[str, Any]) -> dict[str, bool]:
+        return {k: k in obj["required"] for k in obj["properties"]}
+
+    assert keys(schema) == {**rf._USID_TOP_KEYS, "usid": False}  # required in "then"
+    assert schema["then"]["required"] == ["usid"]  # type: ignore[index]
+    assert keys(defs["usid_params"]) == rf._USID_KEYS
+    assert keys(defs["usid_plane"]) == rf._USID_PLANE_KEYS
+    assert keys(defs["usid_router"]) == rf._USID_ROUTER_KEYS
+    assert keys(defs["usid_nic"]) == rf._USID_NIC_KEYS
+    assert keys(defs["srh_plane"]) == rf._PLANE_KEYS
+    assert keys(defs["srh_spine"]) == rf._SPINE_KEYS
+    assert keys(defs["srh_nic"]) == rf._NIC_KEYS
+    assert keys(defs["srh_host"]) == keys(defs["usid_host"]) == rf._HOST_KEYS
 
 
 # --- the benchmarks, each in its quickest mode -----------------------------------------------
