@@ -960,8 +960,8 @@ static PyMethodDef methods[] = {
  * 2 = place_train takes `skip` (protected trains); 3 = note_arrivals; 4 = open_in_place and
  * seal_data; 5 = open_in_place takes `encrypt`; 6 = Packet, record_burst, take_acked and
  * recv_batch; 7 = open_in_place and seal_data gone to mrc._native_gcm (as open_in_place and
- * seal_packet, with their AES-GCM). */
-#define KERNEL_VERSION 7
+ * seal_packet, with their AES-GCM); 8 = mrc._native_gcm's seal_burst and open_train. */
+#define KERNEL_VERSION 8
 
 static int exec_module(PyObject *m)
 {

@@ -49,6 +49,14 @@
 #define NONCE_LEN 12
 #define MAX_HDR_LEN 64 /* the longest fixed headers mrc has are 40 bytes (an ACK) */
 #define CHUNK (1 << 30) /* EVP's lengths are ints: longer inputs go in pieces */
+/* mrc.wire's: the opcodes of data packets, their fixed headers, the transport version */
+#define OP_WRITE 0x0A     /* RDMA_WRITE_ONLY */
+#define OP_WRITE_IMM 0x0B /* RDMA_WRITE_ONLY_IMM */
+#define DATA_HDR_LEN 28   /* a WRITE's BTH and RETH */
+#define MRC_TVER 0
+/* where a whole data packet's datagram lies after open_in_place: the security block and
+ * payload ICV before it (Protection.in_place_skip, DATA_OVERHEAD) */
+#define DATA_SKIP (SEC_BLOCK_LEN + ICV_LEN)
 
 /* ---- GcmKey ---------------------------------------------------------------------------- */
 
@@ -368,6 +376,79 @@ static GcmKeyObject *key_arg(PyObject *o)
     return (GcmKeyObject *)o;
 }
 
+/* Seal one datagram: headers `h` (`hdr_len` bytes, checked by the caller), `payload` (the
+ * object, None for an ACK or probe; `pb` its buffer), counter `ctr`. The two parts to
+ * *head and *body (new references), 0; or -1 (raised, nothing left). */
+static int seal_one(GcmKeyObject *hk, GcmKeyObject *pk, int encrypt, const char *kid,
+                    unsigned long long ctr, const unsigned char *h, Py_ssize_t hdr_len,
+                    PyObject *payload, const Py_buffer *pb, PyObject **head, PyObject **body)
+{
+    int is_data = payload != Py_None;
+    *head = *body = NULL;
+    if (pb->len > PY_SSIZE_T_MAX - ICV_LEN) {
+        PyErr_SetString(PyExc_OverflowError, "the payload is too long");
+        return -1;
+    }
+    unsigned char nb[NONCE_LEN];
+    nonce_for(nb, ctr);
+    Py_ssize_t head_len = hdr_len + SEC_BLOCK_LEN + (is_data && !encrypt ? ICV_LEN : 0);
+    PyObject *hd = PyBytes_FromStringAndSize(NULL, head_len);
+    if (hd == NULL)
+        return -1;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(hd);
+    memcpy(o, h, (size_t)hdr_len);
+    o[4] &= KEEP_BYTE4; /* authenticated as a switch may leave it */
+    o[SECURE_BYTE] |= BTH_SECURE;
+    memcpy(o + hdr_len, kid, 4);
+    memcpy(o + hdr_len + 4, nb + 4, 8);
+    if (gcm_seal(hk->enc, nb, o, (size_t)hdr_len + KID_CTR_LEN, NULL, 0, NULL,
+                 o + hdr_len + KID_CTR_LEN) < 0) {
+        Py_DECREF(hd);
+        openssl_error("the header ICV");
+        return -1;
+    }
+    o[4] = h[4]; /* the marks as they are */
+    PyObject *bd;
+    if (!is_data) {
+        bd = PyBytes_FromStringAndSize(NULL, 0);
+    } else if (!encrypt) {
+        /* the payload ICV: a GMAC of the payload, before it */
+        if (gcm_seal(pk->enc, nb, pb->buf, (size_t)pb->len, NULL, 0, NULL,
+                     o + hdr_len + SEC_BLOCK_LEN) < 0) {
+            Py_DECREF(hd);
+            openssl_error("the payload ICV");
+            return -1;
+        }
+        bd = Py_NewRef(payload);
+    } else {
+        bd = PyBytes_FromStringAndSize(NULL, pb->len + ICV_LEN);
+        if (bd != NULL) {
+            unsigned char *c = (unsigned char *)PyBytes_AS_STRING(bd);
+            if (gcm_seal(pk->enc, nb, NULL, 0, pb->buf, (size_t)pb->len, c, c + pb->len) < 0) {
+                Py_CLEAR(bd);
+                openssl_error("the payload's encryption");
+            }
+        }
+    }
+    if (bd == NULL) {
+        Py_DECREF(hd);
+        return -1;
+    }
+    *head = hd;
+    *body = bd;
+    return 0;
+}
+
+/* The key id argument: 4 bytes. NULL: raised. */
+static const char *kid_arg(PyObject *kid)
+{
+    if (!PyBytes_Check(kid) || PyBytes_GET_SIZE(kid) != 4) {
+        PyErr_SetString(PyExc_TypeError, "the key id must be 4 bytes");
+        return NULL;
+    }
+    return PyBytes_AS_STRING(kid);
+}
+
 /* seal_packet(headers, payload, kid, counter, header_key, payload_key, encrypt): (first part,
  * second part) of one protected datagram, as Sealer.seal_pair returns them. `payload` None: an
  * ACK or probe, second part b"". Integrity: the first part ends with the payload ICV and the
@@ -380,7 +461,7 @@ static PyObject *seal_packet(PyObject *module, PyObject *const *args, Py_ssize_t
         PyErr_Format(PyExc_TypeError, "seal_packet takes 7 arguments (%zd given)", nargs);
         return NULL;
     }
-    PyObject *kid = args[2], *payload = args[1];
+    PyObject *payload = args[1];
     unsigned long long ctr = PyLong_AsUnsignedLongLong(args[3]);
     if (ctr == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
@@ -390,10 +471,9 @@ static PyObject *seal_packet(PyObject *module, PyObject *const *args, Py_ssize_t
     int encrypt = PyObject_IsTrue(args[6]);
     if (encrypt < 0)
         return NULL;
-    if (!PyBytes_Check(kid) || PyBytes_GET_SIZE(kid) != 4) {
-        PyErr_SetString(PyExc_TypeError, "the key id must be 4 bytes");
+    const char *kid = kid_arg(args[2]);
+    if (kid == NULL)
         return NULL;
-    }
     Py_buffer hb, pb;
     if (PyObject_GetBuffer(args[0], &hb, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -401,58 +481,14 @@ static PyObject *seal_packet(PyObject *module, PyObject *const *args, Py_ssize_t
         PyBuffer_Release(&hb);
         return NULL;
     }
-    int is_data = payload != Py_None;
     PyObject *head = NULL, *body = NULL, *result = NULL;
-    Py_ssize_t hdr_len = hb.len;
-    if (hdr_len < SECURE_BYTE + 1 || hdr_len > MAX_HDR_LEN) {
+    if (hb.len < SECURE_BYTE + 1 || hb.len > MAX_HDR_LEN) {
         PyErr_SetString(PyExc_ValueError, "the headers must be 9 to 64 bytes");
         goto done;
     }
-    if (pb.len > PY_SSIZE_T_MAX - ICV_LEN) {
-        PyErr_SetString(PyExc_OverflowError, "the payload is too long");
+    if (seal_one(hk, pk, encrypt, kid, ctr, hb.buf, hb.len, payload, &pb, &head, &body) < 0)
         goto done;
-    }
-    unsigned char nb[NONCE_LEN];
-    nonce_for(nb, ctr);
-    Py_ssize_t head_len = hdr_len + SEC_BLOCK_LEN + (is_data && !encrypt ? ICV_LEN : 0);
-    head = PyBytes_FromStringAndSize(NULL, head_len);
-    if (head == NULL)
-        goto done;
-    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(head);
-    const unsigned char *h = (const unsigned char *)hb.buf;
-    memcpy(o, h, (size_t)hdr_len);
-    o[4] &= KEEP_BYTE4; /* authenticated as a switch may leave it */
-    o[SECURE_BYTE] |= BTH_SECURE;
-    memcpy(o + hdr_len, PyBytes_AS_STRING(kid), 4);
-    memcpy(o + hdr_len + 4, nb + 4, 8);
-    if (gcm_seal(hk->enc, nb, o, (size_t)hdr_len + KID_CTR_LEN, NULL, 0, NULL,
-                 o + hdr_len + KID_CTR_LEN) < 0) {
-        openssl_error("the header ICV");
-        goto done;
-    }
-    o[4] = h[4]; /* the marks as they are */
-    if (!is_data) {
-        body = PyBytes_FromStringAndSize(NULL, 0);
-    } else if (!encrypt) {
-        /* the payload ICV: a GMAC of the payload, before it */
-        if (gcm_seal(pk->enc, nb, pb.buf, (size_t)pb.len, NULL, 0, NULL,
-                     o + hdr_len + SEC_BLOCK_LEN) < 0) {
-            openssl_error("the payload ICV");
-            goto done;
-        }
-        body = Py_NewRef(payload);
-    } else {
-        body = PyBytes_FromStringAndSize(NULL, pb.len + ICV_LEN);
-        if (body == NULL)
-            goto done;
-        unsigned char *c = (unsigned char *)PyBytes_AS_STRING(body);
-        if (gcm_seal(pk->enc, nb, NULL, 0, pb.buf, (size_t)pb.len, c, c + pb.len) < 0) {
-            openssl_error("the payload's encryption");
-            goto done;
-        }
-    }
-    if (body != NULL)
-        result = PyTuple_Pack(2, head, body);
+    result = PyTuple_Pack(2, head, body);
 done:
     Py_XDECREF(body);
     Py_XDECREF(head);
@@ -461,14 +497,110 @@ done:
     return result;
 }
 
-/* (reason, top, start, stop): reason None and the datagram at data[start:stop], or the drop
- * reason (start and stop 0). */
-static PyObject *verdict(const char *reason, unsigned long long top, Py_ssize_t start,
-                         Py_ssize_t stop)
+/* seal_burst(bufs, count, kid, counter, header_key, payload_key, encrypt): one burst sealed
+ * in one call, as QueuePair._seal had it done datagram by datagram (reference:
+ * mrc.security.trains.seal_burst). `bufs` is the burst's list, (headers, payload) per
+ * datagram; datagram i takes counter `counter` + 1 + i. A WRITE or WRITE_IMM is a data packet
+ * (its payload sealed as seal_packet does), anything else headers alone (payload part b"").
+ * Returns (parts, seg): the new list, (head, body) per datagram, and the sealed burst's segment
+ * size if its datagrams still make one GSO burst (all but the last the same size, the last no
+ * longer), else -1. */
+static PyObject *seal_burst(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (reason == NULL)
-        return Py_BuildValue("(OKnn)", Py_None, top, start, stop);
-    return Py_BuildValue("(sKnn)", reason, top, (Py_ssize_t)0, (Py_ssize_t)0);
+    (void)module;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "seal_burst takes 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *bufs = args[0];
+    if (!PyList_Check(bufs)) {
+        PyErr_SetString(PyExc_TypeError, "the burst's buffers must be a list");
+        return NULL;
+    }
+    Py_ssize_t count = PyLong_AsSsize_t(args[1]);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    if (count < 1 || count > PyList_GET_SIZE(bufs) / 2) {
+        PyErr_SetString(PyExc_ValueError, "count must be 1 to len(bufs) // 2");
+        return NULL;
+    }
+    const char *kid = kid_arg(args[2]);
+    if (kid == NULL)
+        return NULL;
+    unsigned long long ctr = PyLong_AsUnsignedLongLong(args[3]);
+    if (ctr == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (ctr > ULLONG_MAX - (unsigned long long)count) {
+        PyErr_SetString(PyExc_OverflowError, "the counter would wrap");
+        return NULL;
+    }
+    GcmKeyObject *hk = key_arg(args[4]), *pk = key_arg(args[5]);
+    if (hk == NULL || pk == NULL)
+        return NULL;
+    int encrypt = PyObject_IsTrue(args[6]);
+    if (encrypt < 0)
+        return NULL;
+    PyObject *parts = PyList_New(2 * count);
+    if (parts == NULL)
+        return NULL;
+    Py_ssize_t seg = -1, first = 0, last = 0;
+    int uniform = 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        /* only an exotic buffer's exporter could run Python code that changes the list:
+         * its size is checked each time, and the items are held while they are used */
+        if (2 * i + 1 >= PyList_GET_SIZE(bufs)) {
+            Py_DECREF(parts);
+            PyErr_SetString(PyExc_RuntimeError, "the burst's list changed while it was sealed");
+            return NULL;
+        }
+        PyObject *hobj = PyList_GET_ITEM(bufs, 2 * i), *pobj = PyList_GET_ITEM(bufs, 2 * i + 1);
+        Py_INCREF(hobj);
+        Py_INCREF(pobj);
+        Py_buffer hb, pb;
+        int rc = -1;
+        PyObject *head = NULL, *body = NULL;
+        if (PyObject_GetBuffer(hobj, &hb, PyBUF_SIMPLE) == 0) {
+            if (hb.len < SECURE_BYTE + 1 || hb.len > MAX_HDR_LEN) {
+                PyErr_SetString(PyExc_ValueError, "the headers must be 9 to 64 bytes");
+            } else {
+                unsigned char op = ((const unsigned char *)hb.buf)[0];
+                int is_data = op == OP_WRITE || op == OP_WRITE_IMM;
+                if (!is_data) {
+                    memset(&pb, 0, sizeof(pb));
+                    rc = seal_one(hk, pk, encrypt, kid, ctr + 1 + (unsigned long long)i,
+                                  hb.buf, hb.len, Py_None, &pb, &head, &body);
+                } else if (PyObject_GetBuffer(pobj, &pb, PyBUF_SIMPLE) == 0) {
+                    rc = seal_one(hk, pk, encrypt, kid, ctr + 1 + (unsigned long long)i,
+                                  hb.buf, hb.len, pobj, &pb, &head, &body);
+                    PyBuffer_Release(&pb);
+                }
+            }
+            PyBuffer_Release(&hb);
+        }
+        Py_DECREF(pobj);
+        Py_DECREF(hobj);
+        if (rc < 0) {
+            Py_DECREF(parts);
+            return NULL;
+        }
+        /* len() of the payload part, as the Python had it (a memoryview's items) */
+        Py_ssize_t body_len = PyObject_Length(body);
+        PyList_SET_ITEM(parts, 2 * i, head); /* the references are the list's now */
+        PyList_SET_ITEM(parts, 2 * i + 1, body);
+        if (body_len < 0) {
+            Py_DECREF(parts);
+            return NULL;
+        }
+        Py_ssize_t size = PyBytes_GET_SIZE(head) + body_len;
+        if (i == 0)
+            first = size;
+        else if (i < count - 1 && size != first)
+            uniform = 0;
+        last = size;
+    }
+    if (count == 1 || (uniform && last <= first))
+        seg = first;
+    return Py_BuildValue("(Nn)", parts, seg);
 }
 
 /* A plaintext's room in `key`'s scratch buffer (grown as needed, kept). NULL: raised. */
@@ -492,76 +624,37 @@ static unsigned char *scratch_for(GcmKeyObject *key, size_t len)
     return key->scratch;
 }
 
-/* open_in_place(data, hdr_len, kid, header_key, payload_key, seen, top, encrypt, is_data):
- * see the top of this file and Opener.unseal. `seen` and `top` are the ReplayWindow's ring
- * and highest counter; the ring is updated here, the new top returned. */
-static PyObject *open_in_place(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* Check and unprotect the datagram of `n` bytes at `data` in place (see the top of this file):
+ * 0 with its place in *start and *stop (the counter taken into `seen` and *top); 1, not
+ * authentic or not new, with the drop reason in *why (nothing changed); -1, raised (OpenSSL
+ * failed; nothing changed). `hdr_len` is 9 to 64, `size` (the window) at least 1. */
+static int open_one(unsigned char *data, Py_ssize_t n, Py_ssize_t hdr_len, const char *kid,
+                    GcmKeyObject *hk, GcmKeyObject *pk, unsigned char *seen,
+                    unsigned long long size, unsigned long long *topp, int encrypt,
+                    int is_data, Py_ssize_t *startp, Py_ssize_t *stopp, const char **why)
 {
-    (void)module;
-    if (nargs != 9) {
-        PyErr_Format(PyExc_TypeError, "open_in_place takes 9 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    Py_ssize_t hdr_len = PyLong_AsSsize_t(args[1]);
-    if (hdr_len == -1 && PyErr_Occurred())
-        return NULL;
-    unsigned long long top = PyLong_AsUnsignedLongLong(args[6]);
-    if (top == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    int encrypt = PyObject_IsTrue(args[7]);
-    if (encrypt < 0)
-        return NULL;
-    int is_data = PyObject_IsTrue(args[8]);
-    if (is_data < 0)
-        return NULL;
-    if (hdr_len < SECURE_BYTE + 1 || hdr_len > MAX_HDR_LEN) {
-        PyErr_SetString(PyExc_ValueError, "hdr_len must be 9 to 64");
-        return NULL;
-    }
-    PyObject *kid = args[2];
-    if (!PyBytes_Check(kid) || PyBytes_GET_SIZE(kid) != 4) {
-        PyErr_SetString(PyExc_TypeError, "the key id must be 4 bytes");
-        return NULL;
-    }
-    GcmKeyObject *hk = key_arg(args[3]), *pk = key_arg(args[4]);
-    if (hk == NULL || pk == NULL)
-        return NULL;
-    Py_buffer db, sb;
-    if (PyObject_GetBuffer(args[0], &db, PyBUF_WRITABLE) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(args[5], &sb, PyBUF_WRITABLE) < 0) {
-        PyBuffer_Release(&db);
-        return NULL;
-    }
-    PyObject *result = NULL;
-    unsigned char *data = (unsigned char *)db.buf;
-    unsigned char *seen = (unsigned char *)sb.buf;
-    unsigned long long size = (unsigned long long)sb.len;
-    Py_ssize_t n = db.len, end = hdr_len + SEC_BLOCK_LEN;
-    if (size == 0) {
-        PyErr_SetString(PyExc_ValueError, "the replay window is empty");
-        goto done;
-    }
+    unsigned long long top = *topp;
+    Py_ssize_t end = hdr_len + SEC_BLOCK_LEN;
     if (n < end || !(data[SECURE_BYTE] & BTH_SECURE)) {
-        result = verdict("security_missing", top, 0, 0);
-        goto done;
+        *why = "security_missing";
+        return 1;
     }
-    if (memcmp(data + hdr_len, PyBytes_AS_STRING(kid), 4) != 0) {
-        result = verdict("security_key_id", top, 0, 0);
-        goto done;
+    if (memcmp(data + hdr_len, kid, 4) != 0) {
+        *why = "security_key_id";
+        return 1;
     }
     unsigned long long ctr = be64(data + hdr_len + 4);
     if (ctr <= top) {
-        const char *why = NULL;
+        const char *old = NULL;
         if (ctr == 0)
-            why = "security_replay";
+            old = "security_replay";
         else if (top - ctr >= size)
-            why = "security_too_old";
+            old = "security_too_old";
         else if (seen[ctr % size])
-            why = "security_replay";
-        if (why != NULL) {
-            result = verdict(why, top, 0, 0);
-            goto done;
+            old = "security_replay";
+        if (old != NULL) {
+            *why = old;
+            return 1;
         }
     }
     unsigned char nb[NONCE_LEN];
@@ -574,17 +667,17 @@ static PyObject *open_in_place(PyObject *module, PyObject *const *args, Py_ssize
                       data + hdr_len + KID_CTR_LEN);
     if (ok < 0) {
         openssl_error("checking the header ICV");
-        goto done;
+        return -1;
     }
     if (!ok) {
-        result = verdict("security_bad_tag", top, 0, 0);
-        goto done;
+        *why = "security_bad_tag";
+        return 1;
     }
     Py_ssize_t start, stop;
     if (is_data && n > end) {
         if (n < end + ICV_LEN) {
-            result = verdict("security_short", top, 0, 0);
-            goto done;
+            *why = "security_short";
+            return 1;
         }
         Py_ssize_t plain_len = n - end - ICV_LEN; /* the payload's bytes, in either mode */
         if (encrypt) {
@@ -593,7 +686,7 @@ static PyObject *open_in_place(PyObject *module, PyObject *const *args, Py_ssize
              * and a packet that fails leaves the buffer as it was */
             unsigned char *plain = scratch_for(pk, (size_t)plain_len);
             if (plain == NULL)
-                goto done;
+                return -1;
             ok = gcm_open(pk->dec, nb, NULL, 0, data + end, (size_t)plain_len, plain,
                           data + n - ICV_LEN);
             if (ok > 0)
@@ -605,11 +698,11 @@ static PyObject *open_in_place(PyObject *module, PyObject *const *args, Py_ssize
         }
         if (ok < 0) {
             openssl_error("checking the payload ICV");
-            goto done;
+            return -1;
         }
         if (!ok) {
-            result = verdict("security_bad_tag", top, 0, 0);
-            goto done;
+            *why = "security_bad_tag";
+            return 1;
         }
         /* the headers right before the payload: DATA_OVERHEAD bytes into the packet */
         start = n - plain_len - hdr_len;
@@ -636,13 +729,196 @@ static PyObject *open_in_place(PyObject *module, PyObject *const *args, Py_ssize
                 memset(seen, 0, (size_t)hi);
             }
         }
-        top = ctr;
+        *topp = ctr;
     }
     seen[ctr % size] = 1;
-    result = verdict(NULL, top, start, stop);
+    *startp = start;
+    *stopp = stop;
+    return 0;
+}
+
+/* open_in_place(data, hdr_len, kid, header_key, payload_key, seen, top, encrypt, is_data):
+ * see the top of this file and Opener.unseal. `seen` and `top` are the ReplayWindow's ring
+ * and highest counter; the ring is updated here, the new top returned: (reason, top, start,
+ * stop), reason None and the datagram at data[start:stop], or the drop reason (start and
+ * stop 0). */
+static PyObject *open_in_place(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 9) {
+        PyErr_Format(PyExc_TypeError, "open_in_place takes 9 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t hdr_len = PyLong_AsSsize_t(args[1]);
+    if (hdr_len == -1 && PyErr_Occurred())
+        return NULL;
+    unsigned long long top = PyLong_AsUnsignedLongLong(args[6]);
+    if (top == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    int encrypt = PyObject_IsTrue(args[7]);
+    if (encrypt < 0)
+        return NULL;
+    int is_data = PyObject_IsTrue(args[8]);
+    if (is_data < 0)
+        return NULL;
+    if (hdr_len < SECURE_BYTE + 1 || hdr_len > MAX_HDR_LEN) {
+        PyErr_SetString(PyExc_ValueError, "hdr_len must be 9 to 64");
+        return NULL;
+    }
+    const char *kid = kid_arg(args[2]);
+    if (kid == NULL)
+        return NULL;
+    GcmKeyObject *hk = key_arg(args[3]), *pk = key_arg(args[4]);
+    if (hk == NULL || pk == NULL)
+        return NULL;
+    Py_buffer db, sb;
+    if (PyObject_GetBuffer(args[0], &db, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[5], &sb, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&db);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (sb.len == 0) {
+        PyErr_SetString(PyExc_ValueError, "the replay window is empty");
+        goto done;
+    }
+    Py_ssize_t start = 0, stop = 0;
+    const char *why = NULL;
+    int rc = open_one(db.buf, db.len, hdr_len, kid, hk, pk, sb.buf, (unsigned long long)sb.len,
+                      &top, encrypt, is_data, &start, &stop, &why);
+    if (rc == 0)
+        result = Py_BuildValue("(OKnn)", Py_None, top, start, stop);
+    else if (rc > 0)
+        result = Py_BuildValue("(sKnn)", why, top, (Py_ssize_t)0, (Py_ssize_t)0);
 done:
     PyBuffer_Release(&sb);
     PyBuffer_Release(&db);
+    return result;
+}
+
+/* open_train(view, off, seg, cap, qpn, kid, header_key, payload_key, window, encrypt): the
+ * segments of a GRO train from byte `off` (`seg` bytes each, the last may be shorter) that
+ * are WRITEs naming QP `qpn`, opened in place one after another as open_in_place opens each
+ * (the same checks, the same replay window: `window`'s `seen` ring and `top`, the new top set
+ * on it before this returns, also when it raises), at most `cap` of them; in one call, the
+ * loop QueuePair._receive_sealed_train ran in Python (reference: mrc.security.trains).
+ * Stops at the first segment that is not such a WRITE (too short to be a whole one, another
+ * opcode, transport version or QP), that does not open (dropped), or that opens to something
+ * other than a whole data packet's datagram DATA_SKIP bytes into it. Returns (opened, reason,
+ * start, stop): `opened` segments opened whole; reason the drop reason of the one after them
+ * (it is dropped: the caller counts it) or None; start and stop, with reason None: where the
+ * one after them lies unsealed in `view` when it opened to another form (both 0 otherwise). */
+static PyObject *open_train(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "open_train takes 10 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    Py_ssize_t off = PyLong_AsSsize_t(args[1]);
+    if (off == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t seg = PyLong_AsSsize_t(args[2]);
+    if (seg == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t cap = PyLong_AsSsize_t(args[3]);
+    if (cap == -1 && PyErr_Occurred())
+        return NULL;
+    long qpn = PyLong_AsLong(args[4]);
+    if (qpn == -1 && PyErr_Occurred())
+        return NULL;
+    const char *kid = kid_arg(args[5]);
+    if (kid == NULL)
+        return NULL;
+    GcmKeyObject *hk = key_arg(args[6]), *pk = key_arg(args[7]);
+    if (hk == NULL || pk == NULL)
+        return NULL;
+    PyObject *window = args[8];
+    int encrypt = PyObject_IsTrue(args[9]);
+    if (encrypt < 0)
+        return NULL;
+    if (seg < 1 || off < 0 || cap < 0) {
+        PyErr_SetString(PyExc_ValueError, "seg must be positive, off and cap not negative");
+        return NULL;
+    }
+    PyObject *top_obj = PyObject_GetAttrString(window, "top");
+    if (top_obj == NULL)
+        return NULL;
+    unsigned long long top = PyLong_AsUnsignedLongLong(top_obj);
+    Py_DECREF(top_obj);
+    if (top == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    PyObject *seen_obj = PyObject_GetAttrString(window, "seen");
+    if (seen_obj == NULL)
+        return NULL;
+    Py_buffer db, sb;
+    if (PyObject_GetBuffer(seen_obj, &sb, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(seen_obj);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &db, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&sb);
+        Py_DECREF(seen_obj);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    unsigned long long top0 = top;
+    unsigned char *d = (unsigned char *)db.buf;
+    Py_ssize_t n = db.len, o = off, opened = 0, ostart = 0, ostop = 0;
+    const char *why = NULL;
+    int rc = 0;
+    if (sb.len == 0) {
+        PyErr_SetString(PyExc_ValueError, "the replay window is empty");
+        goto done;
+    }
+    if (off > n) {
+        PyErr_SetString(PyExc_ValueError, "off is past the train's end");
+        goto done;
+    }
+    while (o < n && opened < cap) {
+        Py_ssize_t len = n - o < seg ? n - o : seg;
+        unsigned char *p = d + o;
+        if (len < DATA_SKIP + DATA_HDR_LEN || p[0] != OP_WRITE ||
+            (p[1] & 0x0F) != MRC_TVER || ((long)p[5] << 16 | (long)p[6] << 8 | p[7]) != qpn)
+            break;
+        Py_ssize_t start = 0, stop = 0;
+        rc = open_one(p, len, DATA_HDR_LEN, kid, hk, pk, sb.buf, (unsigned long long)sb.len,
+                      &top, encrypt, 1, &start, &stop, &why);
+        if (rc != 0)
+            break;
+        if (stop - start != len - DATA_SKIP) {
+            ostart = o + start;
+            ostop = o + stop;
+            break;
+        }
+        o += len;
+        opened++;
+    }
+    if (rc >= 0) {
+        if (rc > 0)
+            result = Py_BuildValue("(nsnn)", opened, why, (Py_ssize_t)0, (Py_ssize_t)0);
+        else
+            result = Py_BuildValue("(nOnn)", opened, Py_None, ostart, ostop);
+    }
+done:
+    PyBuffer_Release(&db);
+    PyBuffer_Release(&sb);
+    Py_DECREF(seen_obj);
+    if (top != top0) {
+        /* the counters taken are in the ring already: the window's top must follow, whatever
+         * happens after them (an exception raised stays raised) */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *t = PyLong_FromUnsignedLongLong(top);
+        if (t == NULL || PyObject_SetAttrString(window, "top", t) < 0)
+            Py_CLEAR(result);
+        Py_XDECREF(t);
+        if (type != NULL) {
+            PyErr_Clear(); /* the first failure is the one to report */
+            PyErr_Restore(type, value, tb);
+        }
+    }
     return result;
 }
 
@@ -651,12 +927,17 @@ static PyMethodDef methods[] = {
      "The two parts of one protected datagram (see mrc/security/packet.py)."},
     {"open_in_place", (PyCFunction)(void (*)(void))open_in_place, METH_FASTCALL,
      "Check and unprotect one datagram in its receive buffer (see mrc/security/packet.py)."},
+    {"seal_burst", (PyCFunction)(void (*)(void))seal_burst, METH_FASTCALL,
+     "A burst's datagrams sealed in one call (see mrc/security/trains.py)."},
+    {"open_train", (PyCFunction)(void (*)(void))open_train, METH_FASTCALL,
+     "A train's WRITEs to one QP opened in place in one call (see mrc/security/trains.py)."},
     {NULL, NULL, 0, NULL},
 };
 
 /* The same number as mrc/_native.c's: mrc/native.py uses the two only together, and only when
- * both are its own KERNEL_VERSION. 7 = this extension (the kernels and their AES-GCM). */
-#define KERNEL_VERSION 7
+ * both are its own KERNEL_VERSION. 7 = this extension (the kernels and their AES-GCM); 8 =
+ * seal_burst and open_train. */
+#define KERNEL_VERSION 8
 
 static int exec_module(PyObject *m)
 {

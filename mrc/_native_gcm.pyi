@@ -1,5 +1,8 @@
 """Type stub of keyed mode's C kernels and their AES-GCM (mrc/_native_gcm.c); semantics in
-mrc/security/packet.py (Sealer.seal_pair and Opener.unseal's Python paths are the reference)."""
+mrc/security/packet.py (Sealer.seal_pair and Opener.unseal's Python paths are the reference) and
+mrc/security/trains.py (seal_burst and open_train's pure-Python twins)."""
+
+from typing import Protocol
 
 _Bytes = bytes | bytearray | memoryview
 
@@ -36,3 +39,31 @@ def open_in_place(
     is_data: bool,
     /,
 ) -> tuple[str | None, int, int, int]: ...
+def seal_burst(
+    bufs: list[bytes | memoryview],
+    count: int,
+    kid: bytes,
+    counter: int,
+    header_key: GcmKey,
+    payload_key: GcmKey,
+    encrypt: bool,
+    /,
+) -> tuple[list[bytes | memoryview], int]: ...
+
+class _Window(Protocol):
+    seen: bytearray
+    top: int
+
+def open_train(
+    view: memoryview,
+    off: int,
+    seg: int,
+    cap: int,
+    qpn: int,
+    kid: bytes,
+    header_key: GcmKey,
+    payload_key: GcmKey,
+    window: _Window,
+    encrypt: bool,
+    /,
+) -> tuple[int, str | None, int, int]: ...

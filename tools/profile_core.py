@@ -127,6 +127,10 @@ def core_model(size: int, security: str, burst: int, cc: str) -> dict[str, Any]:
         b.protect(Protection(k2, k1, mode))
         sw.wrap(Protection, "seal", "protection: seal (both sides)")
         sw.wrap(Protection, "unseal", "protection: unseal (both sides)")
+        # a burst sealed, a train's WRITEs opened, in one call each (where Protection has them)
+        for name, label in (("seal_burst", "seal"), ("open_train", "unseal")):
+            if hasattr(Protection, name):
+                sw.wrap(Protection, name, f"protection: {label} (both sides)")
     sw.wrap(Requester, "bursts_to_send", "sender: bursts_to_send (all of it)")
     sw.wrap(EVSet, "next", "sender: EV choice (EVSet.next)")
     sw.wrap(fastpath, "pack_burst", "sender: headers (fastpath.pack_burst)")

@@ -67,6 +67,21 @@ class Protection(Protocol):
 
     def unseal(self, data: memoryview, hdr_len: int, is_data: bool) -> memoryview: ...
 
+    def seal_burst(
+        self, bufs: list[bytes | memoryview], count: int
+    ) -> tuple[list[bytes | memoryview], int]:
+        """A burst's datagrams sealed at once: (parts, segment size or -1 if the sealed
+        datagrams no longer make one burst)."""
+        ...
+
+    def open_train(
+        self, view: memoryview, off: int, seg: int, cap: int, qpn: int
+    ) -> tuple[int, str | None, int, int]:
+        """A train's run of WRITEs naming ``qpn`` opened in place: (opened, drop reason of
+        the segment that stopped the run or None, where that one lies if it opened to
+        another form or 0, 0)."""
+        ...
+
     #: where ``unseal`` leaves a whole data packet of a writable buffer in place (its
     #: headers moved up to the payload, which ends where the packet ends): the bytes before
     #: them, a constant. 0: it does not, and trains go datagram by datagram
@@ -284,39 +299,26 @@ class QueuePair:
         self, view: memoryview, off: int, seg: int, src_ev: int, now: float
     ) -> int:
         """:meth:`receive_train` for a protected QP whose unsealing works in place: the
-        segments from ``off`` that are WRITEs naming this QP are unsealed one by one (each
+        segments from ``off`` that are WRITEs naming this QP are unsealed in one call (each
         checked and its counter taken exactly as alone), then the train kernel places them,
         reading each datagram ``in_place_skip`` bytes into its segment. Any it does not
         take, and one that unsealed to something else (a trimmed packet), take the general
         path in their unsealed form. Returns how many segments were handled (at least 1)."""
         assert self.protection is not None
         skip = self.protection.in_place_skip
-        n = len(view)
-        qpn = self.qpn
-        o = off
-        whole = 0  # segments from off unsealed in place
-        odd: memoryview | None = None  # the one after them, unsealed to another form
-        dropped = 0  # 1: the one after them did not unseal (dropped and counted)
-        while o < n and whole < TRAIN_CAP:
-            end = min(o + seg, n)
-            if (
-                end - o < skip + wire.DATA_HDR_LEN
-                or view[o] != _OP_WRITE
-                or view[o + 1] & 0x0F != wire.MRC_TVER  # the endpoint's check, as for each
-                or (view[o + 5] << 16) | (view[o + 6] << 8) | view[o + 7] != qpn
-            ):
-                break
-            plain = self._unseal(view[o:end])
-            if plain is None:  # dropped and counted
-                if not whole:
-                    return 1
-                dropped = 1
-                break
-            if len(plain) != end - o - skip:
-                odd = plain
-                break
-            o = end
-            whole += 1
+        # one call opens the run (Protection.open_train: the C kernel, or its Python twin)
+        whole, reason, ostart, ostop = self.protection.open_train(
+            view, off, seg, TRAIN_CAP, self.qpn
+        )
+        dropped = 0  # 1: the one after them did not unseal (dropped, counted here)
+        if reason is not None:
+            self.stats.dropped_by_reason[reason] += 1
+            if not whole:
+                return 1
+            dropped = 1
+        # the one after them, unsealed to another form (a trimmed packet)
+        odd = view[ostart:ostop] if ostop else None
+        o = min(off + whole * seg, len(view))  # where the segments unsealed in place end
         if not whole and odd is None:
             self.receive_datagram(view[off : off + seg], src_ev, now)
             return 1
@@ -444,17 +446,14 @@ class QueuePair:
         """The protected form of a burst: one burst if its sealed datagrams still make one
         (sealing adds the same bytes to each), else one per datagram."""
         assert self.protection is not None
-        seal = self.protection.seal
         ev, bufs, count, _seg = burst
-        bufs = [
-            part
+        parts, seg = self.protection.seal_burst(bufs, count)  # one call for the burst
+        if seg >= 0:
+            return [(ev, parts, count, seg)]
+        return [
+            (ev, parts[i : i + 2], 1, len(parts[i]) + len(parts[i + 1]))
             for i in range(0, 2 * count, 2)
-            for part in seal(bytes(bufs[i]), bufs[i + 1], bufs[i][0] in (_OP_WRITE, _OP_WRITE_IMM))
         ]
-        sizes = [len(bufs[i]) + len(bufs[i + 1]) for i in range(0, 2 * count, 2)]
-        if count == 1 or max(sizes[:-1]) == min(sizes[:-1]) >= sizes[-1]:
-            return [(ev, bufs, count, sizes[0])]
-        return [(ev, bufs[i : i + 2], 1, sizes[i // 2]) for i in range(0, 2 * count, 2)]
 
     def get_timer(self) -> float | None:
         probe = None

@@ -44,6 +44,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from mrc import native
 from mrc.errors import MRCError
+from mrc.security import trains
 
 SEC_BLOCK = struct.Struct("!IQ16s")  # key id, counter, header ICV
 SEC_BLOCK_LEN = SEC_BLOCK.size  # 28
@@ -73,6 +74,14 @@ if TYPE_CHECKING:
         [bytes, bytes | memoryview | None, bytes, int, GcmKey, GcmKey, bool],
         tuple[bytes, bytes | memoryview],
     ]
+    SealBurst = Callable[
+        [list[bytes | memoryview], int, bytes, int, GcmKey, GcmKey, bool],
+        tuple[list[bytes | memoryview], int],
+    ]
+    OpenTrain = Callable[
+        [memoryview, int, int, int, int, bytes, GcmKey, GcmKey, "ReplayWindow", bool],
+        tuple[int, str | None, int, int],
+    ]
 
 #: keyed mode's per-packet work in C, AES-GCM included (``mrc._native_gcm``): a datagram
 #: unsealed in its receive buffer (reference: Opener.unseal's Python path) and a datagram
@@ -81,11 +90,17 @@ if TYPE_CHECKING:
 #: and Sealer takes what these are when it is made (tests may swap them)
 open_in_place: OpenInPlace | None = None
 seal_packet: SealPacket | None = None
+#: the same a burst (reference: mrc.security.trains.seal_burst) and a train's run of WRITEs
+#: (reference: mrc.security.trains.open_train) at a time, in one call each
+seal_burst: SealBurst | None = None
+open_train: OpenTrain | None = None
 #: a key's AES-GCM contexts for those kernels (``GcmKey(key)``), made once per key
 gcm_key: Callable[[bytes], GcmKey] | None = None
 if native.gcm is not None:
     open_in_place = native.gcm.open_in_place
     seal_packet = native.gcm.seal_packet
+    seal_burst = native.gcm.seal_burst
+    open_train = native.gcm.open_train
     gcm_key = native.gcm.GcmKey
 
 
@@ -143,6 +158,8 @@ class Sealer:
         #: the kernel that seals every datagram (the same bytes as the Python below, the
         #: reference and the fallback: None), and the keys it takes
         self.seal_packet = seal_packet if gcm_key is not None else None
+        #: the kernel that seals a burst in one call (None: mrc.security.trains's twin)
+        self.burst = seal_burst if gcm_key is not None else None
         if gcm_key is not None:
             self._hkey = gcm_key(keys.header_key)
             self._pkey = gcm_key(keys.payload_key)
@@ -161,6 +178,12 @@ class Sealer:
             return self.seal_packet(
                 headers, payload, self._kid, ctr, self._hkey, self._pkey, self._encrypt
             )
+        return self.seal_py(headers, payload, ctr)
+
+    def seal_py(
+        self, headers: bytes | memoryview, payload: bytes | memoryview | None, ctr: int
+    ) -> tuple[bytes, bytes | memoryview]:
+        """:meth:`seal_pair`'s Python, the reference, with counter ``ctr`` (taken already)."""
         nonce = ctr.to_bytes(12, "big")
         h = bytearray(headers)
         byte4 = h[4]
@@ -178,6 +201,19 @@ class Sealer:
         # where it lies (a copy to append the ICV cost more than the GMAC itself)
         h += self._pay(nonce, _EMPTY, payload)
         return bytes(h), payload
+
+    def seal_burst(
+        self, bufs: list[bytes | memoryview], count: int
+    ) -> tuple[list[bytes | memoryview], int]:
+        """A burst's ``count`` datagrams ((headers, payload) each in ``bufs``; WRITEs are data
+        packets, anything else headers alone) sealed, each taking the next counter: (the
+        sealed (head, payload part) list, the segment size if they still make one GSO burst,
+        else -1). One kernel call for the whole burst where it is in use."""
+        ctr = self.counter
+        self.counter = ctr + count
+        if self.burst is not None:
+            return self.burst(bufs, count, self._kid, ctr, self._hkey, self._pkey, self._encrypt)
+        return trains.seal_burst(self, bufs, count, ctr)
 
     def seal(self, headers: bytes, payload: bytes | memoryview | None) -> list[bytes | memoryview]:
         """The buffers of one protected datagram, to send together (``sendmsg``)."""
@@ -247,6 +283,9 @@ class Opener:
         self._encrypt = mode is Mode.ENCRYPT
         self.replay = ReplayWindow()
         self.in_place = open_in_place if gcm_key is not None else None
+        #: the kernel that opens a train's WRITEs in one call (None: mrc.security.trains's
+        #: twin, which opens each with the Python below)
+        self.train = open_train if gcm_key is not None else None
         if gcm_key is not None:
             self._hkey = gcm_key(keys.header_key)
             self._pkey = gcm_key(keys.payload_key)
@@ -309,7 +348,10 @@ class Opener:
         writable buffer (a receive buffer of ours) the result is made where the datagram lies,
         over its security block, and is a view of it.
         """
-        if self.in_place is not None and not data.readonly:
+        if not data.readonly:
+            if self.in_place is None:
+                start, stop = self.open_in_place_py(data, hdr_len, is_data)
+                return data[start:stop]
             replay = self.replay
             reason, top, start, stop = self.in_place(
                 data,
@@ -330,33 +372,61 @@ class Opener:
         del head[hdr_len:]
         head[4] = data[4]  # the switch-set marks (trimmed, last hop) count
         head[8] &= _CLEAR_SECURE
+        if is_data and len(data) > hdr_len + SEC_BLOCK_LEN:
+            head += self.open_payload(data, hdr_len, ctr)
+        self.replay.accept(ctr)
+        return memoryview(head)
+
+    def open_in_place_py(self, data: memoryview, hdr_len: int, is_data: bool) -> tuple[int, int]:
+        """:meth:`unseal` in a writable buffer, in Python (the reference of the kernels): where
+        the datagram lies once unsealed, ``data[start:stop]``. Raises :class:`SecurityDrop`."""
+        ctr, head = self._headers(data, hdr_len)
+        del head[hdr_len:]
+        head[4] = data[4]  # the switch-set marks (trimmed, last hop) count
+        head[8] &= _CLEAR_SECURE
         end = hdr_len + SEC_BLOCK_LEN
         if is_data and len(data) > end:
             payload = self.open_payload(data, hdr_len, ctr)
-            if data.readonly:
-                head += payload
-            else:
-                # in a receive buffer of ours, the datagram ends where the packet ends: the
-                # headers right before the payload (integrity: where it lies, over the
-                # security block and ICV, no payload copy; encrypt: the plaintext over the
-                # ciphertext's end and tag). So a whole data packet always unseals
-                # DATA_OVERHEAD bytes into its segment, in either mode (the train kernel's
-                # skip, Protection.in_place_skip)
-                n = len(data)
-                start = n - len(payload) - hdr_len
-                if self._encrypt:
-                    data[n - len(payload) :] = payload
-                data[start : start + hdr_len] = head
-                self.replay.accept(ctr)
-                return data[start:]
-        elif not data.readonly:
-            # headers alone, in a receive buffer of ours: they end where the security block
-            # ended (as the kernel leaves them, so that both leave the same buffer)
-            data[SEC_BLOCK_LEN:end] = head
+            # in a receive buffer of ours, the datagram ends where the packet ends: the
+            # headers right before the payload (integrity: where it lies, over the security
+            # block and ICV, no payload copy; encrypt: the plaintext over the ciphertext's
+            # end and tag). So a whole data packet always unseals DATA_OVERHEAD bytes into its
+            # segment, in either mode (the train kernel's skip, Protection.in_place_skip)
+            n = len(data)
+            start = n - len(payload) - hdr_len
+            if self._encrypt:
+                data[n - len(payload) :] = payload
+            data[start : start + hdr_len] = head
             self.replay.accept(ctr)
-            return data[SEC_BLOCK_LEN:end]
+            return start, n
+        # headers alone: they end where the security block ended (as the kernel leaves them,
+        # so that both leave the same buffer)
+        data[SEC_BLOCK_LEN:end] = head
         self.replay.accept(ctr)
-        return memoryview(head)
+        return SEC_BLOCK_LEN, end
+
+    def open_train(
+        self, view: memoryview, off: int, seg: int, cap: int, qpn: int
+    ) -> tuple[int, str | None, int, int]:
+        """The run of WRITEs naming ``qpn`` in a writable GRO train ``view`` from byte ``off``
+        (``seg`` bytes each), opened in place as :meth:`unseal` opens each, at most ``cap``:
+        (how many opened whole; the drop reason of the segment that stopped them, or None;
+        where that segment lies unsealed if it opened to another form, else 0, 0). One kernel
+        call for the run where it is in use (:func:`mrc.security.trains.open_train`)."""
+        if self.train is not None:
+            return self.train(
+                view,
+                off,
+                seg,
+                cap,
+                qpn,
+                self._kid,
+                self._hkey,
+                self._pkey,
+                self.replay,
+                self._encrypt,
+            )
+        return trains.open_train(self, view, off, seg, cap, qpn)
 
 
 class Protection:
@@ -386,3 +456,15 @@ class Protection:
     def unseal(self, data: memoryview, hdr_len: int, is_data: bool) -> memoryview:
         """See :meth:`Opener.unseal`."""
         return self.opener.unseal(data, hdr_len, is_data)
+
+    def seal_burst(
+        self, bufs: list[bytes | memoryview], count: int
+    ) -> tuple[list[bytes | memoryview], int]:
+        """See :meth:`Sealer.seal_burst`."""
+        return self.sealer.seal_burst(bufs, count)
+
+    def open_train(
+        self, view: memoryview, off: int, seg: int, cap: int, qpn: int
+    ) -> tuple[int, str | None, int, int]:
+        """See :meth:`Opener.open_train`."""
+        return self.opener.open_train(view, off, seg, cap, qpn)
