@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mrc import wire
+from mrc.errors import MRCError
 
 if TYPE_CHECKING:
     from mrc.security.packet import Opener, Sealer
@@ -68,8 +69,6 @@ def open_train(
     n = len(view)
     if off > n:
         raise ValueError("off is past the train's end")
-    from mrc.security.packet import SecurityDrop  # packet imports this module
-
     open_py = opener.open_in_place_py
     o = off
     opened = 0
@@ -84,8 +83,8 @@ def open_train(
             break
         try:
             start, stop = open_py(view[o:end], _DATA_HDR_LEN, True)
-        except SecurityDrop as exc:
-            return opened, exc.reason, 0, 0
+        except MRCError as exc:  # packet.SecurityDrop (packet imports this module)
+            return opened, getattr(exc, "reason", "security_error"), 0, 0
         if stop - start != end - o - _SKIP:
             return opened, None, o + start, o + stop
         o = end
