@@ -13,7 +13,10 @@ in turn, so drift hits all alike):
   datagram: **raw** one ``send`` / ``recv_into`` per datagram; **gso** the same datagrams sent
   up to 64 per ``sendmsg`` with UDP_SEGMENT and received as GRO trains; **tcp** kernel TCP over
   the first link. Each runs ``duration`` s at the receiver and reports the payload rate it moved,
-  and MRC goodput is shown as a fraction of each.
+  and MRC goodput is shown as a fraction of each;
+* **aioquic** (only when asked: an optional package), :mod:`mrc.lab.harness.quic_peer`: one
+  QUIC stream of the MRC transfer's size over the first link, hashed by the receiver and
+  checked against the sender's hash, with each side's CPU seconds per GiB as MRC's.
 
 tools/bench_qp.py parses the arguments and calls :func:`main`; :mod:`mrc.lab.bench.qp_report`
 prints the table.
@@ -47,12 +50,16 @@ from mrc.wire import DATA_HDR_LEN, DEFAULT_PORT
 TOOL = "bench_qp"
 MRC_PORT = DEFAULT_PORT
 BLAST_PORT = 5001
+QUIC_PORT = 5002
 IPV6_UDP = 48  # IPv6 + UDP headers
 AIM_BPS = 1e9
 BLAST_LEAD = 0.5  # the sender keeps going this long past the receiver's window
 SECURITY_MODES = ("none", "integrity", "encrypt")
 PEER_KINDS = tuple(PEER_KEYS)
+#: --compare's default: aioquic needs a package mrc does not depend on, so only when asked
+DEFAULT_PEERS = ("raw", "gso", "tcp")
 PEERS = [sys.executable, "-m", "mrc.lab.harness.peers"]
+QUIC_PEER = [sys.executable, "-m", "mrc.lab.harness.quic_peer"]
 
 Log = Callable[[str], None]
 
@@ -205,7 +212,9 @@ class Bench:
     def peer_run(self, hosts: TwoHosts, payload: int, kind: str) -> dict[str, Any]:
         """One run of a reference (:mod:`mrc.lab.harness.peers`): ``raw`` a datagram per send
         and receive, ``gso`` GSO sends and GRO receives of the same datagrams, ``tcp`` kernel
-        TCP on the first link."""
+        TCP on the first link; ``aioquic`` is :meth:`quic_run`."""
+        if kind == "aioquic":
+            return self.quic_run(hosts, payload)
         a = self.args
         n = hosts.links
         size = payload + DATA_HDR_LEN
@@ -266,6 +275,53 @@ class Bench:
             "sender_bps": sj["bps"],
             "sent": sj["sent"],
             "send_errors": sj["send_errors"],
+        }
+
+    def quic_run(self, hosts: TwoHosts, payload: int) -> dict[str, Any]:
+        """One aioquic stream of --size bytes from A to B on the first link, in datagrams of
+        MRC's size (as far as the MTU allows); a run counts only if the receiver hashed what
+        the sender sent."""
+        a = self.args
+        dgram = max(1200, min(payload + DATA_HDR_LEN, a.mtu - IPV6_UDP))
+        wait = 60 + a.size / 2e6
+        common = ["--port", str(QUIC_PORT), "--dgram", str(dgram)]
+        recv_argv = [*QUIC_PEER, "recv", *common, "--wait", str(wait)]
+        send_argv = [*QUIC_PEER, "send", *common, "--to", hosts.b_addrs[0], "--size", str(a.size)]
+        with Children() as kids:
+            recv = kids.start(hosts.exec_argv("b", recv_argv), "aioquic receiver")
+            try:
+                recv.expect("ready", 30)
+            except MRCError:
+                recv.finished(5)
+                raise MRCError(
+                    f"aioquic receiver did not start: {last_line(recv.stderr)}"
+                ) from None
+            send = kids.start(hosts.exec_argv("a", send_argv), "aioquic sender")
+            if not send.finished(wait + 30) or not recv.finished(15):
+                raise MRCError("aioquic run timed out")
+        sj, rj = send.result(), recv.result()
+        if rj is None or "error" in rj:
+            why = (rj or {}).get("error") or last_line(recv.stderr) or f"exit {recv.returncode}"
+            raise MRCError(f"aioquic receiver failed: {why} (sender: {last_line(send.stderr)})")
+        if sj is None or send.returncode != 0:
+            raise MRCError(f"aioquic sender failed: {last_line(send.stderr) or send.returncode}")
+        if rj["bytes"] != a.size or rj["digest"] != sj["digest"]:
+            raise MRCError(
+                f"aioquic receiver got {rj['bytes']} of {a.size} bytes, hash "
+                f"{rj['digest'][:16]} against the sender's {sj['digest'][:16]}"
+            )
+        gib = rj["bytes"] / (1 << 30)
+        return {
+            "bytes": rj["bytes"],
+            "bps": rj["bps"],
+            "payload_bps": rj["bps"],
+            "pps": None,
+            "seconds": rj["seconds"],
+            "datagram_bytes": dgram,
+            "digest": rj["digest"],
+            "send_seconds": sj["seconds"],
+            "send_cpu_s_per_gib": sj["cpu_seconds"] / gib if gib else None,
+            "recv_cpu_s_per_gib": rj["cpu_seconds"] / gib if gib else None,
         }
 
     # ---- one topology ----------------------------------------------------------------
@@ -391,6 +447,10 @@ class Bench:
             "errors": r[f"{base}_errors"],
         }
         refs = {kind: _peer_summary(p, r[kind], r[f"{kind}_errors"]) for kind in self.args.compare}
+        if "aioquic" in refs:  # a transfer like MRC's: its CPU per GiB on each side too
+            for side in ("send", "recv"):
+                key = f"{side}_cpu_s_per_gib"
+                refs["aioquic"][f"{key}_median"] = _median_of(r["aioquic"], key)
         goodput = mrc["goodput_bps_median"]
         ratios: dict[str, float | None] = {}
         for kind, ref in refs.items():

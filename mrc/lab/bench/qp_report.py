@@ -8,11 +8,12 @@ from typing import Any
 from mrc.lab.harness.table import render
 
 #: the references run beside MRC (mrc.lab.harness.peers) and their keys in a result row
-PEER_KEYS = {"raw": "raw_udp", "gso": "gso_udp", "tcp": "tcp"}
+PEER_KEYS = {"raw": "raw_udp", "gso": "gso_udp", "tcp": "tcp", "aioquic": "aioquic"}
 PEER_HELP = {
     "raw": "a Python loop of one send/recv per datagram",
     "gso": "GSO sends and GRO receives of the same datagrams",
     "tcp": "kernel TCP, 1 MiB per send, on the first link",
+    "aioquic": "one aioquic stream of the MRC transfer's size, hashed, on the first link",
 }
 
 
@@ -28,6 +29,9 @@ def table(out: Mapping[str, Any]) -> str:
     for kind in compare:
         head += ["|", kind + " Gbit/s", "MRC/" + kind]
         widths += [1, 11, 8]
+        if kind == "aioquic":  # a transfer like MRC's, so its CPU per GiB beside MRC's
+            head.append("aioquic CPU snd/rcv")
+            widths.append(19)
 
     def f(v: float | None, scale: float, fmt: str) -> str:
         return "-" if v is None else format(v / scale, fmt)
@@ -46,6 +50,11 @@ def table(out: Mapping[str, Any]) -> str:
             ref = r[PEER_KEYS[kind]]
             cells += ["|", f(ref["payload_bps_median"], 1e9, ".3f")]
             cells.append(f(r["mrc_vs_" + kind], 1, ".3f"))
+            if kind == "aioquic":
+                cells.append(
+                    f"{f(ref['send_cpu_s_per_gib_median'], 1, '9.2f')}/"
+                    f"{f(ref['recv_cpu_s_per_gib_median'], 1, '<9.2f')}"
+                )
         rows.append(cells)
     lines = [render(rows, ">", sep=" ", widths=widths, head=head, rule=True)]
     keyed = [
