@@ -19,14 +19,27 @@ what the window law reads anyway; here it is remembered per path, as CE marks ar
   loss of a packet sent a span or more later while the path delivered nothing sent since the
   episode began is a failure, delay or not. Losses within the span are one episode (a tail
   drop takes several packets of a burst at once).
+* a loss is compared with the path's *siblings* (the plane's other routes, same peer) over
+  the same time (:meth:`note_lost`): a queue they share (the last hop) drops the packets of
+  every route that arrive while it is full. So a sibling's loss is evidence of congestion as
+  a delay rise is (:meth:`siblings_lost`: a queue that stayed full since the QP began shows
+  no rise), and beyond the episode a path may lose as many more sends as its siblings lost
+  on average since the episode began; a dead route keeps losing while its siblings lose few
+  or none, and is taken for dead as before. A loss with no evidence either way waits for
+  its route's next packet, delivered or lost (``HELD_WINDOWS``, ``EVSet.judge_held``).
 """
 
 from __future__ import annotations
 
 _NEG_INF = float("-inf")
-_NO_EPISODE = (_NEG_INF, 0, _NEG_INF)
+_NO_EPISODE = (_NEG_INF, 0, _NEG_INF, 0)
+_NO_LOSS = (_NEG_INF, 0)
 #: sends lost beyond an episode's span, with nothing delivered, still taken for congestion
 LATE_LOSSES = 3
+#: a loss with no congestion seen is held at most this many reordering windows (or the CE
+#: memory, if longer), while its route has neither delivered a packet sent after it nor lost
+#: one (EVSet.judge_held)
+HELD_WINDOWS = 4
 
 
 class DelaySigns:
@@ -39,8 +52,13 @@ class DelaySigns:
         self.base = [float("inf")] * nplanes  # smallest RTT sample per plane
         self._plane_at = [_NEG_INF] * nplanes  # latest delayed sample per plane
         # path key -> (send time of its episode's first loss, sends lost since beyond the
-        # span, the latest of them)
-        self._episode: dict[int, tuple[float, int, float]] = {}
+        # span, the latest of them, its plane's sibling losses when the episode began)
+        self._episode: dict[int, tuple[float, int, float, int]] = {}
+        # path key -> (send time of its latest lost packet, sends it lost), and per plane the
+        # sends lost on all its paths: its siblings' losses are the difference (``note_lost``)
+        self._lost: dict[int, tuple[float, int]] = {}
+        self._plane_lost = [0] * nplanes
+        self._plane_paths: list[dict[int, float]] = [{} for _ in range(nplanes)]
         self.samples = 0  # samples found delayed
 
     def sample(self, plane: int, rtt: float, now: float) -> None:
@@ -60,8 +78,43 @@ class DelaySigns:
         is the one losing, the episode rule (:meth:`excuses`) tells it from a queue."""
         return self._plane_at[plane] >= since
 
+    def note_lost(self, key: int, plane: int, sent_at: float) -> None:
+        """A packet sent at ``sent_at`` on path ``key`` of ``plane`` was found lost (once per
+        packet, whatever the verdict): the sends each path lost, for its siblings' comparison
+        (``excuses``). The packets of one burst leave together: one send."""
+        last, n = self._lost.get(key, _NO_LOSS)
+        if sent_at != last:
+            self._lost[key] = (sent_at, n + 1)
+            self._plane_lost[plane] += 1
+            paths = self._plane_paths[plane]
+            if sent_at > paths.get(key, _NEG_INF):
+                paths[key] = sent_at
+
+    def siblings_lost(self, key: int, plane: int, since: float) -> bool:
+        """Whether another path of ``plane`` lost a packet sent at or after ``since``: a
+        loss on path ``key`` then is the plane's congestion (a queue they share drops what
+        arrives while it is full, whatever its route), even where no delay rise shows (a
+        queue that stayed full since the QP began is its base RTT). A dead route loses alone.
+        """
+        return any(k != key and t >= since for k, t in self._plane_paths[plane].items())
+
+    def lost_after(self, key: int, plane: int, sent_at: float) -> bool:
+        """Whether path ``key`` of ``plane`` lost a packet sent after ``sent_at``
+        (``note_lost``; losses are found out of send order too)."""
+        return self._plane_paths[plane].get(key, _NEG_INF) > sent_at
+
+    def _siblings_lost(self, key: int, plane: int) -> int:
+        return self._plane_lost[plane] - self._lost.get(key, _NO_LOSS)[1]
+
     def excuses(
-        self, key: int, sent_at: float, alive_sent: float, span: float, late: int = 0
+        self,
+        key: int,
+        sent_at: float,
+        alive_sent: float,
+        span: float,
+        late: int = 0,
+        plane: int = -1,
+        siblings: int = 0,
     ) -> bool:
         """Whether a loss on path ``key`` of a packet sent at ``sent_at`` may be congestion:
         it starts an episode (the path delivered a packet sent at or after the last
@@ -73,14 +126,27 @@ class DelaySigns:
         Why a count as well as a span: behind a queue that stays full, the path's packets
         sent since the episode began are still queued, or dropped too, when the next loss is
         found, and a span alone took such a path for dead (docs/EV_HEALTH.md); a dead path
-        loses every packet sprayed on it, so a few more cost it little time."""
-        start, lost, last = self._episode.get(key, _NO_EPISODE)
+        loses every packet sprayed on it, so a few more cost it little time.
+
+        With ``siblings`` (the number of other routes of ``plane`` to the same peer, whose
+        losses ``note_lost`` counted), ``late`` grows by the sends they lost since the
+        episode began, per sibling: at a full queue they share, every route loses the packets
+        that arrive while it is full, and one route's run of losses is as long as theirs. A
+        dead route loses all of its sends, its siblings only their share of the congestion
+        (a fraction ``p`` of theirs), so it is still found after about ``late / (1 - p)``
+        sends, and as before where they lose none."""
+        start, lost, last, sib0 = self._episode.get(key, _NO_EPISODE)
         if start == _NEG_INF or alive_sent >= start:
-            self._episode[key] = (sent_at, 0, sent_at)
+            sib = self._siblings_lost(key, plane) if siblings else 0
+            self._episode[key] = (sent_at, 0, sent_at, sib)
             return True
         if sent_at - start < span:
             return True
         if sent_at != last:  # the packets of one burst leave together: one send
             lost += 1
-            self._episode[key] = (start, lost, sent_at)
-        return lost <= late
+            self._episode[key] = (start, lost, sent_at, sib0)
+        if lost <= late:
+            return True
+        return bool(siblings) and lost * siblings <= (
+            late * siblings + self._siblings_lost(key, plane) - sib0
+        )

@@ -54,7 +54,7 @@ from mrc import wire
 from mrc.core.cepenalty import CEPenalties
 from mrc.core.config import EVConfig
 from mrc.core.counters import BOTH, CounterSpec, Source
-from mrc.core.delaysigns import LATE_LOSSES, DelaySigns
+from mrc.core.delaysigns import HELD_WINDOWS, LATE_LOSSES, DelaySigns
 from mrc.core.events import EVReason, EVState, EVStateChanged
 from mrc.core.evprobes import EVProbes
 from mrc.core.planesteer import PlaneSteering
@@ -180,6 +180,10 @@ EV_COUNTERS = (
 )
 
 
+#: a loss held for judgement (``EVSet.lost``): its arguments, and when it is judged at last
+_Held = tuple[int, EVReason, bool, float, str, float, float, float]
+
+
 def _nothing(event: EVStateChanged) -> None:
     return None
 
@@ -222,7 +226,7 @@ class EVSet:
         self.pen_next = self.ce.next_end  # read per ACK and per send (``lift_penalties``)
         self.delay = DelaySigns(self.nplanes, cfg.delay_evidence_min, cfg.delay_evidence_fraction)
         # losses held for judgement (``lost``): (due, order, arguments of ``lost``)
-        self._held: list[tuple[float, int, tuple[int, EVReason, bool, float, str, float, float]]]
+        self._held: list[tuple[float, int, _Held]]
         self._held = []
         self.held_next = _INF  # the earliest due (read per ACK: ``judge_held``)
         self._held_order = itertools.count()
@@ -633,6 +637,7 @@ class EVSet:
         congestion_since: float | None = None,
         episode: float = 0.0,
         hold: bool = True,
+        until: float = 0.0,
     ) -> None:
         """A packet sent on ``ev`` (at ``sent_at``) was lost without a trim: loss means failure,
         unless its path was congested: with ``congestion_since`` given, a path that showed
@@ -641,12 +646,15 @@ class EVSet:
         all the same).
 
         Without marks, delay is the evidence (``episode`` and ``delay``, mrc.core.delaysigns):
-        a loss on a plane whose queueing delay rose since ``congestion_since`` is congestion
-        if it begins an episode on its path or falls within ``episode`` seconds of the one
-        that did (``losses_delayed``); a path that keeps losing after that, delivering
-        nothing, has failed. A loss with no delay seen yet is held ``episode`` seconds
-        (``judge_held``), then judged on the evidence there is then (``hold`` False: now).
-        Either way the plane's loss streak takes the loss at once.
+        a loss on a plane whose queueing delay rose since ``congestion_since``, or where
+        another route of the plane lost a packet sent since then (a queue they share), is
+        congestion if it begins an episode on its path, falls within ``episode`` seconds of
+        the one that did, or is one of the few sends lost after it (more while the plane's
+        other routes lose too) (``losses_delayed``); a path that keeps losing after that,
+        delivering nothing, has failed. A loss with no such evidence yet is held ``episode``
+        seconds, and again while its route has neither delivered nor lost a packet sent after
+        it, up to ``until`` (``judge_held``; ``hold`` False: a held loss judged now). Either
+        way the plane's loss streak takes the loss at once.
 
         ``reason`` is one of the loss reasons of ``_TRANSITIONS`` (``detail`` completes its
         phrase, e.g. the OS error of a send error). ``plane_evidence``: whether the loss also
@@ -660,11 +668,11 @@ class EVSet:
             self.losses_congested += 1
             return
         plane = self.planes[ev]
-        if (
-            sent_at is not None
-            and self._route_known[plane]
-            and self.route_alive_sent[self.route_ix[ev]] > sent_at
-        ):
+        known = self._route_known[plane]
+        if hold and sent_at is not None and known and self.delay.enabled:
+            # every loss of a route, for its siblings' comparison (mrc.core.delaysigns)
+            self.delay.note_lost(self.route_ix[ev], plane, sent_at)
+        if sent_at is not None and known and self.route_alive_sent[self.route_ix[ev]] > sent_at:
             # its route delivered a packet sent after this one: the route works, and an EV
             # is nothing but its route (SRv6 pins the path), so this packet was delayed past
             # the reordering window (a deep queue) or dropped by congestion, not by a failure
@@ -681,16 +689,24 @@ class EVSet:
             self.set_plane_down(plane, now, EVReason.PLANE_DOWN, str(self.loss_streak[plane]))
             return
         if congestion_since is not None and sent_at is not None and self.delay.enabled:
-            if self.delay.delayed(plane, congestion_since):
-                ix = self.route_ix[ev]
+            ix = self.route_ix[ev]
+            siblings = len(self._plane_routes[plane]) - 1 if known else 0
+            if self.delay.delayed(plane, congestion_since) or (
+                siblings and self.delay.siblings_lost(ix, plane, congestion_since)
+            ):
                 alive = self.route_alive_sent[ix]
-                if self.delay.excuses(ix, sent_at, alive, episode, LATE_LOSSES):
+                if self.delay.excuses(ix, sent_at, alive, episode, LATE_LOSSES, plane, siblings):
                     self.losses_delayed += 1
                     return
-            elif hold:
-                # no delay seen yet: the EV is judged ``episode`` from now, when the ACKs of
-                # what was queued ahead of a tail-dropped packet have had time to show it
-                held: tuple[int, EVReason, bool, float, str, float, float] = (
+            elif hold or (now < until and episode > 0 and self._route_undecided(ev, sent_at)):
+                # no congestion seen yet: the EV is judged ``episode`` from now, when the ACKs
+                # of what was queued ahead of a tail-dropped packet have had time to show it,
+                # and again while its route has neither delivered nor lost a packet sent after
+                # it (a single tail drop and a dead route look alike until then), up to
+                # ``until``
+                if hold:
+                    until = now + max(HELD_WINDOWS * episode, sent_at - congestion_since)
+                held: _Held = (
                     ev,
                     reason,
                     False,
@@ -698,6 +714,7 @@ class EVSet:
                     detail,
                     congestion_since,
                     episode,
+                    until,
                 )
                 heapq.heappush(self._held, (now + episode, next(self._held_order), held))
                 self.held_next = self._held[0][0]
@@ -718,9 +735,22 @@ class EVSet:
         now. Callers test ``now >= held_next`` first: all an ACK pays while nothing is due."""
         held = self._held
         while held and held[0][0] <= now:
-            _due, _n, (ev, reason, plane_ev, sent_at, detail, since, episode) = heapq.heappop(held)
-            self.lost(ev, now, reason, plane_ev, sent_at, detail, since, episode, hold=False)
+            _due, _n, (ev, reason, plane_ev, sent_at, detail, since, episode, until) = (
+                heapq.heappop(held)
+            )
+            self.lost(ev, now, reason, plane_ev, sent_at, detail, since, episode, False, until)
         self.held_next = held[0][0] if held else _INF
+
+    def _route_undecided(self, ev: int, sent_at: float) -> bool:
+        """Whether ``ev``'s route (where routes are known) has neither delivered nor lost a
+        packet sent after ``sent_at``."""
+        plane = self.planes[ev]
+        if not self._route_known[plane]:
+            return False
+        ix = self.route_ix[ev]
+        return self.route_alive_sent[ix] <= sent_at and not self.delay.lost_after(
+            ix, plane, sent_at
+        )
 
     def ack_lost(self, ev: int, now: float, span: float) -> None:
         """An ACK sent on ``ev`` was lost (data arrived twice, docs/EV_HEALTH.md). The first

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from mrc.core.config import EVConfig
-from mrc.core.delaysigns import LATE_LOSSES
+from mrc.core.delaysigns import HELD_WINDOWS, LATE_LOSSES
 from mrc.core.events import EVReason, EVState
 from mrc.core.evset import EVSet
 
@@ -141,3 +141,92 @@ def test_the_knobs_are_checked() -> None:
         EVConfig(delay_evidence_min=-1).validate()
     with pytest.raises(ValueError, match="delay_evidence_fraction"):
         EVConfig(delay_evidence_fraction=1000).validate()
+
+
+# ---- a route compared with its siblings (the plane's other routes) ---------------------
+# EVs 0 and 4: plane 0, route 0; EVs 2 and 6: plane 0, route 1 (its sibling)
+ROUTES = [0, 0, 1, 1, 0, 0, 1, 1]
+
+
+def test_a_loss_while_a_sibling_route_loses_too_is_congestion_without_delay() -> None:
+    """A queue every route of the plane shares (the last hop) drops what arrives while it is
+    full, whatever its route; where it stayed full since the QP began, no delay rise shows."""
+    evs = _evs(routes=ROUTES, plane_dead_losses=100)
+    _lose(evs, 0, 1.001, 1.004)  # no evidence yet: held
+    assert evs.held_next == pytest.approx(1.004 + SPAN)
+    _lose(evs, 2, 1.002, 1.004)  # the sibling lost one sent in the same memory: congestion
+    assert evs.losses_delayed == 1
+    evs.judge_held(1.004 + SPAN)  # and the held one, judged, is congestion too
+    assert evs.state[0] == evs.state[2] == EVState.GOOD and evs.losses_delayed == 2
+    assert evs.delay.samples == 0
+
+
+def test_a_route_that_loses_alone_twice_is_a_failure() -> None:
+    """A dead route, its siblings well: retired once it lost a second packet, sent after the
+    first, before the route delivered anything sent after that one."""
+    evs = _evs(routes=ROUTES, plane_dead_losses=100)
+    _lose(evs, 0, 1.001, 1.004)
+    evs.route_alive_sent[evs.route_ix[2]] = 1.004  # the sibling delivers
+    evs.judge_held(1.004 + SPAN)  # the route has neither delivered nor lost since: held on
+    assert evs.state[0] == EVState.GOOD and evs.held_next == pytest.approx(1.004 + 2 * SPAN)
+    _lose(evs, 4, 1.006, 1.01)  # its next send is lost too
+    evs.judge_held(1.004 + 2 * SPAN)
+    assert evs.state[0] == EVState.ASSUMED_BAD and evs.losses_delayed == 0
+    evs.judge_held(1.01 + SPAN)  # the latest loss waits for the route's next packet
+    assert evs.state[4] == EVState.GOOD
+    _lose(evs, 4, 1.011, 1.015)
+    evs.judge_held(1.01 + 2 * SPAN)
+    assert evs.state[4] == EVState.ASSUMED_BAD
+
+
+def test_a_single_tail_drop_is_forgiven_once_the_route_delivers_after_it() -> None:
+    evs = _evs(routes=ROUTES)
+    _lose(evs, 0, 1.001, 1.004)
+    evs.judge_held(1.004 + SPAN)
+    evs.route_alive_sent[evs.route_ix[4]] = 1.005  # the route's next send arrived
+    evs.judge_held(1.004 + 2 * SPAN)
+    assert evs.state[0] == EVState.GOOD and evs.losses_route_alive == 1
+    assert evs.held_next == float("inf")
+
+
+def test_a_held_loss_is_judged_at_last_when_the_route_stays_silent() -> None:
+    """Nothing sent on the route since: judged after HELD_WINDOWS windows (or the memory)."""
+    evs = _evs(routes=ROUTES)
+    _lose(evs, 0, 1.001, 1.004)
+    until = 1.004 + max(HELD_WINDOWS * SPAN, MEMORY)
+    t = 1.004
+    while evs.held_next < until:
+        t = evs.held_next
+        evs.judge_held(t)
+        assert evs.state[0] == EVState.GOOD
+    evs.judge_held(evs.held_next)
+    assert evs.state[0] == EVState.ASSUMED_BAD and evs.held_next == float("inf")
+
+
+def _sends_until_retired(sibling_every: int) -> int:
+    """Route 0 dead, its plane delayed: route 0 loses every send, the sibling route one send
+    in ``sibling_every`` (0: none). How many sends route 0 lost before an EV was retired."""
+    evs = _evs(routes=ROUTES, plane_dead_losses=1000)
+    for k in range(200):
+        sent = 1.0 + 0.002 * k
+        evs.delay.sample(0, DELAYED, sent)
+        if sibling_every and k % sibling_every == 0:
+            _lose(evs, 2, sent, sent + 0.003)
+        _lose(evs, 0 if k % 2 else 4, sent, sent + 0.003)
+        if EVState.ASSUMED_BAD in (evs.state[0], evs.state[4]):
+            return k + 1
+    return 200
+
+
+def test_a_dead_route_whose_siblings_lose_too_is_still_retired_within_a_few_sends() -> None:
+    """The allowance grows by the siblings' average losses since the episode began: a dead
+    route loses all of its sends, its siblings their share, so it is found after about
+    LATE_LOSSES / (1 - p) sends beyond the episode."""
+    alone = _sends_until_retired(0)
+    # as before: the episode's sends within its span, LATE_LOSSES more, and one
+    assert alone == SPAN / 0.002 + LATE_LOSSES + 1
+    half = _sends_until_retired(2)  # the siblings lose half of theirs
+    assert alone < half <= alone + LATE_LOSSES + 2, (alone, half)
+    # the siblings losing every send: a plane that loses everything, which its loss streak
+    # takes down (plane_dead_losses), not the route rule
+    assert _sends_until_retired(1) == 200
