@@ -789,10 +789,11 @@ static PyObject *take_acked(PyObject *module, PyObject *const *args, Py_ssize_t 
  *
  * Up to `most` receives from a nonblocking UDP socket into consecutive `slot`-byte slots of
  * `buf` (64 at most), without the GIL; then, per receive, a tuple (bytes, GRO segment size as
- * the control message said, CE, flow label's EV bits, source port). What
+ * the control message said, CE, flow label's EV bits, source port, kernel receive time: the
+ * SCM_TIMESTAMPNS message's CLOCK_REALTIME seconds, 0.0 without one). What
  * mrc.transport.rxbatch.py_recv_batch does with recvmsg_into and rx_meta, the reference. */
 
-#define META 5
+#define META 6 /* the sixth: the timestamp's nanoseconds */
 #define MAX_SLOTS 64 /* receives per call at most */
 #define LABEL_MASK 0xFFFFu
 #define CE_IN_FLOWINFO (3u << 20)
@@ -808,6 +809,9 @@ static PyObject *take_acked(PyObject *module, PyObject *const *args, Py_ssize_t 
 #ifndef IPV6_TCLASS
 #define IPV6_TCLASS 67
 #endif
+#ifndef SCM_TIMESTAMPNS
+#define SCM_TIMESTAMPNS 35
+#endif
 
 /* the least significant byte of a control message's integer, as Python's
  * int.from_bytes(data, sys.byteorder) reads it */
@@ -819,7 +823,7 @@ static unsigned char low_byte(const unsigned char *p, size_t len)
 
 static void read_meta(struct msghdr *mh, int ecn, long long *out)
 {
-    long long seg = 0, ce = 0, label = 0;
+    long long seg = 0, ce = 0, label = 0, stamp = 0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c != NULL; c = CMSG_NXTHDR(mh, c)) {
         const unsigned char *d = CMSG_DATA(c);
         size_t len = c->cmsg_len - (size_t)(d - (const unsigned char *)c);
@@ -847,11 +851,18 @@ static void read_meta(struct msghdr *mh, int ecn, long long *out)
                    (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS)) {
             if (len > 0 && (low_byte(d, len) & 3) == 3)
                 ce = 1;
+        } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+            if (len >= sizeof(struct timespec)) {
+                struct timespec ts;
+                memcpy(&ts, d, sizeof ts);
+                stamp = (long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec;
+            }
         }
     }
     out[1] = seg;
     out[2] = ce;
     out[3] = label;
+    out[5] = stamp;
 }
 
 static PyObject *recv_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -929,7 +940,11 @@ static PyObject *recv_batch(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     for (long long i = 0; i < got; i++) {
         const long long *m = meta + i * META;
-        PyObject *row = Py_BuildValue("(LLOLL)", m[0], m[1], m[2] ? Py_True : Py_False, m[3], m[4]);
+        /* seconds and nanoseconds apart, as the reference adds them */
+        double stamp = m[5] ? (double)(m[5] / 1000000000LL) + (double)(m[5] % 1000000000LL) * 1e-9
+                            : 0.0;
+        PyObject *row = Py_BuildValue("(LLOLLd)", m[0], m[1], m[2] ? Py_True : Py_False, m[3], m[4],
+                                      stamp);
         if (row == NULL) {
             Py_DECREF(list);
             return NULL;
@@ -960,8 +975,9 @@ static PyMethodDef methods[] = {
  * 2 = place_train takes `skip` (protected trains); 3 = note_arrivals; 4 = open_in_place and
  * seal_data; 5 = open_in_place takes `encrypt`; 6 = Packet, record_burst, take_acked and
  * recv_batch; 7 = open_in_place and seal_data gone to mrc._native_gcm (as open_in_place and
- * seal_packet, with their AES-GCM); 8 = mrc._native_gcm's seal_burst and open_train. */
-#define KERNEL_VERSION 8
+ * seal_packet, with their AES-GCM); 8 = mrc._native_gcm's seal_burst and open_train; 9 = recv_batch
+ * returns each receive's kernel timestamp. */
+#define KERNEL_VERSION 9
 
 static int exec_module(PyObject *m)
 {

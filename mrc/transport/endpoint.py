@@ -339,7 +339,7 @@ class Endpoint:
             metas, tries, empty = recv(sock, buf, RX_BUFFER, left, ecn, space)
             left -= tries
             at = 0
-            for n, seg, ce, label, port in metas:
+            for n, seg, ce, label, port, _stamp in metas:
                 data = view[at : at + n]
                 at += RX_BUFFER
                 ev = port << _LABEL_BITS | label

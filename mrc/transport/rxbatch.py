@@ -10,10 +10,13 @@ without the GIL (``mrc._native.recv_batch``) or in Python (:func:`py_recv_batch`
 reference and the fallback: ``MRC_NATIVE=0``, no compiler).
 
 Returns ``(metas, tries, empty)``. ``metas[i]``, for the receive in slot ``i`` (from byte ``i
-* slot`` of ``buf``), is ``(nbytes, seg, ce, label, port)``: bytes received; the GRO segment
-size its control message gave (0: none; the caller decides whether the receive is a train);
-whether it came with CE (``ecn`` False: not read from the flow information); the EV bits of
-its flow label; its source port. ``tries``: attempts used (a receive that fails with a
+* slot`` of ``buf``), is ``(nbytes, seg, ce, label, port, stamp)``: bytes received; the GRO
+segment size its control message gave (0: none; the caller decides whether the receive is a
+train); whether it came with CE (``ecn`` False: not read from the flow information); the EV
+bits of its flow label; its source port; when the kernel received it, CLOCK_REALTIME seconds
+as ``SCM_TIMESTAMPNS`` said (0.0: no such message; the caller takes the difference to
+``time.time()`` for how long the receive waited in the socket, :func:`enable_timestamps`).
+``tries``: attempts used (a receive that fails with a
 pending socket error, such as an ICMP error, uses one and reads nothing); ``empty``: the
 socket had nothing more (``EAGAIN``). It stops after ``most`` attempts or when the slots are
 full (``MAX_SLOTS`` at most).
@@ -22,6 +25,7 @@ full (``MAX_SLOTS`` at most).
 from __future__ import annotations
 
 import socket
+import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -38,23 +42,44 @@ _IPPROTO_IPV6 = socket.IPPROTO_IPV6
 _FLOWINFO = flowlabel.IPV6_FLOWINFO
 _LABEL_MASK = wire.EV_LABEL_MASK
 _CE_IN_FLOWINFO = _ecn.CE << flowlabel.TCLASS_SHIFT
-_NO_META = (0, False, 0)
+_SOL_SOCKET = socket.SOL_SOCKET
+#: SO_TIMESTAMPNS, and the control message it adds (SCM_TIMESTAMPNS, the same number)
+SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
+#: a struct timespec (tv_sec, tv_nsec) as the kernel writes it
+_TIMESPEC = struct.Struct("@qq")
+#: room for one SCM_TIMESTAMPNS message
+TIMESTAMP_CMSG_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
+_NO_META = (0, False, 0, 0.0)
 
 if TYPE_CHECKING:
-    Meta = tuple[int, int, bool, int, int]
+    Meta = tuple[int, int, bool, int, int, float]
     RecvBatch = Callable[
         [socket.socket, bytearray, int, int, bool, int], tuple[list[Meta], int, bool]
     ]
 
 
-def rx_meta(ancillary: list[tuple[int, int, bytes]], ecn: bool = True) -> tuple[int, bool, int]:
-    """(GRO segment size or 0, CE, the flow label's EV bits) from the control messages of
-    one receive. The flow information carries the traffic class too: its ECN field is read
-    from it where it came (IPv6), from the traffic class / TOS message elsewhere; ``ecn``
-    False: CE is never reported from the flow information."""
+def enable_timestamps(sock: socket.socket) -> bool:
+    """Ask ``sock`` for each receive's kernel timestamp (``SO_TIMESTAMPNS``): how long a
+    datagram waited in the socket is host delay, not the network's (docs/PROTOCOL.md, the
+    ACK's ACK Delay). False where the kernel refuses."""
+    try:
+        sock.setsockopt(_SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+def rx_meta(
+    ancillary: list[tuple[int, int, bytes]], ecn: bool = True
+) -> tuple[int, bool, int, float]:
+    """(GRO segment size or 0, CE, the flow label's EV bits, the kernel timestamp or 0.0)
+    from the control messages of one receive. The flow information carries the traffic
+    class too: its ECN field is read from it where it came (IPv6), from the traffic class /
+    TOS message elsewhere; ``ecn`` False: CE is never reported from the flow information."""
     seg = 0
     ce = False
     label = 0
+    stamp = 0.0
     for level, kind, data in ancillary:
         if level == _SOL_UDP and kind == _UDP_GRO:
             seg = gso.segment_size(data)
@@ -62,9 +87,14 @@ def rx_meta(ancillary: list[tuple[int, int, bytes]], ecn: bool = True) -> tuple[
             info = int.from_bytes(data, "big")
             label = info & _LABEL_MASK
             ce = ce or (ecn and info & _CE_IN_FLOWINFO == _CE_IN_FLOWINFO)
+        elif level == _SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            if len(data) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(data)
+                # as the C kernel adds them (the same float, bit for bit)
+                stamp = float(sec) + nsec * 1e-9 if sec or nsec else 0.0
         else:
             ce = _ecn.is_ce(level, kind, data) or ce
-    return seg, ce, label
+    return seg, ce, label, stamp
 
 
 def py_recv_batch(
@@ -94,8 +124,8 @@ def py_recv_batch(
             tries += 1  # a pending socket error (e.g. from ICMP): nothing was read
             continue
         tries += 1
-        seg, ce, label = rx_meta(anc, ecn) if anc else _NO_META
-        metas.append((n, seg, ce, label, addr[1]))
+        seg, ce, label, stamp = rx_meta(anc, ecn) if anc else _NO_META
+        metas.append((n, seg, ce, label, addr[1], stamp))
     return metas, tries, False
 
 

@@ -45,7 +45,7 @@ def test_the_kernel_labels_each_send_and_reports_label_and_ecn() -> None:
         rx.settimeout(5)
         for _ in range(3):
             data, anc, _flags, addr = rx.recvmsg(65536, 256)
-            seg_size, ce, label = rx_meta(anc)
+            seg_size, ce, label, _stamp = rx_meta(anc)
             assert not ce and addr[1] == sport
             got.append((len(data), seg_size, wire.ev_value(addr[1], label)))
             (info,) = [d for lvl, k, d in anc if flowlabel.is_flowinfo(lvl, k)]
@@ -59,9 +59,9 @@ def test_the_kernel_labels_each_send_and_reports_label_and_ecn() -> None:
 
 def test_ce_is_read_from_the_flow_information_unless_ecn_is_off() -> None:
     marked = [_flowinfo(ecn.CE, 0x12345)]  # a 20-bit label: the EV keeps the low 16 bits
-    assert rx_meta(marked) == (0, True, 0x2345)
-    assert rx_meta(marked, ecn=False) == (0, False, 0x2345)
-    assert rx_meta([_flowinfo(ecn.ECT0, 7)]) == (0, False, 7)
+    assert rx_meta(marked) == (0, True, 0x2345, 0.0)
+    assert rx_meta(marked, ecn=False) == (0, False, 0x2345, 0.0)
+    assert rx_meta([_flowinfo(ecn.ECT0, 7)]) == (0, False, 7, 0.0)
 
 
 async def test_a_listener_of_ipv4_and_ipv6_reads_labels_on_its_ipv6_socket() -> None:

@@ -5,6 +5,8 @@ Each comparison sends one seeded sequence twice through real loopback sockets (G
 random segment sizes, single datagrams, empty ones, CE-marked ones, random flow labels, two
 source ports), draining it once with each twin in batches of random sizes; every receive's
 bytes, length, segment size, CE, label and port must match, and so must the batch results.
+Kernel receive timestamps (SO_TIMESTAMPNS) differ from send to send: each twin's must be
+the kernel's, within the time around its receive, and 0.0 where the socket gives none.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import random
 import socket
 import struct
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -66,8 +69,8 @@ def _drain(kernel: object, rx: socket.socket, expect: int, seed: int) -> list[tu
         most = rng.randrange(1, 6)
         metas, tries, empty = kernel(rx, buf, SLOT, most, True, SPACE)  # type: ignore[operator]
         assert len(metas) <= min(most, 4) and tries <= most
-        for i, (n, seg, ce, label, port) in enumerate(metas):
-            assert type(ce) is bool
+        for i, (n, seg, ce, label, port, stamp) in enumerate(metas):
+            assert type(ce) is bool and stamp == 0.0  # no SO_TIMESTAMPNS on rx
             out.append((n, seg, ce, label, port, bytes(buf[i * SLOT : i * SLOT + n])))
         out.append(("batch", len(metas), tries, empty))
         if empty:
@@ -124,7 +127,7 @@ def test_both_twins_read_ipv4_tos_and_stop_where_told() -> None:
             seen[name] = first + rest
         assert seen["native"] == seen["python"]
         port = tx.getsockname()[1]
-        assert seen["native"] == [(10 + i, 0, bool(i % 2), 0, port) for i in range(6)]
+        assert seen["native"] == [(10 + i, 0, bool(i % 2), 0, port, 0.0) for i in range(6)]
     finally:
         rx.close()
         tx.close()
@@ -182,3 +185,41 @@ def test_both_twins_refuse_a_slot_of_nothing() -> None:
                 kernel(rx, bytearray(10), 0, 1, True, SPACE)  # type: ignore[operator]
     finally:
         rx.close()
+
+
+def test_both_twins_return_the_kernel_receive_timestamp() -> None:
+    """With SO_TIMESTAMPNS each receive comes with its CLOCK_REALTIME arrival: after the
+    send, before the receive, and in order; a train is one receive with one timestamp."""
+    rx = udp_socket("::1", 0)
+    tx = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    try:
+        assert rxbatch.enable_timestamps(rx) and gso.enable_gro(rx)
+        space = SPACE + rxbatch.TIMESTAMP_CMSG_SPACE
+        tx.connect(rx.getsockname()[:2])
+        for _name, kernel in _kernels():
+            before = time.time()
+            for i in range(3):
+                tx.send(bytes([i]) * 100)
+            tx.sendmsg([b"t" * 250], [(gso.SOL_UDP, gso.UDP_SEGMENT, struct.pack("=H", 100))])
+            time.sleep(0.02)  # they wait in the socket
+            buf = bytearray(8 * SLOT)
+            metas, _tries, _empty = kernel(rx, buf, SLOT, 8, True, space)  # type: ignore[operator]
+            after = time.time()
+            assert [m[0] for m in metas] == [100, 100, 100, 250]
+            stamps = [m[5] for m in metas]
+            assert all(type(t) is float for t in stamps)
+            # the kernel's clock is CLOCK_REALTIME too; a little slack for its granularity
+            assert before - 0.001 <= stamps[0] <= stamps[-1] <= after - 0.015
+    finally:
+        rx.close()
+        tx.close()
+
+
+def test_a_timestamp_message_reads_as_seconds_as_the_c_kernel_reads_it() -> None:
+    """rx_meta's arithmetic (seconds + nanoseconds x 1e-9) is the C kernel's, and a short or
+    absent message is no timestamp."""
+    spec = struct.pack("@qq", 1_764_000_000, 123_456_789)
+    msg = (socket.SOL_SOCKET, rxbatch.SO_TIMESTAMPNS, spec)
+    assert rxbatch.rx_meta([msg]) == (0, False, 0, 1_764_000_000 + 123_456_789 * 1e-9)
+    assert rxbatch.rx_meta([(socket.SOL_SOCKET, rxbatch.SO_TIMESTAMPNS, spec[:8])])[3] == 0.0
+    assert rxbatch.rx_meta([]) == (0, False, 0, 0.0)
