@@ -27,6 +27,7 @@ try:
         ByteEnumField,
         IntField,
         LongField,
+        ShortField,
         ThreeBytesField,
         X3BytesField,
         XByteField,
@@ -162,7 +163,7 @@ class MRCAck(_EVHalves, Packet):
         XLongField("bitmap", 0),
         XIntField("ev", 0),  # 32-bit EV: UDP source port << 16 | flow label bits
         XShortField("port_state", 0xFFFF),
-        XShortField("reserved", 0),
+        ShortField("ack_delay", 0),  # units of wire.ACK_DELAY_UNIT (8 us); 0: unknown
     ]
 
     def guess_payload_class(self, payload: bytes) -> type[Packet]:

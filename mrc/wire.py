@@ -100,8 +100,12 @@ AETH_NAK_BASE = 0x60
 BTH = struct.Struct("!BBHII")  # opcode, flags, pkey, (byte4<<24 | dest QP), (byte8<<24 | PSN)
 DATA_HDR = struct.Struct("!BBHIIQII")  # BTH + RETH(va, rkey, dma length)
 DATA_IMM_HDR = struct.Struct("!BBHIIQIII")  # BTH + RETH + ImmDt
-#: BTH + AETH + ext(subject psn, sack base, bitmap, ev, port state, reserved)
+#: BTH + AETH + ext(subject psn, sack base, bitmap, ev, port state, ACK delay)
 ACK_PKT = struct.Struct("!BBHIIIIIQIHH")
+#: the unit of an ACK's ACK Delay (bytes 38-39), seconds: 8 us, so 16 bits reach 0.52 s
+ACK_DELAY_UNIT = 8e-6
+#: the largest ACK Delay: a longer one is sent as this (saturated)
+ACK_DELAY_MAX = 0xFFFF
 #: planes a connection may have: an ACK's Port State has a bit per plane, 16 of them
 MAX_PLANES = 16
 PROBE_PKT = struct.Struct("!BBHIIIHHQ")  # BTH + probe ext(ev, flags, reserved, token)
@@ -129,6 +133,14 @@ def pack_data(
     )
 
 
+def ack_delay_code(seconds: float) -> int:
+    """The ACK Delay field for a known delay of ``seconds``: in units of
+    :data:`ACK_DELAY_UNIT`, rounded, at least 1 (0 says "unknown") and at most
+    :data:`ACK_DELAY_MAX` (saturated)."""
+    code = int(seconds / ACK_DELAY_UNIT + 0.5)
+    return 1 if code < 1 else ACK_DELAY_MAX if code > ACK_DELAY_MAX else code
+
+
 def pack_ack(
     qpn: int,
     ack_psn: int,
@@ -138,6 +150,7 @@ def pack_ack(
     bitmap: int,
     ev: int,
     port_state: int = 0xFFFF,
+    ack_delay: int = 0,
 ) -> bytes:
     """An ACK (``syndrome`` = AETH_ACK) or NACK (``AETH_NAK_BASE | code``).
 
@@ -145,6 +158,8 @@ def pack_ack(
     ``subject_psn``: the packet that triggered this ACK, or the PSN a NACK is about.
     ``sack_base``/``bitmap``: bit i set means PSN ``sack_base + i`` has arrived.
     ``ev``: the entropy value the subject packet arrived on, all 32 bits (:func:`ev_value`).
+    ``ack_delay``: how long the subject was in the receiving host before this ACK left, in
+    :data:`ACK_DELAY_UNIT` (:func:`ack_delay_code`); 0: unknown.
     """
     return ACK_PKT.pack(
         Opcode.ACKNOWLEDGE,
@@ -158,7 +173,7 @@ def pack_ack(
         bitmap,
         ev,
         port_state,
-        0,
+        ack_delay,
     )
 
 
@@ -181,6 +196,14 @@ class Ack:
     ev: int
     port_state: int
     subject_dup: bool = False  # ACK_SUBJECT_DUP: the subject had arrived before
+    #: the ACK Delay field: the subject's time in the receiving host, in ACK_DELAY_UNIT (0:
+    #: unknown)
+    ack_delay: int = 0
+
+    @property
+    def ack_delay_seconds(self) -> float | None:
+        """The ACK Delay in seconds, None where the receiver did not know it (0)."""
+        return self.ack_delay * ACK_DELAY_UNIT if self.ack_delay else None
 
     @property
     def is_nack(self) -> bool:
@@ -193,7 +216,7 @@ class Ack:
 
 def parse_ack(data: bytes | memoryview) -> Ack:
     """Decode an ACK-family packet; raises struct.error if it is too short."""
-    (_op, _f, _pk, qpw, psnw, aeth, subj, base, bm, ev, ports, _r) = ACK_PKT.unpack_from(data)
+    (_op, _f, _pk, qpw, psnw, aeth, subj, base, bm, ev, ports, delay) = ACK_PKT.unpack_from(data)
     return Ack(
         qpw & QPN_MASK,
         psnw & PSN_MASK,
@@ -204,4 +227,5 @@ def parse_ack(data: bytes | memoryview) -> Ack:
         ev,
         ports,
         bool(subj & ACK_SUBJECT_DUP),
+        delay,
     )

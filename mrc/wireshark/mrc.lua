@@ -84,7 +84,9 @@ local f = {
     ack_ev_label = ProtoField.uint32("mrc.ack.ev_label", "EV flow label bits", base.HEX, nil,
         0x0000FFFF),
     port_state = ProtoField.uint16("mrc.ack.port_state", "Port state (bit p: plane p up)", base.HEX),
-    ack_reserved = ProtoField.uint16("mrc.ack.reserved", "Reserved", base.HEX),
+    ack_delay = ProtoField.uint16("mrc.ack.ack_delay", "ACK Delay (units of 8 us, 0: unknown)",
+        base.DEC),
+    ack_delay_us = ProtoField.uint32("mrc.ack.ack_delay_us", "ACK Delay (us)", base.DEC),
     -- probes (3.5)
     probe_seq = ProtoField.uint24("mrc.probe.seq", "Probe Seq (BTH PSN)", base.DEC),
     probe_ev = ProtoField.uint32("mrc.probe.ev",
@@ -113,7 +115,7 @@ mrc.fields = {
     f.dma_len, f.payload_len, f.is_trimmed,
     f.ack_psn, f.syndrome, f.is_nak, f.nak_code, f.nak_name, f.subject_psn, f.subject_dup,
     f.sack_base, f.bitmap, f.sack_count, f.sacked_psn, f.ack_ev, f.ack_ev_port, f.ack_ev_label,
-    f.port_state, f.ack_reserved,
+    f.port_state, f.ack_delay, f.ack_delay_us,
     f.probe_seq, f.probe_ev, f.probe_ev_port, f.probe_ev_label, f.probe_flags, f.probe_reserved,
     f.token, f.token_tag, f.token_time,
     f.key_id, f.counter, f.header_icv, f.icv_integrity, f.icv_encrypt,
@@ -252,7 +254,8 @@ local function dissect_ack(t, buf, pinfo, secure)
     end
     local ev = add_ev(t, buf, 32, f.ack_ev, f.ack_ev_port, f.ack_ev_label)
     t:add(f.port_state, buf(36, 2))
-    t:add(f.ack_reserved, buf(38, 2))
+    t:add(f.ack_delay, buf(38, 2))
+    t:add(f.ack_delay_us, buf(38, 2), buf(38, 2):uint() * 8)
     pinfo.cols.info:append(string.format(" [%s subject=%d ev=%s]", label,
         buf(17, 3):uint(), ev))
     if secure then

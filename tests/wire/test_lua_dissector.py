@@ -92,7 +92,8 @@ FIELDS = [
     "mrc.ack.ev_port",
     "mrc.ack.ev_label",
     "mrc.ack.port_state",
-    "mrc.ack.reserved",
+    "mrc.ack.ack_delay",
+    "mrc.ack.ack_delay_us",
     "mrc.probe.seq",
     "mrc.probe.ev",
     "mrc.probe.ev_port",
@@ -188,7 +189,8 @@ def _ack(
         "mrc.ack.ev_port": ev >> 16,
         "mrc.ack.ev_label": ev & 0xFFFF,
         "mrc.ack.port_state": ports,
-        "mrc.ack.reserved": 0,
+        "mrc.ack.ack_delay": 0,
+        "mrc.ack.ack_delay_us": 0,
     }
 
 

@@ -86,7 +86,7 @@ def test_ack_and_every_nak_code_from_the_receiver(code: wire.NackCode | None) ->
         EV1,
         0xFFFD,
     )
-    assert (ack.ev_port, ack.ev_label, ack.reserved) == (50001, 0xBEEF, 0)
+    assert (ack.ev_port, ack.ev_label, ack.ack_delay) == (50001, 0xBEEF, 0)
     assert bytes(d)[32:36] == EV1.to_bytes(4, "big") and Raw not in p  # all 40 bytes decoded
     assert "ev=50001/0xbeef" in ack.mysummary()
     assert ack.is_nak is (code is not None) and ack.nak_code == code
