@@ -83,17 +83,26 @@ class EndpointCore:
         if qp is not None:
             self._retired += qp.stats.taken() + sum(qp.stats.dropped_by_reason.values())
 
-    def receive_datagram(self, data: memoryview, src_ev: int, now: float) -> QueuePair | None:
-        """Route one datagram to its QP; returns that QP, or None if it was dropped here."""
+    def receive_datagram(
+        self, data: memoryview, src_ev: int, now: float, wait: float | None = None
+    ) -> QueuePair | None:
+        """Route one datagram to its QP; returns that QP, or None if it was dropped here.
+        ``wait``: seconds it had waited in this host by ``now`` (its socket's receive queue,
+        measured by the transport), None where unknown: the ACK Delay an ACK about it tells
+        the peer, and the host delay of an ACK (``QueuePair.arrived_after``)."""
         qp = self._route(data)
         if qp is not None:
+            qp.arrived_after(wait)
             qp.receive_datagram(data, src_ev, now)
         return qp
 
-    def receive_train(self, view: memoryview, seg: int, src_ev: int, now: float) -> dict[int, int]:
+    def receive_train(
+        self, view: memoryview, seg: int, src_ev: int, now: float, wait: float | None = None
+    ) -> dict[int, int]:
         """Receive a GRO train: consecutive datagrams of ``seg`` bytes (the last may be
         shorter) from one source port; ``seg`` 0 or at least ``len(view)``: one datagram.
-        Returns the QPs that were given datagrams, by number, with how many each.
+        Returns the QPs that were given datagrams, by number, with how many each. ``wait``:
+        as for :meth:`receive_datagram`, the train's.
 
         Every segment meets the same rules as if it had come alone through
         :meth:`receive_datagram` (its checks, counters, drops, NACKs and events); runs of
@@ -109,6 +118,7 @@ class EndpointCore:
             if qp is None:
                 off += seg
             else:
+                qp.arrived_after(wait)
                 taken = qp.receive_train(view, off, seg, src_ev, now)
                 self.datagrams_received += taken - 1  # _route counted the first
                 touched[qp.qpn] = touched.get(qp.qpn, 0) + taken

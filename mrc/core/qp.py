@@ -244,6 +244,14 @@ class QueuePair:
 
     # ---- I/O side ----------------------------------------------------------------------
 
+    def arrived_after(self, wait: float | None) -> None:
+        """The datagrams given next had waited ``wait`` seconds in this host (its socket's
+        receive queue) by the ``now`` they come with; None: unknown (the simulator, a
+        transport without kernel timestamps). The responder reports it in its ACKs (ACK
+        Delay), the requester adds it to theirs: host delay, for the window law."""
+        self.responder.rx_wait = wait
+        self.requester.rx_wait = wait
+
     def receive_datagram(self, data: memoryview, src_ev: int, now: float) -> None:
         """Handle one datagram whose BTH names this QP (version already checked)."""
         if self.protection is not None:

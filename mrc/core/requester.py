@@ -55,6 +55,7 @@ _PSN_MASK = wire.PSN_MASK
 #: bytes of one header arena (Requester._header_room): about 2300 headers
 _ARENA = 1 << 16
 _SUBJECT_DUP = wire.ACK_SUBJECT_DUP
+_ACK_DELAY_UNIT = wire.ACK_DELAY_UNIT
 _TLP_MARKS = wire.BTH_TLP | wire.BTH_ACKREQ  # BTH byte 8 of a tail loss probe
 _TRIM_CODES = (wire.NackCode.TRIMMED, wire.NackCode.TRIMMED_LASTHOP)
 #: the NACK codes an mrc responder sends (docs/PROTOCOL.md 7); any other is refused
@@ -160,6 +161,9 @@ class Requester:
         # network (queued in _retransmit after a NACK, a loss or a timeout) do not count
         # against its limit: _waiting counts them
         self.cc: WindowLaw = create(config.cc, config.cc_params, config)
+        #: how long the datagrams being received had waited in this host by their ``now``
+        #: (QueuePair.arrived_after; None: unknown): an ACK's share of the host delay
+        self.rx_wait: float | None = None
         self._waiting = 0
         # pacing (WindowLaw.pace_gap): nothing but tail loss probes leaves before _pace_at;
         # _paced: something was held back for it, so the timer must wake the QP then
@@ -610,7 +614,7 @@ class Requester:
         for. Such an ACK says that copy was not lost (the probe proves nothing) and gives no
         RTT sample (Karn's rule) and no send time to judge losses by.
         """
-        (_op, _f, _pk, qpw, psnw, aeth, subj, base, bitmap, ev_echo, ports, _r) = (
+        (_op, _f, _pk, qpw, psnw, aeth, subj, base, bitmap, ev_echo, ports, delay) = (
             wire.ACK_PKT.unpack_from(data)
         )
         if self.failed:
@@ -656,6 +660,10 @@ class Requester:
         if news != _NEG_INF:
             evs.delivered(delivered)
         self._advance(una)
+        if delay and rtt_sample is not None and self.rx_wait is not None:
+            # host delay: the subject's time in the receiving host (its ACK Delay) and the
+            # ACK's in this one, both part of the sample and neither the network's
+            self.cc.on_host_delay(now, delay * _ACK_DELAY_UNIT + self.rx_wait)
         if newly or rtt_sample is not None:
             # BECN: the responder's echo of the subject's CE mark (docs/PROTOCOL.md 3.4)
             self.cc.on_ack(now, newly * self.config.payload_size, rtt_sample, bool(qpw & _BECN))

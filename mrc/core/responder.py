@@ -28,6 +28,8 @@ _ACKREQ = wire.BTH_ACKREQ << 24
 _TLP = wire.BTH_TLP << 24
 _MARK_FECN = fastpath.MARK_FECN
 _OP_WRITE = int(wire.Opcode.RDMA_WRITE_ONLY)
+#: where an ACK's ACK Delay field begins (docs/PROTOCOL.md 3.4)
+_ACK_DELAY_AT = wire.ACK_LEN - 2
 #: segments one call of the train kernel may place (a GRO train holds at most 64)
 TRAIN_CAP = 64
 
@@ -63,6 +65,15 @@ class Responder:
         # the ACKs about the latest arrival go twice (a duplicate, or a tail loss probe)
         self._subject_twice = False
         self._ack_deadline: float | None = None
+        #: how long the datagrams being received had waited in this host by their ``now``
+        #: (QueuePair.arrived_after; None: unknown)
+        self.rx_wait: float | None = None
+        # when the latest arrival reached this host, on the caller's clock (None: unknown):
+        # the ACK about it says how long ago that was when it leaves (ACK Delay)
+        self._subject_at: float | None = None
+        # (index in _out, the subject's arrival) of the ACKs whose ACK Delay is written when
+        # they are handed out (datagrams_to_send): the time until they leave counts too
+        self._stamp: list[tuple[int, float]] = []
         # an ACK fell due (ack_every arrivals, or AckReq): it is built when the QP is next
         # asked for datagrams, so that the ACKs falling due within one receive batch go
         # out as one, about the batch's latest arrival (_note_arrival)
@@ -303,6 +314,8 @@ class Responder:
         self._subject = (seq, src_ev)
         self._subject_dup = dup
         self._subject_twice = dup or twice
+        wait = self.rx_wait
+        self._subject_at = None if wait is None else now - wait
         pending = self._pending
         cfg = self.config
         if force or pending >= self._next_due:
@@ -336,6 +349,7 @@ class Responder:
         block: int,
         becn: bool = False,
         dup: bool = False,
+        delay: int = 0,
     ) -> bytes:
         ip = self.peer_initial_psn
         return wire.pack_ack(
@@ -348,6 +362,7 @@ class Responder:
             self._bitmap(block),
             src_ev,
             self.evs.port_state(),
+            delay,
         )
 
     def announce(self, now: float) -> None:
@@ -372,10 +387,17 @@ class Responder:
                 blocks.append(hole)
         sack_ev = self._sack_ev
         dirty = self._dirty
+        # ACK Delay: the subject's time here, its socket's queue and ours, so that the sender
+        # can tell this host's delay from the network's (docs/PROTOCOL.md 3.4); written when
+        # the ACK is handed out, which may be after the rest of a receive batch
+        at = self._subject_at
+        stamp = self._stamp
         for block in blocks:
             pkt = self._ack_bytes(
                 wire.AETH_ACK, seq, port, block, self._subject_ce, self._subject_dup
             )
+            if at is not None:
+                stamp.append((len(self._out), at))
             ev = self.evs.next()
             if block in dirty:  # a report of the oldest hole's block alone blames no EV later
                 sack_ev[block] = (ev, now)
@@ -387,6 +409,8 @@ class Responder:
                 # plane. A sender held at a packet or two by NSCC has nothing else in flight
                 # to be acknowledged, and every ACK lost on a dead reverse path costs it a
                 # tail loss probe, and after three of them an RTO (docs/EV_HEALTH.md)
+                if at is not None:
+                    stamp.append((len(self._out), at))
                 self._out.append((self.evs.next_apart(ev), pkt, b""))
                 self.stats.acks_sent += 1
         if len(sack_ev) > 4096:  # forget blocks far behind the cumulative point
@@ -410,8 +434,19 @@ class Responder:
         if self._ack_deadline is not None and now >= self._ack_deadline:
             self.flush(now)  # the delay ran out, or an ACK fell due (_note_arrival)
         if self._out:
+            if self._stamp:
+                self._write_delays(now)
             out.extend(self._out)
             self._out.clear()
+
+    def _write_delays(self, now: float) -> None:
+        """Write the ACK Delay of the ACKs about subjects whose arrival is known."""
+        out = self._out
+        for i, at in self._stamp:
+            ev, pkt, rest = out[i]
+            code = wire.ack_delay_code(now - at)
+            out[i] = (ev, pkt[:_ACK_DELAY_AT] + code.to_bytes(2, "big"), rest)
+        self._stamp.clear()
 
     def get_timer(self) -> float | None:
         return self._ack_deadline

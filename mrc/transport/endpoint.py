@@ -45,6 +45,9 @@ from mrc.transport.sockets import (
 # millisecond resolution, which would round every send time, RTT sample and reordering window.)
 # Timers still go through loop.call_at: both clocks count from boot.
 _clock = time.monotonic
+# the kernel's receive timestamps (SO_TIMESTAMPNS) are CLOCK_REALTIME: a receive's wait in its
+# socket is this clock's reading with the batch less its timestamp
+_wall = time.time
 
 _log = logging.getLogger(__name__)
 
@@ -224,6 +227,12 @@ class Endpoint:
         self.ce_received = 0  # datagrams that arrived with CE, whoever took them
         space = (gso.GRO_CMSG_SPACE if self.gro else 0) + (_ecn.CMSG_SPACE if self.ecn else 0)
         space += flowlabel.CMSG_SPACE if self.labels else 0
+        # each receive's kernel timestamp: how long it waited in the socket is host delay,
+        # which the ACK's ACK Delay tells the peer and the window law takes out of the
+        # network's round trip (docs/PROTOCOL.md 3.4). Only with the other control messages:
+        # a plain receive has none, and then nothing is measured
+        self.stamps = bool(space) and all(rxbatch.enable_timestamps(s) for s in listen_sockets)
+        space += rxbatch.TIMESTAMP_CMSG_SPACE if self.stamps else 0
         self._meta_space = space  # 0: plain recvfrom_into, no control messages
         # a receive queue over this many bytes marks what is read from it CE, as a switch
         # port marks its queue (queue_mark_at)
@@ -332,6 +341,7 @@ class Endpoint:
         space = self._meta_space
         ecn = self.ecn
         now = _clock()
+        wall = _wall() if self.stamps else 0.0
         touched: dict[int, int] = {}
         deep = self._queue_is_deep(sock)
         left = RX_BATCH
@@ -339,22 +349,25 @@ class Endpoint:
             metas, tries, empty = recv(sock, buf, RX_BUFFER, left, ecn, space)
             left -= tries
             at = 0
-            for n, seg, ce, label, port, _stamp in metas:
+            for n, seg, ce, label, port, stamp in metas:
                 data = view[at : at + n]
                 at += RX_BUFFER
                 ev = port << _LABEL_BITS | label
+                # the time it waited in the socket until this batch began (None: unknown;
+                # one that came during the batch waited none)
+                wait = (wall - stamp if wall > stamp else 0.0) if stamp else None
                 if seg <= 0 or seg >= n:
                     seg = 0  # a single datagram
                 if ce or deep:
-                    self._receive_ce(data, seg, ev, now, touched, local=not ce)
+                    self._receive_ce(data, seg, ev, now, touched, local=not ce, wait=wait)
                     continue
                 if not seg:
-                    qp = rx(data, ev, now)
+                    qp = rx(data, ev, now, wait)
                     if qp is not None:
                         touched[qp.qpn] = 1
                     continue
                 self.gro_trains += 1
-                for qpn in rx_train(data, seg, ev, now):
+                for qpn in rx_train(data, seg, ev, now, wait):
                     touched[qpn] = 1
             if empty or not tries:
                 break
@@ -378,6 +391,7 @@ class Endpoint:
         now: float,
         touched: dict[int, int],
         local: bool = False,
+        wait: float | None = None,
     ) -> None:
         """The datagram(s) of one receive that arrived with CE: FECN set in each one's BTH
         (the core echoes it as BECN, docs/PROTOCOL.md 3.1), counted, then received as usual.
@@ -398,9 +412,9 @@ class Endpoint:
         else:
             self.ce_received += marked
         if seg:
-            taken = self.core.receive_train(data, seg, ev, now)
+            taken = self.core.receive_train(data, seg, ev, now, wait)
         else:
-            qp = self.core.receive_datagram(data, ev, now)
+            qp = self.core.receive_datagram(data, ev, now, wait)
             taken = {qp.qpn: 1} if qp is not None else {}
         for qpn, count in taken.items():
             touched[qpn] = 1

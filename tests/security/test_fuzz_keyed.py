@@ -92,11 +92,11 @@ class ForgerCounts:
             taken = sum(qp.stats.taken() for qp in core.qps.values())
             return taken, Counter(core.all_drops())
 
-        def receive(data: memoryview, src_ev: int, now: float):  # type: ignore[no-untyped-def]
+        def receive(data: memoryview, src_ev: int, now: float, wait: float | None = None):  # type: ignore[no-untyped-def]
             if src_ev >> wire.EV_LABEL_BITS != forger_port:
-                return inner(data, src_ev, now)
+                return inner(data, src_ev, now, wait)
             taken0, drops0 = snapshot()
-            qp = inner(data, src_ev, now)
+            qp = inner(data, src_ev, now, wait)
             taken1, drops1 = snapshot()
             self.seen += 1
             self.taken += taken1 - taken0

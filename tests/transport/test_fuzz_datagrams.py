@@ -52,11 +52,11 @@ def _instrument(core: EndpointCore, forger_port: int, seen: list[int], bad: list
         drops += sum(sum(qp.stats.dropped_by_reason.values()) for qp in qps)
         return taken, drops, sum(qp.stats.probes_received for qp in qps)
 
-    def receive(data: memoryview, src_ev: int, now: float):  # type: ignore[no-untyped-def]
+    def receive(data: memoryview, src_ev: int, now: float, wait: float | None = None):  # type: ignore[no-untyped-def]
         if src_ev >> wire.EV_LABEL_BITS != forger_port:
-            return inner(data, src_ev, now)
+            return inner(data, src_ev, now, wait)
         t0, d0, p0 = totals()
-        qp = inner(data, src_ev, now)
+        qp = inner(data, src_ev, now, wait)
         t1, d1, p1 = totals()
         seen[0] += 1
         dropped = d1 - d0 == 1 and t1 == t0

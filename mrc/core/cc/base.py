@@ -147,6 +147,14 @@ class WindowLaw:
         ``ce``: the subject arrived CE-marked (the receiver's echo, BECN); ECN reaches a law
         only this way, with the ACK that carries it."""
 
+    def on_host_delay(self, now: float, delay: float) -> None:
+        """Of the RTT sample the next :meth:`on_ack` brings, ``delay`` seconds were spent in
+        the two hosts, not the network: the subject's wait in the receiver (its socket's
+        queue and the time until the ACK left, the ACK's ACK Delay) and the ACK's wait here.
+        Called only where both hosts measured it (kernel receive timestamps); a userspace
+        host's batching makes it a large part of a short path's round trip. This law
+        ignores it."""
+
     def on_trim(self, now: float, rtt_hint: float) -> None:
         """A NACK says a packet was trimmed: a queue on its path overflowed now.
         ``rtt_hint``: the trimmed packet's send time to now (the NACK's round trip: its
