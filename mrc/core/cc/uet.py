@@ -74,6 +74,8 @@ TARGET_RTT_FRACTION = 0.75
 MAX_CWND_BDP = 1.5
 #: fast increase starts below 1 us of queueing delay on a 12 us network: 1/12 of the base RTT
 FAST_INCREASE_FRACTION = 1 / 12
+#: the weight of one host delay sample in its average (srtt's, RFC 6298)
+HOST_DELAY_GAIN = 1 / 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,10 @@ class UetNsccParams:
     #: the base RTT and the best rate are those of every QP of this process to the same peer
     #: host (as ``nscc-mrc``'s, docs/CONGESTION.md, "Latecomers")
     shared_base: bool = True
+    #: the window's bound counts the hosts' delay in the round trip (``on_host_delay``):
+    #: the base RTT plus the smoothed host delay is its time basis (docs/CONGESTION.md,
+    #: "Host delay")
+    host_delay: bool = True
 
     def validate(self) -> None:
         """Raise ValueError, one line naming the parameter, for an impossible setting."""
@@ -165,6 +171,7 @@ class UetNscc(WindowLaw):
         "base_rtt",
         "best_rate",
         "avg_delay",
+        "host_delay",
         "shared",
         "scaling",
         "decreases",
@@ -215,6 +222,8 @@ class UetNscc(WindowLaw):
         self.target = params.target_delay or 0.0
         self.best_rate = 0.0  # bytes/s, the most delivered over one base RTT + target
         self.avg_delay = 0.0
+        #: the smoothed host delay, seconds (0.0: none measured; on_host_delay)
+        self.host_delay = 0.0
         self.shared: UetShare | None = None
         self.decreases = 0
         self.quick_adapts = 0
@@ -248,10 +257,21 @@ class UetNscc(WindowLaw):
         return self.base_rtt + self.target
 
     @property
+    def basis(self) -> float:
+        """The round trip without queues that the window's bound is reckoned over: the base
+        RTT plus the hosts' smoothed delay. A userspace host's smallest RTT sample is an
+        idle turnaround; under load both ends handle datagrams in batches, and each waits
+        in a socket queue and for its batch, which no network queue explains. A window of
+        the base RTT alone cannot cover that (docs/CONGESTION.md, "Host delay"). The target
+        and the delay signal stay the network's."""
+        return self.base_rtt + self.host_delay
+
+    @property
     def bdp(self) -> float:
         """The bandwidth-delay product the window is bounded by, bytes: UET's max_cwnd / 1.5
         when given, else the best rate measured (this QP's or, shared, any QP's to the same
-        peer) over a round trip at the target (until then, ``initial_window``)."""
+        peer) over a round trip at the target, host delay included (:attr:`basis`; until
+        then, ``initial_window``)."""
         if self.p.max_cwnd:
             return self.p.max_cwnd / 1.5
         rate = self.best_rate
@@ -259,15 +279,16 @@ class UetNscc(WindowLaw):
             rate = self.shared.best_rate
         if rate <= 0.0 or self.base_rtt == _INF:
             return self.mss * float(self.p.initial_window)
-        return rate * self.interval
+        return rate * (self.base_rtt + self.host_delay + self.target)
 
     @property
     def line_cap(self) -> float:
         """UET's max_cwnd from what the host knows, bytes: 1.5 x the line rate x the base RTT
-        measured so far (at least a packet); infinite while either is unknown."""
+        measured so far, host delay included (:attr:`basis`; at least a packet); infinite
+        while either is unknown."""
         if not self.line_rate or self.base_rtt == _INF:
             return _INF
-        return max(float(self.mss), MAX_CWND_BDP * self.line_rate * self.base_rtt)
+        return max(float(self.mss), MAX_CWND_BDP * self.line_rate * self.basis)
 
     @property
     def max_cwnd(self) -> float:
@@ -322,6 +343,12 @@ class UetNscc(WindowLaw):
         threshold = self.p.adjust_bytes_threshold or 8 * self.mss
         if self._received > threshold or now - self._last_adjust > period:
             self._adjust(now, period)
+
+    def on_host_delay(self, now: float, delay: float) -> None:
+        """A host delay sample (the base class says what it is): averaged into
+        :attr:`host_delay` (srtt's gain, 1/8), which widens the window's bound."""
+        if self.p.host_delay:
+            self.host_delay += (delay - self.host_delay) * HOST_DELAY_GAIN
 
     def on_trim(self, now: float, rtt_hint: float) -> None:
         """A trim NACK: a queue overflowed. Quick adapt if its period is over, else a packet

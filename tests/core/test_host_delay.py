@@ -1,0 +1,172 @@
+"""Host delay (docs/CONGESTION.md, "Host delay"): the ACK's ACK Delay field, the responder's
+measure of it, the requester's host delay sample and the UET law's time basis.
+
+The transport measures how long each receive waited in its socket (kernel timestamps) and
+passes it in with the datagram; the core reads no clock. Unknown (None, the simulator), the
+field is 0 and nothing changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mrc import wire
+from mrc.core import EndpointCore, ProtectionDomain, QPConfig, QueuePair
+from mrc.core.cc import UetNscc, UetNsccParams, WindowLaw
+from mrc.core.cc.uet import HOST_DELAY_GAIN, MAX_CWND_BDP
+
+MSS = 1000
+
+
+# ---- the wire field ----------------------------------------------------------------------
+
+
+def test_ack_delay_codes_round_to_8us_and_saturate_and_are_never_zero() -> None:
+    assert wire.ACK_DELAY_UNIT == 8e-6 and wire.ACK_DELAY_MAX == 0xFFFF
+    assert wire.ack_delay_code(0.0) == 1  # known, however short: 0 means unknown
+    assert wire.ack_delay_code(3e-6) == 1
+    assert wire.ack_delay_code(12.1e-6) == 2  # rounded
+    assert wire.ack_delay_code(600e-6) == 75
+    assert wire.ack_delay_code(0.524) == 65500  # the largest: 0.524 s
+    assert wire.ack_delay_code(0.52428) == 0xFFFF
+    assert wire.ack_delay_code(10.0) == 0xFFFF  # saturated
+
+
+def test_the_ack_delay_rides_in_bytes_38_and_39() -> None:
+    pkt = wire.pack_ack(5, 10, wire.AETH_ACK, 9, 0, 1, 0x1234, 0xFFFF, ack_delay=0x0102)
+    assert len(pkt) == wire.ACK_LEN and pkt[38:40] == b"\x01\x02"
+    ack = wire.parse_ack(pkt)
+    assert ack.ack_delay == 0x0102
+    assert ack.ack_delay_seconds == pytest.approx(0x0102 * 8e-6)
+    old = wire.parse_ack(wire.pack_ack(5, 10, wire.AETH_ACK, 9, 0, 1, 0x1234))
+    assert old.ack_delay == 0 and old.ack_delay_seconds is None  # an old peer: unknown
+
+
+# ---- the responder and the requester --------------------------------------------------------
+
+
+def _pair(cc: str = "nscc") -> tuple[QueuePair, QueuePair, EndpointCore, ProtectionDomain]:
+    cfg = QPConfig(payload_size=100, cc=cc, ack_every=1, reverse_probe_interval=0.0)
+    qa = QueuePair(0x10, ProtectionDomain(), [40000 + i for i in range(4)], config=cfg)
+    pd_b = ProtectionDomain()
+    qb = QueuePair(0x20, pd_b, [50000 + i for i in range(4)], config=cfg)
+    qa.connect(qb.qpn, 0)
+    qb.connect(qa.qpn, 0)
+    core_b = EndpointCore(pd_b)
+    core_b.add(qb)
+    return qa, qb, core_b, pd_b
+
+
+def _acks(qp: QueuePair, now: float) -> list[wire.Ack]:
+    return [wire.parse_ack(d[1]) for d in qp.datagrams_to_send(now) if d[1][0] == 0x11]
+
+
+def test_the_responder_reports_the_wait_and_its_own_time_until_the_ack() -> None:
+    qa, qb, core_b, pd_b = _pair()
+    mr = pd_b.register(bytearray(1000))
+    qa.post_write(b"x" * 100, mr.addr, mr.rkey)
+    ((ev, hdr, payload),) = qa.datagrams_to_send(0.0)
+    # it waited 400 us in the socket before the batch that read it began at 1.0; the ACK
+    # leaves 200 us into the batch: 600 us in this host, 75 units
+    core_b.receive_datagram(memoryview(bytes(hdr) + bytes(payload)), qa.evs.values[ev], 1.0, 4e-4)
+    (ack,) = _acks(qb, 1.0002)
+    assert ack.ack_delay == 75
+
+
+def test_an_unknown_wait_sends_zero_as_before() -> None:
+    qa, qb, core_b, pd_b = _pair()
+    mr = pd_b.register(bytearray(1000))
+    qa.post_write(b"x" * 100, mr.addr, mr.rkey)
+    ((ev, hdr, payload),) = qa.datagrams_to_send(0.0)
+    core_b.receive_datagram(memoryview(bytes(hdr) + bytes(payload)), qa.evs.values[ev], 1.0)
+    (ack,) = _acks(qb, 1.5)
+    assert ack.ack_delay == 0
+
+
+class _Recorder(WindowLaw):
+    """A fixed window that keeps the host delay samples it is given."""
+
+    def __init__(self, params: object, ctx: object) -> None:
+        self.limit = 16
+        self.samples: list[tuple[float, float]] = []
+
+    def on_host_delay(self, now: float, delay: float) -> None:
+        self.samples.append((now, delay))
+
+
+def test_the_requester_adds_its_own_wait_to_the_peers_ack_delay() -> None:
+    qa, qb, core_b, pd_b = _pair()
+    law = qa.requester.cc = _Recorder(None, None)
+    mr = pd_b.register(bytearray(1000))
+    qa.post_write(b"x" * 300, mr.addr, mr.rkey)
+    sent = qa.datagrams_to_send(0.0)
+    assert len(sent) == 3
+    for i, (ev, hdr, payload) in enumerate(sent):
+        core_b.receive_datagram(
+            memoryview(bytes(hdr) + bytes(payload)), qa.evs.values[ev], 0.001 * (i + 1), 1e-4
+        )
+        (ack_dg,) = [d for d in qb.datagrams_to_send(0.001 * (i + 1) + 1e-4) if d[1][0] == 0x11]
+        core_a = EndpointCore()
+        core_a.add(qa)
+        # the first ACK with no wait known here: no sample; then one of 50 us
+        wait = None if i == 0 else 5e-5
+        core_a.receive_datagram(memoryview(ack_dg[1]), qb.evs.values[ack_dg[0]], 0.01 + i, wait)
+    assert [t for t, _ in law.samples] == [1.01, 2.01]
+    assert [d for _, d in law.samples] == pytest.approx([25 * 8e-6 + 5e-5] * 2)
+
+
+def test_a_peer_that_sends_no_ack_delay_gives_no_sample() -> None:
+    qa, qb, core_b, pd_b = _pair()
+    law = qa.requester.cc = _Recorder(None, None)
+    mr = pd_b.register(bytearray(1000))
+    qa.post_write(b"x" * 100, mr.addr, mr.rkey)
+    ((ev, hdr, payload),) = qa.datagrams_to_send(0.0)
+    core_b.receive_datagram(memoryview(bytes(hdr) + bytes(payload)), qa.evs.values[ev], 0.001)
+    (ack_dg,) = [d for d in qb.datagrams_to_send(0.002) if d[1][0] == 0x11]
+    core_a = EndpointCore()
+    core_a.add(qa)
+    core_a.receive_datagram(memoryview(ack_dg[1]), qb.evs.values[ack_dg[0]], 0.01, 5e-5)
+    assert law.samples == [] and qa.requester.in_flight == 0
+
+
+# ---- the UET law's time basis ------------------------------------------------------------------
+
+
+def _law(rate: float | None, **params: object) -> UetNscc:
+    p = dataclasses.replace(UetNsccParams(shared_base=False), **params)
+    return UetNscc(p, QPConfig(payload_size=MSS, max_outstanding=4096, line_rate_bps=rate))
+
+
+def test_the_bound_counts_the_smoothed_host_delay_and_the_target_does_not() -> None:
+    law = _law(80e6)  # 10 MB/s
+    law.on_ack(0.01, MSS, 0.001, False)  # a base RTT of 1 ms
+    assert law.basis == pytest.approx(0.001) and law.line_cap == pytest.approx(15 * MSS)
+    law.on_host_delay(0.02, 0.008)
+    assert law.host_delay == pytest.approx(0.008 * HOST_DELAY_GAIN)  # 1 ms
+    assert law.basis == pytest.approx(0.002)
+    assert law.line_cap == pytest.approx(MAX_CWND_BDP * 10e6 * 0.002)  # 30 packets
+    assert law.target == pytest.approx(0.75e-3)  # the network's, as before
+    for i in range(200):
+        law.on_host_delay(0.03 + i * 1e-3, 0.0005)
+    assert law.host_delay == pytest.approx(0.0005, rel=1e-3)  # follows the samples
+    # the measured BDP's round trip too: the best rate over base RTT + host delay + target
+    law.best_rate = 2e6
+    assert law.bdp == pytest.approx(2e6 * (0.001 + law.host_delay + 0.75e-3))
+
+
+def test_host_delay_off_or_never_measured_is_the_law_as_before() -> None:
+    off, never = _law(80e6, host_delay=False), _law(80e6)
+    for law in (off, never):
+        law.on_ack(0.01, MSS, 0.001, False)
+    off.on_host_delay(0.02, 0.008)
+    for law in (off, never):
+        assert law.host_delay == 0.0 and law.basis == law.base_rtt
+        assert law.line_cap == pytest.approx(15 * MSS)
+
+
+def test_the_base_law_ignores_host_delay() -> None:
+    law = WindowLaw(None, QPConfig(max_outstanding=8))
+    law.on_host_delay(0.0, 0.001)
+    assert law.limit == 8
