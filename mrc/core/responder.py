@@ -369,10 +369,14 @@ class Responder:
         """Send an ACK now, whatever arrived: it carries our port-state bitmap to the peer."""
         self._pending = max(self._pending, 1)
         self._dirty.add(max(self._cum, 0) >> 6)
-        self.flush(now)
+        self.flush(now, timed=True)
 
-    def flush(self, now: float) -> None:
-        """Queue SACKs for every block that saw arrivals since the last ACK (at ``now``)."""
+    def flush(self, now: float, timed: bool = False) -> None:
+        """Queue SACKs for every block that saw arrivals since the last ACK (at ``now``).
+        ``timed``: not an ACK that fell due (the delayed-ACK timer ran out, or a port-state
+        announcement): its ACK Delay is unknown (0). Its wait is this host's choice, not its
+        load, and comes mostly after a loss took the AckReq that would have made it due: a
+        window bound widened by it would overrun the queue that dropped."""
         if not self._pending:
             return
         seq, port = self._subject
@@ -390,7 +394,7 @@ class Responder:
         # ACK Delay: the subject's time here, its socket's queue and ours, so that the sender
         # can tell this host's delay from the network's (docs/PROTOCOL.md 3.4); written when
         # the ACK is handed out, which may be after the rest of a receive batch
-        at = self._subject_at
+        at = None if timed else self._subject_at
         stamp = self._stamp
         for block in blocks:
             pkt = self._ack_bytes(
@@ -432,7 +436,8 @@ class Responder:
 
     def datagrams_to_send(self, now: float, out: list[Datagram]) -> None:
         if self._ack_deadline is not None and now >= self._ack_deadline:
-            self.flush(now)  # the delay ran out, or an ACK fell due (_note_arrival)
+            # the delay ran out, or an ACK fell due (_note_arrival)
+            self.flush(now, timed=not self._ack_due)
         if self._out:
             if self._stamp:
                 self._write_delays(now)
