@@ -135,7 +135,7 @@ def test_a_peer_that_sends_no_ack_delay_gives_no_sample() -> None:
 
 
 def _law(rate: float | None, **params: object) -> UetNscc:
-    p = dataclasses.replace(UetNsccParams(shared_base=False), **params)
+    p = dataclasses.replace(UetNsccParams(shared_base=False, host_delay=True), **params)
     return UetNscc(p, QPConfig(payload_size=MSS, max_outstanding=4096, line_rate_bps=rate))
 
 
@@ -157,12 +157,15 @@ def test_the_bound_counts_the_smoothed_host_delay_and_the_target_does_not() -> N
 
 
 def test_host_delay_off_or_never_measured_is_the_law_as_before() -> None:
+    assert not UetNsccParams().host_delay  # off by default
     off, never = _law(80e6, host_delay=False), _law(80e6)
     for law in (off, never):
         law.on_ack(0.01, MSS, 0.001, False)
     off.on_host_delay(0.02, 0.008)
+    assert off.host_delay == pytest.approx(0.001)  # kept, to be read, and not used
+    assert never.host_delay == 0.0
     for law in (off, never):
-        assert law.host_delay == 0.0 and law.basis == law.base_rtt
+        assert law.basis == law.base_rtt
         assert law.line_cap == pytest.approx(15 * MSS)
 
 

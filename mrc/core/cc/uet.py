@@ -120,8 +120,9 @@ class UetNsccParams:
     shared_base: bool = True
     #: the window's bound counts the hosts' delay in the round trip (``on_host_delay``):
     #: the base RTT plus the smoothed host delay is its time basis (docs/CONGESTION.md,
-    #: "Host delay")
-    host_delay: bool = True
+    #: "Host delay"). Off by default: one QP on a fabric gains, but QPs that meet at a port
+    #: that neither trims nor marks overrun it more (more timeouts in an all-to-all)
+    host_delay: bool = False
 
     def validate(self) -> None:
         """Raise ValueError, one line naming the parameter, for an impossible setting."""
@@ -264,7 +265,7 @@ class UetNscc(WindowLaw):
         in a socket queue and for its batch, which no network queue explains. A window of
         the base RTT alone cannot cover that (docs/CONGESTION.md, "Host delay"). The target
         and the delay signal stay the network's."""
-        return self.base_rtt + self.host_delay
+        return self.base_rtt + self.host_delay if self.p.host_delay else self.base_rtt
 
     @property
     def bdp(self) -> float:
@@ -279,7 +280,7 @@ class UetNscc(WindowLaw):
             rate = self.shared.best_rate
         if rate <= 0.0 or self.base_rtt == _INF:
             return self.mss * float(self.p.initial_window)
-        return rate * (self.base_rtt + self.host_delay + self.target)
+        return rate * (self.basis + self.target)
 
     @property
     def line_cap(self) -> float:
@@ -346,9 +347,9 @@ class UetNscc(WindowLaw):
 
     def on_host_delay(self, now: float, delay: float) -> None:
         """A host delay sample (the base class says what it is): averaged into
-        :attr:`host_delay` (srtt's gain, 1/8), which widens the window's bound."""
-        if self.p.host_delay:
-            self.host_delay += (delay - self.host_delay) * HOST_DELAY_GAIN
+        :attr:`host_delay` (srtt's gain, 1/8), which widens the window's bound where
+        ``cc.host_delay`` says so (and is only kept, to be read, where not)."""
+        self.host_delay += (delay - self.host_delay) * HOST_DELAY_GAIN
 
     def on_trim(self, now: float, rtt_hint: float) -> None:
         """A trim NACK: a queue overflowed. Quick adapt if its period is over, else a packet
