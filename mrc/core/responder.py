@@ -349,7 +349,6 @@ class Responder:
         block: int,
         becn: bool = False,
         dup: bool = False,
-        delay: int = 0,
     ) -> bytes:
         ip = self.peer_initial_psn
         return wire.pack_ack(
@@ -362,7 +361,6 @@ class Responder:
             self._bitmap(block),
             src_ev,
             self.evs.port_state(),
-            delay,
         )
 
     def announce(self, now: float) -> None:
@@ -375,8 +373,7 @@ class Responder:
         """Queue SACKs for every block that saw arrivals since the last ACK (at ``now``).
         ``timed``: not an ACK that fell due (the delayed-ACK timer ran out, or a port-state
         announcement): its ACK Delay is unknown (0). Its wait is this host's choice, not its
-        load, and comes mostly after a loss took the AckReq that would have made it due: a
-        window bound widened by it would overrun the queue that dropped."""
+        load, and comes mostly after a loss took the AckReq that would have made it due."""
         if not self._pending:
             return
         seq, port = self._subject

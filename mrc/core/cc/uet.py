@@ -260,11 +260,11 @@ class UetNscc(WindowLaw):
     @property
     def basis(self) -> float:
         """The round trip without queues that the window's bound is reckoned over: the base
-        RTT plus the hosts' smoothed delay. A userspace host's smallest RTT sample is an
-        idle turnaround; under load both ends handle datagrams in batches, and each waits
-        in a socket queue and for its batch, which no network queue explains. A window of
-        the base RTT alone cannot cover that (docs/CONGESTION.md, "Host delay"). The target
-        and the delay signal stay the network's."""
+        RTT, plus the hosts' smoothed delay with ``cc.host_delay``. A userspace host's
+        smallest RTT sample is an idle turnaround; under load both ends handle datagrams in
+        batches, and each waits in a socket queue and for its batch, which no network queue
+        explains (docs/CONGESTION.md, "Host delay"). The target and the delay signal stay
+        the network's."""
         return self.base_rtt + self.host_delay if self.p.host_delay else self.base_rtt
 
     @property
