@@ -196,6 +196,7 @@ def test_both_twins_return_the_kernel_receive_timestamp() -> None:
         assert rxbatch.enable_timestamps(rx) and gso.enable_gro(rx)
         space = SPACE + rxbatch.TIMESTAMP_CMSG_SPACE
         tx.connect(rx.getsockname()[:2])
+        _until_stamped_on_arrival(rx, tx, space)
         for _name, kernel in _kernels():
             before = time.time()
             for i in range(3):
@@ -213,6 +214,19 @@ def test_both_twins_return_the_kernel_receive_timestamp() -> None:
     finally:
         rx.close()
         tx.close()
+
+
+def _until_stamped_on_arrival(rx: socket.socket, tx: socket.socket, space: int) -> None:
+    """Wait until the kernel stamps datagrams as they arrive. The first socket to ask for
+    timestamps turns arrival stamping on through deferred work; until it runs, recvmsg stamps
+    a datagram when it is read (a wait of 0, which the endpoint takes as none)."""
+    for _ in range(200):
+        tx.send(b"w")
+        time.sleep(0.005)  # the datagram waits in the socket: what the stamp must show
+        metas, _tries, _empty = rxbatch.py_recv_batch(rx, bytearray(SLOT), SLOT, 1, True, space)
+        if metas and metas[0][5] <= time.time() - 0.004:
+            return
+    raise AssertionError("the kernel never stamped a datagram on arrival")
 
 
 def test_a_timestamp_message_reads_as_seconds_as_the_c_kernel_reads_it() -> None:
