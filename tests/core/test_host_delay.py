@@ -47,8 +47,10 @@ def test_the_ack_delay_rides_in_bytes_38_and_39() -> None:
 # ---- the responder and the requester --------------------------------------------------------
 
 
-def _pair(cc: str = "nscc") -> tuple[QueuePair, QueuePair, EndpointCore, ProtectionDomain]:
-    cfg = QPConfig(payload_size=100, cc=cc, ack_every=1, reverse_probe_interval=0.0)
+def _pair(
+    cc: str = "nscc", ack_every: int = 1
+) -> tuple[QueuePair, QueuePair, EndpointCore, ProtectionDomain]:
+    cfg = QPConfig(payload_size=100, cc=cc, ack_every=ack_every, reverse_probe_interval=0.0)
     qa = QueuePair(0x10, ProtectionDomain(), [40000 + i for i in range(4)], config=cfg)
     pd_b = ProtectionDomain()
     qb = QueuePair(0x20, pd_b, [50000 + i for i in range(4)], config=cfg)
@@ -178,14 +180,7 @@ def test_the_base_law_ignores_host_delay() -> None:
 def test_an_ack_the_delay_timer_sent_carries_no_ack_delay() -> None:
     """Only an ACK that fell due measures the host: one the delayed-ACK timer sent waited by
     the responder's choice (after a loss of the AckReq, mostly)."""
-    cfg = QPConfig(payload_size=100, cc="fixed", ack_every=16, reverse_probe_interval=0.0)
-    qa = QueuePair(0x10, ProtectionDomain(), [40000 + i for i in range(4)], config=cfg)
-    pd_b = ProtectionDomain()
-    qb = QueuePair(0x20, pd_b, [50000 + i for i in range(4)], config=cfg)
-    qa.connect(qb.qpn, 0)
-    qb.connect(qa.qpn, 0)
-    core_b = EndpointCore(pd_b)
-    core_b.add(qb)
+    qa, qb, core_b, pd_b = _pair("fixed", ack_every=16)
     mr = pd_b.register(bytearray(1000))
     qa.post_write(b"x" * 300, mr.addr, mr.rkey)
     sent = qa.datagrams_to_send(0.0)
@@ -193,5 +188,5 @@ def test_an_ack_the_delay_timer_sent_carries_no_ack_delay() -> None:
     assert not wire.BTH.unpack_from(hdr)[4] >> 24 & wire.BTH_ACKREQ  # no AckReq on it
     core_b.receive_datagram(memoryview(bytes(hdr) + bytes(payload)), qa.evs.values[ev], 1.0, 1e-4)
     assert _acks(qb, 1.0001) == []  # nothing due yet
-    (ack,) = _acks(qb, 1.0 + cfg.ack_delay)
+    (ack,) = _acks(qb, 1.0 + qb.config.ack_delay)
     assert ack.ack_delay == 0
