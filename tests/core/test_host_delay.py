@@ -15,7 +15,7 @@ import pytest
 from mrc import wire
 from mrc.core import EndpointCore, ProtectionDomain, QPConfig, QueuePair
 from mrc.core.cc import UetNscc, UetNsccParams, WindowLaw
-from mrc.core.cc.uet import HOST_DELAY_GAIN, MAX_CWND_BDP
+from mrc.core.cc.uet import HOST_DELAY_GAIN, HOST_DELAY_RAMP, MAX_CWND_BDP
 
 MSS = 1000
 
@@ -147,15 +147,45 @@ def test_the_bound_counts_the_smoothed_host_delay_and_the_target_does_not() -> N
     assert law.basis == pytest.approx(0.001) and law.line_cap == pytest.approx(15 * MSS)
     law.on_host_delay(0.02, 0.008)
     assert law.host_delay == pytest.approx(0.008 * HOST_DELAY_GAIN)  # 1 ms
+    law.on_ack(10.0, MSS, None, False)  # calm long enough: all of it
     assert law.basis == pytest.approx(0.002)
     assert law.line_cap == pytest.approx(MAX_CWND_BDP * 10e6 * 0.002)  # 30 packets
     assert law.target == pytest.approx(0.75e-3)  # the network's, as before
     for i in range(200):
         law.on_host_delay(0.03 + i * 1e-3, 0.0005)
     assert law.host_delay == pytest.approx(0.0005, rel=1e-3)  # follows the samples
+    law.on_ack(20.0, MSS, None, False)
     # the measured BDP's round trip too: the best rate over base RTT + host delay + target
     law.best_rate = 2e6
     assert law.bdp == pytest.approx(2e6 * (0.001 + law.host_delay + 0.75e-3))
+
+
+def test_the_bound_earns_the_host_delay_back_after_each_loss() -> None:
+    """None of it at the first ACK, a share per calm round trip, all after HOST_DELAY_RAMP
+    of them; a loss, a trim or a timeout takes it all away, and it grows back the same way."""
+    law = _law(80e6)
+    law.on_ack(1.0, MSS, 0.001, False)
+    for _ in range(100):
+        law.on_host_delay(1.0, 0.001)
+    assert law.host_delay == pytest.approx(0.001, rel=1e-3)
+    span = HOST_DELAY_RAMP * (0.001 + 0.75e-3 + law.host_delay)
+    assert law.basis == pytest.approx(0.001)  # calm for no time yet
+    law.on_ack(1.0 + span / 4, MSS, None, False)
+    assert law.basis == pytest.approx(0.001 + law.host_delay / 4)
+    law.on_ack(1.0 + span, MSS, None, False)
+    assert law.basis == pytest.approx(0.001 + law.host_delay)
+    for unsettle in (
+        lambda t: law.on_loss(t),
+        lambda t: law.on_trim(t, 0.001),
+        lambda t: law.on_timeout(t),
+    ):
+        t0 = law._calm_from + 2 * span
+        law.on_ack(t0, MSS, None, False)
+        assert law.basis == pytest.approx(0.001 + law.host_delay)
+        unsettle(t0)
+        assert law.basis == pytest.approx(0.001)
+        law.on_ack(t0 + span / 2, MSS, None, False)
+        assert law.basis == pytest.approx(0.001 + law.host_delay / 2)
 
 
 def test_host_delay_off_or_never_measured_is_the_law_as_before() -> None:

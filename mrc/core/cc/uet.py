@@ -76,6 +76,10 @@ MAX_CWND_BDP = 1.5
 FAST_INCREASE_FRACTION = 1 / 12
 #: the weight of one host delay sample in its average (srtt's, RFC 6298)
 HOST_DELAY_GAIN = 1 / 8
+#: with ``cc.host_delay`` the host delay enters the bound over this many round trips
+#: (base RTT + target + host delay) without a loss, trim or timeout, from none at the QP's
+#: first ACK and again after each of them
+HOST_DELAY_RAMP = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +177,8 @@ class UetNscc(WindowLaw):
         "best_rate",
         "avg_delay",
         "host_delay",
+        "_calm_from",
+        "_widen",
         "shared",
         "scaling",
         "decreases",
@@ -225,6 +231,8 @@ class UetNscc(WindowLaw):
         self.avg_delay = 0.0
         #: the smoothed host delay, seconds (0.0: none measured; on_host_delay)
         self.host_delay = 0.0
+        self._calm_from = _INF  # since when no loss, trim or timeout (from the first ACK)
+        self._widen = 0.0  # the share of host_delay the bound counts now (0 to 1)
         self.shared: UetShare | None = None
         self.decreases = 0
         self.quick_adapts = 0
@@ -260,12 +268,13 @@ class UetNscc(WindowLaw):
     @property
     def basis(self) -> float:
         """The round trip without queues that the window's bound is reckoned over: the base
-        RTT, plus the hosts' smoothed delay with ``cc.host_delay``. A userspace host's
+        RTT, plus with ``cc.host_delay`` the hosts' smoothed delay, as much of it as the
+        round trips since the last loss allow (:meth:`_calm`). A userspace host's
         smallest RTT sample is an idle turnaround; under load both ends handle datagrams in
         batches, and each waits in a socket queue and for its batch, which no network queue
         explains (docs/CONGESTION.md, "Host delay"). The target and the delay signal stay
         the network's."""
-        return self.base_rtt + self.host_delay if self.p.host_delay else self.base_rtt
+        return self.base_rtt + self._widen * self.host_delay
 
     @property
     def bdp(self) -> float:
@@ -316,6 +325,8 @@ class UetNscc(WindowLaw):
     def on_ack(self, now: float, acked: int, rtt: float | None, ce: bool) -> None:
         """An ACK acknowledged ``acked`` new bytes; ``rtt``: its subject's sample (None:
         none), ``ce``: the subject carried CE."""
+        if self.p.host_delay:
+            self._calm(now)
         if acked > 0:
             self._achieved += acked
             self._received += acked
@@ -351,9 +362,27 @@ class UetNscc(WindowLaw):
         ``cc.host_delay`` says so (and is only kept, to be read, where not)."""
         self.host_delay += (delay - self.host_delay) * HOST_DELAY_GAIN
 
+    def _calm(self, now: float) -> None:
+        """How much of the host delay the bound counts: none at first and after a loss, a
+        trim or a timeout, then more with every round trip without one, all of it after
+        ``HOST_DELAY_RAMP`` of them. A wider bound is right for a QP whose path has room, and
+        wrong where QPs meet at a port that neither trims nor marks: there the losses keep
+        it narrow (docs/CONGESTION.md, "Host delay")."""
+        if self._calm_from == _INF:
+            self._calm_from = now
+        span = HOST_DELAY_RAMP * (self.base_rtt + self.target + self.host_delay)
+        calm = now - self._calm_from
+        self._widen = 1.0 if calm >= span else calm / span if span != _INF else 0.0
+
+    def _unsettle(self, now: float) -> None:
+        """A loss, a trim or a timeout: the bound counts no host delay until calm again."""
+        self._calm_from = now
+        self._widen = 0.0
+
     def on_trim(self, now: float, rtt_hint: float) -> None:
         """A trim NACK: a queue overflowed. Quick adapt if its period is over, else a packet
         off the window."""
+        self._unsettle(now)
         self._ignored += self.mss
         if self.base_rtt == _INF and rtt_hint > 0.0:
             # the only time scale yet. UET takes every NACK's round trip for a base RTT
@@ -371,6 +400,7 @@ class UetNscc(WindowLaw):
     def on_loss(self, now: float) -> None:
         """Lost packets (SACKs): a packet off the window, as UET does for every packet it
         marks for retransmission. A dead path is the EV health's."""
+        self._unsettle(now)
         self._set(now, self.cwnd - self.mss)
 
     def on_timeout(self, now: float) -> None:
@@ -380,6 +410,7 @@ class UetNscc(WindowLaw):
         the window to a packet and serialise the retries of all the others: a QP of 4
         packets gave up after 23.6 s instead of the 10.6 its retry budget allows. A timeout
         here is a dead path's (EV health) or a blackout's (the retry budget)."""
+        self._unsettle(now)
         self.losses_ignored += 1
 
     # ---- the law -----------------------------------------------------------------------
