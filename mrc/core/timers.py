@@ -147,7 +147,17 @@ class LossTimers(Generic[P]):
         srtt = self._rtt.srtt
         pto = 2 * srtt if srtt is not None else self.initial_rto / 2
         # each probe in a row waits twice as long as the one before
-        self.tlp_at = now + max(self.tlp_min, pto) * (1 << self.tlps)
+        at = now + max(self.tlp_min, pto) * (1 << self.tlps)
+        # never after the first retransmission timeout: the probe goes then instead (as
+        # Linux caps its probe timer at the RTO's), since a tail packet queued behind a full
+        # port times out before 2 srtt from the last news have passed, and its timeout
+        # would shrink the window and blame its EV for what its probe's answer decides
+        top = self._live_top()
+        if top is not None:
+            top = max(top, self.rto_hold)
+            if top < at:
+                at = top
+        self.tlp_at = at
 
     # ---- when ---------------------------------------------------------------------------
 
@@ -205,6 +215,12 @@ class LossTimers(Generic[P]):
 
         Stops at once when a packet exhausts its retries (the host fails the QP)."""
         records = self._records
+        tlp = self.tlp_at
+        if tlp is not None and tlp <= now and records:
+            top = self._live_top()
+            if top is None or tlp <= top:  # the probe was due first: it holds the timeouts off
+                self.tlp_at = None
+                self._tail_probe(now)
         silent: list[int] = []  # judged together, after the others
         while True:
             top = self._live_top()

@@ -286,10 +286,10 @@ def test_incast_deep_last_hop_queues_retire_no_ev() -> None:
     for t in transfers:
         t.check_final()
     assert fab.total("trimmed") > 1000 and fab.total("dropped") == 0  # deep, trimming queues
-    stats = [t.qp.stats for t in transfers]
-    assert sum(s.retransmits_sack for s in stats) > 0  # the queues did fool loss detection
     counters = [t.qp.evs.counters() for t in transfers]
     assert sum(c["evs_assumed_bad"] for c in counters) == 0, counters
+    # the queues did make packets look lost (by SACK, or, since tail loss probes go before
+    # the RTO, by a probe's answer), and the trims excused them
     assert sum(t.qp.evs.losses_congested for t in transfers) > 0
 
 
