@@ -218,6 +218,8 @@ class MrcTransport(Transport):
             "retransmits",
             "retransmits_nack",
             "retransmits_timeout",
+            "silent_timeouts",
+            "retransmits_tlp",
             "retransmits_sack",
             "nacks",
             "sacks",
