@@ -25,6 +25,13 @@ from mrc.cli.progress import Progress, ProgressBoard
 _CSI = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])")
 
 
+@pytest.fixture(autouse=True)
+def _a_real_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests draw on a terminal of their own: whatever TERM the suite runs under (dumb,
+    from a bare chroot or a CI runner), rich would draw no live display on it."""
+    monkeypatch.setenv("TERM", "xterm-256color")
+
+
 def screen(raw: str) -> list[str]:
     """The lines a terminal shows after ``raw`` (colours dropped, trailing blanks removed)."""
     lines = [""]

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from fabric_helpers import SKIP_REASON, needs_netns, running_fabric, unique_name
+from nobody import NOBODY, why_nobody_cannot_run_mrc
 
 from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
 from mrc.lab.fabric import usid_routes as lab_usid
@@ -36,7 +37,6 @@ pytestmark = [needs_netns, pytest.mark.netns]
 
 PORT = 4821
 BIN = Path(os.environ.get("MRC_BIN_DIR") or Path(sys.executable).parent)
-NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 HOSTS = {"h0": "gpu0", "h1": "gpu1"}
 
 
@@ -219,6 +219,9 @@ def test_set_up_is_what_its_lines_say_idempotent_and_removable(
 
 
 def test_the_set_up_refuses_in_one_line(ufab: Topology, fabric_file: Path) -> None:
+    why_not = why_nobody_cannot_run_mrc()
+    if why_not is not None:
+        pytest.skip(why_not)
     topo = ufab
     ns = topo.netns_of("h0")
     cases = [
@@ -324,6 +327,9 @@ def srh_through(topo: Topology, spine: str, dst: str) -> None:
 def test_nobody_moves_data_over_every_spine_without_a_routing_header(
     ufab: Topology, fabric_file: Path, mrc_tools
 ) -> None:
+    why_not = why_nobody_cannot_run_mrc()
+    if why_not is not None:
+        pytest.skip(why_not)
     topo = ufab
     parsed = load_fabric(str(fabric_file))
     assert isinstance(parsed, UsidTopology)

@@ -4,12 +4,12 @@ EV socket of the route, and without CAP_NET_ADMIN a one-line reason, not a bare 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
 
 import pytest
+from nobody import NOBODY, why_nobody_cannot_run_mrc
 
 from mrc.srv6.evroutes import EVRoute
 from mrc.transport.evsockets import open_ev_sockets
@@ -35,9 +35,9 @@ def test_every_socket_of_a_marked_route_carries_the_mark() -> None:
 
 
 def test_without_cap_net_admin_the_reason_is_one_line() -> None:
-    setpriv = shutil.which("setpriv")
-    if os.geteuid() != 0 or setpriv is None:
-        pytest.skip("needs root and setpriv to drop to an unprivileged user")
+    why_not = why_nobody_cannot_run_mrc()
+    if why_not is not None:
+        pytest.skip(why_not)
     code = (
         "from mrc.errors import MRCError\n"
         "from mrc.srv6.evroutes import EVRoute\n"
@@ -49,7 +49,7 @@ def test_without_cap_net_admin_the_reason_is_one_line() -> None:
         "    print(e)\n"
     )
     done = subprocess.run(
-        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+        [*NOBODY, sys.executable, "-c", code],
         capture_output=True,
         text=True,
         timeout=60,
