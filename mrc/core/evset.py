@@ -287,7 +287,6 @@ class EVSet:
         self.plane_down = [False] * self.nplanes  # our verdict (``set_plane_down``)
         self.peer_plane_down = [False] * self.nplanes  # the peer's port-state bitmap
         self.loss_streak = [0] * self.nplanes
-        self._streak_sent: list[float | None] = [None] * self.nplanes  # its latest loss's send
         # send time of the latest packet known delivered, per plane: a loss of a packet sent
         # no later than that is no evidence against the plane (it worked after that send)
         self.plane_alive_sent = [_NEG_INF] * self.nplanes
@@ -684,12 +683,8 @@ class EVSet:
         # that reset it, and a whole plane that dies is found as fast as ever
         if plane_evidence and sent_at is not None and sent_at <= self.plane_alive_sent[plane]:
             plane_evidence = False
-        if plane_evidence and (sent_at is None or sent_at != self._streak_sent[plane]):
-            # packets that left in one send (a burst, or resends queued together) met the same
-            # queue at the same moment, and a full one drops them all: one piece of evidence
-            # against the plane, not one per packet
+        if plane_evidence:
             self.loss_streak[plane] += 1
-            self._streak_sent[plane] = sent_at
         if self.loss_streak[plane] >= self.config.plane_dead_losses and not self.plane_down[plane]:
             self.set_plane_down(plane, now, EVReason.PLANE_DOWN, str(self.loss_streak[plane]))
             return
@@ -955,7 +950,6 @@ class EVSet:
     def _plane_delivered(self, plane: int, sent_at: float) -> None:
         """``plane`` delivered a packet sent at ``sent_at``: it was alive then."""
         self.loss_streak[plane] = 0
-        self._streak_sent[plane] = None
         if sent_at > self.plane_alive_sent[plane]:
             self.plane_alive_sent[plane] = sent_at
 

@@ -939,25 +939,12 @@ class Requester:
         either. A dead path would then cost a probe timeout on every packet sent over it,
         and never be retired."""
         probed, pkt.probed = pkt.probed, None
-        if dup or probed is None:
+        if dup or not self.health or probed is None:
             return
         plane = self.evs.planes[pkt.ev]
         # only a probe that shared the NIC queue of what it probed proves it lost: on another
         # plane it may just have overtaken it
         probed = [(ev, sent) for ev, sent in probed if self.evs.planes[ev] == plane]
-        if not probed:
-            return
-        # a tail its probe repaired was lost all the same: the window law hears of it, as
-        # TCP's does (RFC 8985 7.4), now that the probe goes where a timeout used to
-        self.cc.on_loss(now)
-        if not self.health:
-            return
-        # the probe's own delivery proves its plane alive after what it probed, which was
-        # sent before it: those losses are no evidence against the plane (this ACK's
-        # deliveries are noted only after its signals, too late for them)
-        alive = [_NEG_INF] * self.evs.nplanes
-        alive[plane] = pkt.sent_at
-        self.evs.delivered(alive)
         self.stats.losses_tlp += len(probed)
         for ev, sent in probed:
             self._blame(ev, sent, EVReason.PROBE_LOSS, now)

@@ -10,9 +10,7 @@ see: the tail of a flight (no later packet shows a hole) and a silence of the wh
   send order (per-packet backoff, a changing RTO), and the timer must always be armed at the
   earliest one.
 * A tail loss probe is due max(``tlp_min``, 2 srtt) after the last news, each probe in a row
-  waiting twice as long as the one before, at most ``tlp_max`` in a row; the first never later
-  than that after the newest packet in flight left, nor after the earliest retransmission
-  deadline (the probe goes instead of that timeout). It resends the
+  waiting twice as long as the one before, at most ``tlp_max`` in a row. It resends the
   newest packet in flight, whose ACK lets SACK detection repair a lost tail without waiting
   for an RTO, and holds every timeout off for an RTO (as TCP's does, RFC 8985 7.3), so that
   the SACKs it brings decide what was lost.
@@ -147,28 +145,9 @@ class LossTimers(Generic[P]):
             self.tlp_at = None
             return
         srtt = self._rtt.srtt
-        pto = max(self.tlp_min, 2 * srtt if srtt is not None else self.initial_rto / 2)
+        pto = 2 * srtt if srtt is not None else self.initial_rto / 2
         # each probe in a row waits twice as long as the one before
-        at = now + pto * (1 << self.tlps)
-        newest = self._records[next(reversed(self._records))]
-        if self.tlps == 0 and newest.deadline != _INF:
-            # nor later than that after the newest packet left (while it is in flight, not
-            # queued for a resend): its ACK is overdue by its own round trip and a reordering
-            # window then. A step's last packet, tail-dropped behind a full port, otherwise
-            # waited while the ACKs of what was queued ahead of it kept moving the probe 2 srtt
-            # past their arrival
-            overdue = newest.sent_at + pto
-            if overdue < at:
-                at = overdue if overdue > now else now
-        # and never after the first retransmission timeout: the probe goes then instead (as
-        # Linux caps its probe timer at the RTO's): a timeout would blame its EV for what the
-        # probe's answer decides
-        top = self._live_top()
-        if top is not None:
-            top = max(top, self.rto_hold)
-            if top < at:
-                at = top
-        self.tlp_at = at
+        self.tlp_at = now + max(self.tlp_min, pto) * (1 << self.tlps)
 
     # ---- when ---------------------------------------------------------------------------
 
@@ -226,12 +205,6 @@ class LossTimers(Generic[P]):
 
         Stops at once when a packet exhausts its retries (the host fails the QP)."""
         records = self._records
-        tlp = self.tlp_at
-        if tlp is not None and tlp <= now and records:
-            top = self._live_top()
-            if top is None or tlp <= top:  # the probe was due first: it holds the timeouts off
-                self.tlp_at = None
-                self._tail_probe(now)
         silent: list[int] = []  # judged together, after the others
         while True:
             top = self._live_top()

@@ -273,7 +273,7 @@ def test_nscc_asks_for_an_ack_of_the_last_packet_of_a_window(pack: PackBurst) ->
 def test_headers_handed_out_are_never_written_again(pack: PackBurst) -> None:
     """What waits in a transport's backlog keeps its bytes while the core goes on sending:
     retransmissions (after a timeout) and enough new bursts to fill several header arenas."""
-    a, _b, addr, rkey = _pair(burst=16, tlp_max=0)  # no tail loss probe: timeouts only
+    a, _b, addr, rkey = _pair(burst=16)
     a.post_write(os.urandom(100 * 4096), addr, rkey)
     first = a.bursts_to_send(1.0)
     kept = [bytes(bufs[i]) for _ev, bufs, n, _seg in first for i in range(0, 2 * n, 2)]

@@ -148,7 +148,7 @@ def test_losses_after_the_delay_rose_retire_few_evs_without_marks() -> None:
     loss until its route delivers or loses a later packet took the 12 to 0."""
     told = _incast(ecn=None)
     untold = _incast(ecn=None, **NO_DELAY)
-    assert untold["evs_assumed_bad"] > 30, untold  # 39 measured
+    assert untold["evs_assumed_bad"] > 40, untold
     assert told["ev_losses_delayed"] > 20, told
     assert told["evs_assumed_bad"] <= 0.3 * untold["evs_assumed_bad"], (told, untold)
     assert told["evs_assumed_bad"] <= 3, told  # 0 measured: the routes lose together

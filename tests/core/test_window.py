@@ -54,10 +54,10 @@ def test_psn_window_bounds_sends_past_a_hole(window: int) -> None:
         return s.data
 
     lose_first_copy_of_psn0.done = False
-    # reorder_min, tlp_max: no SACK-based repair and no tail loss probe, so the hole stays
+    # reorder_min, tlp_min: no SACK-based repair and no tail loss probe, so the hole stays
     # open until the timeout
     cfg = QPConfig(
-        payload_size=500, max_outstanding=16, psn_window=window, reorder_min=10.0, tlp_max=0
+        payload_size=500, max_outstanding=16, psn_window=window, reorder_min=10.0, tlp_min=10.0
     )
     net, t = _run(1, cfg, Faults(), 500 * (window + 200), lose_first_copy_of_psn0)
     assert not net.violations, net.violations[:3]
