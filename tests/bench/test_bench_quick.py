@@ -129,8 +129,14 @@ def test_quick_run_every_workload_and_transport_verified(tmp_path: Path) -> None
     # three steps judge no aim: each says so, none is "NOT met"
     assert [a["pass"] for a in doc["aims"]] == [None] * len(doc["aims"])
     assert "NOT met" not in text and "not judged (--quick: too short)" in text
+    assert any("process_cpu_ms" in (r.get("transport_stats") or {}) for r in doc["results"])
     for r in doc["results"]:  # no more EV retirements judged false than made, unexplained
         st = r.get("transport_stats") or {}
+        # the hosts' processes did work over the series: their CPU is there, and below what
+        # the machine's cores give over the series' wall time
+        if st:
+            wall_ms = sum(r["step_ms"])
+            assert 0 < st["process_cpu_ms"] <= (os.cpu_count() or 1) * wall_ms + 1000, r
         if (st.get("evs_assumed_bad_false") or 0) > (st.get("evs_assumed_bad") or 0):
             assert "retired before this series" in text
     # "done in X s" is the time when it is said, as its line's stamp shows

@@ -31,6 +31,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -611,7 +612,11 @@ class Agent:
         if op == "verify":
             return self.verify(int(msg["k"]))
         if op == "stats":
-            return self.transport(msg["transport"]).stats()
+            out = self.transport(msg["transport"]).stats()
+            # this host's process CPU (every thread, user and system), so that a report can
+            # say whether the hosts were CPU-bound; the coordinator sums hosts, diffs series
+            out["process_cpu_ms"] = int(time.process_time() * 1000)
+            return out
         if op == "close":
             if msg["transport"] in self.transports:
                 await self.transports.pop(msg["transport"]).close()
