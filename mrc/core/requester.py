@@ -152,6 +152,8 @@ class Requester:
         self.burst_now = 1  # packets per burst of the latest send (config.burst_max at most)
         # the packets one GSO send carries (_burst_size rounds bursts above it to whole sends)
         self._per_send = max(1, GSO_MAX_BYTES // (config.payload_size + _IMM_HDR_LEN))
+        # packets per burst at most (a law like NSCC sizes each below it)
+        self._burst_max = config.burst_max
         # the header arena: headers are written here, a burst at a time, and handed out as
         # views; a full arena is replaced, never rewritten (_header_room)
         self._hbuf = bytearray(_ARENA)
@@ -327,7 +329,7 @@ class Requester:
         if cc.limit + self._waiting < limit:
             limit = cc.limit + self._waiting
         span = self._snd_una + cfg.psn_window
-        burst = cfg.burst if cfg.burst is not None else cc.default_burst
+        burst = self._burst_max
         if burst > 1:
             burst = self._burst_size(burst, limit - len(outstanding))
         self.burst_now = burst

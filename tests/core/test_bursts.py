@@ -185,8 +185,25 @@ def test_burst_settings_are_checked() -> None:
     ):
         with pytest.raises(ValueError):
             QPConfig(**bad).validate()  # type: ignore[arg-type]
-    assert QPConfig().burst_max == AUTO_BURST
+    assert QPConfig(payload_size=PAYLOAD).burst_max == AUTO_BURST
     assert QPConfig(burst=3).burst_max == 3
+    assert QPConfig(burst=3, payload_size=1400).burst_max == 3
+    # at small payloads the default is what one GSO send carries, at most the kernel's 64
+    assert QPConfig(payload_size=1400).burst_max == 45 == GSO_MAX_BYTES // (1400 + 32)
+    assert QPConfig(payload_size=4096).burst_max == AUTO_BURST  # 15 a send: 16 stays
+    assert QPConfig(payload_size=256).burst_max == 64
+    assert QPConfig(payload_size=1400, cc="fixed").burst_max == 1
+
+
+def test_small_payloads_get_bursts_of_a_whole_gso_send() -> None:
+    """At 1400 bytes, bursts grow past AUTO_BURST (16 packets, a third of one GSO send) to a
+    whole send of 45 once NSCC has measured a fast path, and never beyond it: each sendmsg,
+    GRO receive and burst's Python carries three times as many packets."""
+    cfg = QPConfig(payload_size=1400)
+    net, t = _run(1.25e9, cfg, planes=1, size=12_000_000, delay=400e-6)
+    runs = _runs(net, t)
+    assert max(runs) == 45, sorted(set(runs))
+    assert t.qp.stats.data_packets_sent / t.qp.stats.bursts > AUTO_BURST, runs[:40]
 
 
 def test_bursts_fail_over_a_dead_plane_without_a_timeout() -> None:

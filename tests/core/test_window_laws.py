@@ -206,7 +206,8 @@ def test_nscc_keeps_the_defaults_it_had_as_qpconfig_fields() -> None:
 def test_what_a_law_decides_for_the_qp() -> None:
     """Bursts, plane steering and the prompt ACK follow the law, not its name."""
     load(DCTCP)
-    assert QPConfig().burst_max == AUTO_BURST
+    assert QPConfig(payload_size=8192).burst_max == AUTO_BURST
+    assert QPConfig().burst_max == 45  # at 1400 bytes: one whole GSO send
     assert QPConfig(cc="fixed").burst_max == 1
     assert QPConfig(cc=DCTCP).burst_max == 1  # the base class's default: spray
     assert QPConfig(cc=DCTCP, burst=4).burst_max == 4

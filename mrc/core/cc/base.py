@@ -24,7 +24,8 @@ from mrc.core.counters import CounterSpec
 GSO_MAX_BYTES = 65000
 # QPConfig.burst left unset: the most packets per burst a window law that sizes its bursts
 # (NSCC) may choose (docs/PERFORMANCE.md, "Bursts": past about 16 x 8 KiB the kernel's GSO gains
-# little and a burst's queueing grows)
+# little and a burst's queueing grows); at payloads where one GSO send carries more than this,
+# that many (QPConfig.burst_max)
 AUTO_BURST = 16
 
 
