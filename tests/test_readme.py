@@ -19,5 +19,7 @@ def test_readme_library_example_runs() -> None:
     assert res.returncode == 0, res.stderr
     m = re.fullmatch(r"placed (\d+) packets on (\d+) EVs\n", res.stdout)
     assert m, res.stdout
-    assert int(m.group(1)) >= (3 << 20) // 1400
+    assert int(m.group(1)) >= (6 << 20) // 1400
+    # every EV carried some: bursts at 1400 bytes hold up to 45 packets (one GSO send), so
+    # 6 MiB makes at least 100 of them, more than one round of the 64 EVs
     assert int(m.group(2)) == 64
