@@ -172,6 +172,12 @@ class QPConfig(EVConfig):
     line_rate_bps: float | None = None
 
     @property
+    def per_send(self) -> int:
+        """Data packets one GSO send carries at ``payload_size`` (a WRITE_IMM's header, the
+        longer one, counted), at least 1."""
+        return max(1, GSO_MAX_BYTES // (self.payload_size + DATA_IMM_HDR_LEN))
+
+    @property
     def burst_max(self) -> int:
         """``burst``, or what leaving it unset means for this window law: its default_burst,
         and for a law that sizes its bursts (``AUTO_BURST``, NSCC) raised at small payloads to
@@ -180,15 +186,13 @@ class QPConfig(EVConfig):
         Why: the default was chosen in packets at 8 KiB (16, two GSO sends of 7); at 1400
         bytes 16 packets are a third of one send, so each ``sendmsg``, GRO receive and
         burst's Python carried a third of what the kernel takes (docs/PERFORMANCE.md,
-        "Bursts at 1400 bytes"). In bytes a burst stays below the 8 KiB default's. The law
+        "Bursts and ACKs at 1400 bytes"). In bytes a burst stays below the 8 KiB default's. The law
         still sizes each burst below this (its delay budget and spread)."""
         if self.burst is not None:
             return self.burst
         auto = law_class(self.cc).default_burst
         if auto == AUTO_BURST:
-            per_send = GSO_MAX_BYTES // (self.payload_size + DATA_IMM_HDR_LEN)
-            if per_send > auto:
-                auto = per_send if per_send < MAX_BURST else MAX_BURST
+            return max(auto, min(self.per_send, MAX_BURST))
         return auto
 
     def validate(self) -> None:

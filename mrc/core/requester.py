@@ -18,7 +18,7 @@ from itertools import islice
 from mrc import wire
 from mrc.core import fastpath
 from mrc.core.cc import WindowLaw, create
-from mrc.core.config import GSO_MAX_BYTES, QPConfig
+from mrc.core.config import QPConfig
 from mrc.core.events import (
     Burst,
     Datagram,
@@ -151,7 +151,7 @@ class Requester:
         self._burst_left = 0
         self.burst_now = 1  # packets per burst of the latest send (config.burst_max at most)
         # the packets one GSO send carries (_burst_size rounds bursts above it to whole sends)
-        self._per_send = max(1, GSO_MAX_BYTES // (config.payload_size + _IMM_HDR_LEN))
+        self._per_send = config.per_send
         # packets per burst at most (a law like NSCC sizes each below it)
         self._burst_max = config.burst_max
         # the header arena: headers are written here, a burst at a time, and handed out as
