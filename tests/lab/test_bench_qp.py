@@ -122,6 +122,7 @@ def _out(a: argparse.Namespace) -> dict[str, Any]:
         "duration": a.duration,
         "mtu": a.mtu,
         "evs": "mrc-send default (128)",
+        "qp": a.qp,
         "window": "mrc-send default (512)",
         "raw_datagram": "payload + 28 bytes",
         "quick": False,
@@ -286,3 +287,15 @@ def test_table_shows_a_checksum_without_runs_as_dashes() -> None:
     lines = checksum_table(results)
     assert lines[0] == "" and len(lines) == 5  # a blank line, the head, two rows, the foot
     assert " ".join(lines[3].split()) == "2 1400 | sha256 - - | - - | - -"
+
+
+def test_qp_settings_reach_mrc_send_in_order_and_bad_ones_are_usage_errors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    a = _args("--qp", "cc.max_cwnd=16000000", "--qp", "ack_every=4")
+    assert a.qp == ["cc.max_cwnd=16000000", "ack_every=4"]
+    assert _args().qp == []
+    with pytest.raises(SystemExit) as exc:
+        _args("--qp", "no_such_knob=1")
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1

@@ -130,6 +130,8 @@ class Bench:
             send_argv += ["--window", str(a.window)]
         if a.burst:
             send_argv += ["--burst", str(a.burst)]
+        for setting in a.qp:
+            send_argv += ["--qp", setting]
         timeout = 60 + size / 2e6  # a 256M transfer gets > 3 minutes even at 16 Mbit/s
         t0 = time.monotonic()
         with Children() as kids:
@@ -590,6 +592,7 @@ def main(a: argparse.Namespace) -> int:
         "mtu": a.mtu,
         "evs": a.evs or "mrc-send default (128)",
         "window": a.window or "mrc-send default (512)",
+        "qp": a.qp,
         "raw_datagram": f"payload + {DATA_HDR_LEN} bytes",
         "quick": a.quick,
         "aim_bps": AIM_BPS,
