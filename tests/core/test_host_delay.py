@@ -15,7 +15,7 @@ import pytest
 from mrc import wire
 from mrc.core import EndpointCore, ProtectionDomain, QPConfig, QueuePair
 from mrc.core.cc import UetNscc, UetNsccParams, WindowLaw
-from mrc.core.cc.uet import HOST_DELAY_GAIN, HOST_DELAY_RAMP, MAX_CWND_BDP
+from mrc.core.cc.uet import HOST_DELAY_GAIN, HOST_DELAY_NET_QUEUE, HOST_DELAY_RAMP, MAX_CWND_BDP
 
 MSS = 1000
 
@@ -141,15 +141,21 @@ def _law(rate: float | None, **params: object) -> UetNscc:
     return UetNscc(p, QPConfig(payload_size=MSS, max_outstanding=4096, line_rate_bps=rate))
 
 
+def _deliver(law: UetNscc, windows: int, now: float) -> None:
+    """``windows`` ACKs at ``now``, each of a whole window (as it is when the ACK comes)."""
+    for _ in range(windows):
+        law.on_ack(now, round(law.cwnd), None, False)
+
+
 def test_the_bound_counts_the_smoothed_host_delay_and_the_target_does_not() -> None:
     law = _law(80e6)  # 10 MB/s
     law.on_ack(0.01, MSS, 0.001, False)  # a base RTT of 1 ms
     assert law.basis == pytest.approx(0.001) and law.line_cap == pytest.approx(15 * MSS)
     law.on_host_delay(0.02, 0.008)
     assert law.host_delay == pytest.approx(0.008 * HOST_DELAY_GAIN)  # 1 ms
-    law.on_ack(10.0, MSS, None, False)  # calm long enough: all of it
-    assert law.basis == pytest.approx(0.002)
-    assert law.line_cap == pytest.approx(MAX_CWND_BDP * 10e6 * 0.002)  # 30 packets
+    _deliver(law, HOST_DELAY_RAMP, 0.03)  # calm long enough: all of it
+    assert law.basis == pytest.approx(0.002, rel=1e-3)
+    assert law.line_cap == pytest.approx(MAX_CWND_BDP * 10e6 * 0.002, rel=1e-3)  # 30 packets
     assert law.target == pytest.approx(0.75e-3)  # the network's, as before
     for i in range(200):
         law.on_host_delay(0.03 + i * 1e-3, 0.0005)
@@ -161,31 +167,44 @@ def test_the_bound_counts_the_smoothed_host_delay_and_the_target_does_not() -> N
 
 
 def test_the_bound_earns_the_host_delay_back_after_each_loss() -> None:
-    """None of it at the first ACK, a share per calm round trip, all after HOST_DELAY_RAMP
-    of them; a loss, a trim or a timeout takes it all away, and it grows back the same way."""
+    """None of it at the first ACK, a share per window delivered without a loss, all after
+    HOST_DELAY_RAMP of them; a loss, a trim or a timeout takes it all away, and it grows back
+    the same way."""
     law = _law(80e6)
-    law.on_ack(1.0, MSS, 0.001, False)
+    law.on_ack(1.0, 0, 0.001, False)  # a base RTT, nothing delivered yet
     for _ in range(100):
         law.on_host_delay(1.0, 0.001)
     assert law.host_delay == pytest.approx(0.001, rel=1e-3)
-    span = HOST_DELAY_RAMP * (0.001 + 0.75e-3 + law.host_delay)
-    assert law.basis == pytest.approx(0.001)  # calm for no time yet
-    law.on_ack(1.0 + span / 4, MSS, None, False)
-    assert law.basis == pytest.approx(0.001 + law.host_delay / 4)
-    law.on_ack(1.0 + span, MSS, None, False)
-    assert law.basis == pytest.approx(0.001 + law.host_delay)
+    assert law.basis == pytest.approx(0.001)
+    _deliver(law, HOST_DELAY_RAMP // 4, 1.0)
+    assert law.basis == pytest.approx(0.001 + law.host_delay / 4, rel=1e-3)
+    _deliver(law, HOST_DELAY_RAMP, 1.0)
+    assert law.basis == pytest.approx(0.001 + law.host_delay)  # all of it, and no more
+    t = 1.0
     for unsettle in (
         lambda t: law.on_loss(t),
         lambda t: law.on_trim(t, 0.001),
         lambda t: law.on_timeout(t),
     ):
-        t0 = law._calm_from + 2 * span
-        law.on_ack(t0, MSS, None, False)
+        t += 1.0
+        _deliver(law, HOST_DELAY_RAMP, t)
         assert law.basis == pytest.approx(0.001 + law.host_delay)
-        unsettle(t0)
+        unsettle(t)
         assert law.basis == pytest.approx(0.001)
-        law.on_ack(t0 + span / 2, MSS, None, False)
-        assert law.basis == pytest.approx(0.001 + law.host_delay / 2)
+        _deliver(law, HOST_DELAY_RAMP // 2, t)
+        assert law.basis == pytest.approx(0.001 + law.host_delay / 2, rel=1e-3)
+
+
+def test_time_without_deliveries_earns_no_host_delay() -> None:
+    """A QP idle between an all-to-all's steps starts the next with the bound its last
+    losses left it: calm is counted in windows delivered, not in seconds."""
+    law = _law(80e6)
+    law.on_ack(1.0, MSS, 0.001, False)
+    for _ in range(100):
+        law.on_host_delay(1.0, 0.001)
+    law.on_loss(1.0)
+    law.on_ack(60.0, MSS, None, False)  # a minute later, one packet
+    assert law.basis < 0.001 + law.host_delay / HOST_DELAY_RAMP
 
 
 def test_host_delay_off_or_never_measured_is_the_law_as_before() -> None:
@@ -220,3 +239,37 @@ def test_an_ack_the_delay_timer_sent_carries_no_ack_delay() -> None:
     assert _acks(qb, 1.0001) == []  # nothing due yet
     (ack,) = _acks(qb, 1.0 + qb.config.ack_delay)
     assert ack.ack_delay == 0
+
+
+def test_a_queue_in_the_network_earns_no_host_delay() -> None:
+    """Where the RTT's network part (less the host delay and the base RTT) stays over
+    HOST_DELAY_NET_QUEUE, the queue is a port's, which the hosts' delay does not fill: the
+    bound keeps to the network's. Once the network part falls, the host delay is earned again.
+    """
+    law = _law(80e6)
+    law.on_ack(1.0, 0, 0.001, False)  # a base RTT of 1 ms
+    for _ in range(100):
+        law.on_host_delay(1.0, 0.001)
+    _deliver(law, HOST_DELAY_RAMP, 1.0)
+    assert law.basis == pytest.approx(0.001 + law.host_delay)
+    for _ in range(40):  # 1 ms in the hosts, 3 ms queued in the network
+        law.on_host_delay(1.0, 0.001)
+        law.on_ack(1.0, round(law.cwnd), 0.005, False)
+    assert law.net_delay > HOST_DELAY_NET_QUEUE
+    assert law.basis == pytest.approx(0.001)
+    for _ in range(40):  # the network queue drains; the hosts' delay stays
+        law.on_host_delay(1.0, 0.001)
+        law.on_ack(1.0, round(law.cwnd), 0.002, False)
+    assert law.net_delay < HOST_DELAY_NET_QUEUE
+    assert 0.001 < law.basis <= 0.001 + law.host_delay
+
+
+def test_a_late_host_alone_is_not_a_network_queue() -> None:
+    """RTT samples whose excess the host delay explains keep earning it."""
+    law = _law(80e6)
+    law.on_ack(1.0, 0, 0.001, False)
+    for _ in range(2 * HOST_DELAY_RAMP):
+        law.on_host_delay(1.0, 0.004)  # 4 ms in the hosts
+        law.on_ack(1.0, round(law.cwnd), 0.005, False)
+    assert law.net_delay == pytest.approx(0.0)
+    assert law.basis == pytest.approx(0.001 + law.host_delay)

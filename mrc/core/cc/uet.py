@@ -76,10 +76,14 @@ MAX_CWND_BDP = 1.5
 FAST_INCREASE_FRACTION = 1 / 12
 #: the weight of one host delay sample in its average (srtt's, RFC 6298)
 HOST_DELAY_GAIN = 1 / 8
-#: with ``cc.host_delay`` the host delay enters the bound over this many round trips
-#: (base RTT + target + host delay) without a loss, trim or timeout, from none at the QP's
-#: first ACK and again after each of them
+#: with ``cc.host_delay`` the host delay enters the bound over this many windows delivered
+#: without a loss, trim or timeout, from none at the QP's first ACK and again after each
 HOST_DELAY_RAMP = 32
+#: with ``cc.host_delay``, round trips whose network part (an RTT sample less its host delay
+#: sample and the base RTT; smoothed with ``HOST_DELAY_GAIN``) is over this, seconds, or over
+#: the target if longer, show a network queue: the bound counts no host delay while they do
+#: (one 8 KiB packet at 100 Mbit/s is 0.66 ms; one descheduled sender is a single sample)
+HOST_DELAY_NET_QUEUE = 0.5e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +127,9 @@ class UetNsccParams:
     #: host (as ``nscc-mrc``'s, docs/CONGESTION.md, "Latecomers")
     shared_base: bool = True
     #: the window's bound counts the hosts' delay in the round trip (``on_host_delay``):
-    #: the base RTT plus the smoothed host delay is its time basis (docs/CONGESTION.md,
-    #: "Host delay"). Off by default: one QP on a fabric gains, but QPs that meet at a port
-    #: that neither trims nor marks overrun it more (more timeouts in an all-to-all)
+    #: the base RTT plus the smoothed host delay, as much of it as was earned, is its time
+    #: basis (docs/CONGESTION.md, "Host delay"). Off by default: one QP gains; whether QPs
+    #: that meet at a port that neither trims nor marks lose by it is not yet settled
     host_delay: bool = False
 
     def validate(self) -> None:
@@ -177,8 +181,9 @@ class UetNscc(WindowLaw):
         "best_rate",
         "avg_delay",
         "host_delay",
-        "_calm_from",
         "_widen",
+        "_host_sample",
+        "net_delay",
         "shared",
         "scaling",
         "decreases",
@@ -231,8 +236,10 @@ class UetNscc(WindowLaw):
         self.avg_delay = 0.0
         #: the smoothed host delay, seconds (0.0: none measured; on_host_delay)
         self.host_delay = 0.0
-        self._calm_from = _INF  # since when no loss, trim or timeout (from the first ACK)
         self._widen = 0.0  # the share of host_delay the bound counts now (0 to 1)
+        self._host_sample: float | None = None  # the host delay of the next on_ack's RTT
+        #: the RTT's network part over the base RTT, smoothed (host delay's gain), seconds
+        self.net_delay = 0.0
         self.shared: UetShare | None = None
         self.decreases = 0
         self.quick_adapts = 0
@@ -326,7 +333,7 @@ class UetNscc(WindowLaw):
         """An ACK acknowledged ``acked`` new bytes; ``rtt``: its subject's sample (None:
         none), ``ce``: the subject carried CE."""
         if self.p.host_delay:
-            self._calm(now)
+            self._calm(acked, rtt)
         if acked > 0:
             self._achieved += acked
             self._received += acked
@@ -361,22 +368,28 @@ class UetNscc(WindowLaw):
         :attr:`host_delay` (srtt's gain, 1/8), which widens the window's bound where
         ``cc.host_delay`` says so (and is only kept, to be read, where not)."""
         self.host_delay += (delay - self.host_delay) * HOST_DELAY_GAIN
+        self._host_sample = delay
 
-    def _calm(self, now: float) -> None:
-        """How much of the host delay the bound counts: none at first and after a loss, a
-        trim or a timeout, then more with every round trip without one, all of it after
-        ``HOST_DELAY_RAMP`` of them. A wider bound is right for a QP whose path has room, and
-        wrong where QPs meet at a port that neither trims nor marks: there the losses keep
-        it narrow (docs/CONGESTION.md, "Host delay")."""
-        if self._calm_from == _INF:
-            self._calm_from = now
-        span = HOST_DELAY_RAMP * (self.base_rtt + self.target + self.host_delay)
-        calm = now - self._calm_from
-        self._widen = 1.0 if calm >= span else calm / span if span != _INF else 0.0
+    def _calm(self, acked: int, rtt: float | None) -> None:
+        """How much of the host delay the bound counts (``_widen``, 0 to 1): none at first
+        and after a loss, a trim or a timeout, then a ``HOST_DELAY_RAMP``-th more for every
+        window delivered without one, and none while the network part of the round trips
+        shows a queue (``HOST_DELAY_NET_QUEUE``). A wider bound is right for a QP whose path
+        has room, and wrong where QPs meet at a port that neither trims nor marks: there the
+        queue and the losses keep it narrow (docs/CONGESTION.md, "Host delay"). Delivered
+        windows, not seconds: a QP idle between an all-to-all's steps earns nothing while it
+        waits, and starts the next step with the bound the last one left it."""
+        sample, self._host_sample = self._host_sample, None
+        if rtt is not None and sample is not None and self.base_rtt != _INF:
+            network = max(0.0, rtt - sample - self.base_rtt)
+            self.net_delay += (network - self.net_delay) * HOST_DELAY_GAIN
+        if self.net_delay > max(HOST_DELAY_NET_QUEUE, self.target):
+            self._widen = 0.0  # a port's queue, which the hosts' delay does not fill
+        elif acked > 0 and self._widen < 1.0:
+            self._widen = min(1.0, self._widen + acked / (HOST_DELAY_RAMP * self.cwnd))
 
     def _unsettle(self, now: float) -> None:
         """A loss, a trim or a timeout: the bound counts no host delay until calm again."""
-        self._calm_from = now
         self._widen = 0.0
 
     def on_trim(self, now: float, rtt_hint: float) -> None:
