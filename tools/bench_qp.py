@@ -42,7 +42,7 @@ import argparse
 import sys
 
 from mrc.cli.common import Parser, float_between, positive_int, run_main, size_arg
-from mrc.cli.qpopts import qp_setting
+from mrc.cli.qpopts import add_qp_arg
 from mrc.errors import UsageError
 from mrc.lab.bench.qp import DEFAULT_PEERS, IPV6_UDP, PEER_KINDS, SECURITY_MODES
 from mrc.lab.bench.qp import main as run_bench
@@ -188,15 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="mrc-send --burst: packets per EV burst, sent with UDP GSO (default: mrc-send's, 1)",
     )
-    p.add_argument(
-        "--qp",
-        type=qp_setting,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="mrc-send --qp KEY=VALUE (repeatable): any QPConfig knob, cc.* the window law's, "
-        "e.g. cc.max_cwnd=16000000",
-    )
+    add_qp_arg(p, " to mrc-send")
     p.add_argument(
         "--no-mem-warmup",
         action="store_true",
