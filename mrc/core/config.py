@@ -56,6 +56,10 @@ class EVConfig:
     # unless the path keeps losing (both 0: off; every loss without a mark is failure)
     delay_evidence_min: float = 0.0005
     delay_evidence_fraction: float = 0.5
+    # a loss with no such evidence, on a known route, asks the route: a probe on its EV, and
+    # the loss is congestion (within an episode, as after a delay rise) if the route answers
+    # a probe sent after the lost packet (off: it waits for the route's next data packet)
+    ask_routes: bool = True
     # EVs of one route (an SRv6 path) share its fate: once this many of them are assumed bad,
     # the route's other EVs leave the rotation too (0: off; needs route labels)
     route_dead_evs: int = 2

@@ -169,6 +169,15 @@ EV_COUNTERS = (
         json=BOTH,
     ),
     CounterSpec(
+        "ev_routes_asked",
+        Source.EVS,
+        "Probes of GOOD EVs sent to ask whether their route works: a loss with no congestion "
+        "seen is congestion if the route answers",
+        metric="mrc_qp_ev_routes_asked",
+        attr="routes_asked",
+        json=BOTH,
+    ),
+    CounterSpec(
         "ev_losses_delayed",
         Source.EVS,
         "Losses not held against their EV: the first of an episode on a path whose queueing "
@@ -230,6 +239,8 @@ class EVSet:
         self._held = []
         self.held_next = _INF  # the earliest due (read per ACK: ``judge_held``)
         self._held_order = itertools.count()
+        # EVs whose routes a held loss asks about: the QP probes each (``_ask``)
+        self.asks: list[int] = []
         self._start_judging()
         self._start_counters()
         self._rebuild()
@@ -310,6 +321,7 @@ class EVSet:
         self.losses_route_alive = 0  # losses not held against an EV: its route delivered since
         self.losses_delayed = 0  # losses not held against an EV: its path's delay had risen
         self.assumed_bad_false = 0  # retirements later proved false
+        self.routes_asked = 0  # probes asked for by held losses (``_ask``)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -538,6 +550,10 @@ class EVSet:
             for ev, route in enumerate(self.routes)
         ]
         self.route_alive_sent = [_NEG_INF] * len(index)
+        # per route index: the send time of the latest probe of it answered, and when it was
+        # last asked (``_ask``)
+        self.route_answered_sent = [_NEG_INF] * len(index)
+        self._asked = [_NEG_INF] * len(index)
 
     # ---- CE penalties ------------------------------------------------------------------
 
@@ -691,8 +707,10 @@ class EVSet:
         if congestion_since is not None and sent_at is not None and self.delay.enabled:
             ix = self.route_ix[ev]
             siblings = len(self._plane_routes[plane]) - 1 if known else 0
-            if self.delay.delayed(plane, congestion_since) or (
-                siblings and self.delay.siblings_lost(ix, plane, congestion_since)
+            if (
+                self.delay.delayed(plane, congestion_since)
+                or (siblings and self.delay.siblings_lost(ix, plane, congestion_since))
+                or (known and self.route_answered_sent[ix] > sent_at)
             ):
                 alive = self.route_alive_sent[ix]
                 if self.delay.excuses(ix, sent_at, alive, episode, LATE_LOSSES, plane, siblings):
@@ -706,6 +724,7 @@ class EVSet:
                 # ``until``
                 if hold:
                     until = now + max(HELD_WINDOWS * episode, sent_at - congestion_since)
+                    self._ask(ev, sent_at, now, until - now)
                 held: _Held = (
                     ev,
                     reason,
@@ -748,9 +767,37 @@ class EVSet:
         if not self._route_known[plane]:
             return False
         ix = self.route_ix[ev]
-        return self.route_alive_sent[ix] <= sent_at and not self.delay.lost_after(
-            ix, plane, sent_at
+        return (
+            self.route_alive_sent[ix] <= sent_at
+            and self.route_answered_sent[ix] <= sent_at
+            and not self.delay.lost_after(ix, plane, sent_at)
         )
+
+    def _ask(self, ev: int, sent_at: float, now: float, wait: float) -> None:
+        """Ask ``ev``'s route whether it works: a probe on ``ev`` (the QP sends those of
+        ``asks``), unless one left since the packet lost at ``sent_at``, less than ``wait``
+        ago. A loss with nothing to tell a full queue from a dead route is otherwise judged by
+        the route's next data packet, which a sparse route sends tens of ms later; a probe's
+        answer comes back in a round trip, and a small probe fits a tail-drop queue that had no
+        room for a full packet (``route_answered``)."""
+        if not self.config.ask_routes or not self._route_known[self.planes[ev]]:
+            return
+        ix = self.route_ix[ev]
+        asked = self._asked[ix]
+        if asked > sent_at and now - asked < wait:
+            return
+        self._asked[ix] = now
+        self.asks.append(ev)
+        self.routes_asked += 1
+
+    def route_answered(self, ev: int, sent: float) -> None:
+        """A probe of GOOD ``ev`` sent at ``sent`` was answered: its route carried a packet
+        then. Losses of its packets sent before are then congestion as a delay rise makes
+        them (within an episode, ``lost``): a route that loses data while it answers probes
+        loses more than its episode allows, and is retired all the same."""
+        ix = self.route_ix[ev]
+        if sent > self.route_answered_sent[ix] and self.config.ask_routes:
+            self.route_answered_sent[ix] = sent
 
     def ack_lost(self, ev: int, now: float, span: float) -> None:
         """An ACK sent on ``ev`` was lost (data arrived twice, docs/EV_HEALTH.md). The first

@@ -388,6 +388,7 @@ class QueuePair:
                 if self.reverse.answered(ev):
                     self.stats.reverse_probes_answered += 1
                     self.evs.path_answered(ev, now - rtt)
+                self.evs.route_answered(ev, now - rtt)
                 self._events.append(ProbeReplied(self.qpn, ev, rtt))
             return
         if self.remote_qpn is None:
@@ -408,6 +409,11 @@ class QueuePair:
         if self.config.ev_health and self.remote_qpn is not None and not self.failed:
             for ev in self.evs.probes_due(now):
                 self.send_probe(ev, now)
+            asks = self.evs.asks
+            if asks:  # held losses ask their routes (EVSet._ask)
+                for ev in asks:
+                    self.send_probe(ev, now)
+                asks.clear()
             at = self.reverse.due_at
             if at is not None and now >= at:
                 self._probe_reverse(now)

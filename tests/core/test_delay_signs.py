@@ -230,3 +230,77 @@ def test_a_dead_route_whose_siblings_lose_too_is_still_retired_within_a_few_send
     # the siblings losing every send: a plane that loses everything, which its loss streak
     # takes down (plane_dead_losses), not the route rule
     assert _sends_until_retired(1) == 200
+
+
+def test_a_held_loss_asks_its_route_once_and_an_answer_after_it_is_congestion() -> None:
+    """No evidence either way: the loss asks its route (a probe on its EV, which the QP
+    sends); the route answering a probe sent after the lost packet says it works, so the
+    packet was a full queue's (the last hop tail-drops full packets, and a small probe still
+    fits)."""
+    evs = _evs(routes=ROUTES, plane_dead_losses=100)
+    _lose(evs, 0, 1.001, 1.004)
+    assert evs.asks == [0] and evs.routes_asked == 1
+    evs.asks.clear()  # the QP sent the probe
+    _lose(evs, 4, 1.002, 1.0045)  # the same route, its question still open: not asked again
+    assert evs.asks == [] and evs.routes_asked == 1
+    evs.route_answered(4, 1.0041)  # the probe, sent at 1.0041, came back
+    evs.judge_held(1.0045 + SPAN)
+    assert evs.state[0] == evs.state[4] == EVState.GOOD and evs.losses_delayed == 2
+    assert evs.held_next == float("inf")
+    assert evs.counters()["ev_routes_asked"] == 1
+
+
+def test_an_answer_to_a_probe_sent_before_the_loss_excuses_nothing() -> None:
+    evs = _evs(routes=ROUTES, plane_dead_losses=100)
+    evs.route_answered(0, 1.0005)  # the route worked before the packet left
+    _lose(evs, 0, 1.001, 1.004)
+    until = 1.004 + max(HELD_WINDOWS * SPAN, MEMORY)
+    while evs.held_next <= until:
+        evs.judge_held(evs.held_next)
+    assert evs.state[0] == EVState.ASSUMED_BAD and evs.losses_delayed == 0
+
+
+def test_a_route_unasked_again_only_after_its_question_went_unanswered_for_the_hold() -> None:
+    evs = _evs(routes=ROUTES, plane_dead_losses=100)
+    _lose(evs, 0, 1.001, 1.004)
+    evs.asks.clear()
+    hold = max(HELD_WINDOWS * SPAN, MEMORY)
+    _lose(evs, 4, 1.002, 1.004 + hold - 0.0001)  # the question is still fresh
+    assert evs.asks == []
+    _lose(evs, 4, 1.003, 1.004 + hold + 0.0001)  # unanswered for as long as a hold: ask again
+    assert evs.asks == [4] and evs.routes_asked == 2
+
+
+def test_a_route_that_answers_probes_but_loses_its_data_is_still_retired() -> None:
+    """Small probes get through, full packets do not (an MTU black hole, a lossy link): the
+    answers excuse an episode's losses only, as a delay rise does."""
+    evs = _evs(routes=ROUTES, plane_dead_losses=1000)
+    for k in range(50):
+        sent = 1.0 + 0.002 * k
+        _lose(evs, 0 if k % 2 else 4, sent, sent + 0.003)
+        for ev in evs.asks:
+            evs.route_answered(ev, sent + 0.0031)
+        evs.asks.clear()
+        evs.judge_held(sent + 0.003 + SPAN)
+        if EVState.ASSUMED_BAD in (evs.state[0], evs.state[4]):
+            break
+    # the episode's sends within its span, LATE_LOSSES more, and one, as a delay rise allows
+    assert k + 1 <= SPAN / 0.002 + LATE_LOSSES + 2, k
+    assert evs.losses_delayed >= 1
+
+
+def test_asking_routes_off_leaves_the_loss_to_the_route_s_next_packet() -> None:
+    evs = _evs(routes=ROUTES, plane_dead_losses=100, ask_routes=False)
+    _lose(evs, 0, 1.001, 1.004)
+    assert evs.asks == [] and evs.routes_asked == 0
+    evs.route_answered(0, 1.0041)  # ignored
+    until = 1.004 + max(HELD_WINDOWS * SPAN, MEMORY)
+    while evs.held_next <= until:
+        evs.judge_held(evs.held_next)
+    assert evs.state[0] == EVState.ASSUMED_BAD
+
+
+def test_without_known_routes_nothing_is_asked() -> None:
+    evs = _evs()
+    _lose(evs, 0, 1.001, 1.004)
+    assert evs.asks == [] and evs.routes_asked == 0

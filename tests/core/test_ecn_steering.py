@@ -154,6 +154,54 @@ def test_losses_after_the_delay_rose_retire_few_evs_without_marks() -> None:
     assert told["evs_assumed_bad"] <= 3, told  # 0 measured: the routes lose together
 
 
+def _untold(**config: object) -> dict[str, int]:
+    """8 senders -> r over 4 planes x 4 spines, the last hop a quarter of what the senders are
+    told (200 against 50 Mbit/s a plane), a plain FIFO of 9 ms that tail-drops by bytes (no
+    band for control packets: a probe waits and drops as a tc tbf makes it), no marks:
+    tools/bench_share.py --no-trim --reshape 50mbit, whose queue stays full from the first
+    flight, so its QPs see no delay rise. ``config``: QPConfig fields."""
+    net = RecordingNetwork(5, Faults(delay=50e-6, jitter=50e-6))
+    links = LinkSpec(rate=2 * RATE, queue=250_000, delay=10e-6)
+    last = LinkSpec(rate=RATE / 2, queue=56_250, delay=5e-6, priority=False)
+    fab = Fabric(nic=links, up=links, down=links, lasthop=last, spines=4)
+    net.set_fabric(fab)
+    senders = [f"s{i}" for i in range(8)]
+    for h in ["r", *senders]:
+        net.add_host(h)
+    transfers = []
+    size = 3_000_000
+    for i, src in enumerate(senders):
+        cfg = QPConfig(payload_size=8192, line_rate_bps=4 * 2 * RATE * 8)
+        cfg.max_outstanding, cfg.psn_window = 512, 2048  # mrc-send's cap
+        for k, v in config.items():
+            setattr(cfg, k, v)
+        qa, qb = net.connect(src, "r", evs=128, config=cfg, qpn_a=i + 1, qpn_b=i + 1, planes=4)
+        t = make_transfer(net, src, "r", qa, qb, [size], 200 + i)
+        t.post(0, 0, _pattern(size, i))
+        transfers.append(t)
+    assert run_until(net, transfers)
+    for t in transfers:
+        t.check_final()
+    assert fab.total("dropped") > 300 and fab.total("lost_down") == 0
+    total: Counter[str] = Counter()
+    for t in transfers:
+        total.update(t.qp.evs.counters())
+    return dict(total)
+
+
+def test_untold_tail_drops_ask_their_routes_and_retire_few_evs() -> None:
+    """Most losses there have no delay rise nor a sibling's loss of the same QP to excuse them,
+    and a route of 8 senders' QPs sends a packet every few tens of ms: waiting for its next one
+    retired the EV. Asking the route (a probe) answers in a round trip: measured 1 EV retired
+    against 20 without asking (all false: nothing failed)."""
+    asked = _untold()
+    unasked = _untold(ask_routes=False)
+    assert unasked["evs_assumed_bad"] >= 12, unasked
+    assert unasked["ev_routes_asked"] == 0
+    assert asked["ev_routes_asked"] > 20, asked
+    assert asked["evs_assumed_bad"] <= 0.25 * unasked["evs_assumed_bad"], (asked, unasked)
+
+
 def test_a_dead_link_still_retires_its_evs_and_they_are_not_false() -> None:
     links = LinkSpec(rate=4 * RATE, queue=200_000, delay=20e-6)
     fab = Fabric(up=links, down=links, lasthop=links, spines=2)
