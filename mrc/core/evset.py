@@ -725,6 +725,8 @@ class EVSet:
                 if hold:
                     until = now + max(HELD_WINDOWS * episode, sent_at - congestion_since)
                     self._ask(ev, sent_at, now, until - now)
+                else:  # asked, unanswered: a small probe can be dropped too; ask once more
+                    self._ask(ev, sent_at, now, 2 * episode)
                 held: _Held = (
                     ev,
                     reason,

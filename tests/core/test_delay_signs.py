@@ -271,6 +271,25 @@ def test_a_route_unasked_again_only_after_its_question_went_unanswered_for_the_h
     assert evs.asks == [4] and evs.routes_asked == 2
 
 
+def test_an_unanswered_question_is_asked_once_more_while_the_loss_is_held() -> None:
+    """A small probe fits a full queue far more often than a full packet, but not always: the
+    loss asks again two windows on, still within its hold, so a dead route is retired no later
+    than before."""
+    evs = _evs(routes=ROUTES, plane_dead_losses=100)
+    _lose(evs, 0, 1.001, 1.004)
+    evs.asks.clear()
+    evs.route_alive_sent[evs.route_ix[2]] = 1.004  # the sibling delivers
+    evs.judge_held(1.004 + SPAN)  # asked a window ago: not yet
+    assert evs.asks == []
+    evs.judge_held(1.004 + 2 * SPAN)
+    assert evs.asks == [0] and evs.routes_asked == 2
+    evs.asks.clear()
+    evs.judge_held(1.004 + 3 * SPAN)
+    assert evs.asks == [] and evs.state[0] == EVState.GOOD
+    evs.judge_held(1.004 + 4 * SPAN)  # unanswered: judged at the bound, as before
+    assert evs.state[0] == EVState.ASSUMED_BAD and evs.held_next == float("inf")
+
+
 def test_a_route_that_answers_probes_but_loses_its_data_is_still_retired() -> None:
     """Small probes get through, full packets do not (an MTU black hole, a lossy link): the
     answers excuse an episode's losses only, as a delay rise does."""
