@@ -301,6 +301,10 @@ class EVSet:
         # send time of the latest packet known delivered, per plane: a loss of a packet sent
         # no later than that is no evidence against the plane (it worked after that send)
         self.plane_alive_sent = [_NEG_INF] * self.nplanes
+        # the same from probes of GOOD EVs answered (``route_answered``), for the streak only:
+        # loss detection reads ``plane_alive_sent`` as the plane's FIFO order, which a probe
+        # need not keep (a switch may serve small control packets first)
+        self.plane_answered_sent = [_NEG_INF] * self.nplanes
 
     def _start_judging(self) -> None:
         # retirements still being judged (``evs_assumed_bad_false``): ev -> (plane, route,
@@ -697,7 +701,11 @@ class EVSet:
         # the plane's streak takes every loss its path's delay may yet excuse, as before
         # there was delay evidence: losses of a live plane are interleaved with deliveries
         # that reset it, and a whole plane that dies is found as fast as ever
-        if plane_evidence and sent_at is not None and sent_at <= self.plane_alive_sent[plane]:
+        if (
+            plane_evidence
+            and sent_at is not None
+            and sent_at <= max(self.plane_alive_sent[plane], self.plane_answered_sent[plane])
+        ):
             plane_evidence = False
         if plane_evidence:
             self.loss_streak[plane] += 1
@@ -797,9 +805,19 @@ class EVSet:
         then. Losses of its packets sent before are then congestion as a delay rise makes
         them (within an episode, ``lost``): a route that loses data while it answers probes
         loses more than its episode allows, and is retired all the same."""
+        if not self.config.ask_routes:
+            return
         ix = self.route_ix[ev]
-        if sent > self.route_answered_sent[ix] and self.config.ask_routes:
+        if sent > self.route_answered_sent[ix]:
             self.route_answered_sent[ix] = sent
+        # its plane carried the probe: its loss streak starts again, as for any delivery, and
+        # losses sent before the probe are no evidence that the plane is dead (where the
+        # routes' losses are asked about, the retired EVs whose answered health probes did
+        # this are few)
+        plane = self.planes[ev]
+        self.loss_streak[plane] = 0
+        if sent > self.plane_answered_sent[plane]:
+            self.plane_answered_sent[plane] = sent
 
     def ack_lost(self, ev: int, now: float, span: float) -> None:
         """An ACK sent on ``ev`` was lost (data arrived twice, docs/EV_HEALTH.md). The first

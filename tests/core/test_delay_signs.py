@@ -323,3 +323,20 @@ def test_without_known_routes_nothing_is_asked() -> None:
     evs = _evs()
     _lose(evs, 0, 1.001, 1.004)
     assert evs.asks == [] and evs.routes_asked == 0
+
+
+def test_an_answer_restarts_its_plane_s_loss_streak_and_older_losses_do_not_count() -> None:
+    """An answered probe is a delivery on its plane, as a health probe's is: fewer EVs
+    retired meant fewer health probes, and streaks of tail drops no answer reset took live
+    planes down."""
+    evs = _evs(routes=ROUTES, plane_dead_losses=3)
+    evs.lost(0, 1.004, EVReason.SACK_LOSS, sent_at=1.001)
+    evs.lost(2, 1.004, EVReason.SACK_LOSS, sent_at=1.002)
+    assert evs.loss_streak[0] == 2
+    evs.route_answered(4, 1.003)
+    assert evs.loss_streak[0] == 0 and evs.plane_alive_sent[0] == float("-inf")  # streak only
+    evs.lost(6, 1.005, EVReason.SACK_LOSS, sent_at=1.0025)  # sent before the probe
+    assert evs.loss_streak[0] == 0
+    for ev, sent in ((0, 1.0035), (2, 1.0036), (4, 1.0037)):
+        evs.lost(ev, 1.006, EVReason.SACK_LOSS, sent_at=sent)
+    assert evs.plane_down[0]  # three sent after it: a dead plane is found as before
