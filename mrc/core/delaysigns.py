@@ -32,10 +32,14 @@ what the window law reads anyway; here it is remembered per path, as CE marks ar
 from __future__ import annotations
 
 _NEG_INF = float("-inf")
-_NO_EPISODE = (_NEG_INF, 0, _NEG_INF, 0)
+_NO_EPISODE = (_NEG_INF, 0, _NEG_INF, 0, _NEG_INF)
 _NO_LOSS = (_NEG_INF, 0)
 #: sends lost beyond an episode's span, with nothing delivered, still taken for congestion
 LATE_LOSSES = 3
+#: sends lost beyond those still taken for congestion while the path answers probes sent after
+#: its previous lost send (EVSet.route_answered): it works, and its full packets meet a full
+#: queue that small probes still fit
+ANSWERED_LOSSES = 6
 #: a loss with no congestion seen is held at most this many reordering windows (or the CE
 #: memory, if longer), while its route has neither delivered a packet sent after it nor lost
 #: one (EVSet.judge_held)
@@ -52,8 +56,9 @@ class DelaySigns:
         self.base = [float("inf")] * nplanes  # smallest RTT sample per plane
         self._plane_at = [_NEG_INF] * nplanes  # latest delayed sample per plane
         # path key -> (send time of its episode's first loss, sends lost since beyond the
-        # span, the latest of them, its plane's sibling losses when the episode began)
-        self._episode: dict[int, tuple[float, int, float, int]] = {}
+        # span, the latest of them, its plane's sibling losses when the episode began, the
+        # send time of the lost send before the latest)
+        self._episode: dict[int, tuple[float, int, float, int, float]] = {}
         # path key -> (send time of its latest lost packet, sends it lost), and per plane the
         # sends lost on all its paths: its siblings' losses are the difference (``note_lost``)
         self._lost: dict[int, tuple[float, int]] = {}
@@ -115,6 +120,8 @@ class DelaySigns:
         late: int = 0,
         plane: int = -1,
         siblings: int = 0,
+        answered: float = _NEG_INF,
+        more: int = 0,
     ) -> bool:
         """Whether a loss on path ``key`` of a packet sent at ``sent_at`` may be congestion:
         it starts an episode (the path delivered a packet sent at or after the last
@@ -134,19 +141,34 @@ class DelaySigns:
         that arrive while it is full, and one route's run of losses is as long as theirs. A
         dead route loses all of its sends, its siblings only their share of the congestion
         (a fraction ``p`` of theirs), so it is still found after about ``late / (1 - p)``
-        sends, and as before where they lose none."""
-        start, lost, last, sib0 = self._episode.get(key, _NO_EPISODE)
+        sends, and as before where they lose none.
+
+        ``answered``: the send time of the latest probe of the path answered. If that probe
+        left after the lost send before this one, ``late`` grows by ``more``: the path works
+        (a dead one answers nothing, so it is found as before, one send later at most if it
+        died within the episode), and behind a queue that stays full a route of a QP that
+        sends seldom loses a run of sends its siblings may not (its next sends meet the same
+        full queue). A route that answers probes but loses every full packet (an MTU black
+        hole) is still found, ``more`` sends later."""
+        start, lost, last, sib0, prev = self._episode.get(key, _NO_EPISODE)
         if start == _NEG_INF or alive_sent >= start:
             sib = self._siblings_lost(key, plane) if siblings else 0
-            self._episode[key] = (sent_at, 0, sent_at, sib)
+            self._episode[key] = (sent_at, 0, sent_at, sib, _NEG_INF)
             return True
         if sent_at - start < span:
             return True
         if sent_at != last:  # the packets of one burst leave together: one send
             lost += 1
-            self._episode[key] = (start, lost, sent_at, sib0)
+            prev = last
+            self._episode[key] = (start, lost, sent_at, sib0, prev)
+        if answered > prev:
+            late += more
         if lost <= late:
             return True
         return bool(siblings) and lost * siblings <= (
             late * siblings + self._siblings_lost(key, plane) - sib0
         )
+
+    def late_sends(self, key: int) -> int:
+        """Sends path ``key`` lost beyond its current episode's span (0: none, or none yet)."""
+        return self._episode.get(key, _NO_EPISODE)[1]

@@ -54,7 +54,7 @@ from mrc import wire
 from mrc.core.cepenalty import CEPenalties
 from mrc.core.config import EVConfig
 from mrc.core.counters import BOTH, CounterSpec, Source
-from mrc.core.delaysigns import HELD_WINDOWS, LATE_LOSSES, DelaySigns
+from mrc.core.delaysigns import ANSWERED_LOSSES, HELD_WINDOWS, LATE_LOSSES, DelaySigns
 from mrc.core.events import EVReason, EVState, EVStateChanged
 from mrc.core.evprobes import EVProbes
 from mrc.core.planesteer import PlaneSteering
@@ -709,9 +709,15 @@ class EVSet:
             plane_evidence = False
         if plane_evidence:
             self.loss_streak[plane] += 1
-        if self.loss_streak[plane] >= self.config.plane_dead_losses and not self.plane_down[plane]:
-            self.set_plane_down(plane, now, EVReason.PLANE_DOWN, str(self.loss_streak[plane]))
+        streak = self.loss_streak[plane]
+        if streak >= self.config.plane_dead_losses and not self.plane_down[plane]:
+            self.set_plane_down(plane, now, EVReason.PLANE_DOWN, str(streak))
             return
+        if plane_evidence and episode > 0 and 2 * streak >= self.config.plane_dead_losses:
+            # half a dead plane's streak: ask whether the plane works, so that an answer can
+            # end a streak of tail drops (a full queue dropping a QP's every send for tens of
+            # ms) before it takes a live plane down; a dead plane answers nothing
+            self._ask(ev, sent_at or now, now, 2 * episode, plane_wide=True)
         if congestion_since is not None and sent_at is not None and self.delay.enabled:
             ix = self.route_ix[ev]
             siblings = len(self._plane_routes[plane]) - 1 if known else 0
@@ -721,7 +727,17 @@ class EVSet:
                 or (known and self.route_answered_sent[ix] > sent_at)
             ):
                 alive = self.route_alive_sent[ix]
-                if self.delay.excuses(ix, sent_at, alive, episode, LATE_LOSSES, plane, siblings):
+                answered = self.route_answered_sent[ix]
+                more = ANSWERED_LOSSES if self.config.ask_routes else 0
+                late = LATE_LOSSES
+                excused = self.delay.excuses(
+                    ix, sent_at, alive, episode, late, plane, siblings, answered, more
+                )
+                if known and self.delay.late_sends(ix):
+                    # a run of lost sends beyond the episode: ask whether the route works, so
+                    # the answer is in when its next loss is judged
+                    self._ask(ev, sent_at, now, 2 * episode)
+                if excused:
                     self.losses_delayed += 1
                     return
             elif hold or (now < until and episode > 0 and self._route_undecided(ev, sent_at)):
@@ -783,14 +799,19 @@ class EVSet:
             and not self.delay.lost_after(ix, plane, sent_at)
         )
 
-    def _ask(self, ev: int, sent_at: float, now: float, wait: float) -> None:
+    def _ask(
+        self, ev: int, sent_at: float, now: float, wait: float, plane_wide: bool = False
+    ) -> None:
         """Ask ``ev``'s route whether it works: a probe on ``ev`` (the QP sends those of
         ``asks``), unless one left since the packet lost at ``sent_at``, less than ``wait``
         ago. A loss with nothing to tell a full queue from a dead route is otherwise judged by
         the route's next data packet, which a sparse route sends tens of ms later; a probe's
         answer comes back in a round trip, and a small probe fits a tail-drop queue that had no
-        room for a full packet (``route_answered``)."""
-        if not self.config.ask_routes or not self._route_known[self.planes[ev]]:
+        room for a full packet (``route_answered``). ``plane_wide``: for the plane's loss
+        streak, which needs no known routes (the EV is then its own path)."""
+        if not self.config.ask_routes:
+            return
+        if not plane_wide and not self._route_known[self.planes[ev]]:
             return
         ix = self.route_ix[ev]
         asked = self._asked[ix]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from mrc.core.config import EVConfig
-from mrc.core.delaysigns import HELD_WINDOWS, LATE_LOSSES
+from mrc.core.delaysigns import ANSWERED_LOSSES, HELD_WINDOWS, LATE_LOSSES
 from mrc.core.events import EVReason, EVState
 from mrc.core.evset import EVSet
 
@@ -303,9 +303,37 @@ def test_a_route_that_answers_probes_but_loses_its_data_is_still_retired() -> No
         evs.judge_held(sent + 0.003 + SPAN)
         if EVState.ASSUMED_BAD in (evs.state[0], evs.state[4]):
             break
-    # the episode's sends within its span, LATE_LOSSES more, and one, as a delay rise allows
-    assert k + 1 <= SPAN / 0.002 + LATE_LOSSES + 2, k
+    # the episode's sends within its span, LATE_LOSSES and ANSWERED_LOSSES more, and one
+    assert k + 1 == SPAN / 0.002 + LATE_LOSSES + ANSWERED_LOSSES + 1, k
     assert evs.losses_delayed >= 1
+
+
+def _late_sends_until_retired(answers_until: int) -> int:
+    """Route 0 on a delayed plane loses every send (one every 2 ms); after each loss found
+    it is asked, and answers a probe sent 1 ms after the lost send while ``k <
+    answers_until``. The send (its index) whose loss retired an EV."""
+    evs = _evs(routes=ROUTES, plane_dead_losses=1000)
+    for k in range(100):
+        sent = 1.0 + 0.002 * k
+        evs.delay.sample(0, DELAYED, sent)
+        _lose(evs, 0 if k % 2 else 4, sent, sent + 0.003)
+        if EVState.ASSUMED_BAD in (evs.state[0], evs.state[4]):
+            return k
+        if evs.asks and k < answers_until:  # asked (at most once a route a while): answered
+            evs.route_answered(evs.asks[0], sent + 0.003)
+        evs.asks.clear()
+    return 100
+
+
+def test_answers_allow_a_route_more_lost_sends_and_a_route_that_dies_is_found_as_before() -> None:
+    """While the route answers probes sent after its previous lost send, ANSWERED_LOSSES more
+    sends; once it stops answering (it died), its second lost send after that retires it (a
+    route is asked every other send here: a question still open covers the next loss)."""
+    never = _late_sends_until_retired(0)
+    assert never == SPAN / 0.002 + LATE_LOSSES  # as without asking: k = 5
+    assert _late_sends_until_retired(100) == never + ANSWERED_LOSSES
+    for died in (6, 7, 8, 9):  # its first unanswered question: at send ``died`` or the next
+        assert died < _late_sends_until_retired(died) <= died + 2, died
 
 
 def test_asking_routes_off_leaves_the_loss_to_the_route_s_next_packet() -> None:
@@ -340,3 +368,23 @@ def test_an_answer_restarts_its_plane_s_loss_streak_and_older_losses_do_not_coun
     for ev, sent in ((0, 1.0035), (2, 1.0036), (4, 1.0037)):
         evs.lost(ev, 1.006, EVReason.SACK_LOSS, sent_at=sent)
     assert evs.plane_down[0]  # three sent after it: a dead plane is found as before
+
+
+def test_half_a_dead_plane_s_streak_asks_and_an_answer_ends_it() -> None:
+    """A full queue can drop a QP's every send on a plane for tens of ms, on every route
+    (congestion: no route is to blame), and its loss streak took live planes down. Half way
+    there, the plane is asked; a dead plane answers nothing and goes down as before."""
+    for answered in (True, False):
+        evs = _evs(plane_dead_losses=8)  # no routes known: nothing else asks
+        asked: list[int] = []
+        for k in range(8):
+            sent = 1.0 + 0.002 * k
+            evs.delay.sample(0, DELAYED, sent)
+            _lose(evs, (2 * k) % 8, sent, sent + 0.01)
+            asked += evs.asks
+            if evs.asks and answered:
+                evs.route_answered(evs.asks[0], sent + 0.01)  # sent after this loss
+            evs.asks.clear()
+        assert asked, answered  # asked from the 4th loss on
+        assert evs.plane_down[0] == (not answered), answered
+        assert evs.loss_streak[0] < 4 if answered else evs.planes_lost == 1
