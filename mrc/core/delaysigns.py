@@ -27,6 +27,10 @@ what the window law reads anyway; here it is remembered per path, as CE marks ar
   on average since the episode began; a dead route keeps losing while its siblings lose few
   or none, and is taken for dead as before. A loss with no evidence either way waits for
   its route's next packet, delivered or lost (``HELD_WINDOWS``, ``EVSet.judge_held``).
+* a route that answers a probe sent after its lost packet works (``EVSet._ask`` sends one;
+  a small probe fits a full tail-drop queue far more often than a full packet): evidence of
+  congestion too, and beyond the episode the route may lose ``ANSWERED_LOSSES`` more sends
+  while it answers probes sent after its previous lost one. A dead route answers nothing.
 """
 
 from __future__ import annotations

@@ -674,7 +674,10 @@ class EVSet:
         delivering nothing, has failed. A loss with no such evidence yet is held ``episode``
         seconds, and again while its route has neither delivered nor lost a packet sent after
         it, up to ``until`` (``judge_held``; ``hold`` False: a held loss judged now). Either
-        way the plane's loss streak takes the loss at once.
+        way the plane's loss streak takes the loss at once. A held loss, one beyond its
+        episode's span and half a dead plane's streak ask the route whether it works
+        (``_ask``): an answer to a probe sent after the packet is congestion evidence as well
+        (more lost sends allowed while it answers), and a delivery for the plane's streak.
 
         ``reason`` is one of the loss reasons of ``_TRANSITIONS`` (``detail`` completes its
         phrase, e.g. the OS error of a send error). ``plane_evidence``: whether the loss also
