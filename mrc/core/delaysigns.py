@@ -36,7 +36,7 @@ what the window law reads anyway; here it is remembered per path, as CE marks ar
 from __future__ import annotations
 
 _NEG_INF = float("-inf")
-_NO_EPISODE = (_NEG_INF, 0, _NEG_INF, 0, _NEG_INF)
+_NO_EPISODE = (_NEG_INF, 0, _NEG_INF, 0, _NEG_INF, _NEG_INF)
 _NO_LOSS = (_NEG_INF, 0)
 #: sends lost beyond an episode's span, with nothing delivered, still taken for congestion
 LATE_LOSSES = 3
@@ -60,9 +60,9 @@ class DelaySigns:
         self.base = [float("inf")] * nplanes  # smallest RTT sample per plane
         self._plane_at = [_NEG_INF] * nplanes  # latest delayed sample per plane
         # path key -> (send time of its episode's first loss, sends lost since beyond the
-        # span, the latest of them, its plane's sibling losses when the episode began, the
-        # send time of the lost send before the latest)
-        self._episode: dict[int, tuple[float, int, float, int, float]] = {}
+        # span, the one found last, its plane's sibling losses when the episode began, the
+        # latest send time among the episode's lost sends, the same before the one found last)
+        self._episode: dict[int, tuple[float, int, float, int, float, float]] = {}
         # path key -> (send time of its latest lost packet, sends it lost), and per plane the
         # sends lost on all its paths: its siblings' losses are the difference (``note_lost``)
         self._lost: dict[int, tuple[float, int]] = {}
@@ -148,23 +148,27 @@ class DelaySigns:
         sends, and as before where they lose none.
 
         ``answered``: the send time of the latest probe of the path answered. If that probe
-        left after the lost send before this one, ``late`` grows by ``more``: the path works
+        left after every earlier lost send of the episode (losses are found out of send
+        order too), ``late`` grows by ``more``: the path works
         (a dead one answers nothing, so it is found as before, one send later at most if it
         died within the episode), and behind a queue that stays full a route of a QP that
         sends seldom loses a run of sends its siblings may not (its next sends meet the same
         full queue). A route that answers probes but loses every full packet (an MTU black
         hole) is still found, ``more`` sends later."""
-        start, lost, last, sib0, prev = self._episode.get(key, _NO_EPISODE)
+        start, lost, last, sib0, top, prev = self._episode.get(key, _NO_EPISODE)
         if start == _NEG_INF or alive_sent >= start:
             sib = self._siblings_lost(key, plane) if siblings else 0
-            self._episode[key] = (sent_at, 0, sent_at, sib, _NEG_INF)
+            self._episode[key] = (sent_at, 0, sent_at, sib, sent_at, _NEG_INF)
             return True
         if sent_at - start < span:
+            if sent_at > top:
+                self._episode[key] = (start, lost, last, sib0, sent_at, prev)
             return True
         if sent_at != last:  # the packets of one burst leave together: one send
             lost += 1
-            prev = last
-            self._episode[key] = (start, lost, sent_at, sib0, prev)
+            prev = top
+            top = sent_at if sent_at > top else top
+            self._episode[key] = (start, lost, sent_at, sib0, top, prev)
         if answered > prev:
             late += more
         if lost <= late:

@@ -388,3 +388,24 @@ def test_half_a_dead_plane_s_streak_asks_and_an_answer_ends_it() -> None:
         assert asked, answered  # asked from the 4th loss on
         assert evs.plane_down[0] == (not answered), answered
         assert evs.loss_streak[0] < 4 if answered else evs.planes_lost == 1
+
+
+def test_an_answer_must_follow_every_earlier_lost_send_not_the_one_found_last() -> None:
+    """Losses are found out of send order: an old send found late must not make an answer
+    from before the route died look recent again."""
+    evs = _evs(routes=ROUTES, plane_dead_losses=1000)
+    prev = 1.000
+    for k, sent in enumerate((1.000, 1.010, 1.012, 1.014, 1.016, 1.018, 1.020)):
+        evs.delay.sample(0, DELAYED, sent)
+        evs.route_answered(0, prev + 0.001)  # it answered after its previous lost send
+        _lose(evs, 4 if k % 2 else 0, sent, sent + 0.003)
+        prev = sent
+    assert evs.state[0] == evs.state[4] == EVState.GOOD  # 6 late sends: answered, excused
+    evs.route_answered(0, 1.021)  # its last answer: then it dies
+    evs.delay.sample(0, DELAYED, 1.024)
+    _lose(evs, 0, 1.024, 1.027)  # answered after the previous lost send: excused
+    assert evs.state[0] == EVState.GOOD
+    _lose(evs, 0, 1.019, 1.028)  # an older send found late: nothing answered after 1.024
+    assert evs.state[0] == EVState.ASSUMED_BAD
+    _lose(evs, 4, 1.026, 1.029)  # its next send: the answer is older than 1.024 still
+    assert evs.state[4] == EVState.ASSUMED_BAD
