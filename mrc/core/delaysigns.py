@@ -30,7 +30,7 @@ what the window law reads anyway; here it is remembered per path, as CE marks ar
 * a route that answers a probe sent after its lost packet works (``EVSet._ask`` sends one;
   a small probe fits a full tail-drop queue far more often than a full packet): evidence of
   congestion too, and beyond the episode the route may lose ``ANSWERED_LOSSES`` more sends
-  while it answers probes sent after its previous lost one. A dead route answers nothing.
+  while it answers probes sent after its latest lost one. A dead route answers nothing.
 """
 
 from __future__ import annotations
