@@ -222,6 +222,12 @@ class ControlChannel:
         self._received += 1
         return _parse(plain)
 
+    def peer_closed(self) -> bool:
+        """Whether the peer's close (its FIN) has arrived, lines it sent before it may still
+        be unread. (``StreamReader.at_eof`` also wants them read; a reset that follows the
+        FIN is raised before them.)"""
+        return bool(getattr(self.reader, "_eof", False))
+
     def close(self) -> None:
         if not self.writer.is_closing():
             self.writer.close()

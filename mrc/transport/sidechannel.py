@@ -254,6 +254,12 @@ class SideChannel:
                     return
                 self._take(obj)
         except ControlError as exc:
+            if path.peer_closed():
+                # the peer closed this path, then its host reset it for what we sent after
+                # (our acknowledgement of its last message): a close, not a broken plane
+                self._eof = True
+                self._drop(plane, path, str(exc), notify=False)
+                return
             self._drop(plane, path, str(exc))
 
     # ---- messages ----------------------------------------------------------------------

@@ -103,6 +103,37 @@ async def test_a_broken_path_costs_nothing_while_another_lives(which: int) -> No
         assert conn.side.planes == [0, 1]
 
 
+async def test_a_path_the_peer_closed_then_reset_is_no_lost_plane() -> None:
+    """A peer done with the transfer sends its last message on every path and closes them;
+    our acknowledgement of it meets a closed socket, and the peer's host answers with a reset.
+    Where the reset arrives before this path's reader read what came with the close, the
+    path was closed, not broken: no plane is reported lost (it once made mrc-send warn
+    "plane 1 lost" after a good transfer). The arrival order is set on our path's reader
+    directly, in one step, as the kernel and the event loop can deliver it."""
+    async with two_plane_pair() as (conn, peer):
+        lost: list[tuple[int, bool, str]] = []
+        conn.side.on_path = lambda p, up, why: lost.append((p, up, why))
+        await peer.send_message({"type": "x"})
+        assert (await conn.recv_message(timeout=5)) == {"type": "x"}
+        reader = conn.side._paths[1].reader
+        reader.feed_data(b'{"n": 0, "m": {"type": "x"}}\n')  # the copy on plane 1
+        reader.feed_eof()
+        reader.set_exception(ConnectionResetError(104, "Connection reset by peer"))
+        await until(lambda: 1 not in conn.side._paths, "the reset path was kept")
+        assert lost == []
+        assert conn.side._eof
+
+
+async def test_a_reset_without_a_close_is_a_lost_plane() -> None:
+    """The same reset with no close before it is a broken path, as before."""
+    async with two_plane_pair() as (conn, peer):
+        lost: list[tuple[int, bool, str]] = []
+        conn.side.on_path = lambda p, up, why: lost.append((p, up, why))
+        conn.side._paths[1].reader.set_exception(ConnectionResetError(104, "reset"))
+        await until(lambda: lost, "the broken path was not noticed")
+        assert lost[0][:2] == (1, False) and "reset" in lost[0][2]
+
+
 async def test_a_path_joined_later_gets_what_was_not_acknowledged() -> None:
     """Messages sent while the receiver read nothing: a new path replays them in order, and
     the receiver takes each once."""
