@@ -83,6 +83,21 @@ def test_a_marked_spine_gets_less_traffic_while_marked_and_all_of_it_back_after(
 NO_DELAY = {"delay_evidence_min": 0.0, "delay_evidence_fraction": 0.0}
 
 
+def _counted(
+    net: RecordingNetwork, fab: Fabric, transfers: list[Transfer], dropped_over: int
+) -> dict[str, int]:
+    """Run ``transfers`` to the end, check every byte, and sum their EV counters; the fabric
+    must have tail-dropped more than ``dropped_over`` packets and lost none to a link down."""
+    assert run_until(net, transfers)
+    for t in transfers:
+        t.check_final()
+    assert fab.total("dropped") > dropped_over and fab.total("lost_down") == 0
+    total: Counter[str] = Counter()
+    for t in transfers:
+        total.update(t.qp.evs.counters())
+    return dict(total)
+
+
 def _incast(ecn: int | None, **config: float) -> dict[str, int]:
     """8 senders -> b through a last hop with a 10 kB queue that tail-drops (no trimming):
     pure congestion, no failure anywhere. ``config``: QPConfig fields."""
@@ -108,14 +123,7 @@ def _incast(ecn: int | None, **config: float) -> dict[str, int]:
         t = make_transfer(net, src, "b", qa, qb, [200_000], 100 + i)
         t.post(0, 0, _pattern(200_000, i))
         transfers.append(t)
-    assert run_until(net, transfers)
-    for t in transfers:
-        t.check_final()
-    assert fab.total("dropped") > 100 and fab.total("lost_down") == 0
-    total: Counter[str] = Counter()
-    for t in transfers:
-        total.update(t.qp.evs.counters())
-    return dict(total)
+    return _counted(net, fab, transfers, dropped_over=100)
 
 
 def test_congestion_losses_on_marked_paths_retire_far_fewer_evs_and_retirements_are_false() -> None:
@@ -179,14 +187,7 @@ def _untold(**config: object) -> dict[str, int]:
         t = make_transfer(net, src, "r", qa, qb, [size], 200 + i)
         t.post(0, 0, _pattern(size, i))
         transfers.append(t)
-    assert run_until(net, transfers)
-    for t in transfers:
-        t.check_final()
-    assert fab.total("dropped") > 300 and fab.total("lost_down") == 0
-    total: Counter[str] = Counter()
-    for t in transfers:
-        total.update(t.qp.evs.counters())
-    return dict(total)
+    return _counted(net, fab, transfers, dropped_over=300)
 
 
 def test_untold_tail_drops_ask_their_routes_and_retire_few_evs() -> None:
