@@ -730,11 +730,18 @@ class EVSet:
                 or (known and self.route_answered_sent[ix] > sent_at)
             ):
                 alive = self.route_alive_sent[ix]
+                # (with ask_routes off no answer is ever recorded: the route's stays -inf)
                 answered = self.route_answered_sent[ix]
-                more = ANSWERED_LOSSES if self.config.ask_routes else 0
-                late = LATE_LOSSES
                 excused = self.delay.excuses(
-                    ix, sent_at, alive, episode, late, plane, siblings, answered, more
+                    ix,
+                    sent_at,
+                    alive,
+                    episode,
+                    LATE_LOSSES,
+                    plane,
+                    siblings,
+                    answered,
+                    ANSWERED_LOSSES,
                 )
                 if known and self.delay.late_sends(ix):
                     # a run of lost sends beyond the episode: ask whether the route works, so
