@@ -1,9 +1,11 @@
 """A QP's line rate from what the host can know (issue 39): the speed of the NIC that owns each
 plane's local address (``/sys/class/net/DEV/speed``) or, given an mrc-fabric topology, the rate
-of that address's host-leaf link. The sum over the planes becomes ``QPConfig.line_rate_bps``,
-with which UET's NSCC bounds its window at 1.5 x the bandwidth-delay product
-(mrc/core/cc/uet.py); None where any plane's rate is unknown (loopback, or a link that is
-down, reports -1 or nothing), and the law is then as before.
+of that address's host-leaf link. Only hardware has a line rate: a virtual device with no NIC
+below it is unknown (a veth reports a fixed 10000 Mbit/s however fast it moves, loopback
+nothing), while a VLAN or a bond says what its lower NICs do. The sum over the planes becomes
+``QPConfig.line_rate_bps``, with which UET's NSCC bounds its window at 1.5 x the
+bandwidth-delay product (mrc/core/cc/uet.py); None where any plane's rate is unknown (a
+virtual device, or a link that is down, reports -1 or nothing), and the law is then as before.
 
 Stdlib only, and only files: ``/proc/net/if_inet6`` names the device of an IPv6 address,
 ``/proc/net/route`` (the device's connected routes) that of an IPv4 one. The roots are
@@ -29,13 +31,26 @@ PROC = Path("/proc")
 
 def nic_speed_bps(dev: str, sys_root: Path = SYS) -> float | None:
     """``dev``'s link speed, bits/s, from ``sys_root/class/net/dev/speed`` (Mbit/s); None if
-    missing, unreadable, or not positive (-1: unknown, as links that are down say)."""
+    missing, unreadable, not positive (-1: unknown, as links that are down say), or not a
+    line rate (:func:`has_hardware`)."""
+    node = sys_root / "class" / "net" / dev
     try:
-        text = (sys_root / "class" / "net" / dev / "speed").read_text().strip()
-        mbit = int(text)
+        mbit = int((node / "speed").read_text().strip())
+        hardware = has_hardware(node)
     except (OSError, ValueError):
         return None
-    return mbit * 1e6 if mbit > 0 else None
+    return mbit * 1e6 if mbit > 0 and hardware else None
+
+
+def has_hardware(node: Path) -> bool:
+    """Whether a NIC stands behind the interface at ``node`` (``/sys/class/net/DEV``): its own
+    ``device`` link, or a ``lower_*`` link to one it rides (VLAN, bond, macvlan). A veth has
+    neither, and its driver reports a constant 10 Gbit/s whatever it carries (kernel TCP
+    moves about 27 Gbit/s over one here): a window bounded by it held one QP to half of what
+    the same QP moved unbounded (docs/PERFORMANCE.md)."""
+    if (node / "device").exists():
+        return True
+    return any(entry.name.startswith("lower_") for entry in node.iterdir())
 
 
 def device_of(address: str, proc_root: Path = PROC) -> str | None:

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from mrc.core.config import QPConfig
+from mrc.lab.testbed import TwoHosts
 from mrc.transport.linkspeed import (
     device_of,
     line_rate_bps,
@@ -31,7 +34,11 @@ plane1\t0000010A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0
 """
 
 
-def _roots(tmp_path: Path, speeds: dict[str, str]) -> tuple[Path, Path]:
+def _roots(
+    tmp_path: Path, speeds: dict[str, str], virtual: tuple[str, ...] = ("lo", "veth0")
+) -> tuple[Path, Path]:
+    """A fake /proc and /sys: every device in ``speeds`` has a NIC (``device``) but those
+    named in ``virtual``."""
     proc, sys_ = tmp_path / "proc", tmp_path / "sys"
     (proc / "net").mkdir(parents=True)
     (proc / "net" / "if_inet6").write_text(IF_INET6)
@@ -39,6 +46,8 @@ def _roots(tmp_path: Path, speeds: dict[str, str]) -> tuple[Path, Path]:
     for dev, speed in speeds.items():
         d = sys_ / "class" / "net" / dev
         d.mkdir(parents=True)
+        if dev not in virtual:
+            (d / "device").mkdir()
         if speed:
             (d / "speed").write_text(speed + "\n")
     return proc, sys_
@@ -58,6 +67,15 @@ def test_devices_and_speeds_from_a_fake_tree(tmp_path: Path) -> None:
     assert nic_speed_bps("veth0", sys_) is None  # -1: unknown
     assert nic_speed_bps("lo", sys_) is None  # no speed file
     assert nic_speed_bps("gone", sys_) is None
+
+
+def test_a_virtual_device_s_speed_is_no_line_rate(tmp_path: Path) -> None:
+    """A veth says 10000 Mbit/s whatever it carries; a VLAN on a NIC says the NIC's speed."""
+    _, sys_ = _roots(tmp_path, {"veth0": "10000", "vlan7": "25000"}, virtual=("veth0", "vlan7"))
+    assert nic_speed_bps("veth0", sys_) is None
+    assert nic_speed_bps("vlan7", sys_) is None  # no lower device yet
+    (sys_ / "class" / "net" / "vlan7" / "lower_eth0").mkdir()
+    assert nic_speed_bps("vlan7", sys_) == 25e9
 
 
 def test_the_sum_over_planes_or_none(tmp_path: Path) -> None:
@@ -90,3 +108,17 @@ def test_with_line_rate_fills_a_copy_and_keeps_what_the_user_set() -> None:
     mine = QPConfig(line_rate_bps=1e9)
     assert with_line_rate(mine, ["fd00::1"], topo) is mine
     assert with_line_rate(cfg, ["::1"]) is cfg  # loopback: unknown, unchanged
+
+
+def test_a_real_veth_gives_no_line_rate(two_hosts: TwoHosts) -> None:
+    """On a real veth (the kernel's, in a namespace) the speed file says 10000 and the QP's
+    line rate is unknown: read from inside host A, where its own /sys is mounted."""
+    probe = (
+        "import sys; from mrc.transport.linkspeed import device_of, line_rate_bps;"
+        "dev = device_of(sys.argv[1]); speed = open(f'/sys/class/net/{dev}/speed').read();"
+        "print(dev, speed.strip(), line_rate_bps(sys.argv[1:]))"
+    )
+    argv = two_hosts.exec_argv("a", [sys.executable, "-c", probe, *two_hosts.a_addrs])
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+    ia, _ = two_hosts.link_names(0)
+    assert out == [ia, "10000", "None"]
