@@ -17,7 +17,9 @@ interleaved (each kind leads in turn, so drift hits all alike):
   datagram; **gso** the same datagrams sent 7 (or up to 64) per ``sendmsg`` with UDP_SEGMENT
   and received as GRO trains, the kernel's batched limit; **tcp** kernel TCP over the first
   link, 1 MiB per ``send``. Each runs ``--duration`` s at the receiver and reports the payload
-  rate it moved, and MRC goodput is shown as a fraction of each. **aioquic** (only when asked,
+  rate it moved, and MRC goodput is shown as a fraction of each; tcp also each side's CPU
+  seconds per GiB, and MRC's (sender + receiver) as a multiple of them (``CPU/tcp``, JSON
+  ``mrc_cpu_vs_tcp``: issue 38 aims at <= 3). **aioquic** (only when asked,
   ``--compare tcp,aioquic``; needs the aioquic package) moves ``--size`` bytes on one QUIC
   stream over the first link, the receiver hashing them, and reports its goodput and each
   side's CPU seconds per GiB (:mod:`mrc.lab.harness.quic_peer`).

@@ -315,6 +315,14 @@ def test_bench_qp_matches_its_schema() -> None:
     assert out["config"]["quick"] and row["mrc"]["all_ok"], row["mrc"]["errors"]
     assert [r["bytes"] for r in row["mrc"]["runs"]] == [32 << 20]
     assert {k for k in row if k.startswith("mrc_vs_")} == {"mrc_vs_raw", "mrc_vs_gso", "mrc_vs_tcp"}
+    # kernel TCP's CPU per GiB on each side, and MRC's against it (issue 38's CPU aim)
+    tcp = row["tcp"]
+    (tcp_run,) = tcp["runs"]
+    for side in ("send", "recv"):
+        assert tcp_run[f"{side}_cpu_s_per_gib"] > 0
+        assert tcp[f"{side}_cpu_s_per_gib_median"] == tcp_run[f"{side}_cpu_s_per_gib"]
+    assert tcp_run["bytes"] > 0 and tcp_run["send_bytes"] >= tcp_run["bytes"]
+    assert row["mrc_cpu_vs_tcp"] > 0
 
 
 @pytest.mark.netns

@@ -71,8 +71,22 @@ def _run(
     }
 
 
-def _tcp(gbps: float) -> dict[str, Any]:
-    return {"bps": gbps * 1e9, "payload_bps": gbps * 1e9, "pps": None, "seconds": 2.0}
+def _tcp(gbps: float, send_cpu: float | None = 0.5, recv_cpu: float | None = 0.6) -> dict[str, Any]:
+    """One kernel TCP run as Bench.peer_run records it."""
+    return {
+        "bps": gbps * 1e9,
+        "payload_bps": gbps * 1e9,
+        "pps": None,
+        "seconds": 2.0,
+        "bytes": round(gbps * 1e9 / 8 * 2.0),
+        "send_bytes": round(gbps * 1e9 / 8 * 2.5),
+        "send_cpu_s_per_gib": send_cpu,
+        "recv_cpu_s_per_gib": recv_cpu,
+    }
+
+
+#: three TCP runs: medians 15.5 Gbit/s, CPU 0.5 s/GiB sending and 0.6 receiving
+TCP_RUNS = [_tcp(15.0, 0.5, 0.6), _tcp(16.0, 0.4, 0.7), _tcp(15.5, 0.6, 0.5)]
 
 
 #: three runs per checksum: blake3 first (the base), xxh3-128 cheaper, sha256 dearer
@@ -86,19 +100,24 @@ RUNS = {
 SHA_ERROR = "mrc-send failed: x (mrc-recv: y)"
 
 
-def _results(a: argparse.Namespace) -> dict[str, list[Any]]:
-    """The results of one (links, payload) as Bench.topology collects them for ``a``."""
+def _results(
+    a: argparse.Namespace, tcp: list[dict[str, Any]] | None = None
+) -> dict[str, list[Any]]:
+    """The results of one (links, payload) as Bench.topology collects them for ``a``, the TCP
+    runs ``tcp`` (default TCP_RUNS)."""
     r: dict[str, list[Any]] = {}
     for kind, (_mode, check) in qp._configs(a).items():
         r[kind] = list(RUNS[check or "blake3"])
         r[f"{kind}_errors"] = [SHA_ERROR] if check == "sha256" else []
-    r["tcp"], r["tcp_errors"] = [_tcp(15.0), _tcp(16.0), _tcp(15.5)], []
+    r["tcp"], r["tcp_errors"] = [dict(x) for x in (TCP_RUNS if tcp is None else tcp)], []
+    for kind in ("raw", "gso"):  # no made-up UDP runs: theirs failed
+        r[kind], r[f"{kind}_errors"] = [], [f"{kind} receiver failed: no datagram"]
     return r
 
 
-def _out(a: argparse.Namespace) -> dict[str, Any]:
-    """What bench_qp would print for ``a`` had its runs gone as RUNS says."""
-    row = qp.Bench(a, lambda _: None)._summarise(1, 8192, _results(a))
+def _out(a: argparse.Namespace, tcp: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """What bench_qp would print for ``a`` had its runs gone as RUNS (and ``tcp``) say."""
+    row = qp.Bench(a, lambda _: None)._summarise(1, 8192, _results(a, tcp))
     machine = {
         "hostname": "h",
         "kernel": "6.1",
@@ -242,7 +261,73 @@ def test_a_row_without_checksum_has_no_checksum_entries_but_names_the_one_used()
     assert row["security"]["integrity"]["cost_vs_none"] == 0.0  # (the same made-up runs)
 
 
+def test_tcp_cpu_per_gib_medians_and_mrc_cpu_against_them() -> None:
+    out = _out(_args("--compare", "tcp"))
+    (row,) = out["results"]
+    tcp = row["tcp"]
+    assert (tcp["send_cpu_s_per_gib_median"], tcp["recv_cpu_s_per_gib_median"]) == (0.5, 0.6)
+    assert tcp["runs"] == TCP_RUNS
+    # MRC (blake3's runs): 2.1 + 2.0 s/GiB; TCP 0.5 + 0.6
+    m = row["mrc"]
+    assert (m["send_cpu_s_per_gib_median"], m["recv_cpu_s_per_gib_median"]) == (2.1, 2.0)
+    assert row["mrc_cpu_vs_tcp"] == round(4.1 / 1.1, 3) == 3.727
+    assert row["mrc_vs_tcp"] == round(3.1 / 15.5, 3)
+    # the schema wants the ratio beside tcp, and each run's CPU
+    del row["mrc_cpu_vs_tcp"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(out, SCHEMA)
+    row["mrc_cpu_vs_tcp"] = 3.727
+    del tcp["runs"][0]["recv_cpu_s_per_gib"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(out, SCHEMA)
+
+
+def test_mrc_cpu_vs_tcp_is_null_where_a_side_is_unknown() -> None:
+    # no TCP receiver said its CPU: a median of nothing, and no ratio
+    blind = _out(_args("--compare", "tcp"), [_tcp(15.0, 0.5, None), _tcp(16.0, 0.4, None)])
+    (row,) = blind["results"]
+    assert row["tcp"]["send_cpu_s_per_gib_median"] == 0.45
+    assert row["tcp"]["recv_cpu_s_per_gib_median"] is None
+    assert row["mrc_cpu_vs_tcp"] is None
+    # a run that could not tell is left out of the median, not counted as nothing
+    part = _out(_args("--compare", "tcp"), [_tcp(15.0, 0.5, None), _tcp(16.0, 0.4, 0.7)])
+    assert part["results"][0]["tcp"]["recv_cpu_s_per_gib_median"] == 0.7
+    assert part["results"][0]["mrc_cpu_vs_tcp"] == round(4.1 / 1.15, 3)
+    # MRC's side unknown
+    assert (
+        qp.cpu_vs(
+            {"send_cpu_s_per_gib_median": None, "recv_cpu_s_per_gib_median": 2.0},
+            {"send_cpu_s_per_gib_median": 0.5, "recv_cpu_s_per_gib_median": 0.6},
+        )
+        is None
+    )
+    assert (
+        qp.cpu_vs(
+            {"send_cpu_s_per_gib_median": 1.0, "recv_cpu_s_per_gib_median": 2.0},
+            {"send_cpu_s_per_gib_median": 0.0, "recv_cpu_s_per_gib_median": 0.0},
+        )
+        is None
+    )
+    # no tcp compared: no ratio at all (the schema wants it only beside tcp)
+    (alone,) = _out(_args("--compare", "raw"))["results"]
+    assert "mrc_cpu_vs_tcp" not in alone and "tcp" not in alone
+
+
 # ---- the table ---------------------------------------------------------------------------
+
+
+def test_table_shows_tcp_cpu_per_side_and_mrc_cpu_over_tcp() -> None:
+    lines = table(_out(_args("--compare", "tcp"))).splitlines()
+    head = " ".join(lines[0].split())
+    assert head.endswith("| tcp Gbit/s MRC/tcp tcp CPU snd/rcv CPU/tcp")
+    assert lines[2].split()[-5:] == ["|", "15.500", "0.200", "0.50/0.60", "3.73"]
+    assert len(lines[2]) == len(lines[0])  # the cells no wider than their heads
+    assert "CPU/tcp = MRC's CPU s/GiB, snd + rcv, over TCP's" in lines[-1]
+    blind = _out(_args("--compare", "tcp"), [_tcp(15.0, None, None)])
+    assert table(blind).splitlines()[2].split()[-3:] == ["0.207", "-/-", "-"]
+    # without tcp, no TCP CPU columns and no word of them
+    raw = table(_out(_args("--compare", "raw")))
+    assert "CPU/tcp" not in raw and "tcp CPU" not in raw
 
 
 def test_table_has_a_row_per_checksum_with_each_sides_cpu_and_cost() -> None:

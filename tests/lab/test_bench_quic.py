@@ -112,8 +112,8 @@ def test_summary_table_and_schema_carry_the_reference(monkeypatch: pytest.Monkey
     runs = [_quic_run(0.40, 9.0, 11.0), _quic_run(0.50, 8.0, 10.0), _quic_run(0.45, 8.5, 12.0)]
     made_up = tbq._results
 
-    def results(a: Any) -> dict[str, list[Any]]:
-        return {**made_up(a), "aioquic": runs, "aioquic_errors": []}
+    def results(a: Any, tcp: list[dict[str, Any]] | None = None) -> dict[str, list[Any]]:
+        return {**made_up(a, tcp), "aioquic": runs, "aioquic_errors": []}
 
     monkeypatch.setattr(tbq, "_results", results)
     a = tbq._args("--compare", "tcp,aioquic")

@@ -13,7 +13,8 @@ in turn, so drift hits all alike):
   datagram: **raw** one ``send`` / ``recv_into`` per datagram; **gso** the same datagrams sent
   up to 64 per ``sendmsg`` with UDP_SEGMENT and received as GRO trains; **tcp** kernel TCP over
   the first link. Each runs ``duration`` s at the receiver and reports the payload rate it moved,
-  and MRC goodput is shown as a fraction of each;
+  and MRC goodput is shown as a fraction of each; tcp also each side's CPU seconds per GiB it
+  moved, and MRC's (sender + receiver) as a multiple of TCP's (``mrc_cpu_vs_tcp``);
 * **aioquic** (only when asked: an optional package), :mod:`mrc.lab.harness.quic_peer`: one
   QUIC stream of the MRC transfer's size over the first link, hashed by the receiver and
   checked against the sender's hash, with each side's CPU seconds per GiB as MRC's.
@@ -260,6 +261,12 @@ class Bench:
                 "payload_bps": rj["bps"],
                 "pps": None,
                 "seconds": rj["seconds"],
+                "bytes": rj["bytes"],
+                "send_bytes": sj["bytes"],
+                # each process's CPU over the bytes it moved: the receiver's window, the
+                # sender's whole loop
+                "send_cpu_s_per_gib": _per_gib(sj.get("cpu_seconds"), sj["bytes"]),
+                "recv_cpu_s_per_gib": _per_gib(rj.get("cpu_seconds"), rj["bytes"]),
             }
         if kind == "raw" and rj.get("first_size") != size:
             raise MRCError(
@@ -449,10 +456,11 @@ class Bench:
             "errors": r[f"{base}_errors"],
         }
         refs = {kind: _peer_summary(p, r[kind], r[f"{kind}_errors"]) for kind in self.args.compare}
-        if "aioquic" in refs:  # a transfer like MRC's: its CPU per GiB on each side too
-            for side in ("send", "recv"):
-                key = f"{side}_cpu_s_per_gib"
-                refs["aioquic"][f"{key}_median"] = _median_of(r["aioquic"], key)
+        for kind in ("tcp", "aioquic"):  # the references that say their CPU per GiB
+            if kind in refs:
+                for side in ("send", "recv"):
+                    key = f"{side}_cpu_s_per_gib"
+                    refs[kind][f"{key}_median"] = _median_of(r[kind], key)
         goodput = mrc["goodput_bps_median"]
         ratios: dict[str, float | None] = {}
         for kind, ref in refs.items():
@@ -462,6 +470,8 @@ class Bench:
                 if goodput and ref["payload_bps_median"]
                 else None
             )
+        if "tcp" in refs:  # issue 38's aim: both ends' CPU per GiB <= 3x TCP's
+            ratios["mrc_cpu_vs_tcp"] = cpu_vs(mrc, refs["tcp"])
         aim = None
         if mrc["goodput_bps_median"] is not None:
             aim = round(mrc["goodput_bps_median"] / AIM_BPS, 3)
@@ -526,6 +536,22 @@ def checksum_summary(
             **({"runs": list(got)} if i else {}),
         }
     return out
+
+
+def cpu_vs(mine: Mapping[str, Any], ref: Mapping[str, Any]) -> float | None:
+    """``mine``'s CPU seconds per GiB, sender's and receiver's medians added, over ``ref``'s,
+    rounded to 3; None if any of the four is missing (or ``ref``'s add up to nothing)."""
+    keys = ("send_cpu_s_per_gib_median", "recv_cpu_s_per_gib_median")
+    got: list[float] = [v for side in (mine, ref) for k in keys if (v := side.get(k)) is not None]
+    if len(got) < 4:
+        return None
+    mine_total, ref_total = got[0] + got[1], got[2] + got[3]
+    return round(mine_total / ref_total, 3) if ref_total > 0 else None
+
+
+def _per_gib(cpu: float | None, nbytes: int) -> float | None:
+    """CPU seconds per GiB of ``nbytes`` (None: no CPU figure, or no bytes)."""
+    return cpu / (nbytes / (1 << 30)) if cpu is not None and nbytes else None
 
 
 def _median_of(runs: Sequence[Mapping[str, Any]], key: str) -> float | None:

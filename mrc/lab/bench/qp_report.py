@@ -15,12 +15,16 @@ PEER_HELP = {
     "tcp": "kernel TCP, 1 MiB per send, on the first link",
     "aioquic": "one aioquic stream of the MRC transfer's size, hashed, on the first link",
 }
+#: the references that report each side's CPU seconds per GiB, shown beside their Gbit/s
+CPU_KINDS = ("tcp", "aioquic")
 
 
 def table(out: Mapping[str, Any]) -> str:
     """The human table: a row per (links, payload), MRC (and the checksum it verified with)
-    next to each reference; below, when there are several, the cost of each security mode and
-    each checksum's goodput and CPU per GiB on each side against the first."""
+    next to each reference, with the CPU per GiB of tcp and aioquic on each side, and MRC's
+    (both sides') as a multiple of TCP's (``CPU/tcp``); below, when there are several, the
+    cost of each security mode and each checksum's goodput and CPU per GiB on each side
+    against the first."""
     compare = out["config"]["compare"]
     # a "|" column between the groups: " | " with the columns' " "
     head = ["links", "payload", "|", "checksum", "MRC Gbit/s", "MRC kpps", "rtx"]
@@ -29,9 +33,12 @@ def table(out: Mapping[str, Any]) -> str:
     for kind in compare:
         head += ["|", kind + " Gbit/s", "MRC/" + kind]
         widths += [1, 11, 8]
-        if kind == "aioquic":  # a transfer like MRC's, so its CPU per GiB beside MRC's
-            head.append("aioquic CPU snd/rcv")
-            widths.append(19)
+        if kind in CPU_KINDS:  # its CPU per GiB beside MRC's
+            head.append(kind + " CPU snd/rcv")
+            widths.append(len(head[-1]))
+        if kind == "tcp":
+            head.append("CPU/tcp")
+            widths.append(7)
 
     def f(v: float | None, scale: float, fmt: str) -> str:
         return "-" if v is None else format(v / scale, fmt)
@@ -50,11 +57,14 @@ def table(out: Mapping[str, Any]) -> str:
             ref = r[PEER_KEYS[kind]]
             cells += ["|", f(ref["payload_bps_median"], 1e9, ".3f")]
             cells.append(f(r["mrc_vs_" + kind], 1, ".3f"))
-            if kind == "aioquic":
+            if kind in CPU_KINDS:  # "snd/rcv", as wide as the head
+                half = (len(kind + " CPU snd/rcv") - 1) // 2
                 cells.append(
-                    f"{f(ref['send_cpu_s_per_gib_median'], 1, '9.2f')}/"
-                    f"{f(ref['recv_cpu_s_per_gib_median'], 1, '<9.2f')}"
+                    f"{f(ref['send_cpu_s_per_gib_median'], 1, f'{half}.2f')}/"
+                    f"{f(ref['recv_cpu_s_per_gib_median'], 1, f'<{half}.2f')}"
                 )
+            if kind == "tcp":
+                cells.append(f(r["mrc_cpu_vs_tcp"], 1, ".2f"))
         rows.append(cells)
     lines = [render(rows, ">", sep=" ", widths=widths, head=head, rule=True)]
     keyed = [
@@ -81,6 +91,7 @@ def table(out: Mapping[str, Any]) -> str:
         f"(medians of {c['runs']} run(s), interleaved; MRC {c['size']} bytes per transfer; "
         f"references {c['duration']:g} s each, in payload Gbit/s: "
         + "; ".join(f"{k} = {PEER_HELP[k]}" for k in compare)
+        + ("; CPU/tcp = MRC's CPU s/GiB, snd + rcv, over TCP's" if "tcp" in compare else "")
         + f"; loop {out['machine']['event_loop']})"
     )
     return "\n".join(lines)

@@ -7,7 +7,8 @@ move it, so an MRC figure always has its limits next to it:
   ``recv_into`` per datagram (the per-datagram kernel cost MRC pays without GSO);
 * the same with ``--gso K`` / ``--gro``: K datagrams per ``sendmsg`` (UDP_SEGMENT) and GRO
   trains per receive (the kernel's batched limit MRC's bursts aim at);
-* ``tcp-send`` / ``tcp-recv``: kernel TCP, 1 MiB per ``send`` (TSO/GRO all the way).
+* ``tcp-send`` / ``tcp-recv``: kernel TCP, 1 MiB per ``send`` (TSO/GRO all the way), each
+  also reporting its process's CPU seconds over the bytes it reports (:func:`tcp_recv`).
 
 Receivers print ``ready``, count from their first byte for ``--duration`` seconds, then print
 one JSON line; senders keep going a little longer and report their own rate over the
@@ -162,7 +163,15 @@ def udp_send(
 
 
 def tcp_recv(port: int, duration: float, wait: float) -> int:
-    """Bytes received on one TCP connection for ``duration`` s from its first byte."""
+    """Bytes received on one TCP connection for ``duration`` s from its first byte, and the
+    process's CPU seconds (user + system, :func:`time.process_time`) over the same span.
+
+    The loop is Python, but one ``recv_into`` moves up to 1 MiB, so the CPU is nearly all the
+    kernel's: copying to user space and TCP's receive path (and whatever of the softirq work
+    the kernel charges to this process). :func:`tcp_send` counts its side the same way, over
+    its send loop: the CPU kernel TCP costs per byte, the reference MRC's CPU per GiB is held
+    against.
+    """
     srv = _timed_socket(socket.SOCK_STREAM, port)
     srv.listen(1)
     srv.settimeout(wait)
@@ -178,6 +187,7 @@ def tcp_recv(port: int, duration: float, wait: float) -> int:
         _emit({"error": "no data"})
         return 1
     recv = conn.recv_into
+    cpu0 = time.process_time()
     t0 = now = time.perf_counter()
     end = t0 + duration
     total = 0
@@ -191,18 +201,24 @@ def tcp_recv(port: int, duration: float, wait: float) -> int:
             now = time.perf_counter()
     except OSError:
         now = time.perf_counter()
+    cpu = time.process_time() - cpu0
     seconds = now - t0
-    _emit({"bytes": total, "seconds": seconds, "bps": total * 8 / seconds if seconds else 0.0})
+    bps = total * 8 / seconds if seconds else 0.0
+    _emit({"bytes": total, "seconds": seconds, "bps": bps, "cpu_seconds": cpu})
     conn.close()
     return 0
 
 
 def tcp_send(local: str, remote: str, port: int, duration: float) -> int:
+    """1 MiB ``sendall`` calls for ``duration`` s (or until the receiver closes): the bytes
+    sent, and the process's CPU seconds over the send loop (kernel TCP's, mostly: see
+    :func:`tcp_recv`)."""
     s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
     s.bind((local, 0))
     s.connect((remote, port))
     data = memoryview(bytes(TCP_CHUNK))
     total = 0
+    cpu0 = time.process_time()
     t0 = now = time.perf_counter()
     end = t0 + duration
     with contextlib.suppress(OSError):  # the receiver closing first ends the run
@@ -211,8 +227,9 @@ def tcp_send(local: str, remote: str, port: int, duration: float) -> int:
                 s.sendall(data)
                 total += TCP_CHUNK
             now = time.perf_counter()
+    cpu = time.process_time() - cpu0
     s.close()
-    _emit({"bytes": total, "seconds": now - t0})
+    _emit({"bytes": total, "seconds": now - t0, "cpu_seconds": cpu})
     return 0
 
 
