@@ -273,3 +273,18 @@ def test_a_late_host_alone_is_not_a_network_queue() -> None:
         law.on_ack(1.0, round(law.cwnd), 0.005, False)
     assert law.net_delay == pytest.approx(0.0)
     assert law.basis == pytest.approx(0.001 + law.host_delay)
+
+
+def test_quick_adapt_weighs_the_network_delay_not_the_hosts() -> None:
+    """A delay over 4 x the target that the hosts' own delay explains is no queue: with
+    cc.host_delay no quick adapt cuts the window for it. Off, the law is UET's: it does."""
+    for host_delay in (True, False):
+        law = _law(None, host_delay=host_delay)
+        law.on_ack(1.0, 0, 0.0001, False)  # a base RTT of 100 us: target 75, threshold 300
+        assert law._qa_threshold == pytest.approx(4 * 0.75 * 0.0001)
+        t = 1.0
+        for _ in range(20):  # 500 us round trips, 400 of them in the hosts; little delivered
+            t += 0.001
+            law.on_host_delay(t, 0.0004)
+            law.on_ack(t, MSS, 0.0005, False)
+        assert (law.quick_adapts > 0) == (not host_delay), law.quick_adapts
