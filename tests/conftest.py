@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,7 +106,7 @@ def free_port(host: str = "::1") -> int:
     for _ in range(50):
         with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as t:
             t.bind((host, 0))
-            port = t.getsockname()[1]
+            port: int = t.getsockname()[1]
         try:
             with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as u:
                 u.bind((host, port))
@@ -207,7 +208,7 @@ class Running:
             pytest.fail(f"{' '.join(self.argv)} not listening on port {port} after {timeout} s")
 
 
-def wait_listening(proc: subprocess.Popen, port: int, timeout: float = 10.0) -> bool:  # type: ignore[type-arg]
+def wait_listening(proc: subprocess.Popen[Any], port: int, timeout: float = 10.0) -> bool:
     """Wait until ``proc`` has a TCP socket listening on ``port`` (in its namespace:
     /proc/PID/net shows the namespace of the process); False if it exited or the time ran
     out. mrc-recv opens its UDP sockets before the TCP side channel, so this means it is

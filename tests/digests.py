@@ -9,14 +9,17 @@ import blake3
 import xxhash
 
 
-def expected_digest(data: bytes | memoryview, name: str, key: bytes | None = None) -> str:
+def expected_digest(
+    data: bytes | bytearray | memoryview, name: str, key: bytes | None = None
+) -> str:
     """The digest a transfer of ``data`` verified with the end-to-end checksum ``name`` must
     report, computed with the hash libraries themselves (not mrc.app.checksum), so that a test
     comparing the two checks mrc rather than repeating it. ``key``: what keyed BLAKE3 is keyed
     with, for a connection under a pre-shared key K:
     ``hashlib.sha256(b"mrc end-to-end checksum key\0" + K).digest()``."""
     if name == "blake3":
-        return blake3.blake3(data, key=key).hexdigest()
+        keyed = blake3.blake3(data) if key is None else blake3.blake3(data, key=key)
+        return keyed.hexdigest()
     if key is not None:
         raise ValueError(f"{name} is never keyed")
     if name == "xxh3-128":

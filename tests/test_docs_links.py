@@ -88,11 +88,11 @@ def broken_links(doc: Path, repo: Path = REPO) -> list[str]:
             problems.append(f"names {path}, which does not exist")
     for m in _SECTION.finditer(" ".join(prose.split())):
         name, title = m.groups()
-        dest = _resolve_doc(doc, name, repo)
-        if dest is None:
+        named = _resolve_doc(doc, name, repo)
+        if named is None:
             problems.append(f"names {name}, which does not exist")
-        elif not any(h.lower().startswith(title.lower()) for h in sections(dest)):
-            problems.append(f'names {name}, "{title}": no such section in {dest.name}')
+        elif not any(h.lower().startswith(title.lower()) for h in sections(named)):
+            problems.append(f'names {name}, "{title}": no such section in {named.name}')
     return problems
 
 

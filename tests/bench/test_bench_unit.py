@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -40,7 +42,9 @@ def test_usage_errors_are_one_line_exit_2(args: list[str], needle: str) -> None:
     assert res.stdout == ""
 
 
-def test_not_root_is_one_line_exit_1(monkeypatch, capsys) -> None:
+def test_not_root_is_one_line_exit_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from mrc.lab.cli import bench
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
@@ -70,7 +74,7 @@ def test_workload_transfers() -> None:
     assert ideal_seconds(transfers("incast", 4, 1, 0), 2, None) is None
 
 
-def _row(w: str, c: str, t: str, p100: float, failed: int = 0, **extra) -> dict:
+def _row(w: str, c: str, t: str, p100: float, failed: int = 0, **extra: object) -> dict[str, Any]:
     return {
         "workload": w,
         "condition": c,
@@ -166,14 +170,15 @@ def test_setup_notes_print_no_python_reprs() -> None:
     assert not any(c in note for c in "{}[]'")
 
 
-def test_done_in_is_the_time_at_the_moment_it_prints(monkeypatch) -> None:
+def test_done_in_is_the_time_at_the_moment_it_prints(monkeypatch: pytest.MonkeyPatch) -> None:
     """mrc-bench prints "done in X s" after its table and plots: X counts them too."""
     from types import SimpleNamespace
 
+    from mrc.lab.bench.coordinator import Bench
     from mrc.lab.cli import bench
 
     clock = [100.0]
-    monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr("mrc.lab.cli.bench.time.monotonic", lambda: clock[0])
     said: list[str] = []
 
     def progress(msg: str) -> None:
@@ -188,12 +193,14 @@ def test_done_in_is_the_time_at_the_moment_it_prints(monkeypatch) -> None:
         "mrc.lab.harness.machine.machine_info", lambda load: {"cpus": 1, "load": list(load)}
     )
 
-    def slow_table(doc: dict) -> str:
+    def slow_table(doc: dict[str, object]) -> str:
         clock[0] += 7.5  # the report takes 7.5 s (plots, say)
         return "| table |\n"
 
     monkeypatch.setattr("mrc.lab.bench.report.table", slow_table)
     args = SimpleNamespace(table=None, plots=None, json=False)
     t0 = 68.2  # the run began 31.8 s before the report
-    assert bench._report(args, fake, (0.0, 0.0, 0.0), t0, progress, {}) == 0
+    # stand-ins holding only what _report reads
+    report_args, report_bench = cast(argparse.Namespace, args), cast(Bench, fake)
+    assert bench._report(report_args, report_bench, (0.0, 0.0, 0.0), t0, progress, {}) == 0
     assert said == ["done in 39.3 s (the run 31.8 s, then its report)"]

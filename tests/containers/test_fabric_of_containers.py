@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import jsonschema
+from fabric.fabric_helpers import unique_name
 
 from mrc.lab.fabric.containers import labelled, share_dir
 from mrc.topology.model import topology_path
-from tests.fabric.fabric_helpers import unique_name
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]

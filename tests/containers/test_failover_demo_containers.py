@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import jsonschema
+from fabric.fabric_helpers import unique_name
 
 from mrc.lab.fabric.containers import labelled, share_dir
 from mrc.lab.fabric.teardown import fabric_namespaces
-from tests.fabric.fabric_helpers import unique_name
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,10 +16,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
+
+if TYPE_CHECKING:  # for annotations only: `conftest` at run time is whichever pytest loaded last
+    from conftest import MrcTools, Running
 
 REPO = Path(__file__).resolve().parents[2]
 _counter = itertools.count()
@@ -74,7 +78,7 @@ def running_fabric(spec: FabricSpec) -> Iterator[Topology]:
         Fabric.down(spec.name)
 
 
-def run_cli(*args: str, check: bool = False, **kw) -> subprocess.CompletedProcess:
+def run_cli(*args: str, check: bool = False, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run ``mrc-fabric`` from this checkout (no install needed)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("MRC_DEBUG", None)
@@ -100,7 +104,7 @@ def udp_socket_in(ns: str, address: str, port: int = 0, timeout: float = 2.0) ->
 
 def drain(sock: socket.socket, expect: int, timeout: float = 3.0) -> list[bytes]:
     """Receive until ``expect`` datagrams or ``timeout`` of silence."""
-    got = []
+    got: list[bytes] = []
     sock.settimeout(timeout)
     deadline = time.monotonic() + timeout
     while len(got) < expect and time.monotonic() < deadline:
@@ -111,7 +115,7 @@ def drain(sock: socket.socket, expect: int, timeout: float = 3.0) -> list[bytes]
     return got
 
 
-def start_fabric_recv(mrc_tools, topo: Topology, host: str, port: int):  # type: ignore[no-untyped-def]
+def start_fabric_recv(mrc_tools: MrcTools, topo: Topology, host: str, port: int) -> Running:
     """mrc-recv --fabric in ``host``'s namespace (discarding, JSON, no progress), once it
     listens on ``port``; ``mrc_tools`` is the fixture of tests/conftest.py."""
     recv = mrc_tools.start(

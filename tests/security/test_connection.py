@@ -21,7 +21,7 @@ import mrc
 from mrc import wire
 from mrc.connection import Connection, Listener
 from mrc.security.keys import generate_key
-from mrc.security.packet import DATA_OVERHEAD, SEC_BLOCK_LEN
+from mrc.security.packet import DATA_OVERHEAD, SEC_BLOCK_LEN, Mode, Protection
 
 HOST = "::1"
 KEY = generate_key()
@@ -101,6 +101,7 @@ async def test_keyed_write_lands_and_every_datagram_is_protected(encrypt: bool) 
         # nothing genuine failed a security check (a late duplicate ACK may be a stale drop)
         for side in (peer, conn):
             drops = side.stats()["dropped_by_reason"]
+            assert isinstance(drops, dict)
             assert not [k for k in drops if k.startswith("security")], drops
         data_packets = [d for d in sent if d[0] == wire.Opcode.RDMA_WRITE_ONLY]
         assert data_packets, "no data packets recorded"
@@ -114,7 +115,8 @@ async def test_keyed_write_lands_and_every_datagram_is_protected(encrypt: bool) 
         else:
             assert clear == len(data_packets)
         # the receiver authenticated what the sender sealed, and answered with sealed ACKs
-        assert peer.qp.protection is not None and conn.qp.protection is not None
+        assert isinstance(peer.qp.protection, Protection)
+        assert isinstance(conn.qp.protection, Protection)
         assert peer.qp.protection.opener.replay.top >= len(data_packets)
         assert conn.qp.protection.opener.replay.top > 0
 
@@ -187,7 +189,7 @@ async def test_listener_refuses_a_sender_whose_proof_is_wrong() -> None:
     try:
         reader, writer = await asyncio.open_connection(HOST, listener.port)
         control = ControlChannel(reader, writer)
-        hello = Hello(qpn=7, psn=1, udp_port=9, auth=auth.offer(auth.Mode.INTEGRITY))
+        hello = Hello(qpn=7, psn=1, udp_port=9, auth=auth.offer(Mode.INTEGRITY))
         await control.send(hello.to_json())
         challenge = parse_challenge(await control.recv(5))
         assert not isinstance(challenge, Refusal)
@@ -240,6 +242,7 @@ async def test_forged_replayed_and_altered_datagrams_are_dropped_and_counted() -
         drops = peer.stats()["dropped_by_reason"]
         assert drops == {k: len(v) for k, v in forged.items()}, drops
         sender_drops = conn.stats()["dropped_by_reason"]
+        assert isinstance(sender_drops, dict)
         assert {k: v for k, v in sender_drops.items() if k.startswith("security")} == {
             "security_missing": 1
         }, sender_drops

@@ -17,6 +17,7 @@ import random
 import socket
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from core.datagram_fuzz import Fuzzer, Target, capture_session
 
@@ -35,6 +36,8 @@ ALLOWED = {"short", "bad_version", "unknown_qp", "bad_opcode"}
 
 class Insider(Fuzzer):
     """Knows the live rkey, addresses and EVs, and has the session's real packets."""
+
+    region: tuple[int, int]  # (addr, length) of the live region, set once it is known
 
     def __init__(self, rng: random.Random, target: Target, live: list[bytes], rkey: int) -> None:
         super().__init__(rng, target, capture_session(qpn=target.qpns[0], seed=SEED % 1000))
@@ -127,8 +130,8 @@ async def test_keyed_session_survives_an_insider_fuzzer() -> None:
         peer = await listener.accept(timeout=5)
         live: list[bytes] = []
 
-        def wrap(fn):  # type: ignore[no-untyped-def]
-            def send(bufs, *cmsg):  # type: ignore[no-untyped-def]
+        def wrap(fn: Callable[..., int]) -> Callable[..., int]:
+            def send(bufs: list[bytes | memoryview], *cmsg: object) -> int:
                 live.append(b"".join(bytes(b) for b in bufs))
                 return fn(bufs, *cmsg)
 

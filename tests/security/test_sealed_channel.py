@@ -46,7 +46,9 @@ class Tap:
     async def _relay(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         ur, uw = await asyncio.open_connection(HOST, self.port)
 
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, log: bytearray):
+        async def pump(
+            src: asyncio.StreamReader, dst: asyncio.StreamWriter, log: bytearray
+        ) -> None:
             with contextlib.suppress(ConnectionError):
                 while data := await src.read(65536):
                     log += data

@@ -27,7 +27,7 @@ from mrc.security.packet import DATA_OVERHEAD, DirectionKeys, Mode, Protection, 
 
 _KEYS_IN = DirectionKeys(7, bytes(range(16)), bytes(range(16, 32)))  # what the peer seals with
 _KEYS_OUT = DirectionKeys(8, bytes(range(32, 48)), bytes(range(48, 64)))
-_HDR = {
+_HDR: dict[int, int] = {
     wire.Opcode.RDMA_WRITE_ONLY: wire.DATA_HDR_LEN,
     wire.Opcode.RDMA_WRITE_ONLY_IMM: wire.DATA_IMM_HDR_LEN,
 }

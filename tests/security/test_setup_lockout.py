@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import mrc
 from mrc.connection import Listener
 from mrc.security.keys import generate_key
+from mrc.security.packet import Mode
 from mrc.transport import auth
 from mrc.transport.limits import Ledger, Limits
 from mrc.transport.messages import Hello, RegionRequest
@@ -33,7 +34,7 @@ def keyed_hello_line() -> bytes:
         addrs=(HOST,),
         evs=4,
         request=RegionRequest(4096, "x"),
-        auth=auth.offer(auth.Mode.INTEGRITY),
+        auth=auth.offer(Mode.INTEGRITY),
     )
     return json.dumps(hello.to_json()).encode() + b"\n"
 

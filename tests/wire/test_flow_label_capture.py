@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tshark_fields import read_fields, wait_capturing
+from wire.tshark_fields import read_fields, wait_capturing
 
 import mrc
 from mrc import wire

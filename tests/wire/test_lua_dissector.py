@@ -19,9 +19,10 @@ import subprocess
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
-from tshark_fields import read_fields
+from wire.tshark_fields import read_fields
 
 import mrc
 from mrc import wire
@@ -435,8 +436,16 @@ def _value(raw: str, want: object) -> object:
     return raw
 
 
+class Decoded(TypedDict):
+    """The module's pcap, what it holds and tshark's reading of it, frame by frame."""
+
+    packets: list[Sent]
+    pcap: Path
+    frames: list[dict[str, list[str]]]
+
+
 @pytest.fixture(scope="module")
-def decoded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def decoded(tmp_path_factory: pytest.TempPathFactory) -> Decoded:
     packets = _packets()
     pcap = tmp_path_factory.mktemp("lua") / "mrc.pcap"
     _write_pcap(pcap, [_frame(40000 + i, p.dport, p.data) for i, p in enumerate(packets)])
@@ -451,7 +460,7 @@ def test_script_is_shipped_as_package_data() -> None:
     assert "wireshark/*.lua" in cfg["tool"]["setuptools"]["package-data"]["mrc"]
 
 
-def test_every_field_matches_what_was_packed(decoded: dict) -> None:
+def test_every_field_matches_what_was_packed(decoded: Decoded) -> None:
     packets: list[Sent] = decoded["packets"]
     frames: list[dict[str, list[str]]] = decoded["frames"]
     assert len(frames) == len(packets)
@@ -475,7 +484,7 @@ def test_every_field_matches_what_was_packed(decoded: dict) -> None:
     assert checked == set(FIELDS[2:]), f"fields never checked: {set(FIELDS[2:]) - checked}"
 
 
-def test_other_port_by_preference(decoded: dict) -> None:
+def test_other_port_by_preference(decoded: Decoded) -> None:
     """-o mrc.udp_port moves the dissector to another listen port (and off 4791)."""
     frames = _decode(decoded["pcap"], "-o", f"mrc.udp_port:{ALT_PORT}")
     for p, fr in zip(decoded["packets"], frames, strict=True):
@@ -487,7 +496,7 @@ def test_other_port_by_preference(decoded: dict) -> None:
             assert fr["mrc.kind"] == []
 
 
-def test_sealed_payload_icvs_are_where_the_modes_put_them(decoded: dict) -> None:
+def test_sealed_payload_icvs_are_where_the_modes_put_them(decoded: Decoded) -> None:
     """Integrity: the ICV right after the block; encrypt: the last 16 bytes (PROTOCOL.md 11)."""
     by_name = {p.name: p for p in decoded["packets"]}
     for mode in Mode:

@@ -17,9 +17,10 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
+from typing import TypedDict
 
 import pytest
-from tshark_fields import read_fields, wait_capturing
+from wire.tshark_fields import read_fields, wait_capturing
 
 from mrc import wire
 
@@ -181,13 +182,25 @@ def _packets(sport: int) -> list[Sent]:
     ]
 
 
+class Capture(TypedDict):
+    """The module's one capture: its file, the sender's port, what was sent and tshark's
+    reading of each datagram, both by name."""
+
+    pcap: str
+    sport: int
+    sent: dict[str, Sent]
+    frames: dict[str, dict[str, list[str]]]
+
+
 def _decode(pcap: str, *extra: str) -> list[dict[str, list[str]]]:
     """tshark's reading of ``pcap``: per frame, each field's values (all occurrences)."""
+    assert TSHARK is not None
     return read_fields(TSHARK, pcap, FIELDS, *extra, timeout=30)
 
 
 @pytest.fixture(scope="module")
-def capture(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+def capture(tmp_path_factory: pytest.TempPathFactory) -> Capture:
+    assert TSHARK is not None
     try:
         sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
         sock.bind(("::1", 0))
@@ -254,7 +267,7 @@ def _check_bth(fr: dict[str, list[str]], opcode: int, qpn: int, psn: int, ackreq
     assert _int(fr, "infiniband.bth.padcnt") == 0
 
 
-def test_rdma_write_only(capture: dict) -> None:
+def test_rdma_write_only(capture: Capture) -> None:
     fr = capture["frames"]["write"]
     payload = capture["sent"]["write"].data[wire.DATA_HDR_LEN :]
     assert _int(fr, "udp.srcport") == capture["sport"]
@@ -271,7 +284,7 @@ def test_rdma_write_only(capture: dict) -> None:
     assert fr["data.data"] == [payload[:-4].hex()]
 
 
-def test_rdma_write_only_with_immediate(capture: dict) -> None:
+def test_rdma_write_only_with_immediate(capture: Capture) -> None:
     fr = capture["frames"]["write_imm"]
     payload = capture["sent"]["write_imm"].data[wire.DATA_IMM_HDR_LEN :]
     assert _int(fr, "udp.length") == 8 + wire.DATA_IMM_HDR_LEN + 32
@@ -283,7 +296,7 @@ def test_rdma_write_only_with_immediate(capture: dict) -> None:
     assert _int(fr, "infiniband.invariant.crc") == int.from_bytes(payload[-4:], "big")
 
 
-def test_ack(capture: dict) -> None:
+def test_ack(capture: Capture) -> None:
     fr = capture["frames"]["ack"]
     assert _int(fr, "udp.length") == 8 + wire.ACK_LEN
     _check_bth(fr, wire.Opcode.ACKNOWLEDGE, ACK_QPN, 0x000123, ackreq=False)
@@ -314,7 +327,7 @@ def test_ack(capture: dict) -> None:
         ("nack_access", wire.NackCode.REMOTE_ACCESS_ERROR, 0x000124, (50003, 0xFFFF)),
     ],
 )
-def test_nack(capture: dict, name: str, code: int, subject: int, ev: tuple[int, int]) -> None:
+def test_nack(capture: Capture, name: str, code: int, subject: int, ev: tuple[int, int]) -> None:
     fr = capture["frames"][name]
     assert _int(fr, "udp.length") == 8 + wire.ACK_LEN
     _check_bth(fr, wire.Opcode.ACKNOWLEDGE, ACK_QPN, 0x000123, ackreq=False)
@@ -325,7 +338,7 @@ def test_nack(capture: dict, name: str, code: int, subject: int, ev: tuple[int, 
     assert (got.subject_psn, wire.ev_parts(got.ev), got.port_state) == (subject, ev, 0xFFFF)
 
 
-def test_trimmed_packet_marks_and_length(capture: dict) -> None:
+def test_trimmed_packet_marks_and_length(capture: Capture) -> None:
     """A header-only packet: RETH still says 1400 bytes; byte 4 carries TRIMMED|LASTHOP."""
     fr = capture["frames"]["trimmed"]
     assert _int(fr, "udp.length") == 8 + wire.DATA_HDR_LEN
@@ -338,7 +351,7 @@ def test_trimmed_packet_marks_and_length(capture: dict) -> None:
     assert capture["frames"]["write"]["infiniband.reserved"] == ["00"]
 
 
-def test_security_flag_is_a_reserved_bit_to_tshark(capture: dict) -> None:
+def test_security_flag_is_a_reserved_bit_to_tshark(capture: Capture) -> None:
     fr = capture["frames"]["secure"]
     _check_bth(fr, wire.Opcode.RDMA_WRITE_ONLY, QPN, 0x000043, ackreq=False)
     assert _int(fr, "infiniband.bth.reserved7") == wire.BTH_SECURE
@@ -352,7 +365,9 @@ def test_security_flag_is_a_reserved_bit_to_tshark(capture: dict) -> None:
         ("probe_reply", wire.Opcode.PROBE_REPLY, QPN),
     ],
 )
-def test_probe_opcodes_are_vendor_specific(capture: dict, name: str, opcode: int, qpn: int) -> None:
+def test_probe_opcodes_are_vendor_specific(
+    capture: Capture, name: str, opcode: int, qpn: int
+) -> None:
     fr = capture["frames"][name]
     assert _int(fr, "udp.length") == 8 + wire.PROBE_LEN
     _check_bth(fr, opcode, qpn, 7, ackreq=False)
@@ -363,7 +378,7 @@ def test_probe_opcodes_are_vendor_specific(capture: dict, name: str, opcode: int
     assert ext.hex() in fr["infiniband.vendor"]  # "Unknown/Vendor Specific Data", undecoded
 
 
-def test_non_default_port_needs_decode_as(capture: dict) -> None:
+def test_non_default_port_needs_decode_as(capture: Capture) -> None:
     pcap = capture["pcap"]
     fr = next(f for f in _decode(pcap) if _int(f, "udp.dstport") == ALT_PORT)
     assert fr["infiniband.bth.opcode"] == []  # not recognised as RoCEv2 by port alone
