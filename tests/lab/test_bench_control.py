@@ -171,8 +171,8 @@ class FakeRank0:
 
 
 async def ask(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: list[dict]
-) -> list[dict]:
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Send each request in turn (numbered), and collect its reply."""
     out = []
     for i, req in enumerate(requests, 100):
@@ -184,7 +184,7 @@ async def ask(
     return out
 
 
-def _peers(body: dict) -> list[dict]:
+def _peers(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {"rank": 0, "name": "r0", "addrs": ["127.0.0.2"]},
         {"rank": 1, "name": body["name"], "addrs": body["addrs"]},
@@ -398,7 +398,7 @@ async def join(
         if token:
             p0 = _mac(token, "mrc-bench rank0", mine, challenge["nonce"], rank)
             assert hmac.compare_digest(challenge["proof"], p0)
-        body = {"name": f"fake/{rank}", "addrs": ["127.0.0.3"], "mtus": [1500]}
+        body: dict[str, object] = {"name": f"fake/{rank}", "addrs": ["127.0.0.3"], "mtus": [1500]}
         body |= {"net_admin": False, "pid": 1}
         p = _mac(token, "mrc-bench rank", challenge["nonce"], mine, rank) if token else ""
         writer.write(_line({"proof": p, **body}))
@@ -407,9 +407,9 @@ async def join(
     raise AssertionError(f"rank 0 never let rank {rank} in")
 
 
-async def serve_init(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict:
+async def serve_init(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> dict[str, Any]:
     """Answer rank 0's init (as a rank would); the init."""
-    init = await _read(reader)
+    init: dict[str, Any] = await _read(reader)
     assert init["op"] == "init", init
     writer.write(_line({"id": init["id"], "ok": True}))
     return init
@@ -422,13 +422,13 @@ async def start_rank0(token: str | None = None, master: str = HOST6) -> tuple[Ra
     return rank0, port
 
 
-async def refused_hello(port: int, data: bytes, host: str = HOST6) -> dict | None:
+async def refused_hello(port: int, data: bytes, host: str = HOST6) -> dict[str, Any] | None:
     """Send ``data`` as a first line; rank 0's answer (None: it just hung up)."""
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(data)
     await writer.drain()
     try:
-        answer = await _read(reader)
+        answer: dict[str, Any] | None = await _read(reader)
     finally:
         writer.close()
     return answer
@@ -677,7 +677,7 @@ def test_rank0_refuses_mistyped_replies_and_keeps_the_link() -> None:
         reader, writer = await asyncio.open_connection(HOST, server.sockets[0].getsockname()[1])
         r, w = await got.get()
         link = launched.RankLink(1, reader, writer, {"name": "r1"}, 4)
-        bad = {
+        bad: dict[str, dict[str, object]] = {
             "step": {"t_cmd": 1.0, "done": {"recv:h0": "soon"}, "errors": []},
             "verify": {"sent": {"0": "zz"}, "recv": {}},
             "stats": {"retransmits": "many"},

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,7 +38,7 @@ def _tool() -> ModuleType:
 def _args(*argv: str) -> argparse.Namespace:
     tool = _tool()
     p = tool.build_parser()
-    a = p.parse_args(list(argv))
+    a: argparse.Namespace = p.parse_args(list(argv))
     tool._finish_args(p, a)
     return a
 
@@ -150,7 +151,7 @@ def _out(a: argparse.Namespace, tcp: list[dict[str, Any]] | None = None) -> dict
         "checksum": a.checksum,
         "compare": a.compare,
     }
-    out = {"tool": "bench_qp", "version": "0", "machine": machine, "config": config}
+    out: dict[str, Any] = {"tool": "bench_qp", "version": "0", "machine": machine, "config": config}
     out |= {"results": [row], "elapsed_seconds": 9.0}
     jsonschema.validate(out, SCHEMA)
     return out
@@ -360,7 +361,7 @@ def test_table_without_several_checksums_is_as_before_plus_the_checksum_column()
 
 
 def test_table_shows_a_checksum_without_runs_as_dashes() -> None:
-    results = [
+    results: list[Mapping[str, Any]] = [
         {
             "links": 2,
             "payload": 1400,

@@ -18,10 +18,10 @@ import blake3
 import jsonschema
 import pytest
 
+from lab import test_bench_qp as tbq
 from mrc.lab.bench import qp
 from mrc.lab.bench.qp_report import table
 from mrc.lab.harness import quic_peer
-from tests.lab import test_bench_qp as tbq
 
 pytest.importorskip("aioquic")
 

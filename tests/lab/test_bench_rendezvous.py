@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,7 +75,7 @@ def test_torchrun_variables_give_rank_world_and_rank0() -> None:
         ({"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "port"),
     ],
 )
-def test_bad_launcher_variables_are_one_line_usage_errors(env: dict, words: str) -> None:
+def test_bad_launcher_variables_are_one_line_usage_errors(env: dict[str, str], words: str) -> None:
     with pytest.raises(UsageError, match=words):
         from_env(env)
 
@@ -163,7 +164,7 @@ async def _hello(
     raw: bytes | None = None,
     rank0_token: str = "secret",
     **body: object,
-) -> tuple[dict | None, dict | None]:
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """A rank's hello, as the protocol has it (or ``raw`` bytes instead of its first line):
     rank 0's challenge, and its answer to the rest of the hello (None when it never came).
     The challenge's proof is checked here, so every admitted rank saw rank 0 prove the token."""
@@ -194,10 +195,14 @@ async def _hello(
     return challenge, answer
 
 
-def test_rank0_refuses_forged_and_confused_hellos_and_admits_the_ranks(monkeypatch) -> None:
+def test_rank0_refuses_forged_and_confused_hellos_and_admits_the_ranks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(launched, "HELLO_TIMEOUT", 0.5)
 
-    async def main() -> tuple[list[tuple[dict | None, dict | None]], launched.Gathering]:
+    async def main() -> tuple[
+        list[tuple[dict[str, Any] | None, dict[str, Any] | None]], launched.Gathering
+    ]:
         gathering = launched.Gathering(Rendezvous("env", 0, 3), "secret")
         port = await gathering.open(0)
         answers = []
@@ -226,7 +231,9 @@ def test_rank0_refuses_forged_and_confused_hellos_and_admits_the_ranks(monkeypat
     answers, gathering = asyncio.run(main())
     refusals = answers[:11] + [answers[12]]
     for challenge, answer in refusals:  # refused at the challenge or at the answer
-        assert (challenge is None or challenge["ok"] is False) or answer["ok"] is False
+        assert (challenge is None or challenge["ok"] is False) or (
+            answer is not None and answer["ok"] is False
+        )
     assert answers[11][1] == {"ok": True} and answers[13][1] == {"ok": True}
     assert sorted(gathering.links) == [1, 2]
     assert gathering.links[1].hello["name"] == "r1" and "proof" not in gathering.links[1].hello
@@ -247,7 +254,7 @@ def test_rank0_refuses_forged_and_confused_hellos_and_admits_the_ranks(monkeypat
         assert words in joined, joined
 
 
-def test_rank0_names_the_ranks_that_never_came(monkeypatch) -> None:
+def test_rank0_names_the_ranks_that_never_came(monkeypatch: pytest.MonkeyPatch) -> None:
     async def main() -> None:
         gathering = launched.Gathering(Rendezvous("env", 0, 4), "")
         port = await gathering.open(0)
@@ -306,7 +313,9 @@ def test_rank0_names_the_ranks_that_never_came(monkeypatch) -> None:
         ),
     ],
 )
-def test_launched_usage_errors_are_one_line_exit_2(argv: list[str], env: dict, words: str) -> None:
+def test_launched_usage_errors_are_one_line_exit_2(
+    argv: list[str], env: dict[str, str], words: str
+) -> None:
     base = {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}
     proc = subprocess.run(
         [str(BIN / "mrc-bench"), *argv],

@@ -9,6 +9,8 @@ same code on real runs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mrc.lab.fabric import FabricSpec, plan
@@ -323,7 +325,7 @@ def test_a_case_that_never_heals_needs_only_mrc_to_finish() -> None:
 
 
 def test_the_table_says_what_failed_and_what_finished() -> None:
-    case = {
+    case: dict[str, Any] = {
         "link": ["h3", "p1l1"],
         "fail": "recv-nic",
         "how": "blackhole",

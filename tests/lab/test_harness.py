@@ -196,7 +196,7 @@ def test_in_host_runs_in_the_namespace_or_the_container() -> None:
     topo = plan(FabricSpec(name="hx", planes=1))
     assert in_host(topo, "h0", ["true"]) == ["ip", "netns", "exec", topo.netns_of("h0"), "true"]
     h0 = dataclasses.replace(topo.hosts[0], container="mrc-hx-h0")
-    boxed = dataclasses.replace(topo, hosts=[h0, *topo.hosts[1:]], engine="podman")
+    boxed = dataclasses.replace(topo, hosts=(h0, *topo.hosts[1:]), engine="podman")
     assert in_host(boxed, "h0", ["true"]) == [
         "podman",
         "exec",
