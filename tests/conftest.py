@@ -122,10 +122,10 @@ class Result:
     returncode: int
     stdout: str
     stderr: str
-    objects: list[dict[str, object]] = field(default_factory=list)
+    objects: list[dict[str, Any]] = field(default_factory=list)
 
     @property
-    def json(self) -> dict[str, object]:
+    def json(self) -> dict[str, Any]:
         """The one JSON object printed with --json."""
         assert len(self.objects) == 1, f"expected one JSON object, got {self.stdout!r}"
         return self.objects[0]
@@ -137,7 +137,7 @@ class Result:
         )
 
 
-def _parse_objects(stdout: str) -> list[dict[str, object]]:
+def _parse_objects(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import mrc
 
 
-async def requested_pair(size: int, evs: int = 32) -> tuple[Any, Any, Any, bytearray]:
+async def requested_pair(
+    size: int, evs: int = 32
+) -> tuple[mrc.Listener, mrc.Connection, mrc.Connection, bytearray]:
     """(listener, connection, the listener's side of it, the region it made for ``size``)."""
     buffers: list[bytearray] = []
 

@@ -230,6 +230,7 @@ async def test_no_checksum_in_common_is_refused_at_set_up_in_one_line(
             HOST, listener.port, mrc.ConnectConfig(evs=4, request_size=len(data), checksums=takes)
         ) as conn:
             peer = await listener.accept(timeout=5)
+            assert peer.granted is not None  # the listener made the region requested
             try:
                 assert conn.checksum == peer.checksum == takes[0]
                 sent, got = await asyncio.gather(

@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import os
 import socket
+from typing import Any
 
 import pytest
 
@@ -44,10 +45,10 @@ def test_ev_sockets_send_ect0() -> None:
     assert ecn.is_ce(socket.SOL_SOCKET, 1, b"\x03") is None
 
 
-def _taken(stats: dict) -> int:
+def _taken(stats: dict[str, Any]) -> int:
     """Datagrams a QP was handed: taken by kind (data, trims, ACKs, NACKs, probes) or dropped
     (QPStats.taken and dropped_by_reason; the endpoint's own drops are in the same dict)."""
-    return (
+    taken: int = (
         stats["packets_received"]
         + stats["trims_seen"]
         + stats["sacks"]
@@ -57,9 +58,12 @@ def _taken(stats: dict) -> int:
         + stats["probes_answered"]
         + sum(stats["dropped_by_reason"].values())
     )
+    return taken
 
 
-async def _transfer(ce: bool, config: QPConfig | None = None) -> tuple[dict, dict, int]:
+async def _transfer(
+    ce: bool, config: QPConfig | None = None
+) -> tuple[dict[str, Any], dict[str, Any], int]:
     """1 MiB from connect to listener, CE on every datagram if ``ce``; (sender stats,
     receiver stats, receiver's GRO trains)."""
     data = os.urandom(1 << 20)

@@ -28,6 +28,7 @@ import mrc
 from mrc import wire
 from mrc.core.endpoint import EndpointCore
 from mrc.core.memory import ProtectionDomain
+from mrc.core.qp import QueuePair
 
 SEED = 20260509
 MiB = 1 << 20
@@ -52,7 +53,9 @@ def _instrument(core: EndpointCore, forger_port: int, seen: list[int], bad: list
         drops += sum(sum(qp.stats.dropped_by_reason.values()) for qp in qps)
         return taken, drops, sum(qp.stats.probes_received for qp in qps)
 
-    def receive(data: memoryview, src_ev: int, now: float, wait: float | None = None):  # type: ignore[no-untyped-def]
+    def receive(
+        data: memoryview, src_ev: int, now: float, wait: float | None = None
+    ) -> QueuePair | None:
         if src_ev >> wire.EV_LABEL_BITS != forger_port:
             return inner(data, src_ev, now, wait)
         t0, d0, p0 = totals()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+from typing import cast
 
 import mrc
 from mrc.core.config import QPConfig
@@ -71,7 +72,7 @@ async def test_bursts_arrive_whole_through_gso_and_gro() -> None:
         # the receiver took trains of datagrams in single receives
         assert listener.endpoint.gro and listener.endpoint.gro_trains > 0
         # bursts are runs of EVs: every EV still carried a share
-        packets = [row["packets"] for row in conn.ev_report()[:16]]
+        packets = [cast(int, row["packets"]) for row in conn.ev_report()[:16]]
         assert min(packets) > 0, packets
     finally:
         await conn.close()

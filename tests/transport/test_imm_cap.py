@@ -67,5 +67,5 @@ async def test_post_write_past_the_cap_is_refused_with_one_line() -> None:
             second = conn.post_write(bytes(SIZE), conn.requested, SIZE, imm=2)
             with pytest.raises(TooManyImmediates, match="max_imm_outstanding"):
                 conn.post_write(bytes(SIZE), conn.requested, 2 * SIZE, imm=3)
-            assert await asyncio.gather(first, second) == [SIZE, SIZE]
+            assert list(await asyncio.gather(first, second)) == [SIZE, SIZE]
             assert await conn.write(bytes(SIZE), conn.requested, 2 * SIZE, imm=3) == SIZE

@@ -10,12 +10,13 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator
+from typing import cast
 
 import numpy as np
 import pytest
 
 import mrc
-from mrc.connection import Connection, Listener
+from mrc.connection import Buffer, Connection, Listener
 from mrc.core.memory import ProtectionDomain
 
 HOST = "::1"
@@ -23,7 +24,7 @@ HOST = "::1"
 
 @contextlib.asynccontextmanager
 async def session(
-    buffer: object | None = None, name: str = "inbox", senders: int = 1, **connect_kw: object
+    buffer: Buffer | None = None, name: str = "inbox", senders: int = 1, **connect_kw: object
 ) -> AsyncIterator[tuple[Listener, list[Connection], list[Connection]]]:
     """A listener (with ``buffer`` registered as ``name``), ``senders`` connections to it and
     the listener's side of each (in the same order)."""
@@ -55,15 +56,15 @@ def sha(b: object) -> str:
     return hashlib.sha256(memoryview(b).cast("B")).hexdigest()  # type: ignore[arg-type]
 
 
-def _buffer(kind: str, size: int) -> tuple[object, memoryview]:
+def _buffer(kind: str, size: int) -> tuple[Buffer, memoryview]:
     """A registrable buffer of ``size`` bytes and a byte view of it."""
     if kind == "bytearray":
-        b: object = bytearray(size)
+        b: Buffer = bytearray(size)
     elif kind == "mmap":
         b = mmap.mmap(-1, size)
     else:
-        b = np.zeros(size // 4, dtype=np.float32)
-    return b, memoryview(b).cast("B")  # type: ignore[arg-type]
+        b = np.zeros(size // 4, dtype=np.float32)  # type: ignore[assignment]  # 3.12+ stubs: a buffer
+    return b, memoryview(b).cast("B")
 
 
 @pytest.mark.parametrize("kind", ["bytearray", "mmap", "numpy"])
@@ -96,11 +97,12 @@ async def test_write_and_write_imm_land_at_their_offsets(kind: str) -> None:
 async def test_numpy_array_receives_floats() -> None:
     arr = np.zeros((64, 1024), dtype=np.float64)
     values = np.arange(32 * 1024, dtype=np.float64) * 0.5
-    async with session(arr, name="grads", evs=16) as (_l, [conn], [peer]):
+    # (NumPy's stubs call an array a buffer only on Python 3.12+; on 3.11 it is one all the same)
+    async with session(arr, name="grads", evs=16) as (_l, [conn], [peer]):  # type: ignore[arg-type]
         region = conn.remote["grads"]
         assert region.length == arr.nbytes
         # rows 16..47: byte offset 16 rows * 1024 * 8 bytes
-        await conn.write(values, region, offset=16 * 1024 * 8, imm=3)
+        await conn.write(values, region, offset=16 * 1024 * 8, imm=3)  # type: ignore[arg-type]
         assert await peer.next_immediate(timeout=5) == 3
     assert np.array_equal(arr[16:48].ravel(), values)
     assert not arr[:16].any() and not arr[48:].any()
@@ -295,7 +297,7 @@ async def test_peer_vanishing_exhausts_the_retry_budget() -> None:
         assert time.monotonic() - t0 < 3
         assert "after 5 timeouts" in str(info.value)
         assert conn.error is not None and "retry budget" in conn.error
-        assert conn.stats()["retransmits_timeout"] >= 5
+        assert cast(int, conn.stats()["retransmits_timeout"]) >= 5
         # a failed QP refuses new work at once
         with pytest.raises(mrc.MRCError, match="retry budget"):
             conn.post_write(b"b", region)

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 
@@ -103,7 +104,7 @@ class Raw:
         self.writer.write(line)
         await self.writer.drain()
 
-    async def line(self, timeout: float = 5.0) -> dict[str, object]:
+    async def line(self, timeout: float = 5.0) -> dict[str, Any]:
         raw = await asyncio.wait_for(self.reader.readline(), timeout)
         assert raw.endswith(b"\n"), f"no whole line: {raw!r}"
         obj = json.loads(raw)

@@ -18,9 +18,16 @@ import socket
 import struct
 import subprocess
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from transport.test_netns import finish, receiver_on_both_planes, rx_bytes, send_over_both_planes
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
+
+    from mrc.lab.testbed import TwoHosts
 
 from mrc.transport.linkstate import (
     IFF_LOWER_UP,
@@ -75,7 +82,7 @@ def _ev_log(path: str) -> list[dict[str, object]]:
 
 @pytest.mark.netns
 def test_a_nic_that_loses_its_link_takes_its_plane_out_on_both_ends(
-    two_hosts, mrc_tools, tmp_path
+    two_hosts: TwoHosts, mrc_tools: MrcTools, tmp_path: Path
 ) -> None:
     h = two_hosts
     send_log, recv_log = tmp_path / "send.jsonl", tmp_path / "recv.jsonl"

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from digests import expected_digest
 
+if TYPE_CHECKING:
+    from conftest import MrcTools
+
 MiB = 1 << 20
 
 
-def check_pair(send: dict, recv: dict, size: int) -> None:
+def check_pair(send: dict[str, Any], recv: dict[str, Any], size: int) -> None:
     """Both sides agree the transfer of ``size`` bytes was verified."""
     assert send["ok"] is True and recv["ok"] is True
     assert send["bytes"] == size and recv["bytes"] == size
@@ -22,7 +26,7 @@ def check_pair(send: dict, recv: dict, size: int) -> None:
     assert recv["dropped_by_reason"] == {}
 
 
-def check_spray(send: dict, evs: int, min_used: int) -> None:
+def check_spray(send: dict[str, Any], evs: int, min_used: int) -> None:
     """At least ``min_used`` EVs carried data and none more than 3x its fair share (plus two
     bursts)."""
     rows = send["evs"]
@@ -42,7 +46,9 @@ def check_spray(send: dict, evs: int, min_used: int) -> None:
     assert sum(counts) >= send["data_packets"]
 
 
-def transfer(mrc_tools, port: int, recv_args: list[str], send_args: list[str]):
+def transfer(
+    mrc_tools: MrcTools, port: int, recv_args: list[str], send_args: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{port}", "--json", *recv_args)
     recv.wait_listening(port)
     send = mrc_tools.run("mrc-send", "--to", f"[::1]:{port}", "--json", *send_args)
@@ -53,7 +59,9 @@ def transfer(mrc_tools, port: int, recv_args: list[str], send_args: list[str]):
     return send.json, r.json
 
 
-def test_64mib_sprayed_over_128_evs_into_a_file(mrc_tools, mrc_port, tmp_path: Path) -> None:
+def test_64mib_sprayed_over_128_evs_into_a_file(
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
+) -> None:
     size = 64 * MiB
     out = tmp_path / "out.bin"
     send, recv = transfer(
@@ -77,7 +85,7 @@ def test_64mib_sprayed_over_128_evs_into_a_file(mrc_tools, mrc_port, tmp_path: P
     [0, 1, 8192, 3 * MiB + 4321],
     ids=["empty", "one-byte", "one-payload", "not-a-multiple"],
 )
-def test_file_transfer(mrc_tools, mrc_port, tmp_path: Path, size: int) -> None:
+def test_file_transfer(mrc_tools: MrcTools, mrc_port: int, tmp_path: Path, size: int) -> None:
     src = tmp_path / "in.bin"
     src.write_bytes(os.urandom(size))
     out = tmp_path / "sub" / "copy.bin"
@@ -93,7 +101,9 @@ def test_file_transfer(mrc_tools, mrc_port, tmp_path: Path, size: int) -> None:
     assert send["data_packets"] == -(-size // 8192) + 1
 
 
-def test_size_not_a_multiple_of_the_payload_default_payload(mrc_tools, mrc_port) -> None:
+def test_size_not_a_multiple_of_the_payload_default_payload(
+    mrc_tools: MrcTools, mrc_port: int
+) -> None:
     """Loopback's MTU (65,536) leaves room for the largest default payload, 8 KiB (it was
     1400 bytes, whatever the path: six times the packets and the per-packet work)."""
     size = 8192 * 197 + 13
@@ -105,7 +115,9 @@ def test_size_not_a_multiple_of_the_payload_default_payload(mrc_tools, mrc_port)
     check_spray(send, evs=128, min_used=128)
 
 
-def test_count_two_transfers_numbered_files(mrc_tools, mrc_port, tmp_path: Path) -> None:
+def test_count_two_transfers_numbered_files(
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
+) -> None:
     srcs = []
     for i, size in enumerate((100_000, 250_001)):
         p = tmp_path / f"src{i}"

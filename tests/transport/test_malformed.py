@@ -13,22 +13,36 @@ import hashlib
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, cast
 
 import pytest
 
 import mrc
 from mrc import wire
+from mrc.connection import Connection, Listener
 from mrc.errors import MRCError
+from mrc.transport.endpoint import Endpoint
 
 MiB = 1 << 20
 
 
-def forgeries(qpn: int, other_qpn: int, psn: int, addr: int, rkey: int, length: int):
+def forgeries(
+    qpn: int, other_qpn: int, psn: int, addr: int, rkey: int, length: int
+) -> list[tuple[str, bytes]]:
     """(reason, datagram) pairs; each datagram is wrong in exactly one way."""
     payload = b"\xee" * 64
 
-    def data(qpn=qpn, psn=psn, va=addr, rkey=rkey, n=64, body=payload, flags1=None, op=None):
+    def data(
+        qpn: int = qpn,
+        psn: int = psn,
+        va: int = addr,
+        rkey: int = rkey,
+        n: int = 64,
+        body: bytes = payload,
+        flags1: int | None = None,
+        op: int | None = None,
+    ) -> bytes:
         hdr = bytearray(wire.pack_data(qpn, psn, va, rkey, n, False, None))
         if flags1 is not None:
             hdr[1] = flags1
@@ -93,7 +107,7 @@ async def test_malformed_datagrams_are_counted_and_the_transfer_survives() -> No
         for _reason, dgram in cases:
             forger.send(dgram)
         assert not fut.done(), "transfer finished before the forgeries were sent"
-        placed_when_fired = peer.stats()["bytes_placed"]
+        placed_when_fired = cast(int, peer.stats()["bytes_placed"])
         assert placed_when_fired < size
 
         assert await asyncio.wait_for(fut, 30) == size
@@ -102,7 +116,7 @@ async def test_malformed_datagrams_are_counted_and_the_transfer_survives() -> No
 
         # the forgeries sit in the socket queue behind data already there: await their count
         deadline = time.monotonic() + 5
-        while sum(peer.stats()["dropped_by_reason"].values()) < len(cases):
+        while sum(cast("dict[str, int]", peer.stats()["dropped_by_reason"]).values()) < len(cases):
             assert time.monotonic() < deadline, peer.stats()["dropped_by_reason"]
             await asyncio.sleep(0.01)
         assert peer.stats()["dropped_by_reason"] == expected
@@ -110,7 +124,7 @@ async def test_malformed_datagrams_are_counted_and_the_transfer_survives() -> No
         assert not peer.error and not conn.error
         # the receiver NACKed the forgeries it could attribute to the QP; the sender ignored
         # them because they name PSNs/EVs it never used that way
-        st = conn.stats()
+        st: dict[str, Any] = conn.stats()
         assert st["nacks_ignored"] == st["nacks"]
         # no forged NACK caused a retransmission (timing-driven ones may happen on a loaded
         # machine; they are the core's business, not the forgeries')
@@ -148,7 +162,7 @@ async def test_forgeries_before_any_data_do_not_disturb_a_later_transfer() -> No
         for _reason, dgram in cases:
             forger.send(dgram)
         deadline = time.monotonic() + 5
-        while sum(peer.stats()["dropped_by_reason"].values()) < len(cases):
+        while sum(cast("dict[str, int]", peer.stats()["dropped_by_reason"]).values()) < len(cases):
             assert time.monotonic() < deadline, peer.stats()["dropped_by_reason"]
             await asyncio.sleep(0.01)
         assert peer.stats()["packets_received"] == 0
@@ -156,7 +170,7 @@ async def test_forgeries_before_any_data_do_not_disturb_a_later_transfer() -> No
         assert await peer.next_immediate(timeout=5) == 9
         assert inbox == data
         # no real packet was taken for a duplicate of a forgery (only resends can duplicate)
-        assert peer.stats()["duplicates"] <= conn.stats()["retransmits"]
+        assert cast(int, peer.stats()["duplicates"]) <= cast(int, conn.stats()["retransmits"])
     finally:
         forger.close()
         if conn is not None:
@@ -172,11 +186,13 @@ async def test_forgeries_before_any_data_do_not_disturb_a_later_transfer() -> No
 # while (``paused``): the sender's packets wait in the kernel queue, unacknowledged, and the
 # first retransmission timeout is a second away.
 
-SLOW_RTO = dict(initial_rto=1.0, max_rto=1.0, payload_size=1000, max_outstanding=64, cc="fixed")
+SLOW_RTO: dict[str, Any] = dict(
+    initial_rto=1.0, max_rto=1.0, payload_size=1000, max_outstanding=64, cc="fixed"
+)
 
 
 @contextlib.contextmanager
-def paused(endpoint) -> Iterator[None]:
+def paused(endpoint: Endpoint) -> Iterator[None]:
     """The endpoint reads nothing inside the block (its datagrams queue in the kernel)."""
     loop = endpoint.loop
     for sock in endpoint.listen_sockets:
@@ -188,7 +204,7 @@ def paused(endpoint) -> Iterator[None]:
             loop.add_reader(sock.fileno(), endpoint._on_readable, sock)
 
 
-async def until(cond, what: str, timeout: float = 5.0) -> None:
+async def until(cond: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
     """Poll ``cond`` (a counter the loop updates) until it holds."""
     deadline = time.monotonic() + timeout
     while not cond():
@@ -196,12 +212,14 @@ async def until(cond, what: str, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def received(conn) -> int:
+def received(conn: Connection) -> int:
     return conn.endpoint.core.datagrams_received
 
 
 @contextlib.asynccontextmanager
-async def pair(size: int, evs: int = 16, **cfg) -> AsyncIterator[tuple]:
+async def pair(
+    size: int, evs: int = 16, **cfg: Any
+) -> AsyncIterator[tuple[Listener, Connection, Connection, bytearray, socket.socket]]:
     """listener, sender connection, receiver connection, inbox, forger socket."""
     inbox = bytearray(size)
     listener = await mrc.listen("::1", 0)
@@ -221,7 +239,7 @@ async def pair(size: int, evs: int = 16, **cfg) -> AsyncIterator[tuple]:
         await listener.close()
 
 
-def nack(conn, psn: int, echo: int, code: int = wire.NackCode.TRIMMED) -> bytes:
+def nack(conn: Connection, psn: int, echo: int, code: int = wire.NackCode.TRIMMED) -> bytes:
     """A NACK to ``conn`` (the sender) about ``psn``, echoing EV port ``echo``."""
     below = (conn.qp.initial_psn - 1) & wire.PSN_MASK  # cumulative point: nothing yet
     return wire.pack_ack(conn.qp.qpn, below, wire.AETH_NAK_BASE | code, psn, psn & ~63, 0, echo)
@@ -250,7 +268,7 @@ async def test_forged_trimmed_nack_flood_changes_nothing() -> None:
             for d in volley:
                 forger.send(d)
             await until(lambda: received(conn) - before == len(volley), "volley not received")
-            st = conn.stats()
+            st: dict[str, Any] = conn.stats()
             drops = st["dropped_by_reason"]
             assert not conn.error, conn.error
             assert st["retransmits_nack"] == 0 and st["retransmits"] == 0
@@ -264,7 +282,7 @@ async def test_forged_trimmed_nack_flood_changes_nothing() -> None:
             for d in right:
                 forger.send(d)
             await until(lambda: received(conn) - before == len(right), "volley not received")
-            st = conn.stats()
+            st = cast("dict[str, Any]", conn.stats())
             drops = st["dropped_by_reason"]
             assert st["retransmits_nack"] == 1, st
             assert drops.get("nack_repeated", 0) + drops.get("nack_wrong_ev") - 1001 == 299
@@ -299,13 +317,13 @@ async def test_injected_write_at_the_next_psn_does_not_kill_the_connection() -> 
             # the last of them moves the cumulative point over PSN 20 at once
             nxt = (conn.qp.initial_psn + 20) & wire.PSN_MASK
             evil = wire.pack_data(
-                peer.qpn, nxt, region.addr + size - 100, region.rkey, 100, 1, None
+                peer.qpn, nxt, region.addr + size - 100, region.rkey, 100, True, None
             )
             forger.send(evil + b"\xee" * 100)
             fut = conn.post_write(first, region)
             assert req.in_flight == 20 and req._next_seq == 20
         assert await asyncio.wait_for(fut, 10) == len(first)
-        assert conn.stats()["ack_beyond_sent"] >= 1
+        assert cast(int, conn.stats()["ack_beyond_sent"]) >= 1
         assert bytes(inbox[-100:]) == b"\xee" * 100  # it landed: no keys, no defence
         # the next write's first packet (the injected PSN) is a duplicate to the receiver and
         # its data is lost to the injection; the connection itself must survive
@@ -354,7 +372,7 @@ async def test_forged_ack_completes_nothing() -> None:
             await until(lambda: received(conn) - before == len(forged), "forgeries not received")
             assert not fut.done()
             assert req.in_flight == 30 and req.acked_packets == 0
-            st = conn.stats()
+            st: dict[str, Any] = conn.stats()
             assert st["sacks"] == 0 and not conn.error
             assert sum(st["dropped_by_reason"].values()) == len(forged), st["dropped_by_reason"]
             assert conn.endpoint.core.unaccounted() == 0
@@ -379,8 +397,8 @@ async def test_unknown_rkey_and_out_of_window_psn_get_no_answer() -> None:
         before = received(peer)
         for rkey in range(1, 201):  # none is the region's (it is 32 random bits)
             if rkey != region.rkey:
-                forger.send(wire.pack_data(peer.qpn, psn, region.addr, rkey, 8, 1, 7) + b"e" * 8)
-        forger.send(wire.pack_data(peer.qpn, far, region.addr, region.rkey, 8, 1, 7) + b"e" * 8)
+                forger.send(wire.pack_data(peer.qpn, psn, region.addr, rkey, 8, True, 7) + b"e" * 8)
+        forger.send(wire.pack_data(peer.qpn, far, region.addr, region.rkey, 8, True, 7) + b"e" * 8)
         # (at least: the answers to the receiver's reverse probes arrive meanwhile)
         await until(lambda: received(peer) - before >= 201, "forgeries not received")
         drops = peer.stats()["dropped_by_reason"]
@@ -426,7 +444,7 @@ async def test_six_observed_nacks_with_code_0_do_not_end_the_transfer() -> None:
             for d in volley:
                 forger.send(d)
             await until(lambda: received(conn) - before == len(volley), "volley not received")
-            st = conn.stats()
+            st: dict[str, Any] = conn.stats()
             assert not conn.error, conn.error
             assert st["dropped_by_reason"].get("nack_code_unused") == 6, st["dropped_by_reason"]
             assert st["retransmits"] == 0
@@ -458,7 +476,7 @@ async def test_an_observed_remote_access_nack_is_held_and_contradicted() -> None
             assert conn.stats()["nacks_unconfirmed"] == 1
         assert await asyncio.wait_for(fut, 10) == size
         assert hashlib.sha256(inbox).digest() == hashlib.sha256(data).digest()
-        st = conn.stats()
+        st: dict[str, Any] = conn.stats()
         assert st["nacks_contradicted"] == 1 and not conn.error
         assert st["retransmits_nack"] == 1  # the one resend it cost
 
@@ -489,7 +507,7 @@ async def test_forged_port_state_announcements_cost_no_resends() -> None:
                 forger.send(d)
             # (at least: the last ACK of the write before may still come in meanwhile)
             await until(lambda: received(conn) - before >= len(volley), "volley not received")
-            st = conn.stats()
+            st: dict[str, Any] = conn.stats()
             assert st["dropped_by_reason"].get("ack_nothing_late") == 400, st["dropped_by_reason"]
             # (a tail loss probe into the paused receiver's silence is timing, not forgery)
             assert st["retransmits_link"] == 0 and st["retransmits"] == st["retransmits_tlp"]
@@ -523,6 +541,7 @@ async def test_acks_the_receiver_never_sent_are_named_on_both_sides() -> None:
         req = conn.qp.requester
 
         async def receiver() -> str:
+            assert peer.granted is not None  # the listener made the region it requested
             try:
                 await receive_buffer(peer, peer.granted.view)
             except MRCError as exc:  # what mrc-recv does: tell the sender why, then fail
@@ -585,7 +604,7 @@ async def test_observed_trim_nacks_proved_false_stop_cutting_the_window() -> Non
             return len(volley)
 
         sent = await write_under_nacks()
-        st = conn.stats()
+        st: dict[str, Any] = conn.stats()
         assert st["retransmits_nack"] == sent
         assert st["trims_contradicted"] >= 8, st
         assert not conn.error

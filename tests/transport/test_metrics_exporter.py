@@ -58,7 +58,8 @@ async def test_counters_of_both_sides_drops_and_closed_connections() -> None:
     )
     listener.register(inbox, name="inbox")
     server = await serve_metrics(listener)
-    conn = peer = None
+    conn: mrc.Connection | None = None
+    peer: mrc.Connection | None = None
     forger = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     try:
         conn = await mrc.connect("::1", listener.port, mrc.ConnectConfig(evs=8))
@@ -94,8 +95,8 @@ async def test_counters_of_both_sides_drops_and_closed_connections() -> None:
         assert received == listener.endpoint.core.datagrams_received
 
         # every QP counter as the connections report them
-        for who, c in ((rx, peer), (tx, conn)):
-            st = c.stats()
+        for who, side in ((rx, peer), (tx, conn)):
+            st = side.stats()
             assert s.value("mrc_qp_placed_bytes_total", **who) == st["bytes_placed"]
             assert s.value("mrc_qp_sent_packets_total", **who) == st["packets_sent"]
             assert s.value("mrc_qp_received_packets_total", **who) == st["packets_received"]
@@ -104,7 +105,7 @@ async def test_counters_of_both_sides_drops_and_closed_connections() -> None:
             assert s.value("mrc_qp_retransmits_total", **who) == st["retransmits"]
             assert s.value("mrc_qp_trimmed_packets_total", **who) == st["trims_seen"]
             # EVs by state: every EV of the QP in exactly one state
-            assert s.total("mrc_qp_evs", **who) == len(c.ev_report())
+            assert s.total("mrc_qp_evs", **who) == len(side.ev_report())
         assert s.value("mrc_qp_placed_bytes_total", **rx) == size
         assert s.value("mrc_qp_sent_bytes_total", **tx) == size
         assert s.value("mrc_qp_evs", state="good", **tx) == 8  # the rest wait as backups

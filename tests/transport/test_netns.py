@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from conftest import MrcTools, Result, Running
+
+    from mrc.lab.testbed import TwoHosts
 
 pytestmark = pytest.mark.netns
 
@@ -22,7 +28,7 @@ def rx_bytes(ns: str) -> dict[str, int]:
     return {i["ifname"]: i["stats64"]["rx"]["bytes"] for i in json.loads(res.stdout)}
 
 
-def receiver_on_both_planes(h, mrc_tools, *extra: str):  # noqa: ANN001, ANN202
+def receiver_on_both_planes(h: TwoHosts, mrc_tools: MrcTools, *extra: str) -> Running:
     """mrc-recv --discard --json in B, listening on its address in each plane, ready;
     ``extra``: more of its options."""
     recv = mrc_tools.start(
@@ -35,7 +41,7 @@ def receiver_on_both_planes(h, mrc_tools, *extra: str):  # noqa: ANN001, ANN202
     return recv
 
 
-def send_over_both_planes(h, mrc_tools, *args: str):  # noqa: ANN001, ANN202
+def send_over_both_planes(h: TwoHosts, mrc_tools: MrcTools, *args: str) -> Running:
     """mrc-send --json from A to B over both planes with ``args``, started (not awaited)."""
     return mrc_tools.start(
         "mrc-send",
@@ -45,7 +51,7 @@ def send_over_both_planes(h, mrc_tools, *args: str):  # noqa: ANN001, ANN202
     )
 
 
-def finish(send, recv):  # noqa: ANN001, ANN202
+def finish(send: Running, recv: Running) -> tuple[Result, Result]:
     """Both ends' JSON, once both ended well."""
     s, r = send.wait(60), recv.wait(30)
     assert s.returncode == 0, s.describe()
@@ -65,7 +71,7 @@ def _fragments_made(ns: str) -> int:
     return int(counters["Ip6FragCreates"])
 
 
-def test_64mib_over_two_planes(two_hosts, mrc_tools) -> None:
+def test_64mib_over_two_planes(two_hosts: TwoHosts, mrc_tools: MrcTools) -> None:
     h = two_hosts
     planes = [h.link_names(p)[1] for p in range(2)]  # B's end of each link
     recv = receiver_on_both_planes(h, mrc_tools)
@@ -121,7 +127,9 @@ def test_64mib_over_two_planes(two_hosts, mrc_tools) -> None:
         assert got[ifname] >= 0.3 * sum(got.values()), (got, s["retransmits"])
 
 
-def test_the_default_payload_fits_the_path_mtu(two_hosts_1500, mrc_tools) -> None:
+def test_the_default_payload_fits_the_path_mtu(
+    two_hosts_1500: TwoHosts, mrc_tools: MrcTools
+) -> None:
     """Without --payload, mrc-send asks the kernel for the path MTU of each plane's route and
     sends the largest payload that fits the smallest (8 KiB at most), and says so with -v:
     1500 - 40 (IPv6) - 8 (UDP) - 32 (MRC headers) = 1420 bytes, no datagram fragmented."""

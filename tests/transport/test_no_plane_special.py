@@ -16,11 +16,17 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from digests import expected_digest
 
 from mrc.lab.testbed import _tc_rate
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
+
+    from mrc.lab.testbed import TwoHosts
 
 pytestmark = pytest.mark.netns
 
@@ -49,7 +55,7 @@ def _blackhole(ns: str, dev: str, on: bool) -> None:
         )
 
 
-def _fail(h, how: str) -> threading.Timer | None:  # noqa: ANN001
+def _fail(h: TwoHosts, how: str) -> threading.Timer | None:
     """Fail plane 0 as ``how`` says; the timer that heals it, if it heals."""
     a0, b0 = h.link_names(0)
     if how == "recv-link":
@@ -70,7 +76,7 @@ MODES = ["discard", "out", "time"]
 
 
 @pytest.fixture
-def shaped(two_hosts):  # noqa: ANN001, ANN201
+def shaped(two_hosts: TwoHosts) -> TwoHosts:
     h = two_hosts
     if how_missing := _missing_ip6tables():
         pytest.skip(how_missing)
@@ -92,7 +98,7 @@ def _missing_ip6tables() -> str | None:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("how", CASES)
 def test_losing_the_plane_the_side_channel_was_set_up_on(
-    shaped, mrc_tools, tmp_path: Path, how: str, mode: str
+    shaped: TwoHosts, mrc_tools: MrcTools, tmp_path: Path, how: str, mode: str
 ) -> None:
     h = shaped
     if how == "blackhole-heal" and mode != "discard":
@@ -157,7 +163,7 @@ def test_losing_the_plane_the_side_channel_was_set_up_on(
 
 
 def test_set_up_tries_the_receivers_other_plane_when_the_first_does_not_answer(
-    shaped, mrc_tools
+    shaped: TwoHosts, mrc_tools: MrcTools
 ) -> None:
     """Plane 0 is blackholed before the sender starts: the first --to never answers, the
     second (the receiver's plane-1 address) is tried 0.25 s later, and the transfer runs

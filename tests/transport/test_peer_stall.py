@@ -14,11 +14,15 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
 
 SIZE = 128 << 20
 
 
-def test_a_receiver_stopped_for_a_moment_costs_a_moment(mrc_tools, mrc_port) -> None:
+def test_a_receiver_stopped_for_a_moment_costs_a_moment(mrc_tools: MrcTools, mrc_port: int) -> None:
     recv = mrc_tools.start(
         "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--json", "-v",
         "--idle-timeout", "60",

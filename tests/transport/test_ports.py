@@ -11,9 +11,15 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+from typing import TYPE_CHECKING
 
 import pytest
 from transport.test_netns import PORT, finish, receiver_on_both_planes, send_over_both_planes
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
+
+    from mrc.lab.testbed import TwoHosts
 
 pytestmark = pytest.mark.netns
 
@@ -52,7 +58,7 @@ def _dropped(ns: str) -> int:
     return total
 
 
-def test_a_transfer_keeps_to_the_port_range(two_hosts, mrc_tools) -> None:
+def test_a_transfer_keeps_to_the_port_range(two_hosts: TwoHosts, mrc_tools: MrcTools) -> None:
     if shutil.which("ip6tables") is None:
         pytest.skip("no ip6tables")
     h = two_hosts
@@ -89,7 +95,7 @@ def test_a_transfer_keeps_to_the_port_range(two_hosts, mrc_tools) -> None:
     assert _dropped(h.a) == 1
 
 
-def test_a_range_too_small_for_a_connection_is_one_line(mrc_tools) -> None:
+def test_a_range_too_small_for_a_connection_is_one_line(mrc_tools: MrcTools) -> None:
     """Refused before connecting: the range cannot hold an EV socket and the receive port."""
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
         probe.bind(("::1", 0))

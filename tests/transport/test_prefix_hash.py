@@ -19,11 +19,11 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from digests import expected_digest
-from requested_pair import requested_pair
+from transport.requested_pair import requested_pair
 
 import mrc
 from mrc import wire
@@ -121,11 +121,14 @@ def test_marks_keep_within_the_immediates_that_may_be_outstanding() -> None:
     assert all(mark_spacing(n, r) % MARK_UNIT == 0 for n in (SIZE, 77 * STEP) for r in (3, 9))
 
 
-async def _handled(peer: Any, before: tuple[int, int], limit: float) -> None:
+async def _handled(peer: mrc.Connection, before: tuple[int, int], limit: float) -> None:
     """Wait until the receiver took one more datagram for its QP: placed or dropped (no event
     says so)."""
     deadline = time.monotonic() + limit
-    while (peer.bytes_placed, sum(peer.stats()["dropped_by_reason"].values())) == before:
+    while (
+        peer.bytes_placed,
+        sum(cast("dict[str, int]", peer.stats()["dropped_by_reason"]).values()),
+    ) == before:
         assert time.monotonic() < deadline, "the forged WRITE never reached the receiver"
         await asyncio.sleep(0.01)
 
@@ -138,6 +141,7 @@ async def test_a_write_forged_into_the_frozen_prefix_changes_nothing(
     sides verified, and the genuine packet of that PSN still lands where it belongs."""
     data = os.urandom(SIZE)
     listener, conn, peer, buf = await requested_pair(SIZE)
+    assert conn.requested is not None and peer.granted is not None  # requested_pair made both
     frozen = asyncio.Event()
     real_freeze = peer.freeze_region
 
@@ -160,7 +164,10 @@ async def test_a_write_forged_into_the_frozen_prefix_changes_nothing(
         # an overwrite of the first bytes under the PSN the sender uses next
         psn = (conn.qp.initial_psn + conn.qp.requester._next_seq) & wire.PSN_MASK
         header = wire.pack_data(peer.qpn, psn, region.addr, region.rkey, len(FORGED), False, None)
-        before = (peer.bytes_placed, sum(peer.stats()["dropped_by_reason"].values()))
+        before = (
+            peer.bytes_placed,
+            sum(cast("dict[str, int]", peer.stats()["dropped_by_reason"]).values()),
+        )
         forger.sendto(header + FORGED, (HOST, listener.port))
         await _handled(peer, before, 30)
         assert peer.stats()["dropped_by_reason"] == {"region_closed": 1}
@@ -196,6 +203,7 @@ async def test_a_transfer_that_ends_early_waits_for_its_hash_step(
     once that step is over, and starts no other: then nothing reads the buffer any more, and
     its owner can let go of it (an mmap could not be closed otherwise)."""
     listener, conn, peer, buf = await requested_pair(SIZE)
+    assert conn.requested is not None and peer.granted is not None  # requested_pair made both
     loop = asyncio.get_running_loop()
     started = loop.create_future()
     release = threading.Event()

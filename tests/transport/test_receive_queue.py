@@ -107,6 +107,7 @@ async def test_the_sender_starts_within_the_share_its_welcome_grants(
             # and it grows from there: a transfer through that first window completes
             peer = await listener.accept(timeout=5)
             data = os.urandom(size)
+            assert conn.requested is not None
             await conn.write(data, conn.requested, 0, imm=1)
             assert await peer.next_immediate(timeout=10) == 1
             assert peer.granted is not None and bytes(peer.granted.view[:size]) == data

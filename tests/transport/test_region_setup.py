@@ -46,6 +46,7 @@ async def test_a_slow_region_set_up_does_not_stall_other_connections() -> None:
             "::1", listener.port, mrc.ConnectConfig(evs=16, request_size=size, qp=cfg)
         )
         peer = await listener.accept(timeout=30)
+        assert peer.granted is not None  # the listener made the region requested
         sent, got = await asyncio.gather(
             send_buffer(conn, memoryview(os.urandom(size))),
             receive_buffer(peer, peer.granted.view),
@@ -54,7 +55,7 @@ async def test_a_slow_region_set_up_does_not_stall_other_connections() -> None:
         assert not release.is_set() and not slow.done()  # all while the slow one was made
         release.set()
         slow_conn = await slow
-        assert slow_conn.requested.length == 1 << 20
+        assert slow_conn.requested is not None and slow_conn.requested.length == 1 << 20
         assert waited_out == [False]
     finally:
         release.set()

@@ -15,9 +15,15 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from transport.test_netns import finish, receiver_on_both_planes, send_over_both_planes
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
+
+    from mrc.lab.testbed import TwoHosts
 
 pytestmark = pytest.mark.netns
 
@@ -37,7 +43,7 @@ def _drop_input_labelled(ns: str, lo: int, hi: int) -> None:
 
 
 def test_a_receiver_retires_the_ack_paths_that_died_and_only_those(
-    two_hosts, mrc_tools, tmp_path: Path
+    two_hosts: TwoHosts, mrc_tools: MrcTools, tmp_path: Path
 ) -> None:
     if shutil.which("ip6tables") is None:
         pytest.skip("no ip6tables")
@@ -64,7 +70,9 @@ def test_a_receiver_retires_the_ack_paths_that_died_and_only_those(
 
 
 @pytest.mark.parametrize("interval", ["0", None])
-def test_mrc_recv_takes_the_probe_interval_from_qp(mrc_tools, mrc_port, interval) -> None:  # type: ignore[no-untyped-def]
+def test_mrc_recv_takes_the_probe_interval_from_qp(
+    mrc_tools: MrcTools, mrc_port: int, interval: str | None
+) -> None:
     """The knob is the receiver's: ``mrc-recv --qp reverse_probe_interval=0`` sends none."""
     extra = ("--qp", f"reverse_probe_interval={interval}") if interval is not None else ()
     recv = mrc_tools.start(
@@ -83,7 +91,7 @@ def test_mrc_recv_takes_the_probe_interval_from_qp(mrc_tools, mrc_port, interval
         assert r.json["reverse_probes_sent"] == 0
 
 
-def test_a_bad_qp_setting_of_mrc_recv_is_one_line(mrc_tools) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_qp_setting_of_mrc_recv_is_one_line(mrc_tools: MrcTools) -> None:
     res = mrc_tools.run("mrc-recv", "--listen", "[::1]:1", "--discard", "--qp", "max_outstanding=0")
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [

@@ -16,6 +16,7 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -61,10 +62,10 @@ def _send_sequence(seed: int, txs: list[socket.socket]) -> int:
     return receives
 
 
-def _drain(kernel: object, rx: socket.socket, expect: int, seed: int) -> list[tuple[object, ...]]:
+def _drain(kernel: object, rx: socket.socket, expect: int, seed: int) -> list[tuple[Any, ...]]:
     rng = random.Random(seed)
     buf = bytearray(4 * SLOT)
-    out: list[tuple[object, ...]] = []
+    out: list[tuple[Any, ...]] = []
     while True:
         most = rng.randrange(1, 6)
         metas, tries, empty = kernel(rx, buf, SLOT, most, True, SPACE)  # type: ignore[operator]

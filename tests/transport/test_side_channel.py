@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 import pytest
 
@@ -296,6 +297,12 @@ def test_messages_round_trip() -> None:
     assert RoundDigest.from_json(digest.to_json()) == digest
 
 
+class _Parsed(Protocol):
+    """A message class: it reads itself from JSON (raising MessageError if it is wrong)."""
+
+    def from_json(self, obj: object, /) -> object: ...
+
+
 @pytest.mark.parametrize(
     ("cls", "obj", "expected"),
     [
@@ -322,7 +329,7 @@ def test_messages_round_trip() -> None:
         (RemoteRegion, {"name": "", "rkey": 1, "addr": (1 << 64) - 1, "length": 2}, "length"),
     ],
 )
-def test_after_setup_messages_are_checked(cls: type, obj: object, expected: str) -> None:
+def test_after_setup_messages_are_checked(cls: _Parsed, obj: object, expected: str) -> None:
     with pytest.raises(MessageError, match=None) as info:
         cls.from_json(obj)
     assert expected in str(info.value)

@@ -12,7 +12,8 @@ import json
 import os
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any, cast
 
 import pytest
 
@@ -24,24 +25,31 @@ from mrc.transport.sidechannel import SideChannel
 HOST = "::1"
 
 
-async def until(cond, what: str, timeout: float = 10.0) -> None:  # noqa: ANN001
+async def until(cond: Callable[[], object], what: str, timeout: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not cond():
         assert asyncio.get_running_loop().time() < deadline, what
         await asyncio.sleep(0.005)
 
 
+async def _message(c: Connection) -> dict[str, object]:
+    """The next side-channel message (within 5 s), which must come."""
+    m = await c.recv_message(timeout=5)
+    assert m is not None, "the channel closed"
+    return m
+
+
 @contextlib.asynccontextmanager
-async def two_plane_pair(**kw: object) -> AsyncIterator[tuple[Connection, Connection]]:
+async def two_plane_pair(**kw: Any) -> AsyncIterator[tuple[Connection, Connection]]:
     async with two_plane_listener(**kw) as (conn, peer, _listener):
         yield conn, peer
 
 
 @contextlib.asynccontextmanager
 async def two_plane_listener(
-    **kw: object,
+    **kw: Any,
 ) -> AsyncIterator[tuple[Connection, Connection, mrc.Listener]]:
-    listener = await mrc.listen(HOST, 0, mrc.ListenerConfig(plane_addrs=[HOST, HOST], **kw))  # type: ignore[arg-type]
+    listener = await mrc.listen(HOST, 0, mrc.ListenerConfig(plane_addrs=[HOST, HOST], **kw))
     conn = None
     try:
         conn = await mrc.connect(
@@ -90,8 +98,8 @@ async def test_a_broken_path_costs_nothing_while_another_lives(which: int) -> No
         for i in range(5):
             await conn.send_message({"i": i})
             await peer.send_message({"i": -i})
-        assert [(await peer.recv_message(timeout=5))["i"] for _ in range(5)] == list(range(5))
-        assert [(await conn.recv_message(timeout=5))["i"] for _ in range(5)] == [
+        assert [(await _message(peer))["i"] for _ in range(5)] == list(range(5))
+        assert [(await _message(conn))["i"] for _ in range(5)] == [
             0,
             -1,
             -2,
@@ -141,13 +149,13 @@ async def test_a_path_joined_later_gets_what_was_not_acknowledged() -> None:
         side = conn.side
         # hold back the acknowledgements: pause reading on the receiver's paths
         for p in peer.side._paths.values():
-            p.writer.transport.pause_reading()
+            cast(asyncio.Transport, p.writer.transport).pause_reading()
         for i in range(3):
             await conn.send_message({"i": i})
         assert [n for n, _m in side._unacked] == [0, 1, 2]
         for p in peer.side._paths.values():
-            p.writer.transport.resume_reading()
-        assert [(await peer.recv_message(timeout=5))["i"] for _ in range(3)] == [0, 1, 2]
+            cast(asyncio.Transport, p.writer.transport).resume_reading()
+        assert [(await _message(peer))["i"] for _ in range(3)] == [0, 1, 2]
         await until(lambda: not side._unacked, "not acknowledged")
 
 
@@ -206,6 +214,8 @@ async def test_framing_that_is_not_ours_breaks_only_that_path() -> None:
 
 
 def test_a_side_channel_without_paths_says_so() -> None:
+    server_port = 0
+
     async def run() -> None:
         r, w = await asyncio.open_connection(*("::1", server_port))
         side = SideChannel(ControlChannel(r, w), None)
@@ -221,5 +231,4 @@ def test_a_side_channel_without_paths_says_so() -> None:
         async with server:
             await run()
 
-    server_port = 0
     asyncio.run(serve())

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 from digests import expected_digest
-from requested_pair import requested_pair
+from transport.requested_pair import requested_pair
 
 import mrc
 from mrc.app.checksum import Checksum

@@ -7,7 +7,7 @@ import os
 
 import pytest
 from digests import expected_digest
-from requested_pair import requested_pair
+from transport.requested_pair import requested_pair
 
 import mrc
 from mrc.app.transfer import receive_buffer, send_buffer
@@ -17,6 +17,7 @@ async def test_verified_transfer_both_sides_agree() -> None:
     size = 5 * (1 << 20) + 3
     data = os.urandom(size)
     listener, conn, peer, buf = await requested_pair(size)
+    assert conn.requested is not None and peer.granted is not None  # requested_pair made both
     try:
         assert conn.requested is not None and conn.requested.length == size
         assert peer.granted is not None and peer.granted.length == size
@@ -45,6 +46,7 @@ async def test_mismatch_is_detected_on_both_sides() -> None:
     size = 1 << 20
     data = os.urandom(size)
     listener, conn, peer, _buf = await requested_pair(size)
+    assert conn.requested is not None and peer.granted is not None  # requested_pair made both
     try:
         elsewhere = memoryview(bytearray(size))  # not the region the data lands in
         sent, got = await asyncio.gather(
@@ -63,10 +65,11 @@ async def test_mismatch_is_detected_on_both_sides() -> None:
 async def test_receiver_sees_sender_vanish() -> None:
     size = 1 << 20
     listener, conn, peer, _buf = await requested_pair(size)
+    assert conn.requested is not None and peer.granted is not None  # requested_pair made both
     try:
         # part of the data, no DONE_IMM, then the sender goes away
-        await conn.write(os.urandom(1000), conn.requested, 0)  # type: ignore[arg-type]
-        task = asyncio.ensure_future(receive_buffer(peer, peer.granted.view[:size]))  # type: ignore[union-attr]
+        await conn.write(os.urandom(1000), conn.requested, 0)
+        task = asyncio.ensure_future(receive_buffer(peer, peer.granted.view[:size]))
         await conn.close()
         with pytest.raises(mrc.MRCError, match="sender went away"):
             await asyncio.wait_for(task, 5)

@@ -13,11 +13,11 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from typing import cast
 
 import pytest
 from digests import expected_digest
-from requested_pair import requested_pair
+from transport.requested_pair import requested_pair
 
 import mrc
 from mrc import wire
@@ -27,10 +27,13 @@ from mrc.app.transfer import receive_buffer, send_buffer
 FORGED = b"\xee" * 64
 
 
-async def _handled(peer: Any, before: tuple[int, int], limit: float) -> None:
+async def _handled(peer: mrc.Connection, before: tuple[int, int], limit: float) -> None:
     """Wait until the receiver took one more datagram for its QP: placed or dropped."""
     deadline = time.monotonic() + limit
-    while (peer.bytes_placed, sum(peer.stats()["dropped_by_reason"].values())) == before:
+    while (
+        peer.bytes_placed,
+        sum(cast("dict[str, int]", peer.stats()["dropped_by_reason"]).values()),
+    ) == before:
         assert time.monotonic() < deadline, "the forged WRITE never reached the receiver"
         await asyncio.sleep(0.01)
 
@@ -41,6 +44,7 @@ async def test_a_write_forged_while_the_receiver_hashes_changes_nothing(
     size = 4 << 20
     data = os.urandom(size)
     listener, conn, peer, buf = await requested_pair(size)
+    assert conn.requested is not None and peer.granted is not None  # requested_pair made both
     loop = asyncio.get_running_loop()
     hashed = loop.create_future()
     forged = threading.Event()
@@ -63,7 +67,10 @@ async def test_a_write_forged_while_the_receiver_hashes_changes_nothing(
         # what an observer saw: the receiver's QP, the region, the PSN after the last one
         psn = (conn.qp.initial_psn + conn.qp.requester._next_seq) & wire.PSN_MASK
         header = wire.pack_data(peer.qpn, psn, region.addr, region.rkey, len(FORGED), False, None)
-        before = (peer.bytes_placed, sum(peer.stats()["dropped_by_reason"].values()))
+        before = (
+            peer.bytes_placed,
+            sum(cast("dict[str, int]", peer.stats()["dropped_by_reason"]).values()),
+        )
         forger.sendto(header + FORGED, ("::1", listener.port))
         await _handled(peer, before, 30)
         forged.set()
@@ -87,6 +94,7 @@ async def test_a_closed_region_still_acknowledges_what_it_already_holds() -> Non
     size = 1 << 20
     data = os.urandom(size)
     listener, conn, peer, buf = await requested_pair(size)
+    assert conn.requested is not None and peer.granted is not None  # requested_pair made both
     try:
         region = conn.requested
         assert await conn.write(memoryview(data), region, 0) == size
@@ -106,7 +114,7 @@ async def test_a_closed_region_still_acknowledges_what_it_already_holds() -> Non
                 await asyncio.sleep(0.01)
         finally:
             forger.close()
-        assert "region_closed" not in peer.stats()["dropped_by_reason"]
+        assert "region_closed" not in cast("dict[str, int]", peer.stats()["dropped_by_reason"])
         # and a WRITE of new data is refused: nothing changes in the region
         with pytest.raises(mrc.MRCError, match="remote access error|REMOTE_ACCESS"):
             await asyncio.wait_for(conn.write(b"\x01" * 100, region, 0), 30)
