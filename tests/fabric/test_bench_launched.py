@@ -19,10 +19,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
-from fabric_helpers import SKIP_REASON, running_fabric, unique_name
+from fabric.fabric_helpers import SKIP_REASON, running_fabric, unique_name
 
 from mrc.lab.fabric import FabricSpec, Topology
 
@@ -73,7 +74,7 @@ def _start_env_ranks(
     bench_args: list[str],
     prefix: tuple[str, ...] = (),
     token: str | None = None,
-) -> list[subprocess.Popen]:
+) -> list[subprocess.Popen[str]]:
     """One rank per host with torchrun's variables, rank 0 at h0's last-plane address; with
     ``token``, the job's MRC_BENCH_TOKEN on every rank."""
     master = topo.hosts[0].nics[-1].address
@@ -103,14 +104,16 @@ def _start_env_ranks(
     return procs
 
 
-def _kill_all(procs: list[subprocess.Popen]) -> None:
+def _kill_all(procs: list[subprocess.Popen[str]]) -> None:
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
 
 
-def _check_rows(doc: dict, conditions: set[str]) -> dict:
+def _check_rows(
+    doc: dict[str, Any], conditions: set[str]
+) -> dict[tuple[str, str, str], dict[str, Any]]:
     jsonschema.validate(doc, SCHEMA)
     cfg = doc["config"]
     rows = {(r["workload"], r["condition"], r["transport"]): r for r in doc["results"]}
@@ -129,7 +132,7 @@ def _check_rows(doc: dict, conditions: set[str]) -> dict:
     return rows
 
 
-def _check_ranks(doc: dict, topo: Topology, launcher: str) -> None:
+def _check_ranks(doc: dict[str, Any], topo: Topology, launcher: str) -> None:
     launch = doc["launch"]
     assert launch["launcher"] == launcher
     assert [r["rank"] for r in launch["ranks"]] == list(range(HOSTS))

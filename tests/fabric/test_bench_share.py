@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from fabric_helpers import REPO, SKIP_REASON, unique_name
+from fabric.fabric_helpers import REPO, SKIP_REASON, unique_name
 
 from mrc.lab.fabric.teardown import fabric_namespaces
 from mrc.topology.model import topology_path

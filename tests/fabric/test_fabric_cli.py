@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+from collections.abc import Iterator
 
 import pytest
-from fabric_helpers import SKIP_REASON, needs_netns, run_cli, running_fabric, unique_name
+from fabric.fabric_helpers import SKIP_REASON, needs_netns, run_cli, running_fabric, unique_name
 
 from mrc.lab.cli.fabric import main
 from mrc.lab.fabric import FabricSpec, Topology
 
 
-def _one_line_error(res, code: int | None = None, contains: str = "") -> None:
+def _one_line_error(
+    res: subprocess.CompletedProcess[str], code: int | None = None, contains: str = ""
+) -> None:
     assert res.returncode != 0
     if code is not None:
         assert res.returncode == code, res.stderr
@@ -57,7 +61,7 @@ def test_help_explains_every_subcommand() -> None:
         assert sub.returncode == 0 and "usage:" in sub.stdout, cmd
 
 
-def test_not_root(monkeypatch, capsys) -> None:
+def test_not_root(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Pretend to be unprivileged (a real uid switch cannot exec a venv living under /root)."""
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     cases = (["up", "--name", unique_name("n")], ["down"], ["status"], ["link", "up", "a", "b"])
@@ -68,7 +72,7 @@ def test_not_root(monkeypatch, capsys) -> None:
 
 
 @pytest.fixture(scope="module")
-def small() -> Topology:
+def small() -> Iterator[Topology]:
     if SKIP_REASON is not None:
         pytest.skip(SKIP_REASON)
     with running_fabric(FabricSpec(name=unique_name("f"), planes=2, hosts=3)) as topo:
@@ -91,7 +95,9 @@ def small() -> Topology:
         (["paths", "h0", "h42"], 2, "unknown node"),
     ],
 )
-def test_bad_names_on_running_fabric(small: Topology, args, code, contains) -> None:
+def test_bad_names_on_running_fabric(
+    small: Topology, args: list[str], code: int, contains: str
+) -> None:
     res = run_cli(args[0], "--name", small.name, *args[1:])
     _one_line_error(res, code=code, contains=contains)
 

@@ -8,9 +8,10 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import NoReturn
 
 import pytest
-from fabric_helpers import (
+from fabric.fabric_helpers import (
     REPO,
     needs_netns,
     run_cli,
@@ -135,11 +136,11 @@ def test_rate_and_jumbo_mtu_applied() -> None:
             tx.close()
 
 
-def test_failed_build_is_rolled_back(monkeypatch) -> None:
+def test_failed_build_is_rolled_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failure half way through ``up`` removes what was already built."""
     import mrc.lab.fabric.builder as builder
 
-    def boom(*args, **kwargs):
+    def boom(*args: object, **kwargs: object) -> NoReturn:
         raise RuntimeError("injected failure")
 
     monkeypatch.setattr(builder, "configure_node", boom)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -16,6 +17,9 @@ from mrc.lab.fabric.usid_routes import node_setup as usid_node_setup
 from mrc.srv6 import usid
 from mrc.srv6.paths import default_path, list_paths, path_via
 from mrc.srv6.srh import decode_srh
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def test_default_shape() -> None:
@@ -57,7 +61,7 @@ def test_hosts_split_evenly() -> None:
     assert sorted(per_leaf) == [2, 2, 3]
 
 
-def test_json_round_trip(tmp_path) -> None:
+def test_json_round_trip(tmp_path: Path) -> None:
     topo = plan(FabricSpec(name="rt", rate="200mbit", mtu=9000))
     path = topo.save(tmp_path / "fabric-rt.json")
     data = json.loads(path.read_text())
@@ -87,7 +91,7 @@ def test_json_round_trip(tmp_path) -> None:
         dict(srv6="mpls"),
     ],
 )
-def test_bad_specs(kwargs) -> None:
+def test_bad_specs(kwargs: dict[str, Any]) -> None:
     with pytest.raises(UsageError):
         FabricSpec(**kwargs).validate()
 
@@ -150,6 +154,7 @@ def test_paths_different_leaves() -> None:
     p = path_via(topo, "h0", "h3", "p2s1")
     assert p.segments == (topo.router("p2s1").sid, topo.host("h3").nic(2).address)
     assert p.src_address == topo.host("h0").nic(2).address
+    assert p.srh is not None  # a path via a spine carries an SRH
     srh = decode_srh(p.srh)
     assert srh.segments == p.segments and srh.segments_left == 1
 
@@ -204,7 +209,7 @@ def test_trim_topology_records_ecn_and_band() -> None:
     assert Topology.from_dict(t.to_dict()) == t
 
 
-def test_srv6_mode_round_trips_and_a_bad_one_is_refused(tmp_path) -> None:
+def test_srv6_mode_round_trips_and_a_bad_one_is_refused(tmp_path: Path) -> None:
     topo = plan(FabricSpec(name="u", srv6="usid"))
     data = json.loads(topo.save(tmp_path / "fabric-u.json").read_text())
     assert data["srv6"] == "usid" and Topology.from_dict(data) == topo

@@ -28,10 +28,11 @@ import threading
 from collections import defaultdict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
-from fabric_helpers import running_fabric, unique_name
-from test_incast import TRIM_REASON, _udp_payload, check_complete, run_incast
+from fabric.fabric_helpers import running_fabric, unique_name
+from fabric.test_incast import TRIM_REASON, _udp_payload, check_complete, run_incast
 
 from mrc import wire
 from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
@@ -71,13 +72,13 @@ def _fabric(prio_band: bool, srv6: str = "usid") -> Iterator[Topology]:
 
 
 @pytest.fixture(scope="module", params=SRV6_MODES)
-def band_fabric(request) -> Iterator[Topology]:
+def band_fabric(request: pytest.FixtureRequest) -> Iterator[Topology]:
     """With each kind of route: CE marks and the band act on uSID and SRH packets alike."""
     with _fabric(prio_band=True, srv6=request.param) as topo:
         yield topo
 
 
-def port_counters(topo: Topology) -> dict[str, dict]:
+def port_counters(topo: Topology) -> dict[str, dict[str, Any]]:
     """``router:ifname`` -> the program's counters for that egress, from status --json."""
     out = {}
     for lk in Fabric.status(topo.name)["links"]:
@@ -270,7 +271,7 @@ def _queued(soj: dict[str, list[float]]) -> list[float]:
     return [t for t in soj["whole"] if t > FRAME_S]
 
 
-def measure(topo: Topology, port: int) -> dict:
+def measure(topo: Topology, port: int) -> dict[str, Any]:
     """Router sojourns and NACK round trips of incasts, run until MIN_TRIMMED headers were
     trimmed (at most MAX_ROUNDS). On a busy machine the two senders start further apart and
     one incast may trim only a few packets: more incasts, not a weaker assertion."""

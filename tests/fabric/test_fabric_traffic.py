@@ -6,16 +6,17 @@ from __future__ import annotations
 import errno
 import socket
 import time
+from typing import Any
 
 import pytest
-from fabric_helpers import drain, needs_netns, run_cli, udp_socket_in
+from fabric.fabric_helpers import drain, needs_netns, run_cli, udp_socket_in
 
 from mrc.lab.fabric import Topology, netns
 from mrc.lab.fabric.control import interface_counters
 from mrc.lab.fabric.pathsock import open_path_socket
 from mrc.lab.fabric.ping import ping
 from mrc.srv6 import usid
-from mrc.srv6.paths import default_path, list_paths, path_via
+from mrc.srv6.paths import Path, default_path, list_paths, path_via
 from mrc.srv6.srh import IPV6_RECVRTHDR, IPV6_RTHDR, decode_srh
 
 pytestmark = [needs_netns, pytest.mark.netns]
@@ -28,7 +29,7 @@ def _rx_packets(ns: str) -> int:
     return sum(c["rx_packets"] for name, c in interface_counters(ns).items() if name != "lo")
 
 
-def _send_udp(topo: Topology, path, count: int, port: int, size: int = 64) -> list[bytes]:
+def _send_udp(topo: Topology, path: Path, count: int, port: int, size: int = 64) -> list[bytes]:
     """Send ``count`` datagrams along ``path``; return what the destination host received."""
     rx = udp_socket_in(topo.netns_of(path.dst), path.dst_address, port)
     tx = open_path_socket(path)
@@ -133,11 +134,11 @@ def _capture(ns: str, ifname: str) -> socket.socket:
     return cap
 
 
-def _frames_to_port(cap: socket.socket, port: int, want: int):
+def _frames_to_port(cap: socket.socket, port: int, want: int) -> list[Any]:
     from scapy.layers.inet import UDP
     from scapy.layers.l2 import Ether
 
-    found = []
+    found: list[Any] = []  # scapy packets
     deadline = time.monotonic() + 3
     while len(found) < want and time.monotonic() < deadline:
         try:

@@ -14,10 +14,10 @@ import sys
 from typing import Any
 
 import jsonschema
+from fabric.fabric_helpers import REPO, needs_netns, unique_name
 
 from mrc.lab.fabric.teardown import fabric_namespaces
 from mrc.topology.model import topology_path
-from tests.fabric.fabric_helpers import REPO, needs_netns, unique_name
 
 
 def _quick_mrc_demo(name: str, *extra: str) -> dict[str, Any]:

@@ -13,10 +13,11 @@ bottleneck (of what its links carry after headers) is reported (``pytest -s``,
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from fabric_helpers import SKIP_REASON, running_fabric, unique_name
-from test_incast import (
+from fabric.fabric_helpers import SKIP_REASON, running_fabric, unique_name
+from fabric.test_incast import (
     PAYLOAD,
     RATE,
     SPINES,
@@ -24,11 +25,14 @@ from test_incast import (
     Proc,
     mrc_recv,
     mrc_send,
-    trim_counters,
 )
 
 from mrc import wire
 from mrc.lab.fabric import FabricSpec, Topology
+from mrc.lab.harness.fabric import port_counters as trim_counters
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 pytestmark = pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 
@@ -43,7 +47,9 @@ def _jain(xs: list[float]) -> float:
     return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
 
 
-def _share(topo: Topology, port: int) -> tuple[dict[str, dict], list[dict], dict[str, dict]]:
+def _share(
+    topo: Topology, port: int
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]], dict[str, dict[str, Any]]]:
     procs: list[Proc] = []
     try:
         recv = mrc_recv(topo, RECEIVER, port, len(SENDERS))
@@ -62,7 +68,9 @@ def _share(topo: Topology, port: int) -> tuple[dict[str, dict], list[dict], dict
     return sends, recvs, fabric
 
 
-def test_two_qps_into_one_host_share_its_last_hop_fairly(record_property) -> None:
+def test_two_qps_into_one_host_share_its_last_hop_fairly(
+    record_property: Callable[[str, object], None],
+) -> None:
     if TRIM_REASON is not None:
         pytest.skip(TRIM_REASON)
     spec = FabricSpec(name=unique_name("f"), spines=SPINES, mtu=9000, rate=RATE, trim=True)

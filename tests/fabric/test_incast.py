@@ -39,16 +39,21 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from fabric_helpers import SKIP_REASON, run_cli, running_fabric, unique_name
+from fabric.fabric_helpers import SKIP_REASON, run_cli, running_fabric, unique_name
 
 from mrc import wire
 from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
-from mrc.lab.harness.fabric import port_counters as trim_counters  # imported from here too
+from mrc.lab.harness.fabric import port_counters as trim_counters
 from mrc.transport.sockets import SO_RCVBUFFORCE
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 RATE = "100mbit"
 SPINES = 4
@@ -98,7 +103,7 @@ class Proc:
         )
         self.out = self.err = ""
 
-    def wait(self, timeout: float) -> list[dict]:
+    def wait(self, timeout: float) -> list[dict[str, Any]]:
         try:
             self.out, self.err = self.p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -239,10 +244,10 @@ class Capture:
 
 @dataclass
 class Incast:
-    sends: dict[str, dict]
-    recvs: list[dict]
+    sends: dict[str, dict[str, Any]]
+    recvs: list[dict[str, Any]]
     seconds: float
-    fabric: dict[str, dict]  # per port deltas
+    fabric: dict[str, dict[str, Any]]  # per port deltas
     capture: Capture | None
     ev_reasons: dict[str, int]  # why senders' EVs became ASSUMED_BAD / SKIP (from --ev-log)
 
@@ -254,7 +259,7 @@ class Incast:
             v[key] for v in self.fabric.values() if lasthop is None or v["lasthop"] == lasthop
         )
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         keys = (
             "retransmits",
             "retransmits_nack",
@@ -399,7 +404,7 @@ def check_complete(run: Incast, topo: Topology, size: int = 32 << 20) -> None:
 
 
 @pytest.fixture(scope="module")
-def trimmed_run():
+def trimmed_run() -> Iterator[tuple[Topology, Incast]]:
     if TRIM_REASON is not None:
         pytest.skip(TRIM_REASON)
     spec = FabricSpec(name=unique_name("i"), spines=SPINES, mtu=9000, rate=RATE, trim=True)
@@ -409,14 +414,16 @@ def trimmed_run():
         yield topo, run
 
 
-def test_incast_with_trim_completes(trimmed_run, record_property) -> None:
+def test_incast_with_trim_completes(
+    trimmed_run: tuple[Topology, Incast], record_property: Callable[[str, object], None]
+) -> None:
     topo, run = trimmed_run
     record_property("incast_trim", json.dumps(run.summary()))
     check_complete(run, topo)
     assert run.seconds < 60
 
 
-def test_incast_trims_at_the_last_hop(trimmed_run) -> None:
+def test_incast_trims_at_the_last_hop(trimmed_run: tuple[Topology, Incast]) -> None:
     topo, run = trimmed_run
     sm = run.summary()
     assert sm["fabric_trims"] > 0, sm
@@ -430,7 +437,7 @@ def test_incast_trims_at_the_last_hop(trimmed_run) -> None:
     assert sm["trims_seen"] > 0 and sm["nacks"] > 0, sm
 
 
-def test_incast_retransmits_are_nack_driven(trimmed_run) -> None:
+def test_incast_retransmits_are_nack_driven(trimmed_run: tuple[Topology, Incast]) -> None:
     _, run = trimmed_run
     sm = run.summary()
     assert sm["retransmits_nack"] > 0, sm
@@ -438,11 +445,12 @@ def test_incast_retransmits_are_nack_driven(trimmed_run) -> None:
     assert sm["retransmits_nack"] >= sm["retransmits_sack"], sm
 
 
-def test_incast_nacks_are_lasthop_for_lasthop_trims(trimmed_run) -> None:
+def test_incast_nacks_are_lasthop_for_lasthop_trims(trimmed_run: tuple[Topology, Incast]) -> None:
     """On the wire at h3: every NACK names a PSN that arrived trimmed, with the code matching
     the L bit the trimming router set (TRIMMED_LASTHOP for the leaf ports into h3)."""
     _, run = trimmed_run
     cap = run.capture
+    assert cap is not None  # trimmed_run captures
     trim_codes = (wire.NackCode.TRIMMED, wire.NackCode.TRIMMED_LASTHOP)
     nacks = [n for n in cap.nacks if n[2] in trim_codes]
     assert len(nacks) == len(cap.nacks), "NACKs other than TRIMMED/TRIMMED_LASTHOP"
@@ -460,7 +468,7 @@ def test_incast_nacks_are_lasthop_for_lasthop_trims(trimmed_run) -> None:
     assert lasthop >= 0.8 * len(nacks), (lasthop, len(nacks))
 
 
-def test_incast_lasthop_trims_do_not_skip_evs(trimmed_run) -> None:
+def test_incast_lasthop_trims_do_not_skip_evs(trimmed_run: tuple[Topology, Incast]) -> None:
     """SKIP comes only from TRIMMED (a congested path): LASTHOP trims (incast at the receiver)
     must not skip EVs, so there are at most as many skips as trims away from the last hop."""
     _, run = trimmed_run
@@ -468,7 +476,7 @@ def test_incast_lasthop_trims_do_not_skip_evs(trimmed_run) -> None:
     assert sm["evs_skipped"] <= run.fab("trimmed", lasthop=False), sm
 
 
-def test_incast_lasthop_trims_do_not_retire_evs(trimmed_run) -> None:
+def test_incast_lasthop_trims_do_not_retire_evs(trimmed_run: tuple[Topology, Incast]) -> None:
     """With trimming the fabric loses nothing (no drops), so no EV deserves ASSUMED_BAD: every
     retirement here is a false accusation of a path for what is incast at the receiver."""
     _, run = trimmed_run
@@ -482,7 +490,9 @@ def test_incast_lasthop_trims_do_not_retire_evs(trimmed_run) -> None:
     assert sm["evs_assumed_bad"] <= 0.005 * sm["data_packets"], sm["ev_reasons"]
 
 
-def test_incast_with_trim_and_encryption(trimmed_run, tmp_path) -> None:
+def test_incast_with_trim_and_encryption(
+    trimmed_run: tuple[Topology, Incast], tmp_path: Path
+) -> None:
     """Trimming with keys on: every sender and the receiver share a key and encrypt. Trimmed
     headers keep their security block, so the receiver authenticates and NACKs them; nothing
     is dropped as forged, and every transfer verifies."""
@@ -505,7 +515,7 @@ def test_incast_with_trim_and_encryption(trimmed_run, tmp_path) -> None:
         assert forged == {}, r["dropped_by_reason"]
 
 
-def test_incast_with_trim_and_gso_bursts(trimmed_run) -> None:
+def test_incast_with_trim_and_gso_bursts(trimmed_run: tuple[Topology, Incast]) -> None:
     """Bursts of 8 packets per EV, each sent as one UDP GSO skb through SRv6 paths into a
     trimming, rate-shaped fabric: every transfer verifies, and the fabric loses no more than
     with per-packet spraying (the k=1 run of this module): no tail drop anywhere, no timeout.
@@ -544,7 +554,7 @@ def _router_gso(topo: Topology) -> int:
     return sum(r.get("gso", 0) for r in Fabric.status(topo.name)["trim_routers"].values())
 
 
-def test_incast_with_trim_and_nscc(trimmed_run) -> None:
+def test_incast_with_trim_and_nscc(trimmed_run: tuple[Topology, Incast]) -> None:
     """The same incast with the NSCC window (--cc nscc, UET 1.0's, capped by the same
     --window): every transfer verifies, and the window reacts to trims, so the fabric trims
     fewer packets per data packet than the fixed window of the first run in this module."""
@@ -564,7 +574,7 @@ def test_incast_with_trim_and_nscc(trimmed_run) -> None:
 
 
 @pytest.fixture(scope="module")
-def dropped_run():
+def dropped_run() -> Iterator[tuple[Topology, Incast]]:
     if SKIP_REASON is not None:
         pytest.skip(SKIP_REASON)
     spec = FabricSpec(name=unique_name("d"), spines=SPINES, mtu=9000, rate=RATE)
@@ -574,7 +584,9 @@ def dropped_run():
         yield topo, run
 
 
-def test_incast_without_trim_completes_through_losses(dropped_run, record_property) -> None:
+def test_incast_without_trim_completes_through_losses(
+    dropped_run: tuple[Topology, Incast], record_property: Callable[[str, object], None]
+) -> None:
     topo, run = dropped_run
     sm = run.summary()
     record_property("incast_drop", json.dumps(sm))

@@ -17,9 +17,11 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from fabric_helpers import (
+from fabric.fabric_helpers import (
     SKIP_REASON,
     needs_netns,
     running_fabric,
@@ -34,6 +36,11 @@ from mrc.srv6 import usid
 from mrc.srv6.paths import path_via
 from mrc.topology.model import SRV6_MODES
 
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from conftest import MrcTools
+
 pytestmark = [needs_netns, pytest.mark.netns]
 
 MiB = 1 << 20
@@ -42,7 +49,7 @@ FAIR_LO, FAIR_HI = 0.6, 1.4  # every spine / plane within this factor of its fai
 
 
 @pytest.fixture(scope="module", params=SRV6_MODES)
-def jfab(request) -> Topology:
+def jfab(request: pytest.FixtureRequest) -> Iterator[Topology]:
     """The fabric in each way its routers can be told a path: SRHs of End SIDs, and uSID
     containers in IPv6-in-IPv6 (mrc.srv6.usid)."""
     if SKIP_REASON is not None:
@@ -63,7 +70,9 @@ def counters(topo: Topology) -> dict[tuple[str, str], tuple[int, int]]:
     return out
 
 
-def deltas(before: dict, after: dict) -> dict[tuple[str, str], tuple[int, int]]:
+def deltas(
+    before: dict[tuple[str, str], tuple[int, int]], after: dict[tuple[str, str], tuple[int, int]]
+) -> dict[tuple[str, str], tuple[int, int]]:
     return {k: (after[k][0] - before[k][0], after[k][1] - before[k][1]) for k in after}
 
 
@@ -71,7 +80,9 @@ def spines(topo: Topology) -> list[str]:
     return [r.name for p in range(topo.planes) for r in topo.spines(p)]
 
 
-def transfer(topo, mrc_tools, src: str, dst: str, port: int, size: str):
+def transfer(
+    topo: Topology, mrc_tools: MrcTools, src: str, dst: str, port: int, size: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[tuple[str, str], tuple[int, int]]]:
     """mrc-recv on ``dst`` and mrc-send from ``src``, both with --fabric, one datagram per
     send; returns (send, recv) JSON and the interface counter deltas over the transfer."""
     recv = start_fabric_recv(mrc_tools, topo, dst, port)
@@ -106,7 +117,7 @@ def transfer(topo, mrc_tools, src: str, dst: str, port: int, size: str):
     return s, rv, deltas(before, after)
 
 
-def per_route(s: dict) -> dict[str, int]:
+def per_route(s: dict[str, Any]) -> dict[str, int]:
     got: collections.Counter[str] = collections.Counter()
     for e in s["evs"]:
         got[e["route"]] += e["packets"]
@@ -121,7 +132,7 @@ def fair(values: dict[str, int], what: str, why: str) -> None:
         )
 
 
-def test_64mib_h0_to_h3_loads_every_plane_and_spine(jfab, mrc_tools) -> None:
+def test_64mib_h0_to_h3_loads_every_plane_and_spine(jfab: Topology, mrc_tools: MrcTools) -> None:
     """h0 -> h3 (different leaves): every packet crosses a spine; each of the 8 spines
     carries ~1/8 of them, as counted by the spines themselves."""
     topo = jfab
@@ -166,7 +177,7 @@ def test_64mib_h0_to_h3_loads_every_plane_and_spine(jfab, mrc_tools) -> None:
     assert sum(per_plane.values()) >= sent
 
 
-def test_same_leaf_pair_goes_through_the_spines(jfab, mrc_tools) -> None:
+def test_same_leaf_pair_goes_through_the_spines(jfab: Topology, mrc_tools: MrcTools) -> None:
     """h0 -> h1 share leaf 0, yet the EVs still take the SRv6 paths via every spine (a spine
     hairpins the packet back down to leaf 0): each spine sees its share in and out on 'l0',
     and nothing is carried towards leaf 1."""
@@ -193,7 +204,9 @@ def test_same_leaf_pair_goes_through_the_spines(jfab, mrc_tools) -> None:
     fair(per_plane, "h1 rx on plane NIC", why)
 
 
-def test_a_spine_link_carries_the_evs_in_port_and_flow_label(jfab, mrc_tools, tmp_path) -> None:
+def test_a_spine_link_carries_the_evs_in_port_and_flow_label(
+    jfab: Topology, mrc_tools: MrcTools, tmp_path: Path
+) -> None:
     """Captured by tshark on a spine's port to leaf 0 while h0 sends to h3: every data
     datagram there carries, in its UDP source port and IPv6 flow label, one of the sender's
     32-bit EVs, an EV whose route is that spine; the EVs of one route share a source port and
@@ -259,7 +272,7 @@ def _routes(topo: Topology, node: str) -> list[str]:
     return sorted(ln for ln in out.splitlines() if "proto kernel" not in ln)
 
 
-def test_a_healed_link_gets_every_route_back(jfab) -> None:
+def test_a_healed_link_gets_every_route_back(jfab: Topology) -> None:
     """A link that goes down loses the routes through it at both ends (the uSID ones too:
     the spine's way down to the leaf, the leaf's way up); healing it restores exactly the
     routes each end had, and the failure took some away (so the comparison means something)."""

@@ -12,8 +12,11 @@ refuses such a --payload in one line instead of losing every datagram.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
 import pytest
-from fabric_helpers import (
+from fabric.fabric_helpers import (
     SKIP_REASON,
     needs_netns,
     running_fabric,
@@ -26,11 +29,14 @@ from mrc.lab.fabric import FabricSpec, Topology
 from mrc.srv6.evroutes import route_overhead
 from mrc.topology.model import SRV6_MODES
 
+if TYPE_CHECKING:
+    from conftest import MrcTools
+
 pytestmark = [needs_netns, pytest.mark.netns]
 
 
 @pytest.fixture(scope="module", params=SRV6_MODES)
-def fab1500(request) -> Topology:
+def fab1500(request: pytest.FixtureRequest) -> Iterator[Topology]:
     if SKIP_REASON is not None:
         pytest.skip(SKIP_REASON)
     spec = FabricSpec(name=unique_name("u"), mtu=1500, rate="1gbit", srv6=request.param)
@@ -38,7 +44,9 @@ def fab1500(request) -> Topology:
         yield topo
 
 
-def _transfer(topo: Topology, mrc_tools, port: int, *extra: str):  # type: ignore[no-untyped-def]
+def _transfer(
+    topo: Topology, mrc_tools: MrcTools, port: int, *extra: str
+) -> tuple[dict[str, Any], dict[str, Any], str]:
     recv = start_fabric_recv(mrc_tools, topo, "h3", port)
     send = mrc_tools.run(
         "mrc-send",
@@ -63,7 +71,9 @@ def _transfer(topo: Topology, mrc_tools, port: int, *extra: str):  # type: ignor
     return s, rv, send.stderr
 
 
-def test_the_default_payload_fits_the_fabric_mtu_with_its_srh(fab1500, mrc_tools) -> None:  # type: ignore[no-untyped-def]
+def test_the_default_payload_fits_the_fabric_mtu_with_its_srh(
+    fab1500: Topology, mrc_tools: MrcTools
+) -> None:
     srh = route_overhead(fab1500)
     assert srh == 40  # two segments (the spine and the destination), or the outer header
     s, rv, _err = _transfer(fab1500, mrc_tools, 4801)
@@ -78,7 +88,9 @@ def test_the_default_payload_fits_the_fabric_mtu_with_its_srh(fab1500, mrc_tools
     assert rv["duplicates"] <= s["retransmits_tlp"], (s, rv)
 
 
-def test_a_payload_too_large_for_the_mtu_is_fragmented_not_lost(fab1500, mrc_tools) -> None:  # type: ignore[no-untyped-def]
+def test_a_payload_too_large_for_the_mtu_is_fragmented_not_lost(
+    fab1500: Topology, mrc_tools: MrcTools
+) -> None:
     if fab1500.srv6 == "usid":
         res = mrc_tools.run(
             "mrc-send",

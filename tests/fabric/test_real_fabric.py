@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import collections
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from fabric_helpers import SKIP_REASON, needs_netns, running_fabric, unique_name
+from fabric.fabric_helpers import SKIP_REASON, needs_netns, running_fabric, unique_name
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
 
 from mrc.lab.fabric import Fabric, FabricSpec, Topology
 
@@ -24,7 +29,7 @@ PORT = 4811
 
 
 @pytest.fixture(scope="module")
-def rfab() -> Topology:
+def rfab() -> Iterator[Topology]:
     """2 planes x 2 spines, one host on each of the 2 leaves: every packet turns at a spine."""
     if SKIP_REASON is not None:
         pytest.skip(SKIP_REASON)
@@ -70,7 +75,7 @@ def spine_rx(topo: Topology) -> dict[tuple[str, str], int]:
 
 
 def test_a_transfer_sprays_over_every_spine_named_in_the_file(
-    rfab: Topology, mrc_tools, tmp_path: Path
+    rfab: Topology, mrc_tools: MrcTools, tmp_path: Path
 ) -> None:
     topo = rfab
     path = tmp_path / "lab.json"

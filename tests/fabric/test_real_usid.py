@@ -21,11 +21,14 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from fabric_helpers import SKIP_REASON, needs_netns, running_fabric, unique_name
+from fabric.fabric_helpers import SKIP_REASON, needs_netns, running_fabric, unique_name
 from nobody import NOBODY, why_nobody_cannot_run_mrc
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
 
 from mrc.lab.fabric import Fabric, FabricSpec, Topology, netns
 from mrc.lab.fabric import usid_routes as lab_usid
@@ -325,7 +328,7 @@ def srh_through(topo: Topology, spine: str, dst: str) -> None:
 
 
 def test_nobody_moves_data_over_every_spine_without_a_routing_header(
-    ufab: Topology, fabric_file: Path, mrc_tools
+    ufab: Topology, fabric_file: Path, mrc_tools: MrcTools
 ) -> None:
     why_not = why_nobody_cannot_run_mrc()
     if why_not is not None:

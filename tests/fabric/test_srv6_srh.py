@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 
 import pytest
 
@@ -62,7 +63,7 @@ def test_decode_mid_path_and_tlvs() -> None:
         (lambda b: b[:4] + b"\x09" + b[5:], "last entry"),
     ],
 )
-def test_decode_rejects_garbage(mutate, message: str) -> None:
+def test_decode_rejects_garbage(mutate: Callable[[bytes], bytes], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         decode_srh(mutate(encode_srh(SEGS)))
 

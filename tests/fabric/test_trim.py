@@ -20,10 +20,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
-from fabric_helpers import REPO, SKIP_REASON, needs_netns, run_cli, running_fabric, unique_name
+from fabric.fabric_helpers import (
+    REPO,
+    SKIP_REASON,
+    needs_netns,
+    run_cli,
+    running_fabric,
+    unique_name,
+)
 
 from mrc import wire
 from mrc.lab.fabric import Fabric, FabricSpec, Topology, load_topology, netns
@@ -40,6 +49,9 @@ TRIM_REASON = unavailable_reason() if SKIP_REASON is None else SKIP_REASON
 needs_trim = pytest.mark.skipif(
     TRIM_REASON is not None, reason=f"trimming unavailable: {TRIM_REASON}"
 )
+
+if TYPE_CHECKING:
+    from pathlib import Path
 pytestmark = [needs_netns, needs_trim, pytest.mark.netns]
 
 RATE = "50mbit"
@@ -68,7 +80,7 @@ def _spec(tag: str, trim: bool, srv6: str = "usid") -> FabricSpec:
 
 
 @pytest.fixture(scope="module", params=SRV6_MODES)
-def tfab(request):
+def tfab(request: pytest.FixtureRequest) -> Iterator[Topology]:
     """The trimming fabric with each kind of route: the program reads IPv6-in-IPv6 to uSID
     containers and SRHs alike."""
     with running_fabric(_spec("r", trim=True, srv6=request.param)) as topo:
@@ -208,7 +220,7 @@ def blast(topo: Topology, flows: list[Flow], dst: str = "h2", dur: float = 0.5) 
 # --- reading the fabric ----------------------------------------------------------------------
 
 
-def port_counters(topo: Topology) -> dict[str, dict]:
+def port_counters(topo: Topology) -> dict[str, dict[str, Any]]:
     """{"<router>:<port>": trim counters of that port as an egress}."""
     out = {}
     for lk in Fabric.status(topo)["links"]:
@@ -235,6 +247,13 @@ def qdisc_drops(topo: Topology, routers: bool) -> int:
     return total
 
 
+def _router(topo: Topology, router: str) -> dict[str, Any]:
+    """read_router of a router of a running fabric (None only for one without pins)."""
+    st = read_router(topo.name, router)
+    assert st is not None, f"{router} has no pinned maps"
+    return st
+
+
 def udp_checksum_ok(frame: bytes) -> bool:
     """Recompute the UDP checksum of a captured frame with scapy."""
     from scapy.layers.inet import UDP
@@ -243,7 +262,8 @@ def udp_checksum_ok(frame: bytes) -> bool:
     pkt = Ether(frame)
     orig = pkt[UDP].chksum
     del pkt[UDP].chksum
-    return Ether(bytes(pkt))[UDP].chksum == orig
+    ok: bool = Ether(bytes(pkt))[UDP].chksum == orig
+    return ok
 
 
 def short_udp_frames(frames: list[bytes], nh: int = socket.IPPROTO_UDP) -> list[bytes]:
@@ -252,7 +272,10 @@ def short_udp_frames(frames: list[bytes], nh: int = socket.IPPROTO_UDP) -> list[
     return [f for f in frames if len(f) < 200 and f[14 + 6] == nh]
 
 
-def sample(items: list, n: int = 400) -> list:
+_T = TypeVar("_T")
+
+
+def sample(items: list[_T], n: int = 400) -> list[_T]:
     step = max(1, len(items) // n)
     return items[::step]
 
@@ -419,12 +442,14 @@ def test_uplink_trim_is_not_lasthop(tfab: Topology) -> None:
     flows_a = [Flow("h0", 21)]
     flows_b = [Flow("h1", 22, kind="gso")]
     before = trims(tfab)
-    gso0 = sum(read_router(tfab.name, r.name)["router"]["gso"] for r in tfab.routers)
+    gso0 = sum(_router(tfab, r.name)["router"]["gso"] for r in tfab.routers)
     out: dict[str, Result] = {}
     ta = threading.Thread(target=lambda: out.setdefault("a", blast(tfab, flows_a, "h2")))
     tb = threading.Thread(target=lambda: out.setdefault("b", blast(tfab, flows_b, "h3")))
-    ta.start(), tb.start()
-    ta.join(), tb.join()
+    ta.start()
+    tb.start()
+    ta.join()
+    tb.join()
     d = delta(trims(tfab), before)
     assert set(d) == {"p0l0:s0"}, d
     got = out["a"].trimmed() + out["b"].trimmed()
@@ -433,7 +458,7 @@ def test_uplink_trim_is_not_lasthop(tfab: Topology) -> None:
     check_trimmed(out["a"], flows_a)
     check_trimmed(out["b"], flows_b)
     assert_counts_match(d["p0l0:s0"], len(got))
-    gso1 = sum(read_router(tfab.name, r.name)["router"]["gso"] for r in tfab.routers)
+    gso1 = sum(_router(tfab, r.name)["router"]["gso"] for r in tfab.routers)
     assert gso1 == gso0, "GSO super-packets reached a router"
 
 
@@ -495,7 +520,7 @@ def test_down_removes_pins_even_after_a_crash() -> None:
     Fabric.down(spec.name)  # idempotent
 
 
-def test_trim_needs_rate_and_tools(tmp_path) -> None:
+def test_trim_needs_rate_and_tools(tmp_path: Path) -> None:
     res = run_cli("up", "--name", unique_name("e"), "--trim")
     assert res.returncode == 2 and "--trim needs --rate" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from fabric_helpers import SKIP_REASON
+from fabric.fabric_helpers import SKIP_REASON
 
 from mrc.lab.testbed import leftover_namespaces
 

@@ -20,12 +20,17 @@ so the sender waits for room instead, and neither the hosts' NICs nor the router
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import pytest
-from fabric_helpers import REPO, SKIP_REASON, running_fabric, unique_name
-from test_incast import PAYLOAD, RATE, TRIM_REASON, Proc, mrc_recv, mrc_send, trim_counters
+from fabric.fabric_helpers import REPO, SKIP_REASON, running_fabric, unique_name
+from fabric.test_incast import PAYLOAD, RATE, TRIM_REASON, Proc, mrc_recv, mrc_send
 
 from mrc.lab.fabric import FabricSpec
+from mrc.lab.harness.fabric import port_counters as trim_counters
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 pytestmark = [
     pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or ""),
@@ -38,7 +43,9 @@ PAIRS = (("h0", "h2"), ("h1", "h3"))
 SIZE = "16M"
 
 
-def test_an_outside_window_law_moves_data_through_the_fabric(record_property) -> None:
+def test_an_outside_window_law_moves_data_through_the_fabric(
+    record_property: Callable[[str, object], None],
+) -> None:
     if TRIM_REASON is not None:
         pytest.skip(TRIM_REASON)
     spec = FabricSpec(
