@@ -24,6 +24,7 @@ from core.datagram_fuzz import Fuzzer, Target, capture_session
 import mrc
 from mrc import wire
 from mrc.core.endpoint import EndpointCore
+from mrc.core.qp import QueuePair
 from mrc.security.keys import generate_key
 
 SEED = 20261123
@@ -95,7 +96,9 @@ class ForgerCounts:
             taken = sum(qp.stats.taken() for qp in core.qps.values())
             return taken, Counter(core.all_drops())
 
-        def receive(data: memoryview, src_ev: int, now: float, wait: float | None = None):  # type: ignore[no-untyped-def]
+        def receive(
+            data: memoryview, src_ev: int, now: float, wait: float | None = None
+        ) -> QueuePair | None:
             if src_ev >> wire.EV_LABEL_BITS != forger_port:
                 return inner(data, src_ev, now, wait)
             taken0, drops0 = snapshot()
