@@ -171,6 +171,91 @@ def test_a_loss_takes_one_packet_a_timeout_none_and_the_window_keeps_a_packet() 
     assert law.cwnd == MSS and law.limit == 1
 
 
+def test_a_loss_at_a_high_delay_teaches_the_depth_and_later_delays_near_it_cut() -> None:
+    assert _law(32).p.loss_delay_fraction == 0.0  # off by default
+    law = _law(32, loss_delay_fraction=0.8)
+    # a queue of 10 x the target builds, unmarked: fair increase, delay alone cuts nothing
+    t = 0.0
+    for _ in range(3):
+        t = _acks(law, t, 8, 10 * TARGET, False, per_ack=4)
+    assert law.decreases == 0 and law.loss_delay == 0.0
+    assert law.recent_delay == pytest.approx(10 * TARGET, rel=0.05)
+    law.on_loss(t)  # the queue overflowed: its depth is learned
+    assert law.loss_delay == pytest.approx(10 * TARGET, rel=0.05)
+    grown = law.cwnd
+    # delays under 0.8 of it: no mark, the window grows as before
+    t = _acks(law, t, 8, 7 * TARGET, False, per_ack=4)
+    assert law.virtual_marks == 0 and law.decreases == 0 and law.cwnd >= grown
+    # over 0.8 of it: read as CE marks, which cut the window, at most once per round trip
+    # of the recent delay's length (base RTT + recent delay, not the base RTT alone)
+    before = law.cwnd
+    for i in range(1, 81):  # 80 packets half a base RTT apart: 40 ms, 5 such round trips
+        law.on_ack(t + i * BASE / 2, MSS, BASE + 9 * TARGET, False)
+    assert law.virtual_marks == 80
+    assert 3 <= law.decreases <= 6
+    # each by the excess over 0.8 x the depth (1 x TARGET) as a share of the round trip
+    # (9 x TARGET + BASE): about 8% a cut, not UET's up to half
+    assert 0.5 * before < law.cwnd < 0.85 * before
+
+
+def test_a_loss_with_the_queues_low_teaches_nothing_and_the_fraction_0_is_off() -> None:
+    low = _law(32, loss_delay_fraction=0.8)
+    t = _acks(low, 0.0, 8, 0.5 * TARGET, False, per_ack=4)
+    low.on_loss(t)  # a dead path's loss, queues short: no depth learned
+    low.on_timeout(t)
+    assert low.loss_delay == 0.0
+    off = _law(32, loss_delay_fraction=0.0)
+    t = _acks(off, 0.0, 8, 10 * TARGET, False, per_ack=4)
+    off.on_loss(t)
+    assert off.loss_delay == 0.0
+    t = _acks(off, t, 8, 10 * TARGET, False, per_ack=4)
+    assert off.virtual_marks == 0 and off.decreases == 0
+    with pytest.raises(ValueError, match="cc.loss_delay_fraction"):
+        params_of("nscc", {"loss_delay_fraction": -1.0})
+
+
+def test_a_path_that_marks_or_trims_keeps_uets_law() -> None:
+    """Where a port marks CE or trims, its signals say when to back off: no depth is learned
+    and no delay read as a mark (in the simulator's marking incasts and fairness runs a
+    learned depth of each flow's own made the flows unfair: Jain 0.999 -> 0.920 of four)."""
+    for signal in ("ce", "trim"):
+        law = _law(32, loss_delay_fraction=0.8)
+        t = _acks(law, 0.0, 8, 10 * TARGET, False, per_ack=4)
+        if signal == "ce":
+            law.on_ack(t, MSS, BASE + 10 * TARGET, True)
+        else:
+            law.on_trim(t, BASE)
+        law.on_loss(t)
+        assert law.loss_delay == 0.0, signal
+        learned = _law(32, loss_delay_fraction=0.8)  # the same queue, unmarked: learned
+        t = _acks(learned, 0.0, 8, 10 * TARGET, False, per_ack=4)
+        learned.on_loss(t)
+        assert learned.loss_delay > 0.0
+        # a depth learned before the first mark is no longer acted on after it
+        learned.on_ack(t, MSS, BASE + 10 * TARGET, True)
+        marks = learned.virtual_marks
+        _acks(learned, t, 8, 10 * TARGET, False, per_ack=4)
+        assert learned.virtual_marks == marks, signal
+
+
+def test_later_losses_move_the_learned_depth_a_quarter_of_the_way_unless_shallower() -> None:
+    law = _law(32, loss_delay_fraction=0.8)
+    t = _acks(law, 0.0, 40, 8 * TARGET, False, per_ack=1)
+    law.on_timeout(t)  # a timeout teaches as a loss does (and takes nothing off)
+    first = law.loss_delay
+    assert first == pytest.approx(8 * TARGET, rel=0.05)
+    # a loss with the queue at 4 x TARGET, under 0.8 of the depth: another queue's, or a
+    # dead path's (a link down, with the queues still high), and not this depth's
+    t = _acks(law, t, 40, 4 * TARGET, False, per_ack=1)
+    law.on_loss(t)
+    assert law.loss_delay == first
+    # one at 12 x TARGET: the depth moves a quarter of the way
+    t = _acks(law, t, 40, 12 * TARGET, False, per_ack=1)
+    law.on_loss(t)
+    assert law.loss_delay == pytest.approx(first + (law.recent_delay - first) / 4)
+    assert law.loss_delay > first
+
+
 def test_the_window_stays_under_one_and_a_half_measured_bdps() -> None:
     law = _law(16, cap=512)
     t = 0.0
