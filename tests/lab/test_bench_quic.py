@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 from typing import Any
 
@@ -19,6 +18,7 @@ import jsonschema
 import pytest
 
 from lab import test_bench_qp as tbq
+from lab.peer_pair import run_pair
 from mrc.lab.bench import qp
 from mrc.lab.bench.qp_report import table
 from mrc.lab.harness import quic_peer
@@ -53,26 +53,14 @@ def test_a_stream_on_loopback_arrives_whole_and_hashed() -> None:
     port = _free_udp_port()
     peer = [sys.executable, "-m", "mrc.lab.harness.quic_peer"]
     common = ["--port", str(port), "--dgram", "8220"]
-    recv = subprocess.Popen(
+    recv, send = run_pair(
         [*peer, "recv", *common, "--wait", "15"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        [*peer, "send", *common, "--to", "::1", "--size", str(SIZE), "--seed", str(SEED)],
+        timeout=20,
     )
-    try:
-        assert recv.stdout is not None
-        assert recv.stdout.readline().strip() == "ready"
-        send = subprocess.run(
-            [*peer, "send", *common, "--to", "::1", "--size", str(SIZE), "--seed", str(SEED)],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-        out, err = recv.communicate(timeout=20)
-    finally:
-        recv.kill()
     assert send.returncode == 0, send.stderr
-    assert recv.returncode == 0, err
+    assert recv.returncode == 0, recv.stderr
+    out = recv.stdout
     sent = json.loads(send.stdout.splitlines()[-1])
     got = json.loads(out.splitlines()[-1])
     expected = _expected_digest(SIZE, SEED)

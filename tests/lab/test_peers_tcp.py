@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 
 import pytest
+
+from lab.peer_pair import run_pair
 
 PEERS = [sys.executable, "-m", "mrc.lab.harness.peers"]
 
@@ -25,27 +26,14 @@ def test_tcp_peers_report_bytes_and_the_cpu_spent_moving_them() -> None:
     except OSError:
         pytest.skip("no IPv6")
     port = _free_port()
-    recv = subprocess.Popen(
+    recv, send = run_pair(
         [*PEERS, "tcp-recv", "--port", str(port), "--duration", "0.5", "--wait", "10"],
-        stdout=subprocess.PIPE,
-        text=True,
+        [*PEERS, "tcp-send", "--port", str(port), "--duration", "1.5", "--targets", "::1/::1"],
+        timeout=30,
     )
-    try:
-        assert recv.stdout is not None
-        assert recv.stdout.readline().strip() == "ready"
-        send = subprocess.run(
-            [*PEERS, "tcp-send", "--port", str(port), "--duration", "1.5"]
-            + ["--targets", "::1/::1"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        rj = json.loads(recv.stdout.readline())
-        assert recv.wait(10) == 0
-    finally:
-        recv.kill()
-        recv.wait()
+    assert recv.returncode == 0, recv.stderr
     assert send.returncode == 0, send.stderr
+    rj = json.loads(recv.stdout.splitlines()[-1])
     sj = json.loads(send.stdout)
     # the receiver counted from its first byte for 0.5 s; the sender stopped when it closed
     assert 0.45 <= rj["seconds"] <= 1.0
