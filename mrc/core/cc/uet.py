@@ -378,7 +378,8 @@ class UetNscc(WindowLaw):
         if rtt is not None:
             self._note_base(rtt)
             delay = rtt - self.base_rtt
-            self.recent_delay += (delay - self.recent_delay) * RECENT_DELAY_GAIN
+            if self.p.loss_delay_fraction:  # off (UET's law): no per-ACK work for it
+                self.recent_delay += (delay - self.recent_delay) * RECENT_DELAY_GAIN
             if ce:
                 self._marking = True
             elif (
