@@ -19,10 +19,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from mrc.topology.model import SRV6_MODES
+from mrc.topology.model import SRV6_MODES, Topology
 
 pytestmark = pytest.mark.netns
 
@@ -42,7 +43,7 @@ def _skip_reason() -> str | None:
 
 
 @pytest.fixture(params=SRV6_MODES)
-def fabric(request) -> Iterator[object]:
+def fabric(request: pytest.FixtureRequest) -> Iterator[Topology]:
     """A fresh fabric per test, with each kind of route (uSID containers, SRHs)."""
     reason = _skip_reason()
     if reason is not None:
@@ -71,7 +72,7 @@ def payload_file() -> Iterator[Path]:
         path.unlink(missing_ok=True)
 
 
-def _counters(topo, node: str, ifname: str) -> tuple[int, int]:
+def _counters(topo: Topology, node: str, ifname: str) -> tuple[int, int]:
     """(tx_packets, rx_packets) of ``ifname`` in ``node``'s namespace."""
     out = subprocess.run(
         ["ip", "-n", topo.netns_of(node), "-s", "-j", "link", "show", "dev", ifname],
@@ -83,14 +84,14 @@ def _counters(topo, node: str, ifname: str) -> tuple[int, int]:
     return int(st["tx"]["packets"]), int(st["rx"]["packets"])
 
 
-def _exec(topo, node: str, *cmd: str) -> list[str]:
+def _exec(topo: Topology, node: str, *cmd: str) -> list[str]:
     return [str(BIN / "mrc-fabric"), "exec", "--name", topo.name, node, "--", *cmd]
 
 
 class Transfer:
     """mrc-recv in h3 and mrc-send in h0, both with --json and --ev-log."""
 
-    def __init__(self, topo, tmp: Path, src: Path) -> None:
+    def __init__(self, topo: Topology, tmp: Path, src: Path) -> None:
         self.topo = topo
         self.rlog = tmp / "recv.jsonl"
         self.slog = tmp / "send.jsonl"
@@ -155,7 +156,7 @@ class Transfer:
             time.sleep(0.02)
         pytest.fail("mrc-recv did not start listening")
 
-    def finish(self, timeout: float = 40) -> tuple[dict, dict]:
+    def finish(self, timeout: float = 40) -> tuple[dict[str, Any], dict[str, Any]]:
         try:
             s_out, s_err = self.send.communicate(timeout=timeout)
             r_out, r_err = self.recv.communicate(timeout=10)
@@ -174,12 +175,14 @@ class Transfer:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, 9)
 
-    def events(self, which: str = "send") -> list[dict]:
+    def events(self, which: str = "send") -> list[dict[str, Any]]:
         path = self.slog if which == "send" else self.rlog
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _wait_flowing(topo, node: str, ifname: str, packets: int, timeout: float = 15) -> None:
+def _wait_flowing(
+    topo: Topology, node: str, ifname: str, packets: int, timeout: float = 15
+) -> None:
     start = _counters(topo, node, ifname)[0]
     deadline = time.monotonic() + timeout
     while _counters(topo, node, ifname)[0] - start < packets:
@@ -188,7 +191,9 @@ def _wait_flowing(topo, node: str, ifname: str, packets: int, timeout: float = 1
         time.sleep(0.02)
 
 
-def test_spine_link_down_and_up_mid_transfer(fabric, payload_file: Path, tmp_path: Path) -> None:
+def test_spine_link_down_and_up_mid_transfer(
+    fabric: Topology, payload_file: Path, tmp_path: Path
+) -> None:
     from mrc.lab.fabric import Fabric
 
     topo = fabric
@@ -244,7 +249,9 @@ def test_spine_link_down_and_up_mid_transfer(fabric, payload_file: Path, tmp_pat
     # forwarding, and a long enough scheduling hiccup can still look like a dead plane)
 
 
-def test_host_nic_link_down_and_up_mid_transfer(fabric, payload_file: Path, tmp_path: Path) -> None:
+def test_host_nic_link_down_and_up_mid_transfer(
+    fabric: Topology, payload_file: Path, tmp_path: Path
+) -> None:
     from mrc.lab.fabric import Fabric
 
     topo = fabric

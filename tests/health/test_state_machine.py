@@ -23,6 +23,7 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -181,12 +182,12 @@ def run_transfer(
     drop: Drop | None = None,
     max_time: float = 10.0,
     setup: Callable[[HealthNet, QueuePair, QueuePair], None] | None = None,
-    **cfg: object,
+    **cfg: Any,
 ) -> Run:
     """One WRITE of ``size`` random bytes plus a WRITE_IMM from host a to host b."""
     # a fixed window of 16: the detection-time bounds below assume a steady packet rate
-    base = {"payload_size": 1000, "max_outstanding": 16, "cc": "fixed"}
-    config = QPConfig(**{**base, **cfg})  # type: ignore[arg-type]
+    base: dict[str, Any] = {"payload_size": 1000, "max_outstanding": 16, "cc": "fixed"}
+    config = QPConfig(**{**base, **cfg})
     net = HealthNet(seed, drop)
     net.add_host("a")
     net.add_host("b")
@@ -359,6 +360,7 @@ def test_planes_stay_balanced_when_backups_run_out() -> None:
     assert qa.evs.floor == [2, 2, 2, 2]
     assert sum(qa.evs.usable[i] for i in range(len(qa.evs)) if qa.evs.planes[i] == 0) == 3
     txs = run.data_tx()
+    assert run.done_at is not None
     assert_balanced(per_plane(txs, T + 0.03, run.done_at), 4)
 
 
@@ -461,6 +463,7 @@ def test_flapping_paths(dead_ms: int, alive_ms: int) -> None:
         steady = [counts[i] for i in range(32) if i not in flappers]
         assert max(counts[i] for i in flappers) < 0.2 * (sum(steady) / len(steady))
     else:
+        assert run.done_at is not None
         cycles = run.done_at / period
         assert qa.evs.resurrected >= len(flappers) * int(cycles - 1), (qa.evs.resurrected, cycles)
         assert qa.evs.assumed_bad >= len(flappers) * int(cycles)
