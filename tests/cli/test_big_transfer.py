@@ -18,7 +18,10 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
 
 MiB = 1 << 20
 
@@ -122,7 +125,9 @@ class Watched:
         )
 
 
-def test_1_gib_through_a_16_mib_window_in_bounded_memory(mrc_tools, mrc_port) -> None:
+def test_1_gib_through_a_16_mib_window_in_bounded_memory(
+    mrc_tools: MrcTools, mrc_port: int
+) -> None:
     """Each side stays under a quarter of what it moved. (With 256 MiB and a bound of half, a
     full CI run once saw mrc-send peak at 128.7 MiB, against 84-86 MiB in every run alone:
     a bound with room for that, and a transfer large enough that it still means something.)"""
@@ -160,7 +165,9 @@ def test_1_gib_through_a_16_mib_window_in_bounded_memory(mrc_tools, mrc_port) ->
                 w.kill()
 
 
-def test_the_first_byte_leaves_as_soon_for_8_gib_as_for_1_mib(mrc_tools, mrc_port) -> None:
+def test_the_first_byte_leaves_as_soon_for_8_gib_as_for_1_mib(
+    mrc_tools: MrcTools, mrc_port: int
+) -> None:
     """Nothing at start-up grows with the size: not the data (a bounded generated stream),
     not the receiver's memory (a window, made off its event loop)."""
     recv = Watched(

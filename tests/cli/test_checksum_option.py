@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from digests import expected_digest
 
+if TYPE_CHECKING:
+    from conftest import MrcTools
 
-def test_both_sides_verify_with_the_checksum_they_name(mrc_tools, mrc_port, tmp_path) -> None:
+
+def test_both_sides_verify_with_the_checksum_they_name(
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
+) -> None:
     data = os.urandom(3 * (1 << 20) + 7)
     src = tmp_path / "in.bin"
     src.write_bytes(data)
@@ -32,7 +38,9 @@ def test_both_sides_verify_with_the_checksum_they_name(mrc_tools, mrc_port, tmp_
     assert out["digest"] == digest
 
 
-def test_the_text_line_names_the_checksum(mrc_tools, mrc_port, tmp_path: Path) -> None:
+def test_the_text_line_names_the_checksum(
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
+) -> None:
     data = os.urandom(100_000)
     src = tmp_path / "in.bin"
     src.write_bytes(data)
@@ -47,7 +55,9 @@ def test_the_text_line_names_the_checksum(mrc_tools, mrc_port, tmp_path: Path) -
     assert f"; blake3 {short}... verified" in got.stdout
 
 
-def test_no_checksum_in_common_fails_the_sender_in_one_line(mrc_tools, mrc_port) -> None:
+def test_no_checksum_in_common_fails_the_sender_in_one_line(
+    mrc_tools: MrcTools, mrc_port: int
+) -> None:
     recv = mrc_tools.start(
         "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--checksum", "blake3"
     )
@@ -74,7 +84,7 @@ def test_no_checksum_in_common_fails_the_sender_in_one_line(mrc_tools, mrc_port)
     ],
 )
 def test_a_checksum_mrc_does_not_know_is_a_one_line_usage_error(
-    mrc_tools, tool: str, value: str, says: str
+    mrc_tools: MrcTools, tool: str, value: str, says: str
 ) -> None:
     where = ["--size", "1M", "--to", "[::1]:9"] if tool == "mrc-send" else ["--discard"]
     res = mrc_tools.run(tool, *where, f"--checksum={value}")

@@ -15,8 +15,9 @@ import re
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -24,6 +25,9 @@ import mrc
 from mrc.cli.common import configure_logging, emit_json, package_version, versioned
 from mrc.lab.cli import bench as bench_cli
 from mrc.lab.cli import fabric as fabric_cli
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -50,14 +54,14 @@ def test_versions_agree() -> None:
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_every_command_prints_its_version(mrc_tools, tool: str) -> None:
+def test_every_command_prints_its_version(mrc_tools: MrcTools, tool: str) -> None:
     res = mrc_tools.run(tool, "--version", timeout=30)
     assert res.returncode == 0, res.describe()
     expected = f"{tool} (mrc-transport) {mrc.__version__}\n"  # the command, the distribution
     assert res.stdout == expected and res.stderr == "", res.describe()
 
 
-def test_fabric_sub_commands_leave_version_to_the_command(mrc_tools) -> None:
+def test_fabric_sub_commands_leave_version_to_the_command(mrc_tools: MrcTools) -> None:
     """``--version`` belongs before the sub-command, as with git; after it, a usage error."""
     res = mrc_tools.run("mrc-fabric", "up", "--version", timeout=30)
     assert res.returncode == 2 and res.stderr.startswith("mrc-fabric: error: "), res.describe()
@@ -86,7 +90,7 @@ def test_python_m_mrc_usage_errors_are_one_line(args: list[str]) -> None:
 
 
 @pytest.mark.parametrize("sub", list(SUBCOMMANDS))
-def test_python_m_mrc_runs_the_console_scripts_mains(mrc_tools, sub: str) -> None:
+def test_python_m_mrc_runs_the_console_scripts_mains(mrc_tools: MrcTools, sub: str) -> None:
     """Same help, same version line, same one-line usage error as the console script."""
     tool = SUBCOMMANDS[sub]
     for args in (["--help"], ["--version"], ["--no-such-flag"]):
@@ -100,7 +104,7 @@ def test_python_m_mrc_runs_the_console_scripts_mains(mrc_tools, sub: str) -> Non
     assert direct.returncode == 2 and direct.stderr.startswith(f"{tool}: error: ")
 
 
-def test_python_m_mrc_moves_data_with_versioned_json(mrc_tools, mrc_port: int) -> None:
+def test_python_m_mrc_moves_data_with_versioned_json(mrc_tools: MrcTools, mrc_port: int) -> None:
     """A real transfer through ``python -m mrc recv/send``: both print their JSON with the
     version, and say nothing on stderr at the default level."""
     listen = ["--listen", f"[::1]:{mrc_port}", "--discard", "--json", "--timeout", "30"]
@@ -120,7 +124,7 @@ def test_python_m_mrc_moves_data_with_versioned_json(mrc_tools, mrc_port: int) -
 # --- -v / -q ---------------------------------------------------------------------------------
 
 
-def test_verbose_notes_go_to_stderr_as_log_lines(mrc_tools, mrc_port: int) -> None:
+def test_verbose_notes_go_to_stderr_as_log_lines(mrc_tools: MrcTools, mrc_port: int) -> None:
     recv = mrc_tools.start(
         "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--json", "-v", "--timeout", "30"
     )
@@ -141,7 +145,7 @@ def test_verbose_notes_go_to_stderr_as_log_lines(mrc_tools, mrc_port: int) -> No
     assert send.stdout.startswith("ok: sent 256.0 KiB")
 
 
-def test_quiet_and_default_say_nothing_on_success(mrc_tools, mrc_port: int) -> None:
+def test_quiet_and_default_say_nothing_on_success(mrc_tools: MrcTools, mrc_port: int) -> None:
     recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "-q")
     recv.wait_listening(mrc_port)
     send = mrc_tools.run("mrc-send", "--size", "64K", "--to", f"[::1]:{mrc_port}")
@@ -152,7 +156,9 @@ def test_quiet_and_default_say_nothing_on_success(mrc_tools, mrc_port: int) -> N
 
 
 @pytest.mark.parametrize("flag", [None, "-v", "-q"])
-def test_failure_is_still_one_error_line(mrc_tools, mrc_port: int, flag: str | None) -> None:
+def test_failure_is_still_one_error_line(
+    mrc_tools: MrcTools, mrc_port: int, flag: str | None
+) -> None:
     """The ``PROG: error: ...`` line is the same whatever the level; -v only adds notes
     before it, -q takes nothing away from it."""
     extra = [flag] if flag else []
@@ -166,14 +172,14 @@ def test_failure_is_still_one_error_line(mrc_tools, mrc_port: int, flag: str | N
 
 
 @pytest.mark.parametrize("tool", LOGGING_TOOLS)
-def test_verbose_and_quiet_exclude_each_other(mrc_tools, tool: str) -> None:
+def test_verbose_and_quiet_exclude_each_other(mrc_tools: MrcTools, tool: str) -> None:
     res = mrc_tools.run(tool, "-v", "-q", timeout=30)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.describe()
     assert res.stderr.startswith(f"{tool}: error: ") and "not allowed" in res.stderr
 
 
 @pytest.mark.parametrize("tool", LOGGING_TOOLS)
-def test_help_mentions_version_verbose_quiet(mrc_tools, tool: str) -> None:
+def test_help_mentions_version_verbose_quiet(mrc_tools: MrcTools, tool: str) -> None:
     res = mrc_tools.run(tool, "--help", timeout=30)
     for flag in ("--version", "-v, --verbose", "-q, --quiet"):
         assert flag in res.stdout, (tool, flag)
@@ -221,7 +227,12 @@ def restore_logging() -> Iterator[None]:
         (bench_cli.build_parser, ["-q"], logging.ERROR),
     ],
 )
-def test_levels(restore_logging, parser, argv: list[str], level: int) -> None:
+def test_levels(
+    restore_logging: None,
+    parser: Callable[[], argparse.ArgumentParser],
+    argv: list[str],
+    level: int,
+) -> None:
     args = parser().parse_args(argv)
     assert configure_logging(args) == level
     assert logging.getLogger("mrc.cli.send").getEffectiveLevel() == level
@@ -229,7 +240,9 @@ def test_levels(restore_logging, parser, argv: list[str], level: int) -> None:
     assert logging.getLogger("asyncio").getEffectiveLevel() == max(level, logging.WARNING)
 
 
-def test_log_line_format_and_no_doubled_handlers(restore_logging, capsys) -> None:
+def test_log_line_format_and_no_doubled_handlers(
+    restore_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = argparse.Namespace(verbose=1, quiet=False, log_command="mrc-x")
     configure_logging(args)
     configure_logging(args)  # a second main in the same process
@@ -259,7 +272,7 @@ def test_no_stderr_prints_left_in_the_commands() -> None:
 # --- "version" in every JSON object ----------------------------------------------------------
 
 
-def test_emit_json_stamps_the_version(capsys) -> None:
+def test_emit_json_stamps_the_version(capsys: pytest.CaptureFixture[str]) -> None:
     emit_json({"ok": True})
     assert json.loads(capsys.readouterr().out) == {"ok": True, "version": mrc.__version__}
     assert versioned({"version": mrc.__version__}) == {"version": mrc.__version__}
@@ -267,7 +280,7 @@ def test_emit_json_stamps_the_version(capsys) -> None:
         versioned({"version": 1})  # e.g. a file format's own version
 
 
-def test_keygen_json_has_the_version(mrc_tools, tmp_path: Path) -> None:
+def test_keygen_json_has_the_version(mrc_tools: MrcTools, tmp_path: Path) -> None:
     res = mrc_tools.run("mrc-keygen", str(tmp_path / "k"), "--json", timeout=30)
     assert res.returncode == 0, res.describe()
     assert res.json["version"] == mrc.__version__

@@ -6,11 +6,15 @@ import re
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:
+    from conftest import MrcTools, Result
 
-def one_line(res, tool: str) -> str:
+
+def one_line(res: Result, tool: str) -> str:
     """The single line of stderr, which must be '<tool>: error: ...' and no traceback."""
     assert "Traceback" not in res.stderr, res.describe()
     lines = res.stderr.splitlines()
@@ -47,7 +51,7 @@ def one_line(res, tool: str) -> str:
         "unknown-flag",
     ],
 )
-def test_send_usage_errors(mrc_tools, args: list[str], pattern: str) -> None:
+def test_send_usage_errors(mrc_tools: MrcTools, args: list[str], pattern: str) -> None:
     res = mrc_tools.run("mrc-send", *args, timeout=20)
     assert res.returncode == 2, res.describe()
     assert re.search(pattern, one_line(res, "mrc-send")), res.stderr
@@ -80,19 +84,19 @@ def test_send_usage_errors(mrc_tools, args: list[str], pattern: str) -> None:
         "metrics-addr-alone",
     ],
 )
-def test_recv_usage_errors(mrc_tools, args: list[str], pattern: str) -> None:
+def test_recv_usage_errors(mrc_tools: MrcTools, args: list[str], pattern: str) -> None:
     res = mrc_tools.run("mrc-recv", *args, timeout=20)
     assert res.returncode == 2, res.describe()
     assert re.search(pattern, one_line(res, "mrc-recv")), res.stderr
 
 
-def test_send_connection_refused(mrc_tools, mrc_port: int) -> None:
+def test_send_connection_refused(mrc_tools: MrcTools, mrc_port: int) -> None:
     res = mrc_tools.run("mrc-send", "--size", "1M", "--to", f"[::1]:{mrc_port}", timeout=20)
     assert res.returncode == 1, res.describe()
     assert "refused" in one_line(res, "mrc-send")
 
 
-def test_send_missing_input_file(mrc_tools, mrc_port: int, tmp_path: Path) -> None:
+def test_send_missing_input_file(mrc_tools: MrcTools, mrc_port: int, tmp_path: Path) -> None:
     missing = tmp_path / "nope.bin"
     res = mrc_tools.run("mrc-send", str(missing), "--to", f"[::1]:{mrc_port}", timeout=20)
     assert res.returncode == 1, res.describe()
@@ -100,13 +104,13 @@ def test_send_missing_input_file(mrc_tools, mrc_port: int, tmp_path: Path) -> No
     assert str(missing) in line and "No such file" in line
 
 
-def test_send_unresolvable_host(mrc_tools) -> None:
+def test_send_unresolvable_host(mrc_tools: MrcTools) -> None:
     res = mrc_tools.run("mrc-send", "--size", "1M", "--to", "no-such-host.invalid:4791", timeout=30)
     assert res.returncode == 1, res.describe()
     assert "cannot resolve 'no-such-host.invalid'" in one_line(res, "mrc-send")
 
 
-def test_send_json_failure_still_one_line(mrc_tools, mrc_port: int) -> None:
+def test_send_json_failure_still_one_line(mrc_tools: MrcTools, mrc_port: int) -> None:
     """--json: the one error line on stderr, and on stdout the failure object (the schema's
     shape is checked in test_usage_errors.py)."""
     res = mrc_tools.run(
@@ -119,7 +123,7 @@ def test_send_json_failure_still_one_line(mrc_tools, mrc_port: int) -> None:
     assert lines[0] == f"mrc-send: error: {res.json['error']}"
 
 
-def test_recv_timeout_without_sender(mrc_tools, mrc_port: int) -> None:
+def test_recv_timeout_without_sender(mrc_tools: MrcTools, mrc_port: int) -> None:
     t0 = time.monotonic()
     res = mrc_tools.run(
         "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--timeout", "0.5", timeout=20
@@ -130,7 +134,7 @@ def test_recv_timeout_without_sender(mrc_tools, mrc_port: int) -> None:
     assert 0.5 <= elapsed < 5
 
 
-def test_recv_port_in_use(mrc_tools, mrc_port: int) -> None:
+def test_recv_port_in_use(mrc_tools: MrcTools, mrc_port: int) -> None:
     with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as busy:
         busy.bind(("::1", mrc_port))
         res = mrc_tools.run(
@@ -141,7 +145,7 @@ def test_recv_port_in_use(mrc_tools, mrc_port: int) -> None:
 
 
 def test_recv_output_gone_fails_the_sender_and_says_so(
-    mrc_tools, mrc_port: int, tmp_path: Path
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
 ) -> None:
     """--out's directory is checked at start (test_usage_errors.py); one removed later fails
     each sender with the reason, and the receiver says so: once per refusal, and in its
@@ -168,7 +172,7 @@ def test_recv_output_gone_fails_the_sender_and_says_so(
     ), error
 
 
-def test_recv_refuses_oversized_transfer(mrc_tools, mrc_port: int) -> None:
+def test_recv_refuses_oversized_transfer(mrc_tools: MrcTools, mrc_port: int) -> None:
     recv = mrc_tools.start(
         "mrc-recv",
         "--listen",
@@ -260,7 +264,7 @@ RECV_FLAGS = [
 
 
 @pytest.mark.parametrize(("tool", "flags"), [("mrc-send", SEND_FLAGS), ("mrc-recv", RECV_FLAGS)])
-def test_help_mentions_every_flag(mrc_tools, tool: str, flags: list[str]) -> None:
+def test_help_mentions_every_flag(mrc_tools: MrcTools, tool: str, flags: list[str]) -> None:
     res = mrc_tools.run(tool, "--help", timeout=20)
     assert res.returncode == 0, res.describe()
     for flag in flags:

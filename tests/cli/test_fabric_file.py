@@ -11,13 +11,16 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from mrc.srv6.evroutes import fabric_routes
 from mrc.srv6.srh import decode_srh
 from mrc.topology.realfile import load_fabric, parse_real_fabric
+
+if TYPE_CHECKING:
+    from conftest import MrcTools, Result
 
 GOOD: dict[str, Any] = {
     "name": "lab",
@@ -246,7 +249,7 @@ def write(path: Path, content: object) -> Path:
     return path
 
 
-def one_error(res: Any, tool: str) -> str:
+def one_error(res: Result, tool: str) -> str:
     assert "Traceback" not in res.stderr, res.describe()
     lines = res.stderr.splitlines()
     assert len(lines) == 1 and res.stdout == "", res.describe()
@@ -260,7 +263,7 @@ def one_error(res: Any, tool: str) -> str:
     ("content", "error"), [c[1:] for c in BAD_FILES], ids=[c[0] for c in BAD_FILES]
 )
 def test_a_bad_file_is_one_exact_line(
-    mrc_tools, tmp_path: Path, content: object, error: str
+    mrc_tools: MrcTools, tmp_path: Path, content: object, error: str
 ) -> None:
     path = write(tmp_path / "lab.json", content)
     res = mrc_tools.run(
@@ -269,7 +272,7 @@ def test_a_bad_file_is_one_exact_line(
     assert one_error(res, "mrc-send") == f"fabric file {path}: {error}"
 
 
-def test_mrc_recv_reads_the_same_way(mrc_tools, tmp_path: Path) -> None:
+def test_mrc_recv_reads_the_same_way(mrc_tools: MrcTools, tmp_path: Path) -> None:
     path = write(tmp_path / "lab.json", edit(_set(("hosts", 0, "nics", 0, "address"), "::")))
     res = mrc_tools.run("mrc-recv", "--discard", "--fabric", str(path), timeout=20)
     assert one_error(res, "mrc-recv") == (
@@ -309,7 +312,7 @@ def _directory(tmp_path: Path) -> Path:
     ids=["fifo", "symlink-loop", "dangling-symlink", "directory"],
 )
 def test_odd_files_are_one_line_too(
-    mrc_tools, tmp_path: Path, make: Callable[[Path], Path], error: str
+    mrc_tools: MrcTools, tmp_path: Path, make: Callable[[Path], Path], error: str
 ) -> None:
     path = make(tmp_path)
     res = mrc_tools.run(
@@ -359,7 +362,9 @@ def test_a_file_of_the_other_format_is_read_too(tmp_path: Path) -> None:
     assert load_fabric(str(path / "topo.json")) == planned
 
 
-def test_the_local_host_must_be_named_among_the_files_hosts(mrc_tools, tmp_path: Path) -> None:
+def test_the_local_host_must_be_named_among_the_files_hosts(
+    mrc_tools: MrcTools, tmp_path: Path
+) -> None:
     path = write(tmp_path / "lab.json", GOOD)
     res = mrc_tools.run(
         "mrc-send", "--size", "1K", "--to", "beta", "--fabric", str(path), "--fabric-host", "gamma"
@@ -369,7 +374,9 @@ def test_the_local_host_must_be_named_among_the_files_hosts(mrc_tools, tmp_path:
     assert one_error(res, "mrc-recv") == "--fabric-host needs --fabric"
 
 
-def test_a_host_whose_addresses_are_not_here_is_refused(mrc_tools, tmp_path: Path) -> None:
+def test_a_host_whose_addresses_are_not_here_is_refused(
+    mrc_tools: MrcTools, tmp_path: Path
+) -> None:
     """Exit 1: the file is fine, this machine is not that host (none of 2001:db8:: is local)."""
     path = write(tmp_path / "lab.json", GOOD)
     res = mrc_tools.run("mrc-send", "--size", "1K", "--to", "beta", "--fabric", str(path))

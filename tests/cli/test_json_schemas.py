@@ -13,7 +13,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import pytest
@@ -23,16 +23,19 @@ from mrc.lab.fabric.netns import remove as remove_netns
 from mrc.lab.fabric.trim import unavailable_reason
 from mrc.lab.testbed import leftover_namespaces, netns_available
 
+if TYPE_CHECKING:
+    from conftest import MrcTools
+
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
 
-def _schema(tool: str) -> dict[str, object]:
-    schema = json.loads((SCHEMAS / f"{tool}.schema.json").read_text())
+def _schema(tool: str) -> dict[str, Any]:
+    schema: dict[str, Any] = json.loads((SCHEMAS / f"{tool}.schema.json").read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     return schema
 
 
-def test_a_transfer_matches_both_schemas(mrc_tools, mrc_port: int) -> None:
+def test_a_transfer_matches_both_schemas(mrc_tools: MrcTools, mrc_port: int) -> None:
     recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--json")
     recv.wait_listening(mrc_port)
     sent = mrc_tools.run("mrc-send", "--size", "2M", "--to", f"[::1]:{mrc_port}", "--json")
@@ -45,7 +48,7 @@ def test_a_transfer_matches_both_schemas(mrc_tools, mrc_port: int) -> None:
 
 def test_the_schemas_reject_what_they_do_not_describe() -> None:
     send = _schema("mrc-send")
-    result = {**send["$defs"]["result"], "$defs": send["$defs"]}  # type: ignore[dict-item]
+    result = {**send["$defs"]["result"], "$defs": send["$defs"]}
     with pytest.raises(jsonschema.ValidationError, match="Additional properties"):
         jsonschema.validate({"version": "0", "ok": True, "surprise": 1}, result)
     with pytest.raises(jsonschema.ValidationError):
@@ -75,7 +78,7 @@ def test_the_schemas_take_a_failure_object_and_nothing_like_it(tool: str) -> Non
             jsonschema.validate(bad, schema)
 
 
-def test_a_failed_run_matches_both_schemas(mrc_tools, mrc_port: int) -> None:
+def test_a_failed_run_matches_both_schemas(mrc_tools: MrcTools, mrc_port: int) -> None:
     """Nobody listening: the sender is refused, the receiver times out; both answer --json."""
     sent = mrc_tools.run("mrc-send", "--size", "1M", "--to", f"[::1]:{mrc_port}", "--json")
     got = mrc_tools.run(
@@ -120,7 +123,7 @@ def test_every_schema_is_checked_against_real_output() -> None:
         assert (REPO / test).is_file() if "/" in test else callable(globals().get(test)), name
 
 
-def test_keygen_matches_its_schema(mrc_tools, tmp_path: Path) -> None:
+def test_keygen_matches_its_schema(mrc_tools: MrcTools, tmp_path: Path) -> None:
     res = mrc_tools.run("mrc-keygen", str(tmp_path / "k"), "--json", timeout=30)
     assert res.returncode == 0, res.describe()
     jsonschema.validate(res.json, _schema("mrc-keygen"))
@@ -181,7 +184,7 @@ def test_fabric_outputs_match_their_schemas() -> None:
 def test_real_fabric_files_match_their_schema() -> None:
     """The hand-written file's schema takes the tests' good file and the documented example,
     and refuses what the loader refuses that a schema can see."""
-    from test_fabric_file import BAD_FILES, GOOD
+    from cli.test_fabric_file import BAD_FILES, GOOD
 
     schema = _schema("mrc-real-fabric")
     jsonschema.validate(GOOD, schema)
@@ -195,18 +198,19 @@ def test_real_fabric_files_match_their_schema() -> None:
             jsonschema.validate(bad[case], schema)
 
 
-def test_host_setup_matches_its_schema(mrc_tools, tmp_path: Path) -> None:
+def test_host_setup_matches_its_schema(mrc_tools: MrcTools, tmp_path: Path) -> None:
     """--dry-run (any user may) and --remove with it print the result object; a file it
     refuses prints the failure object; each validates, and the commands are the plan's."""
-    from test_usid_fabric_file import GOOD
-
+    from cli.test_usid_fabric_file import GOOD
     from mrc.srv6 import hostroutes
-    from mrc.topology.realfile import parse_real_fabric
+    from mrc.topology.realfile import UsidTopology, parse_real_fabric
 
     schema = _schema("mrc-host-setup")
     path = tmp_path / "lab.json"
     path.write_text(json.dumps(GOOD))
-    plan = hostroutes.plan(parse_real_fabric(GOOD), "gpu1")
+    topo = parse_real_fabric(GOOD)
+    assert isinstance(topo, UsidTopology)
+    plan = hostroutes.plan(topo, "gpu1")
     for extra, action in (([], "setup"), (["--remove"], "remove")):
         res = mrc_tools.run(
             "mrc-host-setup", "--fabric", str(path), "--host", "gpu1", "--dry-run", "--json",
@@ -228,8 +232,7 @@ def test_real_usid_fabric_files_match_their_schema() -> None:
     """The uSID form of the same schema: the tests' good file and FABRIC.md's example pass;
     what the loader refuses that a schema can see is refused; and each object's keys are the
     loader's own (mrc.topology.realfile), so the two cannot drift apart."""
-    from test_usid_fabric_file import BAD, GOOD
-
+    from cli.test_usid_fabric_file import BAD, GOOD
     from mrc.topology import realfile as rf
 
     schema = _schema("mrc-real-fabric")
@@ -248,13 +251,13 @@ def test_real_usid_fabric_files_match_their_schema() -> None:
     for case in sorted(refused):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad[case], schema)
-    defs: dict[str, Any] = schema["$defs"]  # type: ignore[assignment]
+    defs: dict[str, Any] = schema["$defs"]
 
     def keys(obj: dict[str, Any]) -> dict[str, bool]:
         return {k: k in obj["required"] for k in obj["properties"]}
 
     assert keys(schema) == {**rf._USID_TOP_KEYS, "usid": False}  # required in "then"
-    assert schema["then"]["required"] == ["usid"]  # type: ignore[index]
+    assert schema["then"]["required"] == ["usid"]
     assert keys(defs["usid_params"]) == rf._USID_KEYS
     assert keys(defs["usid_plane"]) == rf._USID_PLANE_KEYS
     assert keys(defs["usid_router"]) == rf._USID_ROUTER_KEYS

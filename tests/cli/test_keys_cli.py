@@ -5,25 +5,31 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from digests import expected_digest
 
 from mrc.security.keys import read_key_file
 
+if TYPE_CHECKING:
+    from conftest import MrcTools
+
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _key(mrc_tools, path: Path) -> Path:
+def _key(mrc_tools: MrcTools, path: Path) -> Path:
     res = mrc_tools.run("mrc-keygen", str(path))
     assert res.returncode == 0, res.describe()
     return path
 
 
 @pytest.mark.parametrize("encrypt", [False, True], ids=["integrity", "encrypt"])
-def test_keyed_transfer_verifies(mrc_tools, mrc_port, tmp_path: Path, encrypt: bool) -> None:
+def test_keyed_transfer_verifies(
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path, encrypt: bool
+) -> None:
     key = _key(mrc_tools, tmp_path / "k")
     enc = ["--encrypt"] if encrypt else []
     out, src = tmp_path / "out.bin", tmp_path / "src"
@@ -51,7 +57,7 @@ def test_keyed_transfer_verifies(mrc_tools, mrc_port, tmp_path: Path, encrypt: b
 
 
 def test_wrong_or_missing_key_is_refused_and_nothing_is_written(
-    mrc_tools, mrc_port, tmp_path: Path
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
 ) -> None:
     key, other = _key(mrc_tools, tmp_path / "k"), _key(mrc_tools, tmp_path / "other")
     out, src = tmp_path / "out.bin", tmp_path / "src"
@@ -78,7 +84,9 @@ def test_wrong_or_missing_key_is_refused_and_nothing_is_written(
     assert _sha(out) == _sha(src)
 
 
-def test_key_file_mistakes_are_usage_errors(mrc_tools, mrc_port, tmp_path: Path) -> None:
+def test_key_file_mistakes_are_usage_errors(
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
+) -> None:
     key = _key(mrc_tools, tmp_path / "k")
     loose = tmp_path / "loose"
     loose.write_text(key.read_text())

@@ -12,9 +12,13 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from conftest import Running, free_port
 from metrics_scrape import Scrape, scrape
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
 
 SIZE = 8 << 20
 
@@ -32,7 +36,7 @@ def _until(
         time.sleep(0.005)
 
 
-def test_recv_metrics_during_and_after_a_transfer(mrc_tools, mrc_port: int) -> None:
+def test_recv_metrics_during_and_after_a_transfer(mrc_tools: MrcTools, mrc_port: int) -> None:
     mport = free_port()
     recv = mrc_tools.start(
         "mrc-recv",
@@ -97,7 +101,7 @@ def test_recv_metrics_during_and_after_a_transfer(mrc_tools, mrc_port: int) -> N
     assert big["packets_received"] == packets
 
 
-def test_recv_metrics_port_in_use_is_one_line_exit_2(mrc_tools, mrc_port: int) -> None:
+def test_recv_metrics_port_in_use_is_one_line_exit_2(mrc_tools: MrcTools, mrc_port: int) -> None:
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as busy:
         busy.bind(("::1", 0))
         busy.listen()
@@ -118,7 +122,7 @@ def test_recv_metrics_port_in_use_is_one_line_exit_2(mrc_tools, mrc_port: int) -
     assert "in use" in lines[0]
 
 
-def test_send_metrics_during_a_transfer(mrc_tools, mrc_port: int) -> None:
+def test_send_metrics_during_a_transfer(mrc_tools: MrcTools, mrc_port: int) -> None:
     """mrc-send --metrics-port serves its own QP's counters while it sends."""
     mport = free_port()
     recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--json")

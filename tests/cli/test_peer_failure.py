@@ -5,17 +5,21 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jsonschema
 
 from mrc.app.transfer import IDLE_TIMEOUT
 from mrc.transport.sockets import udp6_counters
 
+if TYPE_CHECKING:
+    from conftest import MrcTools, Running
+
 EVS = 8
 EV_SOCKETS = 1  # the EVs of the one route (loopback) share a socket and differ by flow label
 
 
-def _start_pair(mrc_tools, port: int):
+def _start_pair(mrc_tools: MrcTools, port: int) -> tuple[Running, Running]:
     recv = mrc_tools.start(
         "mrc-recv",
         "--listen",
@@ -61,7 +65,7 @@ def _wait_for_datagrams(count: int) -> None:
         time.sleep(0.005)
 
 
-def test_sender_dies_mid_transfer(mrc_tools, mrc_port: int) -> None:
+def test_sender_dies_mid_transfer(mrc_tools: MrcTools, mrc_port: int) -> None:
     recv, send = _start_pair(mrc_tools, mrc_port)
     send.kill()
     t0 = time.monotonic()
@@ -82,7 +86,7 @@ def test_sender_dies_mid_transfer(mrc_tools, mrc_port: int) -> None:
     assert out["bytes_placed"] < out["bytes"]
 
 
-def test_receiver_dies_mid_transfer(mrc_tools, mrc_port: int) -> None:
+def test_receiver_dies_mid_transfer(mrc_tools: MrcTools, mrc_port: int) -> None:
     recv, send = _start_pair(mrc_tools, mrc_port)
     recv.kill()
     t0 = time.monotonic()

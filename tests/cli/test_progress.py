@@ -127,7 +127,7 @@ def test_a_board_restarts_for_the_next_transfer() -> None:
     second.finish()
 
 
-def test_disabled_progress_draws_and_creates_nothing(monkeypatch) -> None:
+def test_disabled_progress_draws_and_creates_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     board, out = _board()
     off = Progress(100, "hidden", False, board)
     off.update(50, force=True)
@@ -295,11 +295,11 @@ def test_no_rate_and_no_eta_for_a_second_then_a_smoothed_one() -> None:
     r.add(11.1, 9_999_999)  # samples closer than RATE_SAMPLE are not taken apart
     assert r.rate == pytest.approx(1e6)
     r.add(11.5, 3_001_000)  # a burst of 4 MB/s moves the estimate part of the way only
-    assert 1e6 < r.rate < 2.5e6
+    assert r.rate is not None and 1e6 < r.rate < 2.5e6
     assert r.eta(5, 5) is None
 
 
-def test_a_slow_start_never_shows_hours_left(monkeypatch) -> None:
+def test_a_slow_start_never_shows_hours_left(monkeypatch: pytest.MonkeyPatch) -> None:
     """The case of the issue: 2 GiB whose first seconds trickle (a receiver faulting its
     memory in) then flow at 500 MB/s. The start phase holds the ETA back until the flow."""
     import time

@@ -15,8 +15,12 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from mrc.transport.messages import Hello, RegionRequest
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
 
 
 def _sha(path: Path) -> str:
@@ -34,12 +38,12 @@ class RawPeer:
         self.sock = socket.create_connection(("::1", port), timeout=10)
         self.file = self.sock.makefile("rb")
 
-    def hello(self, size: int) -> dict[str, object]:
+    def hello(self, size: int) -> dict[str, Any]:
         hello = Hello(1, 0, 9, ("::1",), 4, request=RegionRequest(size, "idle"))
         self.sock.sendall(json.dumps(hello.to_json()).encode() + b"\n")
         return self.line()
 
-    def line(self) -> dict[str, object]:
+    def line(self) -> dict[str, Any]:
         raw = self.file.readline()
         assert raw.endswith(b"\n"), f"no whole line: {raw!r}"
         obj = json.loads(raw)
@@ -57,7 +61,9 @@ class RawPeer:
         self.sock.close()
 
 
-def test_an_idle_hello_does_not_keep_the_only_slot(mrc_tools, mrc_port, tmp_path: Path) -> None:
+def test_an_idle_hello_does_not_keep_the_only_slot(
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
+) -> None:
     out = tmp_path / "out.bin"
     recv = mrc_tools.start(
         "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), "--start-timeout", "1"
@@ -93,7 +99,7 @@ def test_an_idle_hello_does_not_keep_the_only_slot(mrc_tools, mrc_port, tmp_path
 
 
 def test_a_released_transfer_number_is_never_given_again(
-    mrc_tools, mrc_port, tmp_path: Path
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
 ) -> None:
     """An idle hello took number 1, a real transfer number 2; when the idle one was dropped its
     number went back, and the next sender got number 2 again: refused because f2.bin exists
@@ -112,7 +118,7 @@ def test_a_released_transfer_number_is_never_given_again(
         assert idle.hello(1 << 20)["ok"] is True  # number 1
         sent = mrc_tools.run("mrc-send", str(first), "--to", f"[::1]:{mrc_port}", timeout=30)
         assert sent.returncode == 0, sent.describe()  # number 2
-        assert idle.line()["m"]["error"].startswith("no data from the sender")  # type: ignore[index]
+        assert idle.line()["m"]["error"].startswith("no data from the sender")
     finally:
         idle.close()
     sent = mrc_tools.run("mrc-send", str(second), "--to", f"[::1]:{mrc_port}", timeout=30)
@@ -124,7 +130,9 @@ def test_a_released_transfer_number_is_never_given_again(
     assert _sha(tmp_path / "f2.bin") == _sha(first) and _sha(tmp_path / "f3.bin") == _sha(second)
 
 
-def test_max_total_and_max_setups_refuse_with_the_limit(mrc_tools, mrc_port, tmp_path) -> None:
+def test_max_total_and_max_setups_refuse_with_the_limit(
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
+) -> None:
     recv = mrc_tools.start(
         "mrc-recv",
         "--listen",
@@ -175,7 +183,9 @@ def _mem_total() -> int:
     raise AssertionError("no MemTotal")
 
 
-def test_a_hello_without_a_key_cannot_take_the_machines_memory(mrc_tools, mrc_port) -> None:
+def test_a_hello_without_a_key_cannot_take_the_machines_memory(
+    mrc_tools: MrcTools, mrc_port: int
+) -> None:
     """Issue 21: each hello could make a --discard receiver map (and, up to 4 GiB, pre-fault)
     what it asked for, up to 64 GiB together on a machine with 24. Now a transfer larger than
     --discard-window is granted that window only (it streams through it), and what --discard
@@ -201,7 +211,7 @@ def test_a_hello_without_a_key_cannot_take_the_machines_memory(mrc_tools, mrc_po
     recv.kill()
 
 
-def test_a_window_beyond_max_memory_is_refused(mrc_tools, mrc_port) -> None:
+def test_a_window_beyond_max_memory_is_refused(mrc_tools: MrcTools, mrc_port: int) -> None:
     recv = mrc_tools.start(
         "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--max-memory", "40M"
     )  # fmt: skip
@@ -222,7 +232,9 @@ def test_a_window_beyond_max_memory_is_refused(mrc_tools, mrc_port) -> None:
     assert recv.wait(30).returncode == 0
 
 
-def test_max_memory_above_the_machines_memory_is_a_usage_error(mrc_tools, mrc_port) -> None:
+def test_max_memory_above_the_machines_memory_is_a_usage_error(
+    mrc_tools: MrcTools, mrc_port: int
+) -> None:
     res = mrc_tools.run(
         "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--max-memory",
         str(4 * _mem_total()),

@@ -18,10 +18,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from conftest import free_port
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
 
 IDLE_SENDER = """
 import asyncio, sys, mrc
@@ -57,7 +62,9 @@ def _idle_sender(port: int, size: int, start: int = 0) -> subprocess.Popen[str]:
     return proc
 
 
-def test_existing_output_is_refused_unless_force(mrc_tools, mrc_port, tmp_path: Path) -> None:
+def test_existing_output_is_refused_unless_force(
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
+) -> None:
     out = tmp_path / "out.bin"
     out.write_bytes(b"precious")
     res = mrc_tools.run("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out))
@@ -76,7 +83,7 @@ def test_existing_output_is_refused_unless_force(mrc_tools, mrc_port, tmp_path: 
     assert _sha(out) == _sha(src) and _parts(tmp_path) == []
 
 
-def test_directory_and_symlink_outputs(mrc_tools, mrc_port, tmp_path: Path) -> None:
+def test_directory_and_symlink_outputs(mrc_tools: MrcTools, mrc_port: int, tmp_path: Path) -> None:
     d = tmp_path / "adir"
     d.mkdir()
     res = mrc_tools.run("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(d), "--force")
@@ -99,7 +106,9 @@ def test_directory_and_symlink_outputs(mrc_tools, mrc_port, tmp_path: Path) -> N
     assert not link.is_symlink() and _sha(link) == _sha(src)
 
 
-def test_second_hello_during_a_transfer_is_refused(mrc_tools, mrc_port, tmp_path: Path) -> None:
+def test_second_hello_during_a_transfer_is_refused(
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
+) -> None:
     """--count 1: the first sender gets the only region; a second is refused at once with a
     reason, and the first transfer lands whole (it used to be truncated under its mmap)."""
     out = tmp_path / "out.bin"
@@ -124,7 +133,9 @@ def test_second_hello_during_a_transfer_is_refused(mrc_tools, mrc_port, tmp_path
     assert _parts(tmp_path) == [] and not out.exists()
 
 
-def test_idle_sender_times_out_and_leaves_nothing(mrc_tools, mrc_port, tmp_path: Path) -> None:
+def test_idle_sender_times_out_and_leaves_nothing(
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
+) -> None:
     out = tmp_path / "out.bin"
     recv = mrc_tools.start(
         "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), "--idle-timeout", "1"
@@ -143,7 +154,7 @@ def test_idle_sender_times_out_and_leaves_nothing(mrc_tools, mrc_port, tmp_path:
     assert _parts(tmp_path) == [] and not out.exists()
 
 
-def test_sigterm_removes_the_part_file(mrc_tools, mrc_port, tmp_path: Path) -> None:
+def test_sigterm_removes_the_part_file(mrc_tools: MrcTools, mrc_port: int, tmp_path: Path) -> None:
     out = tmp_path / "out.bin"
     recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out))
     recv.wait_listening(mrc_port)
@@ -161,7 +172,7 @@ def test_sigterm_removes_the_part_file(mrc_tools, mrc_port, tmp_path: Path) -> N
 
 
 def test_a_part_file_is_private_and_the_result_follows_the_umask(
-    mrc_tools, mrc_port, tmp_path: Path
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
 ) -> None:
     """Partial data is readable by its owner only (it was 0644, whatever the umask said); the
     verified file gets the mode the user's umask gives a new file."""
@@ -193,7 +204,7 @@ def test_a_part_file_is_private_and_the_result_follows_the_umask(
 
 
 def test_part_files_of_a_killed_receiver_are_named_at_the_next_start(
-    mrc_tools, mrc_port, tmp_path: Path
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
 ) -> None:
     """SIGKILL leaves the part file (nothing can remove it then); the next receiver with the
     same --out names it with the command that removes it, and never names the part file of a
@@ -239,7 +250,7 @@ def test_part_files_of_a_killed_receiver_are_named_at_the_next_start(
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path):
+def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 4 MiB tmpfs (root only)."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
@@ -254,7 +265,9 @@ def small_disk(tmp_path: Path):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_full_disk_is_a_refusal_before_data_moves(mrc_tools, mrc_port, small_disk: Path) -> None:
+def test_full_disk_is_a_refusal_before_data_moves(
+    mrc_tools: MrcTools, mrc_port: int, small_disk: Path
+) -> None:
     out = small_disk / "out.bin"
     recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out))
     recv.wait_listening(mrc_port)

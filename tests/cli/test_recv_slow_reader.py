@@ -13,8 +13,12 @@ import json
 import os
 import subprocess
 import threading
+from typing import TYPE_CHECKING
 
 from conftest import BIN, wait_listening
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
 
 F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in the module only from Python 3.10 on Linux
 
@@ -24,7 +28,9 @@ def _read_all(fd: int, into: list[bytes]) -> None:
         into.append(f.read())
 
 
-def test_results_nobody_reads_yet_do_not_stall_later_transfers(mrc_tools, mrc_port) -> None:
+def test_results_nobody_reads_yet_do_not_stall_later_transfers(
+    mrc_tools: MrcTools, mrc_port: int
+) -> None:
     small, streams = "64K", 16
     read_end, write_end = os.pipe()
     fcntl.fcntl(write_end, F_SETPIPE_SZ, 4096)

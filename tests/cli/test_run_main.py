@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from mrc.cli.common import run_main
 from mrc.errors import FabricError, MRCError, UsageError
 
 
-def _raise(exc: BaseException):  # -> a command body
+def _raise(exc: BaseException) -> Callable[[], int]:  # -> a command body
     def body() -> int:
         raise exc
 
@@ -29,14 +31,20 @@ def _raise(exc: BaseException):  # -> a command body
         ),
     ],
 )
-def test_failures_are_one_line(monkeypatch, capsys, exc, status, line) -> None:
+def test_failures_are_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    exc: BaseException,
+    status: int,
+    line: str,
+) -> None:
     monkeypatch.delenv("MRC_DEBUG", raising=False)
     assert run_main("prog", _raise(exc)) == status
     out, err = capsys.readouterr()
     assert out == "" and err == line + "\n"
 
 
-def test_mrc_debug_shows_the_traceback(monkeypatch) -> None:
+def test_mrc_debug_shows_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MRC_DEBUG", "1")
     with pytest.raises(ValueError):
         run_main("prog", _raise(ValueError("boom")))

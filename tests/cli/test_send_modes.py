@@ -7,18 +7,24 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import jsonschema
 import pytest
 
 from mrc.app.timed import SLOT
 
+if TYPE_CHECKING:
+    from conftest import MrcTools, Result
+
 SCHEMA = json.loads(
     (Path(__file__).resolve().parents[2] / "docs/schemas/mrc-send.schema.json").read_text()
 )
 
 
-def test_time_sends_verified_rounds_for_the_duration_with_intervals(mrc_tools, mrc_port) -> None:
+def test_time_sends_verified_rounds_for_the_duration_with_intervals(
+    mrc_tools: MrcTools, mrc_port: int
+) -> None:
     recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--json")
     recv.wait_listening(mrc_port)
     sent = mrc_tools.run(
@@ -52,7 +58,9 @@ def test_time_sends_verified_rounds_for_the_duration_with_intervals(mrc_tools, m
     assert all(sum(iv["evs"].values()) == len(out["evs"]) for iv in ivs)
 
 
-def _parallel(mrc_tools, mrc_port, streams: int, size: int, evs: int):  # noqa: ANN202
+def _parallel(
+    mrc_tools: MrcTools, mrc_port: int, streams: int, size: int, evs: int
+) -> tuple[Result, Result]:
     """mrc-send --parallel STREAMS into mrc-recv --count STREAMS; both finished and ok."""
     recv = mrc_tools.start(
         "mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--count", str(streams), "--json"
@@ -69,7 +77,7 @@ def _parallel(mrc_tools, mrc_port, streams: int, size: int, evs: int):  # noqa: 
     return sent, got
 
 
-def test_parallel_streams_are_each_verified(mrc_tools, mrc_port) -> None:
+def test_parallel_streams_are_each_verified(mrc_tools: MrcTools, mrc_port: int) -> None:
     size = 3 << 20
     sent, got = _parallel(mrc_tools, mrc_port, 2, size, 8)
     out = sent.json
@@ -88,7 +96,9 @@ def test_parallel_streams_are_each_verified(mrc_tools, mrc_port) -> None:
     assert sum(1 for e in out["evs"] if e["stream"] == 1) == len(out["evs"]) // 2
 
 
-def test_sixty_four_streams_into_one_receiver_all_verify(mrc_tools, mrc_port) -> None:
+def test_sixty_four_streams_into_one_receiver_all_verify(
+    mrc_tools: MrcTools, mrc_port: int
+) -> None:
     """64 QPs from one process into one receiver (issue 21 saw 0 of 64 complete, "retry
     budget exhausted ... peer unreachable or gone", with the receiver alive): each one
     completes and is hashed to what was sent."""
@@ -102,7 +112,7 @@ def test_sixty_four_streams_into_one_receiver_all_verify(mrc_tools, mrc_port) ->
     assert {r["digest"] for r in got.objects} == {sent.json["digest"]}
 
 
-def test_parallel_streams_share_the_receiver_fairly(mrc_tools, mrc_port) -> None:
+def test_parallel_streams_share_the_receiver_fairly(mrc_tools: MrcTools, mrc_port: int) -> None:
     """16 QPs into one host: each a fair share. Before the QPs of one process shared their
     base RTT, the last to start took the others' queue for their own path, kept their
     windows and finished first: in 0.5 s where others took 15 s (Jain's index 0.2-0.8)."""
@@ -118,7 +128,9 @@ def test_parallel_streams_share_the_receiver_fairly(mrc_tools, mrc_port) -> None
     assert max(finish) <= 4 * min(finish), sorted(finish)
 
 
-def test_parallel_beyond_what_the_receiver_takes_is_one_line(mrc_tools, mrc_port) -> None:
+def test_parallel_beyond_what_the_receiver_takes_is_one_line(
+    mrc_tools: MrcTools, mrc_port: int
+) -> None:
     recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard")
     recv.wait_listening(mrc_port)
     sent = mrc_tools.run("mrc-send", "--size", "1M", "--parallel", "2", "--to", f"[::1]:{mrc_port}")
@@ -128,7 +140,9 @@ def test_parallel_beyond_what_the_receiver_takes_is_one_line(mrc_tools, mrc_port
     assert "mrc-recv --count" in sent.stderr
 
 
-def test_human_output_has_interval_lines_and_the_summary_table(mrc_tools, mrc_port) -> None:
+def test_human_output_has_interval_lines_and_the_summary_table(
+    mrc_tools: MrcTools, mrc_port: int
+) -> None:
     size = 2 << 20
     recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--count", "2")
     recv.wait_listening(mrc_port)
@@ -165,7 +179,9 @@ def test_human_output_has_interval_lines_and_the_summary_table(mrc_tools, mrc_po
         (["--size", "1M", "--parallel", "257"], "--parallel: at most 256 streams, not 257"),
     ],
 )
-def test_bad_combinations_are_one_line_usage_errors(mrc_tools, args, says) -> None:
+def test_bad_combinations_are_one_line_usage_errors(
+    mrc_tools: MrcTools, args: list[str], says: str
+) -> None:
     res = mrc_tools.run("mrc-send", *args, "--to", "[::1]:9")
     assert res.returncode == 2, res.describe()
     assert res.stdout == ""

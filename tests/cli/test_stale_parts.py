@@ -21,13 +21,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 from conftest import free_port
-from test_recv_output import _idle_sender
 
+from cli.test_recv_output import _idle_sender
 from mrc.cli import outputs, recv
 from mrc.cli.outputs import shell_word
+
+if TYPE_CHECKING:
+    from conftest import MrcTools, Running
 
 WARNING = (
     "mrc-recv: warning: {count} part file(s) left by a receiver that is gone (their transfers "
@@ -56,14 +60,14 @@ def _write(path: Path, data: bytes, mode: int) -> None:
     os.chmod(path, mode)
 
 
-def _start_receiver(mrc_tools, out: Path, *extra: str):
+def _start_receiver(mrc_tools: MrcTools, out: Path, *extra: str) -> tuple[Running, int]:
     port = free_port()
     proc = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{port}", "--out", str(out), *extra)
     proc.wait_listening(port)  # it looks for stale part files before it listens
     return proc, port
 
 
-def _stop(proc) -> str:
+def _stop(proc: Running) -> str:
     proc.proc.send_signal(signal.SIGTERM)
     res = proc.wait(timeout=20)
     assert res.returncode == 130, res.describe()
@@ -72,7 +76,7 @@ def _stop(proc) -> str:
 
 
 def test_a_killed_receivers_part_file_is_named_by_a_receiver_with_another_out(
-    mrc_tools, tmp_path: Path
+    mrc_tools: MrcTools, tmp_path: Path
 ) -> None:
     d = tmp_path / "dir"
     d.mkdir()
@@ -146,7 +150,7 @@ def test_a_killed_receivers_part_file_is_named_by_a_receiver_with_another_out(
 
 
 def test_a_second_receiver_in_the_same_directory_is_never_told_a_live_part_is_stale(
-    mrc_tools, tmp_path: Path
+    mrc_tools: MrcTools, tmp_path: Path
 ) -> None:
     """Two receivers writing in one directory, then a third: nothing is named, and the two
     transfers are not disturbed by the third looking at their part files."""
@@ -171,7 +175,9 @@ def test_a_second_receiver_in_the_same_directory_is_never_told_a_live_part_is_st
     assert _parts_of(tmp_path, "")() == []
 
 
-def test_thousands_of_files_bounded_work_and_a_bounded_line(mrc_tools, tmp_path: Path) -> None:
+def test_thousands_of_files_bounded_work_and_a_bounded_line(
+    mrc_tools: MrcTools, tmp_path: Path
+) -> None:
     for i in range(3000):
         (tmp_path / f"f{i}.dat").write_bytes(b"")
     for i in range(outputs.STALE_SCAN_CHECKS + 100):
@@ -203,13 +209,15 @@ def test_what_cannot_be_read_is_one_line_with_v(
     (tmp_path / "b.bin.mrc-89abcdef.part").write_bytes(b"x")
     real_open = os.open
 
-    def refuse(path, flags, mode=0o777, *, dir_fd=None):
+    def refuse(
+        path: str | os.PathLike[str], flags: int, mode: int = 0o777, *, dir_fd: int | None = None
+    ) -> int:
         if dir_fd is not None and str(path).startswith("a.bin"):
             raise PermissionError(13, "Permission denied")
         return real_open(path, flags, mode, dir_fd=dir_fd)
 
     caplog.set_level(logging.INFO, logger="mrc.cli.recv")
-    monkeypatch.setattr(outputs.os, "open", refuse)
+    monkeypatch.setattr("mrc.cli.outputs.os.open", refuse)
     recv._warn_stale_parts(str(tmp_path / "new.bin"))
     monkeypatch.undo()
     assert [r.getMessage() for r in caplog.records] == [
@@ -220,10 +228,10 @@ def test_what_cannot_be_read_is_one_line_with_v(
 
     caplog.clear()
 
-    def unreadable(path):
+    def unreadable(path: object) -> NoReturn:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(outputs.os, "scandir", unreadable)
+    monkeypatch.setattr("mrc.cli.outputs.os.scandir", unreadable)
     odd = tmp_path / "d\nir"
     odd.mkdir()
     recv._warn_stale_parts(str(odd / "new.bin"))

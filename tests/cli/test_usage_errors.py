@@ -16,14 +16,20 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import pytest
 
+if TYPE_CHECKING:
+    from conftest import MrcTools, Result
+
+    from mrc.lab.testbed import TwoHosts
+
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
 
-def usage_error(res, tool: str) -> str:  # noqa: ANN001 - conftest's Result
+def usage_error(res: Result, tool: str) -> str:
     """The one line of stderr of a usage error (exit status 2, nothing on stdout)."""
     assert res.returncode == 2, res.describe()
     assert "Traceback" not in res.stderr, res.describe()
@@ -34,14 +40,15 @@ def usage_error(res, tool: str) -> str:  # noqa: ANN001 - conftest's Result
 
 
 def schema(tool: str) -> dict[str, object]:
-    return json.loads((SCHEMAS / f"{tool}.schema.json").read_text())
+    loaded: dict[str, object] = json.loads((SCHEMAS / f"{tool}.schema.json").read_text())
+    return loaded
 
 
 # --- mrc-recv --out ---------------------------------------------------------------------------
 
 
 def test_out_in_a_missing_directory_is_refused_before_listening(
-    mrc_tools, mrc_port: int, tmp_path: Path
+    mrc_tools: MrcTools, mrc_port: int, tmp_path: Path
 ) -> None:
     out = tmp_path / "missing-dir" / "x.bin"
     res = mrc_tools.run("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--out", str(out), timeout=20)
@@ -52,14 +59,16 @@ def test_out_in_a_missing_directory_is_refused_before_listening(
     )
 
 
-def test_out_under_a_missing_directory_with_n_is_refused(mrc_tools, tmp_path: Path) -> None:
+def test_out_under_a_missing_directory_with_n_is_refused(
+    mrc_tools: MrcTools, tmp_path: Path
+) -> None:
     out = tmp_path / "missing-dir" / "{n}" / "x.bin"
     res = mrc_tools.run("mrc-recv", "--out", str(out), "--count", "2", timeout=20)
     line = usage_error(res, "mrc-recv")
     assert f"--out {out}: the directory {tmp_path / 'missing-dir'} does not exist" in line
 
 
-def test_out_where_nothing_can_be_created_is_refused(mrc_tools) -> None:
+def test_out_where_nothing_can_be_created_is_refused(mrc_tools: MrcTools) -> None:
     res = mrc_tools.run("mrc-recv", "--out", "/proc/mrc-test.bin", timeout=20)
     line = usage_error(res, "mrc-recv")
     assert line.startswith(
@@ -67,7 +76,7 @@ def test_out_where_nothing_can_be_created_is_refused(mrc_tools) -> None:
     )
 
 
-def test_out_in_a_read_only_directory_is_refused(mrc_tools, tmp_path: Path) -> None:
+def test_out_in_a_read_only_directory_is_refused(mrc_tools: MrcTools, tmp_path: Path) -> None:
     """Read-only for this user (mode 0555), or, as root (who may write there anyway), a
     read-only bind mount in a mount namespace of its own."""
     where = tmp_path / "ro"
@@ -85,17 +94,17 @@ def test_out_in_a_read_only_directory_is_refused(mrc_tools, tmp_path: Path) -> N
         pytest.skip("no unshare(1) to mount a read-only directory")
     script = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" || exit 99; shift; exec "$@"'
     tool = str(Path(mrc_tools.argv("mrc-recv", [])[0]))
-    res = subprocess.run(
+    done = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"]
         + [str(where), tool, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=30,
     )
-    if res.returncode == 99:
-        pytest.skip(f"cannot mount read-only here: {res.stderr.strip()}")
-    assert res.returncode == 2 and res.stdout == "", res.stderr
-    assert res.stderr == (
+    if done.returncode == 99:
+        pytest.skip(f"cannot mount read-only here: {done.stderr.strip()}")
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr == (
         f"mrc-recv: error: --out {out}: cannot create files in {where}: Read-only file system "
         "(see mrc-recv --help)\n"
     )
@@ -132,7 +141,9 @@ def test_out_in_a_read_only_directory_is_refused(mrc_tools, tmp_path: Path) -> N
     ],
     ids=["recv-bare-port", "recv-ipv6-port", "send-bare-port", "send-ipv6-port"],
 )
-def test_addresses_that_read_two_ways_are_refused(mrc_tools, tool, args, says) -> None:
+def test_addresses_that_read_two_ways_are_refused(
+    mrc_tools: MrcTools, tool: str, args: list[str], says: str
+) -> None:
     assert usage_error(mrc_tools.run(tool, *args, timeout=20), tool).startswith(
         f"{tool}: error: {says}"
     )
@@ -151,7 +162,7 @@ def test_addresses_that_read_one_way_are_taken() -> None:
     assert parse_endpoint("10.0.0.1:4791") == ("10.0.0.1", 4791)
 
 
-def test_from_that_is_not_this_hosts_is_refused(mrc_tools) -> None:
+def test_from_that_is_not_this_hosts_is_refused(mrc_tools: MrcTools) -> None:
     res = mrc_tools.run("mrc-send", "--size", "1M", "--to", "::1", "--from", "fd00:dead::7")
     assert usage_error(res, "mrc-send") == (
         "mrc-send: error: --from fd00:dead::7: not an address of this host (no interface here "
@@ -159,7 +170,7 @@ def test_from_that_is_not_this_hosts_is_refused(mrc_tools) -> None:
     )
 
 
-def test_from_of_the_other_family_is_refused(mrc_tools) -> None:
+def test_from_of_the_other_family_is_refused(mrc_tools: MrcTools) -> None:
     res = mrc_tools.run("mrc-send", "--size", "1M", "--to", "[::1]:4791", "--from", "127.0.0.1")
     assert usage_error(res, "mrc-send") == (
         "mrc-send: error: --from 127.0.0.1: an IPv4 address, but --to [::1]:4791 is IPv6: give "
@@ -170,7 +181,7 @@ def test_from_of_the_other_family_is_refused(mrc_tools) -> None:
 # --- what to send -----------------------------------------------------------------------------
 
 
-def test_a_directory_to_send_is_refused(mrc_tools, tmp_path: Path) -> None:
+def test_a_directory_to_send_is_refused(mrc_tools: MrcTools, tmp_path: Path) -> None:
     res = mrc_tools.run("mrc-send", str(tmp_path), "--to", "::1", timeout=20)
     assert usage_error(res, "mrc-send") == (
         f"mrc-send: error: FILE {tmp_path}: a directory; mrc-send sends one file (--size or "
@@ -178,7 +189,7 @@ def test_a_directory_to_send_is_refused(mrc_tools, tmp_path: Path) -> None:
     )
 
 
-def test_a_fifo_to_send_is_refused(mrc_tools, tmp_path: Path) -> None:
+def test_a_fifo_to_send_is_refused(mrc_tools: MrcTools, tmp_path: Path) -> None:
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     res = mrc_tools.run("mrc-send", str(fifo), "--to", "::1", timeout=20)
@@ -201,13 +212,15 @@ def test_a_fifo_to_send_is_refused(mrc_tools, tmp_path: Path) -> None:
         ("mrc-recv", ["--ot=x.bin"], "--ot", "--out"),
     ],
 )
-def test_a_mistyped_option_is_named_with_the_one_meant(mrc_tools, tool, args, typo, meant):
+def test_a_mistyped_option_is_named_with_the_one_meant(
+    mrc_tools: MrcTools, tool: str, args: list[str], typo: str, meant: str
+) -> None:
     assert usage_error(mrc_tools.run(tool, *args, timeout=20), tool) == (
         f"{tool}: error: unrecognized arguments: {typo} (did you mean {meant}?) (see {tool} --help)"
     )
 
 
-def test_an_option_like_none_is_named_alone(mrc_tools) -> None:
+def test_an_option_like_none_is_named_alone(mrc_tools: MrcTools) -> None:
     res = mrc_tools.run("mrc-send", "--size", "1M", "--to", "::1", "--zzzzzz", timeout=20)
     assert usage_error(res, "mrc-send") == (
         "mrc-send: error: unrecognized arguments: --zzzzzz (see mrc-send --help)"
@@ -224,7 +237,7 @@ def test_abbreviations_still_work() -> None:
 # --- --json always answers --------------------------------------------------------------------
 
 
-def _failure(res, tool: str, status: int) -> dict[str, object]:  # noqa: ANN001
+def _failure(res: Result, tool: str, status: int) -> dict[str, Any]:
     """The failure object of a failed --json run: valid, and saying what stderr says."""
     assert res.returncode == status, res.describe()
     lines = res.stderr.splitlines()
@@ -247,13 +260,15 @@ def _failure(res, tool: str, status: int) -> dict[str, object]:  # noqa: ANN001
     ],
     ids=["argparse", "after-parsing", "in-the-body", "refused"],
 )
-def test_send_json_answers_every_failure(mrc_tools, mrc_port: int, args, status, says) -> None:
+def test_send_json_answers_every_failure(
+    mrc_tools: MrcTools, mrc_port: int, args: list[str], status: int, says: str
+) -> None:
     args = [a.replace("{port}", str(mrc_port)) for a in args]
     obj = _failure(mrc_tools.run("mrc-send", *args, timeout=20), "mrc-send", status)
     assert says in str(obj["error"])
 
 
-def test_a_result_answers_for_the_run(capsys) -> None:
+def test_a_result_answers_for_the_run(capsys: pytest.CaptureFixture[str]) -> None:
     """A transfer that fails prints its full result (ok false) and then fails the run: no
     second object. Without --json nothing is printed."""
     from mrc.cli.common import JsonAnswer, run_main
@@ -274,7 +289,7 @@ def test_a_result_answers_for_the_run(capsys) -> None:
     assert capsys.readouterr().out.count("{") == 1  # body's emit only, no failure object
 
 
-def test_a_failure_object_to_a_reader_gone_fails_nothing(monkeypatch) -> None:
+def test_a_failure_object_to_a_reader_gone_fails_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     from mrc.cli.common import JsonAnswer
 
     read, write = os.pipe()
@@ -297,13 +312,15 @@ def test_a_failure_object_to_a_reader_gone_fails_nothing(monkeypatch) -> None:
     ],
     ids=["out-dir", "argparse", "timeout"],
 )
-def test_recv_json_answers_every_failure(mrc_tools, mrc_port: int, args, status, says) -> None:
+def test_recv_json_answers_every_failure(
+    mrc_tools: MrcTools, mrc_port: int, args: list[str], status: int, says: str
+) -> None:
     args = [a.replace("{port}", str(mrc_port)) for a in args]
     obj = _failure(mrc_tools.run("mrc-recv", *args, timeout=20), "mrc-recv", status)
     assert says in str(obj["error"])
 
 
-def test_recv_json_answers_when_interrupted(mrc_tools, mrc_port: int) -> None:
+def test_recv_json_answers_when_interrupted(mrc_tools: MrcTools, mrc_port: int) -> None:
     recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard", "--json")
     recv.wait_listening(mrc_port)
     os.kill(recv.proc.pid, signal.SIGTERM)
@@ -315,7 +332,9 @@ def test_recv_json_answers_when_interrupted(mrc_tools, mrc_port: int) -> None:
     assert obj["ok"] is False and obj["error"] == "interrupted"
 
 
-def test_without_json_a_failure_prints_nothing_on_stdout(mrc_tools, mrc_port: int) -> None:
+def test_without_json_a_failure_prints_nothing_on_stdout(
+    mrc_tools: MrcTools, mrc_port: int
+) -> None:
     res = mrc_tools.run("mrc-send", "--size", "1M", "--to", f"[::1]:{mrc_port}", timeout=20)
     assert res.returncode == 1 and res.stdout == "", res.describe()
 
@@ -323,7 +342,7 @@ def test_without_json_a_failure_prints_nothing_on_stdout(mrc_tools, mrc_port: in
 # --- planes and EVs ---------------------------------------------------------------------------
 
 
-def test_the_result_line_counts_the_evs_asked_for(mrc_tools, mrc_port: int) -> None:
+def test_the_result_line_counts_the_evs_asked_for(mrc_tools: MrcTools, mrc_port: int) -> None:
     """128 EVs asked for, 32 backups beside them: the line says 128."""
     recv = mrc_tools.start("mrc-recv", "--listen", f"[::1]:{mrc_port}", "--discard")
     recv.wait_listening(mrc_port)
@@ -334,7 +353,9 @@ def test_the_result_line_counts_the_evs_asked_for(mrc_tools, mrc_port: int) -> N
 
 
 @pytest.mark.netns
-def test_a_two_plane_receiver_and_a_one_plane_sender_are_named(two_hosts, mrc_tools) -> None:
+def test_a_two_plane_receiver_and_a_one_plane_sender_are_named(
+    two_hosts: TwoHosts, mrc_tools: MrcTools
+) -> None:
     h = two_hosts
     port = 4791
     listen = ["--listen", f"[{h.b_addrs[0]}]:{port}", "--listen", f"[{h.b_addrs[1]}]:{port}"]
@@ -367,7 +388,7 @@ def test_a_two_plane_receiver_and_a_one_plane_sender_are_named(two_hosts, mrc_to
         ("mrc-recv", ["where to listen:", "where the data goes", "transfers:", "limits"]),
     ],
 )
-def test_help_is_grouped_with_examples(mrc_tools, tool: str, groups: list[str]) -> None:
+def test_help_is_grouped_with_examples(mrc_tools: MrcTools, tool: str, groups: list[str]) -> None:
     res = mrc_tools.run(tool, "--help", timeout=20)
     assert res.returncode == 0, res.describe()
     for group in [*groups, "output:", "paths:"]:

@@ -11,7 +11,7 @@ import copy
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -19,6 +19,9 @@ from mrc.errors import UsageError
 from mrc.srv6 import hostroutes
 from mrc.srv6.evroutes import fabric_routes, route_overhead
 from mrc.topology.realfile import UsidTopology, load_fabric, parse_real_fabric
+
+if TYPE_CHECKING:
+    from conftest import MrcTools
 
 
 def nic(plane: int, host: int, leaf: str, dev: str) -> dict[str, Any]:
@@ -331,7 +334,7 @@ def write(tmp_path: Path, doc: object, name: str = "lab.json") -> Path:
     return path
 
 
-def test_the_commands_say_a_mistake_in_one_line(mrc_tools, tmp_path: Path) -> None:
+def test_the_commands_say_a_mistake_in_one_line(mrc_tools: MrcTools, tmp_path: Path) -> None:
     """mrc-send, mrc-recv and mrc-host-setup: exit 2, one line, no traceback."""
     path = write(tmp_path, edit(put(("usid", "block"), "fcbb:bb00::/48")))
     said = "usid.block: 'fcbb:bb00::/48': the block must be a /32"
@@ -427,7 +430,7 @@ def test_the_plan_is_these_ip_lines() -> None:
     assert hostroutes.ip_lines(steps, remove=True) == EXPECTED_GPU1_REMOVE
 
 
-def test_dry_run_prints_the_plan_without_root(mrc_tools, tmp_path: Path) -> None:
+def test_dry_run_prints_the_plan_without_root(mrc_tools: MrcTools, tmp_path: Path) -> None:
     path = write(tmp_path, GOOD)
     res = mrc_tools.run(
         "mrc-host-setup", "--fabric", str(path), "--host", "gpu1", "--dry-run", timeout=60
@@ -450,7 +453,7 @@ def test_dry_run_prints_the_plan_without_root(mrc_tools, tmp_path: Path) -> None
     )
 
 
-def test_the_set_up_takes_only_a_usid_file(mrc_tools, tmp_path: Path) -> None:
+def test_the_set_up_takes_only_a_usid_file(mrc_tools: MrcTools, tmp_path: Path) -> None:
     srh = {
         "name": "lab",
         "planes": [{"plane": 0, "spines": [{"name": "s", "sid": "fc00::1"}]}],
