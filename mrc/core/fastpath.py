@@ -82,26 +82,31 @@ _TRIM = wire.BTH_TRIMMED
 _SECURE = wire.BTH_SECURE
 
 if TYPE_CHECKING:  # array is generic only for type checkers before Python 3.12
-    PlaceTrain = Callable[
-        [
-            memoryview,
-            int,
-            int,
-            int,
-            int,
-            memoryview,
-            int,
-            int,
-            int,
-            int,
-            int,
-            dict[int, int],
-            array[int],
-            bytearray,
-            int,
-        ],
-        tuple[int, int, int],
-    ]
+    from typing import Protocol
+
+    class PlaceTrain(Protocol):
+        """Either kernel's signature: ``skip`` may be left out (0), as in both of them."""
+
+        def __call__(
+            self,
+            view: memoryview,
+            off: int,
+            seg: int,
+            qpn: int,
+            rkey: int,
+            region: memoryview,
+            region_addr: int,
+            initial_psn: int,
+            cum: int,
+            hi: int,
+            window: int,
+            blocks: dict[int, int],
+            seqs: array[int],
+            marks: bytearray,
+            skip: int = 0,
+            /,
+        ) -> tuple[int, int, int]: ...
+
     PackBurst = Callable[
         [bytearray | memoryview, int, int, int, int, int, int, int, int, bool, int], int
     ]
