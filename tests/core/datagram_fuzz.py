@@ -42,10 +42,10 @@ def capture_session(qpn: int = 1, seed: int = 99) -> list[bytes]:
     net = SimNetwork(seed, Faults(trim=0.1, loss=0.02, reorder=0.2))
     transmit = net._transmit
 
-    def record(data: bytes, sport: int, dst: str) -> None:
+    def record(data: bytes, ev: int, dst: str) -> None:
         if len(captured) < 400:
             captured.append(bytes(data))
-        transmit(data, sport, dst)
+        transmit(data, ev, dst)
 
     net._transmit = record  # type: ignore[method-assign]
     net.add_host("a")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from mrc.core import QPConfig
-from mrc.core.cc import MrcNscc, MrcNsccParams
+from mrc.core.cc import LawContext, MrcNscc, MrcNsccParams
 
 
 def nscc_window(
-    mss: int, cap_packets: int, initial_packets: int, target_delay: float, **params: float
+    mss: int, cap_packets: int, initial_packets: int, target_delay: float, **params: Any
 ) -> MrcNscc:
     """NSCC for ``mss``-byte packets, capped at ``cap_packets``, starting at
     ``initial_packets``, with the target ``target_delay`` alone (``target_rtt_fraction`` 0)
@@ -23,5 +24,5 @@ def nscc_window(
     )
     return MrcNscc(
         dataclasses.replace(base, **params),
-        QPConfig(payload_size=mss, max_outstanding=cap_packets),
+        LawContext.of(QPConfig(payload_size=mss, max_outstanding=cap_packets)),
     )

@@ -360,7 +360,7 @@ def run_until(net: SimNetwork, transfers: list[Transfer], max_time: float = 200.
     return net.run(lambda: all(t.done for t in transfers), max_time=max_time)
 
 
-def failures(net: SimNetwork) -> list[Event]:
+def failures(net: SimNetwork) -> list[QPFailed]:
     return [e for h in net.hosts.values() for e in h.events if isinstance(e, QPFailed)]
 
 

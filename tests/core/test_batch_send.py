@@ -290,7 +290,9 @@ def test_headers_handed_out_are_never_written_again(pack: PackBurst) -> None:
         a.requester._outstanding.clear()  # as if all were acknowledged (no ACKs needed here)
         a.requester._snd_una = a.requester._next_seq
         a.bursts_to_send(3.0 + i)
-    assert a.requester._next_seq >= 4096 and a.requester._hbuf is not first[0][1][0].obj
+    head = first[0][1][0]
+    assert isinstance(head, memoryview)
+    assert a.requester._next_seq >= 4096 and a.requester._hbuf is not head.obj
     now = [bytes(bufs[i]) for _ev, bufs, n, _seg in first for i in range(0, 2 * n, 2)]
     assert now == kept
 

@@ -184,7 +184,7 @@ def test_burst_settings_are_checked() -> None:
         {"burst_spread": 0},
     ):
         with pytest.raises(ValueError):
-            QPConfig(**bad).validate()  # type: ignore[arg-type]
+            QPConfig(**bad).validate()
     assert QPConfig(payload_size=PAYLOAD).burst_max == AUTO_BURST
     assert QPConfig(burst=3).burst_max == 3
     assert QPConfig(burst=3, payload_size=1400).burst_max == 3

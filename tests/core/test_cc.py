@@ -10,6 +10,7 @@ the comparison is the point; the rest of the suite is the proof that "fixed" is 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -30,7 +31,7 @@ QUEUE = 20_000  # bytes: 19 full packets waiting behind the one being sent
 TARGET = MrcNsccParams().target_delay
 
 
-def _config(cc: str, window: int, **over: object) -> QPConfig:
+def _config(cc: str, window: int, **over: Any) -> QPConfig:
     return QPConfig(
         payload_size=PAYLOAD,
         max_outstanding=window,
@@ -38,7 +39,7 @@ def _config(cc: str, window: int, **over: object) -> QPConfig:
         min_rto=0.005,
         initial_rto=0.01,
         cc=cc,
-        **over,  # type: ignore[arg-type]
+        **over,
     )
 
 
@@ -185,11 +186,11 @@ def test_two_flows_from_two_hosts_share_the_last_hop_fairly() -> None:
     goodputs = [p / both for p in placed]
     fairness = _jain(goodputs)
     assert fairness >= 0.95, goodputs
-    last = fab.link("last:b/p0")
-    assert last.utilization() >= 0.95
+    last_link = fab.link("last:b/p0")
+    assert last_link.utilization() >= 0.95
     assert sum(goodputs) >= 0.9 * PAYLOAD_RATE, goodputs
     # two windows that each start below the queue: the law, not luck, keeps them apart
-    assert last.stats.trimmed <= 0.02 * 2 * packets
+    assert last_link.stats.trimmed <= 0.02 * 2 * packets
 
 
 def test_the_window_shrinks_on_a_trim_burst_and_grows_back_when_the_queue_drains() -> None:
@@ -206,7 +207,7 @@ def test_the_window_shrinks_on_a_trim_burst_and_grows_back_when_the_queue_drains
     qa, qb = net.connect("a", "b", evs=16, config=_config("nscc-mrc", 64), qpn_a=1, qpn_b=1)
     qc, qd = net.connect("c", "b", evs=16, config=_config("fixed", 16), qpn_a=2, qpn_b=2)
     cc = qa.requester.cc
-    assert cc is not None
+    assert isinstance(cc, MrcNscc)
     cc.trace = []
     victim = make_transfer(net, "a", "b", qa, qb, [600 * PAYLOAD + 2000], 1)
     victim.post(0, 1000, _pattern(600 * PAYLOAD, 1), imm=1)

@@ -8,20 +8,30 @@ remote operation error), every other one is FLUSHED. Seeded simulator runs.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from mrc.core import QPConfig, QPFailed, WCStatus, WriteCompleted, WriteFailed
+from mrc.core import (
+    MemoryRegion,
+    QPConfig,
+    QPFailed,
+    QueuePair,
+    WCStatus,
+    WriteCompleted,
+    WriteFailed,
+)
 from mrc.errors import TooManyImmediates
 from mrc.lab.sim import Faults, SimNetwork
 
 REGION = 200_000
 
 
-def _pair(**cfg: object):  # type: ignore[no-untyped-def]
+def _pair(**cfg: Any) -> tuple[SimNetwork, QueuePair, MemoryRegion]:
     net = SimNetwork(seed=5, faults=Faults(delay=0.0005, jitter=0.0001))
     net.add_host("a")
     net.add_host("b")
-    config = QPConfig(payload_size=1000, max_outstanding=16, cc="fixed", **cfg)  # type: ignore[arg-type]
+    config = QPConfig(payload_size=1000, max_outstanding=16, cc="fixed", **cfg)
     qa, qb = net.connect("a", "b", evs=8, config=config)
     mr = qb.pd.register(bytearray(REGION))
     return net, qa, mr

@@ -6,6 +6,8 @@ tests/core/test_ecn_steering.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mrc.core.config import EVConfig
@@ -19,7 +21,13 @@ MEMORY = 0.01  # how far back before a send evidence counts (the requester's CE 
 SPAN = 0.004  # an episode (the requester's reordering window)
 
 
-def _evs(routes: list[int] | None = None, **kw: float | int) -> EVSet:
+def _state(evs: EVSet, ev: int) -> EVState:
+    """``ev``'s state now, read through a call: mypy would keep ``evs.state[ev]`` narrowed to
+    what an earlier assert saw across the calls that change it."""
+    return evs.state[ev]
+
+
+def _evs(routes: list[int] | None = None, **kw: Any) -> EVSet:
     """8 EVs on two planes (even: plane 0), routes as given; route fate off unless asked."""
     config = EVConfig(**{"route_dead_evs": 0, **kw})
     evs = EVSet(list(range(1000, 1008)), [0, 1] * 4, config=config, routes=routes)
@@ -38,7 +46,7 @@ def test_a_loss_after_the_delay_rose_is_congestion() -> None:
     evs = _evs()
     evs.delay.sample(0, DELAYED, 1.0)
     _lose(evs, 2, 1.001, 1.004)
-    assert evs.state[2] == EVState.GOOD and evs.losses_delayed == 1
+    assert _state(evs, 2) == EVState.GOOD and evs.losses_delayed == 1
     assert evs.delay.samples == 1
 
 
@@ -48,11 +56,11 @@ def test_a_small_rise_is_no_delay_and_the_held_loss_is_then_a_failure() -> None:
     assert evs.delay.samples == 0
     _lose(evs, 2, 1.001, 1.004)
     # held for an episode: the ACKs of what was queued ahead of a tail drop come later
-    assert evs.state[2] == EVState.GOOD and evs.held_next == pytest.approx(1.004 + SPAN)
+    assert _state(evs, 2) == EVState.GOOD and evs.held_next == pytest.approx(1.004 + SPAN)
     evs.judge_held(1.005)  # not due yet
-    assert evs.state[2] == EVState.GOOD
+    assert _state(evs, 2) == EVState.GOOD
     evs.judge_held(1.004 + SPAN)
-    assert evs.state[2] == EVState.ASSUMED_BAD and evs.losses_delayed == 0
+    assert _state(evs, 2) == EVState.ASSUMED_BAD and evs.losses_delayed == 0
     assert evs.held_next == float("inf")
 
 
@@ -61,7 +69,7 @@ def test_delay_shown_while_a_loss_is_held_excuses_it() -> None:
     _lose(evs, 2, 1.001, 1.004)
     evs.delay.sample(0, DELAYED, 1.006)  # the queue ahead of the drop drains
     evs.judge_held(1.01)
-    assert evs.state[2] == EVState.GOOD and evs.losses_delayed == 1
+    assert _state(evs, 2) == EVState.GOOD and evs.losses_delayed == 1
 
 
 def test_delay_on_the_other_plane_excuses_nothing() -> None:
@@ -69,7 +77,7 @@ def test_delay_on_the_other_plane_excuses_nothing() -> None:
     evs.delay.sample(1, DELAYED, 1.0)
     _lose(evs, 2, 1.001, 1.004)
     evs.judge_held(1.01)
-    assert evs.state[2] == EVState.ASSUMED_BAD
+    assert _state(evs, 2) == EVState.ASSUMED_BAD
 
 
 def test_a_route_that_keeps_losing_is_a_failure_despite_the_delay() -> None:
@@ -79,7 +87,7 @@ def test_a_route_that_keeps_losing_is_a_failure_despite_the_delay() -> None:
     evs.delay.sample(0, DELAYED, 1.0)
     _lose(evs, 0, 1.001, 1.004)  # the episode's first loss
     _lose(evs, 4, 1.003, 1.006)  # within the episode: one tail drop
-    assert evs.state[0] == EVState.GOOD and evs.state[4] == EVState.GOOD
+    assert _state(evs, 0) == EVState.GOOD and _state(evs, 4) == EVState.GOOD
     evs.delay.sample(0, DELAYED, 1.01)
     # later, nothing delivered since: a queue that stays full, or a dead route; the first
     # LATE_LOSSES sends are given the benefit of the doubt (a burst's packets are one send)
@@ -87,9 +95,9 @@ def test_a_route_that_keeps_losing_is_a_failure_despite_the_delay() -> None:
     for sent in late:
         _lose(evs, 4, sent, 1.012)
         _lose(evs, 0, sent, 1.012)  # the same send (a burst): not counted again
-    assert evs.state[0] == evs.state[4] == EVState.GOOD
+    assert _state(evs, 0) == _state(evs, 4) == EVState.GOOD
     _lose(evs, 4, late[-1] + 0.001, 1.013)  # one more: the route keeps losing, it is dead
-    assert evs.state[4] == EVState.ASSUMED_BAD
+    assert _state(evs, 4) == EVState.ASSUMED_BAD
     assert evs.losses_delayed == 2 + 2 * LATE_LOSSES
 
 
@@ -100,7 +108,7 @@ def test_a_route_that_delivered_since_begins_a_new_episode() -> None:
     evs.route_alive_sent[evs.route_ix[0]] = 1.002  # a packet sent after the loss arrived
     evs.delay.sample(0, DELAYED, 1.01)
     _lose(evs, 4, 1.009, 1.012)
-    assert evs.state[4] == EVState.GOOD and evs.losses_delayed == 2
+    assert _state(evs, 4) == EVState.GOOD and evs.losses_delayed == 2
 
 
 def test_without_known_routes_each_ev_is_its_own_path() -> None:
@@ -108,32 +116,32 @@ def test_without_known_routes_each_ev_is_its_own_path() -> None:
     evs.delay.sample(0, DELAYED, 1.0)
     _lose(evs, 0, 1.001, 1.004)
     _lose(evs, 2, 1.001 + SPAN + 0.001, 1.008)  # another EV: its own first loss
-    assert evs.state[0] == evs.state[2] == EVState.GOOD
+    assert _state(evs, 0) == _state(evs, 2) == EVState.GOOD
     for k in range(LATE_LOSSES + 1):  # EV 0 again and again, nothing delivered
-        assert evs.state[0] == EVState.GOOD
+        assert _state(evs, 0) == EVState.GOOD
         _lose(evs, 0, 1.001 + SPAN + 0.002 + 0.001 * k, 1.009)
-    assert evs.state[0] == EVState.ASSUMED_BAD
-    assert evs.state[2] == EVState.GOOD
+    assert _state(evs, 0) == EVState.ASSUMED_BAD
+    assert _state(evs, 2) == EVState.GOOD
 
 
 def test_off_every_loss_without_a_mark_is_a_failure_at_once() -> None:
     evs = _evs(delay_evidence_min=0.0, delay_evidence_fraction=0.0)
     evs.delay.sample(0, DELAYED, 1.0)
     _lose(evs, 2, 1.001, 1.004)
-    assert evs.state[2] == EVState.ASSUMED_BAD and evs.losses_delayed == 0
+    assert _state(evs, 2) == EVState.ASSUMED_BAD and evs.losses_delayed == 0
 
 
 def test_a_lost_ack_begins_an_episode_and_a_reverse_path_that_keeps_losing_retires() -> None:
     evs = _evs()
     evs.ack_lost(2, 1.0, 0.01)
-    assert evs.state[2] == EVState.GOOD and evs.losses_delayed == 1
+    assert _state(evs, 2) == EVState.GOOD and evs.losses_delayed == 1
     evs.ack_lost(2, 1.005, 0.01)  # the same episode
-    assert evs.state[2] == EVState.GOOD
+    assert _state(evs, 2) == EVState.GOOD
     evs.path_answered(2, 1.006)  # a reverse probe on it came back: it works
     evs.ack_lost(2, 1.02, 0.01)  # a new episode
-    assert evs.state[2] == EVState.GOOD and evs.losses_delayed == 3
+    assert _state(evs, 2) == EVState.GOOD and evs.losses_delayed == 3
     evs.ack_lost(2, 1.031, 0.01)  # 11 ms on, nothing answered: dead
-    assert evs.state[2] == EVState.ASSUMED_BAD
+    assert _state(evs, 2) == EVState.ASSUMED_BAD
 
 
 def test_the_knobs_are_checked() -> None:
@@ -157,7 +165,7 @@ def test_a_loss_while_a_sibling_route_loses_too_is_congestion_without_delay() ->
     _lose(evs, 2, 1.002, 1.004)  # the sibling lost one sent in the same memory: congestion
     assert evs.losses_delayed == 1
     evs.judge_held(1.004 + SPAN)  # and the held one, judged, is congestion too
-    assert evs.state[0] == evs.state[2] == EVState.GOOD and evs.losses_delayed == 2
+    assert _state(evs, 0) == _state(evs, 2) == EVState.GOOD and evs.losses_delayed == 2
     assert evs.delay.samples == 0
 
 
@@ -168,15 +176,15 @@ def test_a_route_that_loses_alone_twice_is_a_failure() -> None:
     _lose(evs, 0, 1.001, 1.004)
     evs.route_alive_sent[evs.route_ix[2]] = 1.004  # the sibling delivers
     evs.judge_held(1.004 + SPAN)  # the route has neither delivered nor lost since: held on
-    assert evs.state[0] == EVState.GOOD and evs.held_next == pytest.approx(1.004 + 2 * SPAN)
+    assert _state(evs, 0) == EVState.GOOD and evs.held_next == pytest.approx(1.004 + 2 * SPAN)
     _lose(evs, 4, 1.006, 1.01)  # its next send is lost too
     evs.judge_held(1.004 + 2 * SPAN)
-    assert evs.state[0] == EVState.ASSUMED_BAD and evs.losses_delayed == 0
+    assert _state(evs, 0) == EVState.ASSUMED_BAD and evs.losses_delayed == 0
     evs.judge_held(1.01 + SPAN)  # the latest loss waits for the route's next packet
-    assert evs.state[4] == EVState.GOOD
+    assert _state(evs, 4) == EVState.GOOD
     _lose(evs, 4, 1.011, 1.015)
     evs.judge_held(1.01 + 2 * SPAN)
-    assert evs.state[4] == EVState.ASSUMED_BAD
+    assert _state(evs, 4) == EVState.ASSUMED_BAD
 
 
 def test_a_single_tail_drop_is_forgiven_once_the_route_delivers_after_it() -> None:
@@ -185,7 +193,7 @@ def test_a_single_tail_drop_is_forgiven_once_the_route_delivers_after_it() -> No
     evs.judge_held(1.004 + SPAN)
     evs.route_alive_sent[evs.route_ix[4]] = 1.005  # the route's next send arrived
     evs.judge_held(1.004 + 2 * SPAN)
-    assert evs.state[0] == EVState.GOOD and evs.losses_route_alive == 1
+    assert _state(evs, 0) == EVState.GOOD and evs.losses_route_alive == 1
     assert evs.held_next == float("inf")
 
 
@@ -198,9 +206,9 @@ def test_a_held_loss_is_judged_at_last_when_the_route_stays_silent() -> None:
     while evs.held_next < until:
         t = evs.held_next
         evs.judge_held(t)
-        assert evs.state[0] == EVState.GOOD
+        assert _state(evs, 0) == EVState.GOOD
     evs.judge_held(evs.held_next)
-    assert evs.state[0] == EVState.ASSUMED_BAD and evs.held_next == float("inf")
+    assert _state(evs, 0) == EVState.ASSUMED_BAD and evs.held_next == float("inf")
 
 
 def _sends_until_retired(sibling_every: int) -> int:
@@ -213,7 +221,7 @@ def _sends_until_retired(sibling_every: int) -> int:
         if sibling_every and k % sibling_every == 0:
             _lose(evs, 2, sent, sent + 0.003)
         _lose(evs, 0 if k % 2 else 4, sent, sent + 0.003)
-        if EVState.ASSUMED_BAD in (evs.state[0], evs.state[4]):
+        if EVState.ASSUMED_BAD in (_state(evs, 0), _state(evs, 4)):
             return k + 1
     return 200
 
@@ -245,7 +253,7 @@ def test_a_held_loss_asks_its_route_once_and_an_answer_after_it_is_congestion() 
     assert evs.asks == [] and evs.routes_asked == 1
     evs.route_answered(4, 1.0041)  # the probe, sent at 1.0041, came back
     evs.judge_held(1.0045 + SPAN)
-    assert evs.state[0] == evs.state[4] == EVState.GOOD and evs.losses_delayed == 2
+    assert _state(evs, 0) == _state(evs, 4) == EVState.GOOD and evs.losses_delayed == 2
     assert evs.held_next == float("inf")
     assert evs.counters()["ev_routes_asked"] == 1
 
@@ -257,7 +265,7 @@ def test_an_answer_to_a_probe_sent_before_the_loss_excuses_nothing() -> None:
     until = 1.004 + max(HELD_WINDOWS * SPAN, MEMORY)
     while evs.held_next <= until:
         evs.judge_held(evs.held_next)
-    assert evs.state[0] == EVState.ASSUMED_BAD and evs.losses_delayed == 0
+    assert _state(evs, 0) == EVState.ASSUMED_BAD and evs.losses_delayed == 0
 
 
 def test_a_route_unasked_again_only_after_its_question_went_unanswered_for_the_hold() -> None:
@@ -285,9 +293,9 @@ def test_an_unanswered_question_is_asked_once_more_while_the_loss_is_held() -> N
     assert evs.asks == [0] and evs.routes_asked == 2
     evs.asks.clear()
     evs.judge_held(1.004 + 3 * SPAN)
-    assert evs.asks == [] and evs.state[0] == EVState.GOOD
+    assert evs.asks == [] and _state(evs, 0) == EVState.GOOD
     evs.judge_held(1.004 + 4 * SPAN)  # unanswered: judged at the bound, as before
-    assert evs.state[0] == EVState.ASSUMED_BAD and evs.held_next == float("inf")
+    assert _state(evs, 0) == EVState.ASSUMED_BAD and evs.held_next == float("inf")
 
 
 def test_a_route_that_answers_probes_but_loses_its_data_is_still_retired() -> None:
@@ -301,7 +309,7 @@ def test_a_route_that_answers_probes_but_loses_its_data_is_still_retired() -> No
             evs.route_answered(ev, sent + 0.0031)
         evs.asks.clear()
         evs.judge_held(sent + 0.003 + SPAN)
-        if EVState.ASSUMED_BAD in (evs.state[0], evs.state[4]):
+        if EVState.ASSUMED_BAD in (_state(evs, 0), _state(evs, 4)):
             break
     # the episode's sends within its span, LATE_LOSSES and ANSWERED_LOSSES more, and one
     assert k + 1 == SPAN / 0.002 + LATE_LOSSES + ANSWERED_LOSSES + 1, k
@@ -317,7 +325,7 @@ def _late_sends_until_retired(answers_until: int) -> int:
         sent = 1.0 + 0.002 * k
         evs.delay.sample(0, DELAYED, sent)
         _lose(evs, 0 if k % 2 else 4, sent, sent + 0.003)
-        if EVState.ASSUMED_BAD in (evs.state[0], evs.state[4]):
+        if EVState.ASSUMED_BAD in (_state(evs, 0), _state(evs, 4)):
             return k
         if evs.asks and k < answers_until:  # asked (at most once a route a while): answered
             evs.route_answered(evs.asks[0], sent + 0.003)
@@ -344,7 +352,7 @@ def test_asking_routes_off_leaves_the_loss_to_the_route_s_next_packet() -> None:
     until = 1.004 + max(HELD_WINDOWS * SPAN, MEMORY)
     while evs.held_next <= until:
         evs.judge_held(evs.held_next)
-    assert evs.state[0] == EVState.ASSUMED_BAD
+    assert _state(evs, 0) == EVState.ASSUMED_BAD
 
 
 def test_without_known_routes_nothing_is_asked() -> None:
@@ -400,12 +408,12 @@ def test_an_answer_must_follow_every_earlier_lost_send_not_the_one_found_last() 
         evs.route_answered(0, prev + 0.001)  # it answered after its previous lost send
         _lose(evs, 4 if k % 2 else 0, sent, sent + 0.003)
         prev = sent
-    assert evs.state[0] == evs.state[4] == EVState.GOOD  # 6 late sends: answered, excused
+    assert _state(evs, 0) == _state(evs, 4) == EVState.GOOD  # 6 late sends: answered, excused
     evs.route_answered(0, 1.021)  # its last answer: then it dies
     evs.delay.sample(0, DELAYED, 1.024)
     _lose(evs, 0, 1.024, 1.027)  # answered after the previous lost send: excused
-    assert evs.state[0] == EVState.GOOD
+    assert _state(evs, 0) == EVState.GOOD
     _lose(evs, 0, 1.019, 1.028)  # an older send found late: nothing answered after 1.024
-    assert evs.state[0] == EVState.ASSUMED_BAD
+    assert _state(evs, 0) == EVState.ASSUMED_BAD
     _lose(evs, 4, 1.026, 1.029)  # its next send: the answer is older than 1.024 still
-    assert evs.state[4] == EVState.ASSUMED_BAD
+    assert _state(evs, 4) == EVState.ASSUMED_BAD

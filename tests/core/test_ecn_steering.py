@@ -6,6 +6,7 @@ still retires its EVs, and those are not counted false."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -80,7 +81,7 @@ def test_a_marked_spine_gets_less_traffic_while_marked_and_all_of_it_back_after(
 
 
 #: delay evidence off: losses without marks are all failures (the rule before it)
-NO_DELAY = {"delay_evidence_min": 0.0, "delay_evidence_fraction": 0.0}
+NO_DELAY: dict[str, Any] = {"delay_evidence_min": 0.0, "delay_evidence_fraction": 0.0}
 
 
 def _counted(
@@ -99,7 +100,7 @@ def _counted(
     return dict(total)
 
 
-def _incast(ecn: int | None, **config: float) -> dict[str, int]:
+def _incast(ecn: int | None, **config: Any) -> dict[str, int]:
     """8 senders -> b through a last hop with a 10 kB queue that tail-drops (no trimming):
     pure congestion, no failure anywhere. ``config``: QPConfig fields."""
     net = RecordingNetwork(11, Faults(delay=0.0, jitter=0.0))
@@ -163,7 +164,7 @@ def test_losses_after_the_delay_rose_retire_few_evs_without_marks() -> None:
     assert told["evs_assumed_bad"] <= 3, told  # 0 measured: the routes lose together
 
 
-def _untold(dropped_over: int = 300, **config: object) -> dict[str, int]:
+def _untold(dropped_over: int = 300, **config: Any) -> dict[str, int]:
     """8 senders -> r over 4 planes x 4 spines, the last hop a quarter of what the senders are
     told (200 against 50 Mbit/s a plane), a plain FIFO of 9 ms that tail-drops by bytes (no
     band for control packets: a probe waits and drops as a tc tbf makes it), no marks:
@@ -198,7 +199,7 @@ def test_untold_tail_drops_ask_their_routes_and_retire_few_evs() -> None:
     (176 questions) against 20 without asking (all false: nothing failed)."""
     # the law's default, whose windows keep the queue full (a learned depth,
     # cc.loss_delay_fraction, drops a third as much here: the next test)
-    full = {"cc_params": {"loss_delay_fraction": 0.0}}
+    full: dict[str, Any] = {"cc_params": {"loss_delay_fraction": 0.0}}
     asked = _untold(**full)
     unasked = _untold(ask_routes=False, **full)
     assert unasked["evs_assumed_bad"] >= 12, unasked
@@ -241,7 +242,7 @@ def test_a_dead_link_still_retires_its_evs_and_they_are_not_false() -> None:
 # ---- the rules, on an EVSet alone --------------------------------------------------------
 
 
-def _evs(routes: list[int], **kw: float) -> EVSet:
+def _evs(routes: list[int], **kw: Any) -> EVSet:
     # route fate off unless asked; delay evidence off (its rules: tests/core/test_delay_signs.py)
     config = EVConfig(**{"route_dead_evs": 0, **NO_DELAY, **kw})
     return EVSet(

@@ -398,10 +398,11 @@ def test_kernel_stops_when_its_output_is_full(rx_impl: str) -> None:
 
 def test_kernel_rejects_bad_arguments(rx_impl: str) -> None:
     _pd, mr, _region = _kernel_setup()
-    args = [memoryview(b""), 0, S, QPN, mr.rkey, mr.view, mr.addr, IPSN, -1, -1, WINDOW, {}]
-    outs = [array("q", bytes(8)), bytearray(1)]
+    blocks: dict[int, int] = {}
+    args = (memoryview(b""), 0, S, QPN, mr.rkey, mr.view, mr.addr, IPSN, -1, -1, WINDOW, blocks)
+    outs = (array("q", bytes(8)), bytearray(1))
     with pytest.raises(ValueError):
-        fastpath.place_train(*args[:2], 0, *args[3:], *outs)
+        fastpath.place_train(args[0], args[1], 0, *args[3:], *outs)
     with pytest.raises(ValueError):
         fastpath.place_train(args[0], -1, *args[2:], *outs)
 
@@ -495,9 +496,9 @@ def test_note_arrivals_rejects_bad_arguments() -> None:
     with pytest.raises(TypeError):
         native(array("i", [1]), bytearray(1), 0, 1, {}, set(), 0)
     with pytest.raises(TypeError):
-        native(array("q", [1]), bytearray(1), 0, 1, {}, [], 0)
+        native(array("q", [1]), bytearray(1), 0, 1, {}, [], 0)  # type: ignore[arg-type]  # a list, not a set
     with pytest.raises(TypeError):
-        native(array("q", [1]), bytearray(1), 0, 1)
+        native(array("q", [1]), bytearray(1), 0, 1)  # type: ignore[call-arg]  # too few on purpose
 
 
 def test_single_datagram_is_a_train_of_one(rx_impl: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from mrc.core import QPConfig
+from mrc.core import QPConfig, QueuePair
 from mrc.core.cc import MrcNscc
 from mrc.lab.sim import Faults
 from mrc.lab.sim_links import Fabric, LinkSpec, trim_datagram
@@ -118,6 +118,13 @@ PAYLOAD = 8192
 WIRE = PAYLOAD + 60
 
 
+def _nscc(qp: QueuePair) -> MrcNscc:
+    """``qp``'s window law (cc="nscc-mrc": MrcNscc)."""
+    cc = qp.requester.cc
+    assert isinstance(cc, MrcNscc)
+    return cc
+
+
 def _incast(
     n: int, min_window: float, queue_packets: int = 4
 ) -> tuple[RecordingNetwork, Fabric, list[Transfer]]:
@@ -159,7 +166,7 @@ def test_many_flows_into_one_last_hop_pace_below_a_packet_and_trim_far_less() ->
         data = sum(t.qp.stats.data_packets_sent for t in transfers)
         assert sum(t.qp.stats.retransmits_timeout for t in transfers) == 0
         assert net.violations == []
-        paced_lows = [t.qp.requester.cc.nack_rtt for t in transfers]  # type: ignore[union-attr]
+        paced_lows = [_nscc(t.qp).nack_rtt for t in transfers]
         results[floor] = (net.now / ideal, fab.total("trimmed") / data, paced_lows)
     whole, frac = results[1.0], results[0.125]
     # fifteen one-packet windows overflow a four-packet queue again and again: every packet
@@ -190,8 +197,7 @@ def test_a_paced_requester_holds_data_until_its_pace_and_asks_the_timer_for_it()
     key = ("a", qa.qpn)
     assert net.run(lambda: len(net.data_tx[key]) >= 1)
     req = qa.requester
-    cc = req.cc
-    assert cc is not None
+    cc = _nscc(qa)
     cc.base_rtt = 0.001
     cc._set(net.now, 125.0)
     assert cc.pace_gap() == pytest.approx(0.012)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import random
 import time
+from collections.abc import Callable
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -83,7 +84,7 @@ def _fuzz_run(rng: random.Random, n: int, faults: Faults) -> tuple[RecordingNetw
     return net, t
 
 
-def run_until_with(net: RecordingNetwork, until) -> bool:
+def run_until_with(net: RecordingNetwork, until: Callable[[], bool]) -> bool:
     """Run the simulation until ``until()`` holds; keep time moving when the transfer is done
     but fuzz is left (a timer far ahead keeps the event heap non-empty)."""
     net._at(50.0, lambda: None)

@@ -9,12 +9,14 @@ field is 0 and nothing changes.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from mrc import wire
 from mrc.core import EndpointCore, ProtectionDomain, QPConfig, QueuePair
-from mrc.core.cc import UetNscc, UetNsccParams, WindowLaw
+from mrc.core.cc import LawContext, UetNscc, UetNsccParams, WindowLaw
 from mrc.core.cc.uet import HOST_DELAY_GAIN, HOST_DELAY_NET_QUEUE, HOST_DELAY_RAMP, MAX_CWND_BDP
 
 MSS = 1000
@@ -136,9 +138,11 @@ def test_a_peer_that_sends_no_ack_delay_gives_no_sample() -> None:
 # ---- the UET law's time basis ------------------------------------------------------------------
 
 
-def _law(rate: float | None, **params: object) -> UetNscc:
+def _law(rate: float | None, **params: Any) -> UetNscc:
     p = dataclasses.replace(UetNsccParams(shared_base=False, host_delay=True), **params)
-    return UetNscc(p, QPConfig(payload_size=MSS, max_outstanding=4096, line_rate_bps=rate))
+    return UetNscc(
+        p, LawContext.of(QPConfig(payload_size=MSS, max_outstanding=4096, line_rate_bps=rate))
+    )
 
 
 def _deliver(law: UetNscc, windows: int, now: float) -> None:
@@ -181,11 +185,12 @@ def test_the_bound_earns_the_host_delay_back_after_each_loss() -> None:
     _deliver(law, HOST_DELAY_RAMP, 1.0)
     assert law.basis == pytest.approx(0.001 + law.host_delay)  # all of it, and no more
     t = 1.0
-    for unsettle in (
+    unsettles: tuple[Callable[[float], None], ...] = (
         lambda t: law.on_loss(t),
         lambda t: law.on_trim(t, 0.001),
         lambda t: law.on_timeout(t),
-    ):
+    )
+    for unsettle in unsettles:
         t += 1.0
         _deliver(law, HOST_DELAY_RAMP, t)
         assert law.basis == pytest.approx(0.001 + law.host_delay)
@@ -221,7 +226,7 @@ def test_host_delay_off_or_never_measured_is_the_law_as_before() -> None:
 
 
 def test_the_base_law_ignores_host_delay() -> None:
-    law = WindowLaw(None, QPConfig(max_outstanding=8))
+    law = WindowLaw(None, LawContext.of(QPConfig(max_outstanding=8)))
     law.on_host_delay(0.0, 0.001)
     assert law.limit == 8
 

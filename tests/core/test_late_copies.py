@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 from mrc import wire
-from mrc.core import QPConfig
+from mrc.core import QPConfig, QueuePair
 from mrc.core.events import EVReason, EVStateChanged
 from mrc.core.evset import EVState
 from mrc.lab.sim import Faults, SimNetwork
@@ -55,7 +55,7 @@ def _retirements(net: SimNetwork, host: str, reason: EVReason) -> list[EVStateCh
     ]
 
 
-def _late_original() -> tuple[_HeldNetwork, object, object]:
+def _late_original() -> tuple[_HeldNetwork, QueuePair, QueuePair]:
     """One round trip to warm srtt, then four packets whose last one is held 8 ms in the
     network: its probe (5 ms later) is held 4 ms, so the original arrives first, its ACK
     reaches the sender after the probe left, and the probe arrives as a duplicate 1 ms after

@@ -11,8 +11,8 @@ for what it had in flight on that plane.
 from __future__ import annotations
 
 from mrc import wire
-from mrc.core import QPConfig
-from mrc.core.events import EVReason, EVStateChanged
+from mrc.core import QPConfig, QueuePair
+from mrc.core.events import Event, EVReason, EVStateChanged
 from mrc.core.evset import EVState
 from mrc.core.psn import to_seq
 from mrc.lab.sim import Faults, SimNetwork
@@ -20,7 +20,7 @@ from mrc.lab.sim import Faults, SimNetwork
 SIZE = 400_000
 
 
-def _setup() -> tuple[SimNetwork, object, object, bytearray, bytes, list[tuple[int, bytes]]]:
+def _setup() -> tuple[SimNetwork, QueuePair, QueuePair, bytearray, bytes, list[tuple[int, bytes]]]:
     net = SimNetwork(seed=11, faults=Faults(delay=0.002, jitter=0.0))
     net.add_host("a")
     net.add_host("b")
@@ -32,20 +32,20 @@ def _setup() -> tuple[SimNetwork, object, object, bytearray, bytes, list[tuple[i
     sent: list[tuple[int, bytes]] = []
     transmit = net._transmit
 
-    def record(raw: bytes, sport: int, dst: str) -> None:
-        sent.append((sport, raw))
-        transmit(raw, sport, dst)
+    def record(data: bytes, ev: int, dst: str) -> None:
+        sent.append((ev, data))
+        transmit(data, ev, dst)
 
     net._transmit = record  # type: ignore[method-assign]
     qa.post_write(data, mr.addr, mr.rkey)
     return net, qa, qb, buf, data, sent
 
 
-def _plane_ports(qp, plane: int) -> set[int]:  # type: ignore[no-untyped-def]
+def _plane_ports(qp: QueuePair, plane: int) -> set[int]:
     return {p for i, p in enumerate(qp.evs.values) if qp.evs.planes[i] == plane}
 
 
-def _data_seqs(qp, sent: list[tuple[int, bytes]]) -> list[tuple[int, int]]:  # type: ignore[no-untyped-def]
+def _data_seqs(qp: QueuePair, sent: list[tuple[int, bytes]]) -> list[tuple[int, int]]:
     """(source port, sequence number) of every data packet in ``sent``."""
     out = []
     for sport, raw in sent:
@@ -55,7 +55,7 @@ def _data_seqs(qp, sent: list[tuple[int, bytes]]) -> list[tuple[int, int]]:  # t
     return out
 
 
-def _reasons(events: list[object], plane: int) -> set[EVReason]:
+def _reasons(events: list[Event], plane: int) -> set[EVReason]:
     return {
         e.reason
         for e in events

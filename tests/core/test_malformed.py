@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -19,6 +20,7 @@ from mrc import wire
 from mrc.core import (
     Access,
     EndpointCore,
+    MemoryRegion,
     QPConfig,
     QPFailed,
     QueuePair,
@@ -87,7 +89,9 @@ def _setup(seed: int, faults: Faults) -> tuple[RecordingNetwork, Transfer]:
     return net, t
 
 
-def _garbage(net: RecordingNetwork, t: Transfer) -> tuple[list[tuple[str, bytes, int]], Counter]:
+def _garbage(
+    net: RecordingNetwork, t: Transfer
+) -> tuple[list[tuple[str, bytes, int]], Counter[str]]:
     """(host, datagram, sport) to inject, and the drops each reason must show."""
     qa, qb = t.qp, t.peer
     mr, small = t.regions
@@ -178,8 +182,8 @@ def test_injected_garbage_is_dropped_and_counted(seed: int, faults: Faults) -> N
     # genuine but stale ones, e.g. the NACK of a transmission resent before it came back
     refused = {k: drops.pop(k) for k in list(drops) if k.startswith(("ack_", "nack_"))}
     assert drops == dict(want)
-    for host in net.hosts.values():
-        assert host.core.unaccounted() == 0
+    for sim_host in net.hosts.values():
+        assert sim_host.core.unaccounted() == 0
     # the endpoint-level drops are counted there, the rest on the QPs they reached
     assert net.hosts["b"].core.dropped_by_reason == Counter(short=2, bad_version=1, unknown_qp=1)
     assert split_stale(dict(qa.stats.dropped_by_reason))[0] == {"short": 1}
@@ -222,7 +226,9 @@ def _pair() -> tuple[QueuePair, QueuePair, EndpointCore, EndpointCore]:
     return qa, qb, ca, cb
 
 
-def _forge_and_bounce(qa, qb, cb, hdr: bytes, sport: int) -> wire.Ack:
+def _forge_and_bounce(
+    qa: QueuePair, qb: QueuePair, cb: EndpointCore, hdr: bytes, sport: int
+) -> wire.Ack:
     """Send a copy of ``hdr`` aimed outside its region to b from ``sport`` (the rkey is known,
     so b answers: an unknown rkey would get no answer at all), and b's NACK back to a."""
     forged = bytearray(hdr)
@@ -371,10 +377,14 @@ def test_genuine_out_of_bounds_write_fails_the_sender() -> None:
 # ---- fuzzing -------------------------------------------------------------------------------
 
 
-def _fuzz_target() -> tuple[EndpointCore, QueuePair, list[bytearray], list[bytes], list]:
+def _fuzz_target() -> tuple[
+    EndpointCore, QueuePair, list[bytearray], list[bytes], list[MemoryRegion]
+]:
     core = EndpointCore()
     rng = random.Random(0)
-    bufs, fills, mrs = [], [], []
+    bufs: list[bytearray] = []
+    fills: list[bytes] = []
+    mrs: list[MemoryRegion] = []
     for n in (300, 1, 4096):
         fill = rng.randbytes(n)
         buf = bytearray(fill)
@@ -400,7 +410,7 @@ _opcodes = st.sampled_from([OP_W, OP_WI, 0x11, 0xC0, 0xC1, 0x04, 0x00, 0xFF])
 
 
 @st.composite
-def _bth_prefixed(draw) -> bytes:
+def _bth_prefixed(draw: st.DrawFn) -> bytes:
     """Bytes that get past the endpoint's demux (TVer 0, QPN 7) more often than pure noise."""
     op = draw(_opcodes)
     rest = draw(st.binary(min_size=0, max_size=120))
@@ -427,7 +437,7 @@ def test_fuzz_arbitrary_bytes_never_raise_or_write(datagrams: list[bytes]) -> No
 
 
 @st.composite
-def _write_pkt(draw, mrs) -> tuple[bytes, dict]:
+def _write_pkt(draw: st.DrawFn, mrs: list[MemoryRegion]) -> tuple[bytes, dict[str, Any]]:
     mr = draw(st.sampled_from(mrs))
     # near the region: drawn as an offset, since region addresses are random per registration
     near = st.integers(-70, mr.length + 70).map(lambda off: mr.addr + off)
@@ -450,7 +460,7 @@ def _write_pkt(draw, mrs) -> tuple[bytes, dict]:
 
 @FUZZ
 @given(st.data())
-def test_fuzz_writes_only_land_inside_their_region(data) -> None:
+def test_fuzz_writes_only_land_inside_their_region(data: st.DataObject) -> None:
     """Headers with the real rkeys and arbitrary addresses, lengths, PSNs, marks and payloads:
     a write either lands exactly where an in-bounds, untrimmed, in-window, first-seen packet
     says, or not at all; other regions and bytes are never touched."""
@@ -478,6 +488,7 @@ def test_fuzz_writes_only_land_inside_their_region(data) -> None:
             and seq not in seen
         )
         if ok:
+            assert region is not None
             off = f["va"] - region.addr
             expect[mrs.index(region)][off : off + f["length"]] = f["payload"]
             placed += f["length"]

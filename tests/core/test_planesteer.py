@@ -5,6 +5,8 @@ quarters of its capacity between the leaves sends less there and finishes sooner
 
 from __future__ import annotations
 
+from typing import Any
+
 from mrc.core import QPConfig
 from mrc.core.evset import EVSet
 from mrc.core.planesteer import PlaneSteering
@@ -74,8 +76,8 @@ def test_on_with_nscc_off_with_a_fixed_window_unless_asked() -> None:
     from mrc.core.memory import ProtectionDomain
     from mrc.core.qp import QueuePair
 
-    def steering(**kw: object) -> PlaneSteering | None:
-        cfg = QPConfig(**kw)  # type: ignore[arg-type]
+    def steering(**kw: Any) -> PlaneSteering | None:
+        cfg = QPConfig(**kw)
         qp = QueuePair(1, ProtectionDomain(), list(range(100, 108)), [0, 1] * 4, cfg)
         return qp.evs.steering
 

@@ -10,15 +10,18 @@ against 230 for the outage steps after it)."""
 from __future__ import annotations
 
 from mrc import wire
-from mrc.core import QPConfig
-from mrc.core.events import EVReason, EVStateChanged
+from mrc.core import QPConfig, QueuePair
+from mrc.core.cc import UetNscc
+from mrc.core.events import Event, EVReason, EVStateChanged
 from mrc.core.evset import EVState
 from mrc.lab.sim import Faults, SimNetwork
 
 SIZE = 200_000
 
 
-def _pair(faults: Faults, dead: str = "", window: int = 1) -> tuple[SimNetwork, object, object]:
+def _pair(
+    faults: Faults, dead: str = "", window: int = 1
+) -> tuple[SimNetwork, QueuePair, QueuePair]:
     net = SimNetwork(seed=7, faults=faults)
     net.add_host("a")
     net.add_host("b")
@@ -31,7 +34,7 @@ def _pair(faults: Faults, dead: str = "", window: int = 1) -> tuple[SimNetwork, 
     return net, qa, qb
 
 
-def _transfer(net: SimNetwork, qa, qb) -> bytes:  # type: ignore[no-untyped-def]
+def _transfer(net: SimNetwork, qa: QueuePair, qb: QueuePair) -> bytes:
     buf = bytearray(SIZE)
     mr = qb.pd.register(buf)
     data = bytes((i * 13 + 5) % 251 for i in range(SIZE))
@@ -41,7 +44,7 @@ def _transfer(net: SimNetwork, qa, qb) -> bytes:  # type: ignore[no-untyped-def]
     return data
 
 
-def _retired(events: list, reason: EVReason) -> set[int]:  # type: ignore[type-arg]
+def _retired(events: list[Event], reason: EVReason) -> set[int]:
     return {
         e.ev
         for e in events
@@ -56,16 +59,20 @@ def test_acks_flag_a_subject_that_had_arrived_before() -> None:
     flagged = clean = 0
     rx_b, rx_a = net.hosts["b"].core.receive_datagram, net.hosts["a"].core.receive_datagram
 
-    def at_b(d, port, now):  # type: ignore[no-untyped-def]
-        b = bytes(d)
+    def at_b(
+        data: memoryview, src_ev: int, now: float, wait: float | None = None
+    ) -> QueuePair | None:
+        b = bytes(data)
         if b[0] == wire.Opcode.RDMA_WRITE_ONLY:
             psn = int.from_bytes(b[9:12], "big")
             arrivals[psn] = arrivals.get(psn, 0) + 1
-        return rx_b(d, port, now)
+        return rx_b(data, src_ev, now, wait)
 
-    def at_a(d, port, now):  # type: ignore[no-untyped-def]
+    def at_a(
+        data: memoryview, src_ev: int, now: float, wait: float | None = None
+    ) -> QueuePair | None:
         nonlocal flagged, clean
-        b = bytes(d)
+        b = bytes(data)
         if b[0] == wire.Opcode.ACKNOWLEDGE:
             ack = wire.parse_ack(b)
             if ack.subject_dup:
@@ -73,7 +80,7 @@ def test_acks_flag_a_subject_that_had_arrived_before() -> None:
                 assert arrivals[ack.subject_psn] >= 2  # it had arrived before
             elif arrivals.get(ack.subject_psn) == 1:
                 clean += 1
-        return rx_a(d, port, now)
+        return rx_a(data, src_ev, now, wait)
 
     net.hosts["b"].core.receive_datagram = at_b  # type: ignore[method-assign]
     net.hosts["a"].core.receive_datagram = at_a  # type: ignore[method-assign]
@@ -166,7 +173,7 @@ def test_a_probe_sends_a_resend_that_the_window_holds_back() -> None:
     assert net.run(lambda: len(net.data_tx[key]) >= 4)
     req = qa.requester
     cc = req.cc
-    assert cc is not None and sorted(req._outstanding) == [1, 2, 3]
+    assert isinstance(cc, UetNscc) and sorted(req._outstanding) == [1, 2, 3]
     # the newest (seq 3) queued for a resend, the window one packet: 1 and 2 fill it
     cc._set(net.now, 1000.0)
     pkt = req._outstanding[3]

@@ -9,9 +9,17 @@ from collections.abc import Callable
 import pytest
 
 from mrc import wire
-from mrc.core import ProbeReplied, QPConfig, QPFailed, QueuePair, WriteCompleted
+from mrc.core import (
+    ImmediateReceived,
+    ProbeReplied,
+    QPConfig,
+    QPFailed,
+    QueuePair,
+    WriteCompleted,
+)
+from mrc.core.cc import UetNscc
 from mrc.core.memory import ProtectionDomain
-from mrc.lab.sim import Faults, SimNetwork
+from mrc.lab.sim import Faults, SimHost, SimNetwork
 
 from .mrcsim_harness import (
     DATA_OPS,
@@ -345,7 +353,7 @@ def test_trim_nack_decoded_from_receiver_output(marks: int, code: int) -> None:
     while (e := qb.next_event()) is not None:
         events.append(e)
     assert [type(e).__name__ for e in events] == ["ImmediateReceived"]
-    assert events[0].imm == 9
+    assert isinstance(events[0], ImmediateReceived) and events[0].imm == 9
 
 
 def test_trimmed_duplicate_of_received_packet_is_not_nacked() -> None:
@@ -394,8 +402,8 @@ def test_probes_report_rtt_on_live_evs_only() -> None:
 # ---- retransmission timer ----------------------------------------------------------------
 
 
-def test_timer_is_armed_at_the_earliest_deadline() -> None:
-    late = []
+def test_timer_is_armed_at_the_earliest_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    late: list[float] = []
     net = RecordingNetwork(3, Faults(loss=0.2))
     net.add_host("a")
     net.add_host("b")
@@ -404,7 +412,7 @@ def test_timer_is_armed_at_the_earliest_deadline() -> None:
     t.post(0, 0, random.Random(3).randbytes(300_000), imm=1)
     pump = net.pump
 
-    def checked_pump(host, qp) -> None:
+    def checked_pump(host: SimHost, qp: QueuePair) -> None:
         pump(host, qp)
         if qp is qa and qa.requester.in_flight:
             earliest = min(p.deadline for p in qa.requester._outstanding.values())
@@ -412,7 +420,7 @@ def test_timer_is_armed_at_the_earliest_deadline() -> None:
             if armed is not None and armed > earliest + 1e-9:
                 late.append(armed - earliest)
 
-    net.pump = checked_pump
+    monkeypatch.setattr(net, "pump", checked_pump)
     assert run_until(net, [t], max_time=500)
     t.check_final()
     assert late == []
@@ -489,7 +497,7 @@ def test_a_tail_loss_probe_goes_out_past_a_window_shrunk_below_what_is_in_flight
     data = bytes(i * 11 % 251 for i in range(400_000))
     qa.post_write(data, mr.addr, mr.rkey)
     req = qa.requester
-    assert req.cc is not None
+    assert isinstance(req.cc, UetNscc)
     assert net.run(lambda: req.acked_packets > 50 and req.in_flight >= 8)  # an RTT is known
     silent = True
     for host in ("a", "b"):  # nothing arrives anywhere: no ACK can reopen the window
@@ -497,9 +505,14 @@ def test_a_tail_loss_probe_goes_out_past_a_window_shrunk_below_what_is_in_flight
         real_rx = core.receive_datagram
 
         def starved(
-            d: memoryview, port: int, now: float, rx: Callable[..., QueuePair | None] = real_rx
+            data: memoryview,
+            src_ev: int,
+            now: float,
+            wait: float | None = None,
+            *,
+            rx: Callable[..., QueuePair | None] = real_rx,
         ) -> QueuePair | None:
-            return None if silent else rx(d, port, now)
+            return None if silent else rx(data, src_ev, now, wait)
 
         core.receive_datagram = starved  # type: ignore[method-assign]
     req.cc.cwnd = float(cfg.payload_size)

@@ -175,7 +175,26 @@ def test_record_burst_twins_refuse_the_same_bad_arguments() -> None:
     for kernel in (fastpath.native_record_burst, fastpath.py_record_burst):
         assert kernel is not None
         view = memoryview(bytearray(64))
-        good = [{}, [0] * 8, None, view, view, 0, 1, 0, 0, 0, 0, 8, 8, False, 28, 0.0, 1.0, []]
+        good: list[Any] = [
+            {},
+            [0] * 8,
+            None,
+            view,
+            view,
+            0,
+            1,
+            0,
+            0,
+            0,
+            0,
+            8,
+            8,
+            False,
+            28,
+            0.0,
+            1.0,
+            [],
+        ]
         for pos, bad in ((1, [0] * 6), (1, []), (6, 0)):
             args = list(good)
             args[pos] = bad
@@ -274,7 +293,7 @@ def _bursty(mix: Mix, seed: int) -> tuple[RecordingNetwork, list[Transfer]]:
     return net, [t]
 
 
-def _simulate(mix: Mix, seed: int, kind: str) -> dict[str, object]:
+def _simulate(mix: Mix, seed: int, kind: str) -> dict[str, Any]:
     net, transfers = _bursty(mix, seed) if kind == "bursty" else build(mix, seed, kind)
     check_run(mix, net, transfers)
     qps = [q for h in net.hosts.values() for q in h.core.qps.values()]

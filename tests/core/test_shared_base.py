@@ -18,7 +18,7 @@ from mrc.core.cc.nscc import MrcNscc, PeerShare
 MSS = 1400
 
 
-def _law(**params: object) -> MrcNscc:
+def _law(**params: float | int | bool) -> MrcNscc:
     cfg = QPConfig(payload_size=MSS, cc="nscc-mrc", cc_params=dict(params))
     law = create(cfg.cc, cfg.cc_params, cfg)
     assert isinstance(law, MrcNscc)

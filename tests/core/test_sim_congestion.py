@@ -7,11 +7,12 @@ import hashlib
 import re
 import textwrap
 from collections import defaultdict
+from collections.abc import Callable
 
 import pytest
 
 from mrc import wire
-from mrc.core import QPConfig
+from mrc.core import QPConfig, QueuePair
 from mrc.lab import sim_links
 from mrc.lab.sim import Faults, SimNetwork
 from mrc.lab.sim_links import Fabric, LinkEvent, LinkSpec, trim_datagram
@@ -307,12 +308,20 @@ def _trace_digest(seed: int, fabric: Fabric | None = None) -> str:
     for name, host in net.hosts.items():
         orig = host.core.receive_datagram
 
-        def rec(data, sport, now, _orig=orig, _name=name):  # type: ignore[no-untyped-def]
+        def rec(
+            data: memoryview,
+            src_ev: int,
+            now: float,
+            wait: float | None = None,
+            *,
+            _orig: Callable[..., QueuePair | None] = orig,
+            _name: str = name,
+        ) -> QueuePair | None:
             b = bytes(data)
-            h.update(f"{now!r} {_name} {sport} {len(b)} ".encode() + b[:12])
+            h.update(f"{now!r} {_name} {src_ev} {len(b)} ".encode() + b[:12])
             if b[0] in DATA_OPS:
                 h.update(b[28 if b[0] == 0x0A else 32 :])
-            return _orig(data, sport, now)
+            return _orig(data, src_ev, now, wait)
 
         host.core.receive_datagram = rec  # type: ignore[method-assign]
     # the fixed window the digests were computed with
@@ -424,7 +433,7 @@ def test_trim_datagram_matches_the_fabric_program() -> None:
 def test_link_spec_rejects_nonsense() -> None:
     for bad in ({"rate": 0.0}, {"queue": -1}, {"ecn": -5}, {"delay": -1e-6}):
         with pytest.raises(ValueError):
-            LinkSpec(**bad)  # type: ignore[arg-type]
+            LinkSpec(**bad)
     with pytest.raises(ValueError):
         Fabric(spines=0)
     fab = Fabric()

@@ -13,7 +13,14 @@ from mrc.core import QPConfig
 from mrc.core.evset import EVSet
 from mrc.lab.sim import Faults
 
-from .mrcsim_harness import RecordingNetwork, failures, fuzz_settings, make_transfer, run_until
+from .mrcsim_harness import (
+    RecordingNetwork,
+    Transfer,
+    failures,
+    fuzz_settings,
+    make_transfer,
+    run_until,
+)
 
 # ---- EVSet unit tests ----------------------------------------------------------------------
 
@@ -76,7 +83,7 @@ def _one_way(
     planes: int = 1,
     max_outstanding: int = 128,
     ev_health: bool = True,
-) -> tuple[RecordingNetwork, object]:
+) -> tuple[RecordingNetwork, Transfer]:
     net = RecordingNetwork(seed, faults)
     net.add_host("a")
     net.add_host("b")

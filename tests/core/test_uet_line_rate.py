@@ -5,6 +5,7 @@ line rate x the base RTT measured so far; unknown rate, the law as before."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -15,9 +16,11 @@ from mrc.core.cc.uet import MAX_CWND_BDP
 MSS = 1000
 
 
-def _law(rate: float | None, **params: object) -> UetNscc:
+def _law(rate: float | None, **params: Any) -> UetNscc:
     p = dataclasses.replace(UetNsccParams(shared_base=False), **params)
-    return UetNscc(p, QPConfig(payload_size=MSS, max_outstanding=4096, line_rate_bps=rate))
+    return UetNscc(
+        p, LawContext.of(QPConfig(payload_size=MSS, max_outstanding=4096, line_rate_bps=rate))
+    )
 
 
 def test_cap_is_one_and_a_half_bdp_of_the_line_rate_and_the_base_rtt() -> None:
@@ -54,7 +57,10 @@ def test_given_max_cwnd_wins_and_unknown_rate_changes_nothing() -> None:
     assert told.max_cwnd == 40 * MSS  # the user knows better
     untold, plain = (
         _law(None),
-        UetNscc(UetNsccParams(shared_base=False), QPConfig(payload_size=MSS, max_outstanding=4096)),
+        UetNscc(
+            UetNsccParams(shared_base=False),
+            LawContext.of(QPConfig(payload_size=MSS, max_outstanding=4096)),
+        ),
     )
     t = 0.0
     for i in range(3000):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from mrc.core import QPConfig
-from mrc.core.cc import UetNscc, UetNsccParams, create, names, params_of
+from mrc.core.cc import LawContext, UetNscc, UetNsccParams, create, names, params_of
 from mrc.lab.sim import Faults
 from mrc.lab.sim_links import Fabric, LinkSpec
 
@@ -44,12 +44,12 @@ MRC_CTL_NSCC_CFG = {
 }
 
 
-def _law(packets: int = 16, cap: int = 256, **params: object) -> UetNscc:
+def _law(packets: int = 16, cap: int = 256, **params: Any) -> UetNscc:
     """A law for 1000-byte packets on a network of a 1 ms base RTT, starting at ``packets``."""
     p = dataclasses.replace(
         UetNsccParams(base_rtt=BASE, initial_window=packets, shared_base=False), **params
     )
-    law = UetNscc(p, QPConfig(payload_size=MSS, max_outstanding=cap))
+    law = UetNscc(p, LawContext.of(QPConfig(payload_size=MSS, max_outstanding=cap)))
     law.trace = []
     return law
 

@@ -7,16 +7,31 @@ also make sure each limit is really the binding one in some run, so the checks a
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
 from mrc.core import QPConfig
 from mrc.lab.sim import Faults
 
-from .mrcsim_harness import RecordingNetwork, Sent, all_drops, failures, make_transfer, run_until
+from .mrcsim_harness import (
+    RecordingNetwork,
+    Sent,
+    Transfer,
+    all_drops,
+    failures,
+    make_transfer,
+    run_until,
+)
 
 
-def _run(seed: int, cfg: QPConfig, faults: Faults, nbytes: int, tamper=None):
+def _run(
+    seed: int,
+    cfg: QPConfig,
+    faults: Faults,
+    nbytes: int,
+    tamper: Callable[[Sent], bytes | None] | None = None,
+) -> tuple[RecordingNetwork, Transfer]:
     net = RecordingNetwork(seed, faults)
     net.tamper = tamper
     net.add_host("a")
@@ -47,13 +62,15 @@ def test_psn_window_bounds_sends_past_a_hole(window: int) -> None:
     """The first packet's first copy is lost. SACKs free the in-flight slots of everything
     after it, but the sender must stop at snd_una + psn_window - 1 until the hole is filled."""
 
+    done = False
+
     def lose_first_copy_of_psn0(s: Sent) -> bytes | None:
-        if s.data[0] in (0x0A, 0x0B) and not lose_first_copy_of_psn0.done:
-            lose_first_copy_of_psn0.done = True
+        nonlocal done
+        if s.data[0] in (0x0A, 0x0B) and not done:
+            done = True
             return None
         return s.data
 
-    lose_first_copy_of_psn0.done = False
     # reorder_min, tlp_min: no SACK-based repair and no tail loss probe, so the hole stays
     # open until the timeout
     cfg = QPConfig(

@@ -138,14 +138,15 @@ def test_a_laws_parameters_are_checked_in_one_line_naming_the_key() -> None:
     load(DCTCP)
     assert params_of("nscc-mrc", {}) == MrcNsccParams()
     assert params_of("nscc-mrc", {"gain": 1, "initial_window": 4}).gain == 1.0  # an int does
-    for values, why in (
+    cases: list[tuple[dict[str, float | int | bool], str]] = [
         ({"gian": 0.5}, r"cc\.gian: window law nscc-mrc has no such parameter \(it has: target_"),
         ({"initial_window": 4.5}, r"cc\.initial_window must be an integer, not 4\.5"),
         ({"gain": True}, r"cc\.gain must be a number, not True"),
         ({"gain": -1.0}, r"cc\.gain must be >= 0"),
         ({"target_max": 0.0001}, r"cc\.target_max must be between"),
         ({"min_window": 0.0}, r"cc\.min_window must be between 0\.001 and 1"),
-    ):
+    ]
+    for values, why in cases:
         with pytest.raises(ValueError, match=why) as err:
             QPConfig(cc="nscc-mrc", cc_params=values).validate()
         assert "\n" not in str(err.value)

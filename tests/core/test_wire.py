@@ -35,9 +35,9 @@ def test_header_sizes() -> None:
 
 def test_constants_match_roce() -> None:
     assert wire.DEFAULT_PORT == 4791
-    assert wire.Opcode.RDMA_WRITE_ONLY == 0x0A
-    assert wire.Opcode.RDMA_WRITE_ONLY_IMM == 0x0B
-    assert wire.Opcode.ACKNOWLEDGE == 0x11
+    assert int(wire.Opcode.RDMA_WRITE_ONLY) == 0x0A
+    assert int(wire.Opcode.RDMA_WRITE_ONLY_IMM) == 0x0B
+    assert int(wire.Opcode.ACKNOWLEDGE) == 0x11
     assert wire.PSN_MASK == 0xFFFFFF
     # NAK syndromes are 0b011xxxxx; every NACK code fits the five low bits
     for code in wire.NackCode:
