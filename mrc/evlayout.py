@@ -1,5 +1,5 @@
-"""Where a QP's EV number i goes: its plane, its route in that plane, its socket on that route,
-and its flow label.
+"""How many EVs a QP opens, and where its EV number i goes: its plane, its route in that plane,
+its socket on that route, and its flow label.
 
 One rule for the transport, which opens the sockets (mrc/transport/evsockets.py), and for the
 seeded simulator, which pins each EV to the spine of its route with it (mrc/lab/sim.py): the
@@ -10,7 +10,9 @@ EV i of P planes is on plane i mod P (planes get equal shares), takes its plane'
 turn (route (i div P) mod R: on an SRv6 fabric one per spine, so every spine gets an equal
 share), and its route's sockets in turn (socket ((i div P) div R) mod ``source_ports``). Its
 IPv6 flow label is i + 1: a label of 0 would ask the kernel to choose one (docs/PROTOCOL.md,
-"How an EV maps to a path").
+"How an EV maps to a path"). Beside its ``active`` EVs a QP opens ``backup_count`` backups, EVs
+active .. active + backups - 1 laid out by the same rule, so that a backup of the plane (and, on
+a fabric, of another route) is there to replace an EV retired as bad (mrc/core/evset.py).
 """
 
 from __future__ import annotations
@@ -29,3 +31,9 @@ def ev_slot(i: int, routes: Sequence[int], source_ports: int = 1) -> tuple[int, 
 def ev_label(i: int) -> int:
     """The IPv6 flow label of EV ``i`` (its low 16 bits are the EV's low half)."""
     return i + 1
+
+
+def backup_count(active: int, planes: int) -> int:
+    """Backup EVs opened beside ``active`` ones: a quarter more, at least one per plane (so
+    that every plane has one to replace its first EV retired)."""
+    return max(planes, active // 4)

@@ -32,9 +32,9 @@ from mrc.connection.config import (
 )
 from mrc.connection.conn import Connection
 from mrc.connection.dial import PEERS, SETUP_ATTEMPTS, STAGGER, connect
-from mrc.connection.handshake import backup_count
 from mrc.connection.listener import Listener, listen
 from mrc.errors import MRCError
+from mrc.evlayout import backup_count
 from mrc.transport.limits import Limits
 from mrc.transport.messages import RemoteRegion
 

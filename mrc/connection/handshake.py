@@ -27,6 +27,7 @@ from mrc.connection.config import ConnectConfig, RegionMemory
 from mrc.core.config import QPConfig
 from mrc.core.memory import MemoryRegion
 from mrc.errors import MRCError
+from mrc.evlayout import backup_count
 from mrc.security.packet import Mode
 from mrc.srv6.evroutes import EVRoute, fabric_routes, plain_routes
 from mrc.transport import auth
@@ -68,11 +69,6 @@ def route_ids(labels: list[str]) -> list[int]:
     """A small integer per distinct route label (the core only compares them)."""
     ids: dict[str, int] = {}
     return [ids.setdefault(label, len(ids)) for label in labels]
-
-
-def backup_count(active: int, planes: int) -> int:
-    """Backup EVs opened beside ``active`` ones: a quarter more, at least one per plane."""
-    return max(planes, active // 4)
 
 
 def describe_region(region: MemoryRegion) -> RemoteRegion:
