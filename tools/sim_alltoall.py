@@ -15,6 +15,9 @@ spines picked by a hash of the EV, QPs told no routes, hosts on one leaf talking
     .venv/bin/python tools/sim_alltoall.py --cc nscc --window 64 --qp cc.target_rtt_fraction=0.5
     .venv/bin/python tools/sim_alltoall.py --cc nscc --fail-at 99        # no failure
 
+Every QP has 128 active EVs and, by default, the backups the transport opens beside them
+(``--backups 0``: none, as the simulator had before issue 39, for comparison).
+
 Prints one line: every step's time (ms), the senders' timeouts, tail loss probes and
 retransmissions, EVs retired (and of those, proved false later), ACKs refused as not answering
 a copy sent, duplicates received and ACK EVs retired for "ACK lost". Same arguments, same
@@ -27,7 +30,7 @@ import argparse
 import itertools
 import sys
 
-from mrc.cli.common import cc_arg
+from mrc.cli.common import cc_arg, int_at_least
 from mrc.cli.qpopts import add_qp_arg, apply_settings
 from mrc.core import QPConfig
 from mrc.core.cc import names
@@ -58,7 +61,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         if args.line_rate:  # what a host knows of its NICs: --rate a plane
             cfg.line_rate_bps = args.rate * 2
         apply_settings(cfg, args.qp)
-        qa, qb = net.connect(src, dst, evs=128, config=cfg, planes=2, qpn_a=n, qpn_b=100 + n)
+        qa, qb = net.connect(
+            src, dst, 128, cfg, qpn_a=n, qpn_b=100 + n, planes=2, backups=args.backups
+        )
         region = net.hosts[dst].core.pd.register(bytearray(args.size))
         qps.append((qa, region))
         receivers.append(qb)
@@ -129,6 +134,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-at", type=float, default=0.25)
     p.add_argument("--heal-at", type=float)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--backups",
+        type=int_at_least(0),
+        help="backup EVs per QP beside the active ones (default: as many as the transport opens, "
+        "mrc.evlayout.backup_count; 0: none, the simulator before issue 39)",
+    )
     p.add_argument(
         "--fabric",
         choices=("srv6", "ecmp"),

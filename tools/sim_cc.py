@@ -7,7 +7,8 @@ patterns as the laws it competes with, in seconds to minutes and without root, a
 same numbers every time (mrc.lab.sim is seeded: same arguments, same table). Every QP writes a
 random pattern and the receiver's buffer is hashed against it ("data ok").
 
-Scenarios (payloads of 8192 bytes, 128 EVs per QP; a host's NIC is 100 Mbit/s per plane with a
+Scenarios (payloads of 8192 bytes, 128 active EVs per QP and the transport's backups beside
+them, --backups 0 for none as before issue 39; a host's NIC is 100 Mbit/s per plane with a
 queue of 64 x 9000 bytes; links not named are ideal):
 
   incast7, incast15  7 (15) senders of 4 MiB (2 MiB) each into one host over 4 planes; its last
@@ -105,6 +106,7 @@ class Run:
     quick: bool
     line_rate: bool = True  # tell each QP its NICs' rate (QPConfig.line_rate_bps)
     ecmp: bool = False  # a plain network (Fabric.ecmp) instead of SRv6 routes
+    backups: int | None = None  # backup EVs per QP (None: as the transport, backup_count)
     done: dict[str, Result] = field(default_factory=dict)
 
     def config(self, window: int | None = None, planes: int = 1) -> QPConfig:
@@ -154,11 +156,16 @@ def setup(run: Run, fab: Fabric, hosts: Sequence[str]) -> SimNetwork:
 
 
 def flows_of(
-    net: SimNetwork, pairs: Sequence[tuple[str, str]], cfg: QPConfig, planes: int, size: int
+    net: SimNetwork,
+    pairs: Sequence[tuple[str, str]],
+    cfg: QPConfig,
+    planes: int,
+    size: int,
+    backups: int | None,
 ) -> list[Flow]:
     out = []
     for n, (src, dst) in enumerate(pairs, start=1):
-        qa, qb = net.connect(src, dst, EVS, cfg, n, n, planes=planes)
+        qa, qb = net.connect(src, dst, EVS, cfg, n, n, planes=planes, backups=backups)
         buf = bytearray(size)
         out.append(Flow(src, qa, qb, buf, net.hosts[dst].core.pd.register(buf)))
     return out
@@ -172,7 +179,8 @@ def into_one(
     fab = Fabric(nic=NIC, lasthop=LinkSpec(rate=mbit * MBIT, **last), ecmp=run.ecmp)
     names = [f"s{i}" for i in range(n)]
     net = setup(run, fab, ["r", *names])
-    return net, fab, flows_of(net, [(s, "r") for s in names], run.config(window, 4), 4, size)
+    pairs = [(s, "r") for s in names]
+    return net, fab, flows_of(net, pairs, run.config(window, 4), 4, size, run.backups)
 
 
 def settle(net: SimNetwork, flows: list[Flow], limit: float) -> bool:
@@ -302,7 +310,8 @@ def alltoall(run: Run, fail_at: float | None = None) -> Result:
     leaves = dict(LEAVES)
     fab = Fabric(nic=NIC, up=spec, down=spec, lasthop=spec, spines=2, leaves=leaves, ecmp=run.ecmp)
     net = setup(run, fab, HOSTS)
-    flows = flows_of(net, list(itertools.permutations(HOSTS, 2)), run.config(None, 2), 2, size)
+    pairs = list(itertools.permutations(HOSTS, 2))
+    flows = flows_of(net, pairs, run.config(None, 2), 2, size, run.backups)
 
     def fail() -> None:
         for name in FAILED:
@@ -412,6 +421,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="srv6",
         help="srv6: EVs pinned to spine routes, as on mrc-fabric (default); ecmp: hashed",
     )
+    add(
+        "--backups",
+        type=int_at_least(0),
+        help="backup EVs per QP beside the active ones (default: as many as the transport opens, "
+        "mrc.evlayout.backup_count; 0: none, the simulator before issue 39)",
+    )
     add("--json", action="store_true", help="one JSON object on stdout instead of the table")
     add_qp_arg(p, ", to every QP of every law, after --window")
     args = p.parse_args(argv)
@@ -440,7 +455,9 @@ def body(args: argparse.Namespace) -> int:
     corrupt = 0
     for law, spec in args.laws.items():
         ecmp = args.fabric == "ecmp"
-        run = Run(spec, args.window, args.qp, args.seed, args.quick, args.line_rate, ecmp)
+        run = Run(
+            spec, args.window, args.qp, args.seed, args.quick, args.line_rate, ecmp, args.backups
+        )
         for name in args.scenarios:
             t0 = time.monotonic()
             out = run.done[name] = SCENARIOS[name](run)
@@ -453,7 +470,7 @@ def body(args: argparse.Namespace) -> int:
                 print(f"{PROG}: {law} {name}: {out['wall_s']} s", file=sys.stderr)
         results[law] = {name: run.done[name] for name in args.scenarios}
     if args.json:
-        keys = ("window", "qp", "seed", "quick", "line_rate", "fabric", "scenarios")
+        keys = ("window", "qp", "seed", "quick", "line_rate", "fabric", "backups", "scenarios")
         settings = {k: getattr(args, k) for k in keys}
         emit_json({**settings, "laws": results})
     else:

@@ -11,6 +11,7 @@ scenario where it first appears.
 
   .venv/bin/python tools/sim_digest.py            # prints one digest per scenario, then all
   .venv/bin/python tools/sim_digest.py --json
+  .venv/bin/python tools/sim_digest.py --backups 0   # QPs without backup EVs (before issue 39)
 """
 
 from __future__ import annotations
@@ -29,21 +30,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sim_alltoall  # noqa: E402
 import sim_cc  # noqa: E402
 
-from mrc.cli.common import emit_json  # noqa: E402
+from mrc.cli.common import emit_json, int_at_least  # noqa: E402
 from mrc.lab.sim import SimNetwork  # noqa: E402
 from mrc.lab.sim_secrets import seeded_secrets  # noqa: E402
 
 ALLTOALL = ["--steps", "3", "--size", "262144", "--fail-at", "0.02"]
 
-#: (name, runner): each runs one tool's seeded scenarios quietly
-SCENARIOS: list[tuple[str, Callable[[], object]]] = [
-    ("cc-incast7", lambda: sim_cc.main(["--quick", "--scenarios", "incast7", "--json"])),
-    ("cc-fair2", lambda: sim_cc.main(["--quick", "--scenarios", "fair2", "--json"])),
-    ("cc-link_down", lambda: sim_cc.main(["--quick", "--scenarios", "link_down", "--json"])),
-    ("cc-untold50", lambda: sim_cc.main(["--quick", "--scenarios", "untold50", "--json"])),
-    ("cc-incast7-full", lambda: sim_cc.main(["--scenarios", "incast7", "--json"])),
-    ("cc-link_down-full", lambda: sim_cc.main(["--scenarios", "link_down", "--json"])),
-    ("alltoall-fail", lambda: sim_alltoall.main(ALLTOALL)),
+#: (name, tool, arguments): each runs one tool's seeded scenarios quietly
+SCENARIOS: list[tuple[str, Callable[[list[str]], int], list[str]]] = [
+    ("cc-incast7", sim_cc.main, ["--quick", "--scenarios", "incast7", "--json"]),
+    ("cc-fair2", sim_cc.main, ["--quick", "--scenarios", "fair2", "--json"]),
+    ("cc-link_down", sim_cc.main, ["--quick", "--scenarios", "link_down", "--json"]),
+    ("cc-untold50", sim_cc.main, ["--quick", "--scenarios", "untold50", "--json"]),
+    ("cc-incast7-full", sim_cc.main, ["--scenarios", "incast7", "--json"]),
+    ("cc-link_down-full", sim_cc.main, ["--scenarios", "link_down", "--json"]),
+    ("alltoall-fail", sim_alltoall.main, ALLTOALL),
 ]
 
 
@@ -71,14 +72,20 @@ def hashing(h: hashlib._Hash) -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="one JSON object instead of lines")
+    p.add_argument(
+        "--backups",
+        type=int_at_least(0),
+        help="backup EVs per QP, passed to every tool (default: theirs, as the transport)",
+    )
     args = p.parse_args(argv)
+    extra = [] if args.backups is None else ["--backups", str(args.backups)]
     total = hashlib.sha256()
     out: dict[str, str] = {}
-    for name, run in SCENARIOS:
+    for name, tool, tool_args in SCENARIOS:
         h = hashlib.sha256()
         quiet = io.StringIO()
         with hashing(h), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
-            run()
+            tool([*tool_args, *extra])
         out[name] = h.hexdigest()
         total.update(h.digest())
         if not args.json:

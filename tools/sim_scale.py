@@ -30,7 +30,7 @@ import time
 from mrc.cli.common import emit_json
 from mrc.core import QPConfig, QueuePair
 from mrc.core.events import Event, WriteCompleted
-from mrc.evlayout import ev_slot
+from mrc.evlayout import backup_count, ev_slot
 from mrc.lab.sim import Faults, SimNetwork
 from mrc.lab.sim_links import Fabric, LinkSpec
 
@@ -44,7 +44,12 @@ def ports_per_qp(args: argparse.Namespace) -> int:
     """Source ports one QP takes: one per route and plane its EVs use, as the transport's
     sockets (a route per spine on SRv6, one per plane with ECMP); EVs differ in flow label."""
     routes = [1 if args.fabric == "ecmp" else args.spines] * args.planes
-    return len({ev_slot(i, routes) for i in range(args.evs)})
+    return len({ev_slot(i, routes) for i in range(args.evs + backups_of(args))})
+
+
+def backups_of(args: argparse.Namespace) -> int:
+    """Backup EVs per QP: ``--backups``, else as many as the transport opens."""
+    return backup_count(args.evs, args.planes) if args.backups is None else int(args.backups)
 
 
 def _pairs(workload: str, hosts: int) -> list[tuple[int, int]]:
@@ -88,7 +93,14 @@ def run_one(args: argparse.Namespace, hosts: int) -> dict[str, object]:
     writes = []
     for n, (i, j) in enumerate(_pairs(args.workload, hosts), start=1):
         qa, qb = net.connect(
-            names[i], names[j], evs=args.evs, config=cfg, planes=args.planes, qpn_a=n, qpn_b=n
+            names[i],
+            names[j],
+            evs=args.evs,
+            config=cfg,
+            planes=args.planes,
+            qpn_a=n,
+            qpn_b=n,
+            backups=backups_of(args),
         )
         writes.append((qa, net.hosts[names[j]].core.pd.register(bytearray(args.size))))
     built = time.perf_counter() - t0
@@ -126,7 +138,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=256 << 10, help="bytes per QP (256 KiB)")
     p.add_argument("--planes", type=int, default=4)
     p.add_argument("--spines", type=int, default=4, help="spines per plane")
-    p.add_argument("--evs", type=int, default=16, help="EVs per QP")
+    p.add_argument("--evs", type=int, default=16, help="active EVs per QP")
+    p.add_argument(
+        "--backups",
+        type=int,
+        help="backup EVs per QP beside the active ones (default: as many as the transport opens, "
+        "mrc.evlayout.backup_count; 0: none, the simulator before issue 39)",
+    )
     p.add_argument("--window", type=int, default=64, help="packets in flight per QP at most")
     p.add_argument("--rate", type=float, default=100e9, help="bits/s of every link (100 Gbit/s)")
     p.add_argument("--queue", type=int, default=1 << 20, help="bytes of every link's queue")

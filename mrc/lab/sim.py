@@ -10,6 +10,10 @@ EVs are what the transport opens (``connect``): 32 bits, a UDP source port and a
 (``mrc.wire.ev_value``), laid out by the transport's own rule (``mrc.evlayout``: EV i on plane
 i mod P, its plane's routes in turn, flow label i + 1), one source port per route and plane,
 unique in the whole simulation so that a datagram's EV names the host and plane it left from.
+As many as the transport opens, too: beside the ``evs`` active ones a pool of
+``mrc.evlayout.backup_count`` backups (EVs evs .. evs + backups - 1, the same rule), so that an
+EV retired as bad is replaced by a backup of its plane as it is on a real connection
+(``backups=0``: the model before issue 39, where retired EVs were never replaced).
 
 Congestion is opt-in: with a :class:`~mrc.lab.sim_links.Fabric` (``SimNetwork(fabric=...)`` or
 ``set_fabric``, before ``connect``) each datagram, after the seeded ``Faults`` (applied at the
@@ -35,7 +39,7 @@ from mrc.core.config import QPConfig
 from mrc.core.endpoint import EndpointCore
 from mrc.core.events import Event
 from mrc.core.qp import QueuePair
-from mrc.evlayout import ev_label, ev_slot
+from mrc.evlayout import backup_count, ev_label, ev_slot
 from mrc.lab.sim_links import Fabric
 
 
@@ -119,16 +123,19 @@ class SimNetwork:
         psn_b: int = 0,
         planes: int = 1,
         routes: bool | None = None,
-        backups: int = 0,
+        backups: int | None = None,
     ) -> tuple[QueuePair, QueuePair]:
         """A connected QP pair between hosts ``a`` and ``b``, each with ``evs`` EVs in rotation
-        and ``backups`` more in the pool, EVs laid out as the transport lays them out.
+        and ``backups`` more in the pool (None: as many as the transport opens,
+        ``backup_count(evs, planes)``; 0: none), EVs laid out as the transport lays them out.
 
         ``routes``: whether the QPs are told each EV's route (``EVSet.set_routes``; EVs of one
         route share its fate, docs/EV_HEALTH.md). None: as the transport would, i.e. on an SRv6
         fabric (the default kind) and nowhere else. True on an ``ecmp`` fabric: the spine each
         EV hashes to, which no real host knows (for studies). False: never."""
         cfg = config or QPConfig()
+        if backups is None:
+            backups = backup_count(evs, planes)
         qa = self._queue_pair(a, qpn_a, evs, backups, planes, cfg, psn_a, routes)
         qb = self._queue_pair(b, qpn_b, evs, backups, planes, cfg, psn_b, routes)
         qa.connect(qpn_b, psn_b)

@@ -58,13 +58,16 @@ def test_a_qp_takes_a_port_per_route_and_plane_not_per_ev() -> None:
         for fabric in ("srv6", "ecmp")
         for evs in (4, 16, 128)
     }
-    # 4 planes x 4 spines: 16 routes, fewer if the EVs do not reach them all; with ECMP a
-    # route per plane, its EVs told apart by flow label
+    # 4 planes x 4 spines: 16 routes, fewer if the EVs do not reach them all (4 active EVs
+    # and their 4 backups, one a plane, reach 8); with ECMP a route per plane, its EVs told
+    # apart by flow label
     assert ports == {
-        ("srv6", 4): 4,
+        ("srv6", 4): 8,
         ("srv6", 16): 16,
         ("srv6", 128): 16,
         ("ecmp", 4): 4,
         ("ecmp", 16): 4,
         ("ecmp", 128): 4,
     }
+    alone = tool.parser().parse_args(["--evs", "4", "--backups", "0"])
+    assert tool.ports_per_qp(alone) == 4
