@@ -12,7 +12,9 @@
  * reference this file must match byte for byte (tests/core/test_fastpath.py checks it).
  *
  * note_arrivals() sets the SACK bits of what place_train reported (fastpath.py_note_arrivals
- * is the reference), one dict update per 64-packet block rather than per packet.
+ * is the reference), one dict update per 64-packet block rather than per packet. note_runs()
+ * does that for a whole train, run by run, with the cumulative point and the ACK counters
+ * (fastpath.py_note_runs).
  *
  * Keyed mode's kernels (sealing, and unsealing in place) are mrc/_native_gcm.c's: they do
  * their own AES-GCM with OpenSSL, which this extension does not link (it builds without).
@@ -304,6 +306,168 @@ static PyObject *note_arrivals(PyObject *module, PyObject *const *args, Py_ssize
     if (bits && set_bits(blocks, dirty, block, bits) < 0)
         goto done;
     result = Py_BuildValue("(nLO)", j, hi, force ? Py_True : Py_False);
+done:
+    PyBuffer_Release(&mb);
+    PyBuffer_Release(&sb);
+    return result;
+}
+
+static int arg_ll(PyObject *o, long long *out);
+
+/* note_runs() flags (fastpath.RUN_*) and the bound of its counters */
+#define RUN_DUE 1
+#define RUN_FLUSH 2
+#define RUN_CE 4
+#define RUN_LIMIT (1ll << 62)
+
+/* Move *cum over every contiguous arrival in blocks, dropping each block it passes whole
+ * (Responder._advance, less its WRITE_IMMs): 0, or -1 with an exception set. */
+static int advance_cum(PyObject *blocks, long long *cum)
+{
+    long long c = *cum;
+    for (;;) {
+        long long nxt = c + 1;
+        PyObject *key = PyLong_FromLongLong(nxt >> 6);
+        if (key == NULL)
+            return -1;
+        PyObject *val = PyDict_GetItemWithError(blocks, key); /* borrowed */
+        if (val == NULL) {
+            Py_DECREF(key);
+            if (PyErr_Occurred())
+                return -1;
+            break;
+        }
+        unsigned long long bits = PyLong_AsUnsignedLongLong(val);
+        if (bits == (unsigned long long)-1 && PyErr_Occurred()) {
+            Py_DECREF(key);
+            return -1;
+        }
+        unsigned long long bm = bits >> (nxt & 63);
+        if (!(bm & 1)) {
+            Py_DECREF(key);
+            break;
+        }
+        c += ~bm ? __builtin_ctzll(~bm) : 64; /* its trailing ones */
+        if ((c & 63) == 63 && PyDict_DelItem(blocks, key) < 0) {
+            Py_DECREF(key);
+            return -1;
+        }
+        Py_DECREF(key);
+    }
+    *cum = c;
+    return 0;
+}
+
+/* an int argument of note_runs as a long long; one beyond 64 bits is out of range
+ * (ValueError, as the twin's range checks say), not an OverflowError */
+static int run_arg(PyObject *o, long long *out)
+{
+    if (arg_ll(o, out) == 0)
+        return 0;
+    if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "a counter is out of range");
+    }
+    return -1;
+}
+
+static PyObject *note_runs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 13) {
+        PyErr_Format(PyExc_TypeError, "note_runs takes 13 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *blocks = args[4], *dirty = args[5];
+    if (!PyDict_Check(blocks) || !PySet_Check(dirty)) {
+        PyErr_SetString(PyExc_TypeError, "blocks must be a dict and dirty a set");
+        return NULL;
+    }
+    long long start, count, hi, cum, pending, next_due, ack_every, ack_batch_max;
+    if (run_arg(args[2], &start) < 0 || run_arg(args[3], &count) < 0 || run_arg(args[6], &hi) < 0 ||
+        run_arg(args[7], &cum) < 0 || run_arg(args[8], &pending) < 0 ||
+        run_arg(args[9], &next_due) < 0 || run_arg(args[11], &ack_every) < 0 ||
+        run_arg(args[12], &ack_batch_max) < 0)
+        return NULL;
+    int ack_due = PyObject_IsTrue(args[10]);
+    if (ack_due < 0)
+        return NULL;
+    Py_buffer sb, mb;
+    if (PyObject_GetBuffer(args[0], &sb, PyBUF_FORMAT) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &mb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&sb);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (sb.itemsize != 8 || sb.format == NULL || strcmp(sb.format, "q") != 0) {
+        PyErr_SetString(PyExc_TypeError, "seqs must be an array('q')");
+        goto done;
+    }
+    Py_ssize_t cap = sb.len / 8 < mb.len ? sb.len / 8 : mb.len;
+    if (!(0 <= start && start <= count && count <= cap)) {
+        PyErr_SetString(PyExc_ValueError, "start and count must lie within the arrivals");
+        goto done;
+    }
+    if (!(-RUN_LIMIT < hi && hi < RUN_LIMIT && -RUN_LIMIT < cum && cum < RUN_LIMIT &&
+          0 <= pending && pending < RUN_LIMIT && 0 <= next_due && next_due < RUN_LIMIT &&
+          0 < ack_every && ack_every < RUN_LIMIT && 0 < ack_batch_max &&
+          ack_batch_max < RUN_LIMIT)) {
+        PyErr_SetString(PyExc_ValueError, "a counter is out of range");
+        goto done;
+    }
+    const long long *seqs = (const long long *)sb.buf;
+    const unsigned char *marks = (const unsigned char *)mb.buf;
+    int flags = 0;
+    long long i = start;
+    while (i < count) {
+        long long owed = next_due;
+        if (ack_due && ack_batch_max < owed)
+            owed = ack_batch_max;
+        long long step = owed - pending > 1 ? owed - pending : 1;
+        long long stop = count - i < step ? count : i + step;
+        /* the run's SACK bits, as note_arrivals sets them: one dict update per block */
+        int force = 0;
+        long long j = i, block = 0;
+        unsigned long long bits = 0;
+        while (j < stop) {
+            long long seq = seqs[j];
+            long long b = seq >> 6;
+            if (bits && b != block) {
+                if (set_bits(blocks, dirty, block, bits) < 0)
+                    goto done;
+                bits = 0;
+            }
+            block = b;
+            bits |= 1ull << (seq & 63);
+            if (seq > hi)
+                hi = seq;
+            if (marks[j++] & MARK_ACKREQ) {
+                force = 1;
+                break;
+            }
+        }
+        if (bits && set_bits(blocks, dirty, block, bits) < 0)
+            goto done;
+        if (advance_cum(blocks, &cum) < 0)
+            goto done;
+        flags = (flags & RUN_DUE) | ((marks[j - 1] & MARK_FECN) ? RUN_CE : 0);
+        pending += j - i;
+        i = j;
+        if (force || pending >= next_due) {
+            next_due = pending + ack_every;
+            if ((flags & RUN_CE) || pending >= ack_batch_max) {
+                flags |= RUN_FLUSH;
+                break;
+            }
+            ack_due = 1;
+            flags |= RUN_DUE;
+        } else if (ack_due && pending >= ack_batch_max) {
+            flags |= RUN_FLUSH;
+            break;
+        }
+    }
+    result = Py_BuildValue("(LLLLLi)", i, hi, cum, pending, next_due, flags);
 done:
     PyBuffer_Release(&mb);
     PyBuffer_Release(&sb);
@@ -959,6 +1123,8 @@ static PyMethodDef methods[] = {
      "Place the common-case segments of a GRO train (see mrc/core/fastpath.py)."},
     {"note_arrivals", (PyCFunction)(void (*)(void))note_arrivals, METH_FASTCALL,
      "Set the SACK bits of a run of placed arrivals (see mrc/core/fastpath.py)."},
+    {"note_runs", (PyCFunction)(void (*)(void))note_runs, METH_FASTCALL,
+     "Record a train's arrivals, run by run, with the ACK counters (see mrc/core/fastpath.py)."},
     {"pack_burst", (PyCFunction)(void (*)(void))pack_burst, METH_FASTCALL,
      "Write the headers of a burst of data packets (see mrc/core/fastpath.py)."},
     {"record_burst", (PyCFunction)(void (*)(void))record_burst, METH_FASTCALL,
@@ -976,8 +1142,8 @@ static PyMethodDef methods[] = {
  * seal_data; 5 = open_in_place takes `encrypt`; 6 = Packet, record_burst, take_acked and
  * recv_batch; 7 = open_in_place and seal_data gone to mrc._native_gcm (as open_in_place and
  * seal_packet, with their AES-GCM); 8 = mrc._native_gcm's seal_burst and open_train; 9 = recv_batch
- * returns each receive's kernel timestamp. */
-#define KERNEL_VERSION 9
+ * returns each receive's kernel timestamp; 10 = note_runs. */
+#define KERNEL_VERSION 10
 
 static int exec_module(PyObject *m)
 {

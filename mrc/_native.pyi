@@ -50,6 +50,22 @@ def note_arrivals(
     hi: int,
     /,
 ) -> tuple[int, int, bool]: ...
+def note_runs(
+    seqs: array[int],
+    marks: bytearray,
+    start: int,
+    count: int,
+    blocks: dict[int, int],
+    dirty: set[int],
+    hi: int,
+    cum: int,
+    pending: int,
+    next_due: int,
+    ack_due: bool,
+    ack_every: int,
+    ack_batch_max: int,
+    /,
+) -> tuple[int, int, int, int, int, int]: ...
 
 class Packet:
     wr: object

@@ -273,9 +273,9 @@ def mrc_port() -> int:
 
 @pytest.fixture(params=["native", "python"])
 def rx_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test once with each set of receive kernels (mrc.core.fastpath: place_train and
-    note_arrivals; mrc.transport.rxbatch: recv_batch): the C ones, which are skipped only
-    where mrc._native was not built, and their pure-Python twins."""
+    """Run a test once with each set of receive kernels (mrc.core.fastpath: place_train,
+    note_arrivals and note_runs; mrc.transport.rxbatch: recv_batch): the C ones, which are
+    skipped only where mrc._native was not built, and their pure-Python twins."""
     from mrc.core import fastpath
     from mrc.transport import rxbatch
 
@@ -283,14 +283,17 @@ def rx_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
         if (
             fastpath.native_place_train is None
             or fastpath.native_note_arrivals is None
+            or fastpath.native_note_runs is None
             or rxbatch.native_recv_batch is None
         ):
             pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
         monkeypatch.setattr(fastpath, "place_train", fastpath.native_place_train)
         monkeypatch.setattr(fastpath, "note_arrivals", fastpath.native_note_arrivals)
+        monkeypatch.setattr(fastpath, "note_runs", fastpath.native_note_runs)
         monkeypatch.setattr(rxbatch, "recv_batch", rxbatch.native_recv_batch)
     else:
         monkeypatch.setattr(fastpath, "place_train", fastpath.py_place_train)
         monkeypatch.setattr(fastpath, "note_arrivals", fastpath.py_note_arrivals)
+        monkeypatch.setattr(fastpath, "note_runs", fastpath.py_note_runs)
         monkeypatch.setattr(rxbatch, "recv_batch", rxbatch.py_recv_batch)
     return str(request.param)

@@ -3,6 +3,9 @@
 * :func:`place_train` (receiver): the common case of a GRO train, placed in one call.
 * :func:`note_arrivals` (receiver): the SACK bits of what a train placed, set in one call
   (see its docstring below).
+* :func:`note_runs` (receiver): all of a train's arrivals recorded in one call: the SACK bits,
+  the cumulative point and the ACK counters, run by run, back to Python only where an ACK must
+  go at once (see its docstring below).
 * :func:`pack_burst` (sender): the headers of a burst of data packets, written in one call
   (see its docstring below).
 * :class:`Packet`, :func:`record_burst` and :func:`take_acked` (sender): the record of a
@@ -107,6 +110,24 @@ if TYPE_CHECKING:  # array is generic only for type checkers before Python 3.12
             /,
         ) -> tuple[int, int, int]: ...
 
+    NoteRuns = Callable[
+        [
+            array[int],
+            bytearray,
+            int,
+            int,
+            dict[int, int],
+            set[int],
+            int,
+            int,
+            int,
+            int,
+            bool,
+            int,
+            int,
+        ],
+        tuple[int, int, int, int, int, int],
+    ]
     PackBurst = Callable[
         [bytearray | memoryview, int, int, int, int, int, int, int, int, bool, int], int
     ]
@@ -258,6 +279,93 @@ def py_note_arrivals(
             force = True
             break
     return j, hi, force
+
+
+#: :func:`note_runs` flags: an ACK fell due (the responder's ACK deadline is now)
+RUN_DUE = 1
+#: the last run's ACK goes at once (CE on its subject, or ``ack_batch_max`` arrivals owed):
+#: the caller flushes before it calls again
+RUN_FLUSH = 2
+#: the last run's last arrival carried CE (the mark its ACK echoes)
+RUN_CE = 4
+#: bound of the counters :func:`note_runs` takes (so that none overflows 64 bits in C)
+_RUN_LIMIT = 1 << 62
+
+
+def py_note_runs(
+    seqs: array[int],
+    marks: bytearray,
+    start: int,
+    count: int,
+    blocks: dict[int, int],
+    dirty: set[int],
+    hi: int,
+    cum: int,
+    pending: int,
+    next_due: int,
+    ack_due: bool,
+    ack_every: int,
+    ack_batch_max: int,
+) -> tuple[int, int, int, int, int, int]:
+    """Record the arrivals ``seqs[start:count]`` (with ``marks``) as ``Responder._arrived``
+    does, run by run, without its Python per run; ``mrc._native.note_runs`` mirrors it.
+    Returns ``(end, hi, cum, pending, next_due, flags)``.
+
+    A run ends where an arrival makes an ACK due (the ``next_due``-th arrival owed, or
+    ``ack_batch_max`` of them while one is due already, or an AckReq): its SACK bits are set
+    (:func:`py_note_arrivals`), the cumulative point ``cum`` moves over every contiguous
+    arrival (a block it passes whole leaves ``blocks``), and ``pending`` (arrivals not yet
+    acknowledged), ``next_due`` and ``ack_due`` are updated as ``Responder._note_arrival``
+    updates them. It stops after ``count`` arrivals, or after the first run whose ACK must go
+    at once (``RUN_FLUSH``: CE on its last arrival, or ``ack_batch_max`` owed), so that the
+    caller's ACK reports exactly what a lone arrival's would. ``end``: the index after the last
+    arrival taken (``seqs[end - 1]``, the latest run's last, is the ACK's subject); ``flags``:
+    ``RUN_DUE`` if an ACK fell due, ``RUN_CE`` if the latest run's last arrival had CE.
+
+    Per train, in Python, this was about as dear as placing the train (docs/PERFORMANCE.md).
+    Out-of-range arguments raise ValueError and change nothing."""
+    if not 0 <= start <= count <= min(len(seqs), len(marks)):
+        raise ValueError("start and count must lie within the arrivals")
+    lim = _RUN_LIMIT
+    if not (
+        -lim < hi < lim
+        and -lim < cum < lim
+        and 0 <= pending < lim
+        and 0 <= next_due < lim
+        and 0 < ack_every < lim
+        and 0 < ack_batch_max < lim
+    ):
+        raise ValueError("a counter is out of range")
+    flags = 0
+    i = start
+    while i < count:
+        owed = next_due
+        if ack_due and ack_batch_max < owed:
+            owed = ack_batch_max
+        stop = min(count, i + max(owed - pending, 1))
+        j, hi, force = py_note_arrivals(seqs, marks, i, stop, blocks, dirty, hi)
+        nxt = cum + 1
+        while True:  # over every contiguous arrival, as Responder._advance
+            b = nxt >> 6
+            bm = blocks.get(b, 0) >> (nxt & 63)
+            if not bm & 1:
+                break
+            cum += (~bm & (bm + 1)).bit_length() - 1  # its trailing ones
+            if (cum & 63) == 63:
+                blocks.pop(b, None)
+            nxt = cum + 1
+        flags = (flags & RUN_DUE) | (RUN_CE if marks[j - 1] & MARK_FECN else 0)
+        pending += j - i
+        i = j
+        if force or pending >= next_due:
+            next_due = pending + ack_every
+            if flags & RUN_CE or pending >= ack_batch_max:
+                return i, hi, cum, pending, next_due, flags | RUN_FLUSH
+            ack_due = True
+            flags |= RUN_DUE
+        elif ack_due and pending >= ack_batch_max:
+            return i, hi, cum, pending, next_due, flags | RUN_FLUSH
+    return i, hi, cum, pending, next_due, flags
 
 
 def py_pack_burst(
@@ -467,6 +575,7 @@ def py_take_acked(
 native_place_train: PlaceTrain | None = None
 native_pack_burst: PackBurst | None = None
 native_note_arrivals: NoteArrivals | None = None
+native_note_runs: NoteRuns | None = None
 #: the sender's records in C: their type and the two kernels that make and take them
 native_packet: type | None = None
 native_record_burst: RecordBurst | None = None
@@ -475,6 +584,7 @@ if native.module is not None:
     native_place_train = native.module.place_train
     native_pack_burst = native.module.pack_burst
     native_note_arrivals = native.module.note_arrivals
+    native_note_runs = native.module.note_runs
     native_packet = native.module.Packet
     native_record_burst = native.module.record_burst
     native_take_acked = native.module.take_acked
@@ -484,6 +594,8 @@ NATIVE = native.module is not None
 place_train: PlaceTrain = native_place_train or py_place_train
 #: what the responder calls for every run of a train (tests may swap it)
 note_arrivals: NoteArrivals = native_note_arrivals or py_note_arrivals
+#: what the responder calls for every train's arrivals (tests may swap it)
+note_runs: NoteRuns = native_note_runs or py_note_runs
 #: what the requester calls for every burst (tests may swap it)
 pack_burst: PackBurst = native_pack_burst or py_pack_burst
 #: what the requester calls to record every burst, and what those records are (tests may

@@ -242,30 +242,46 @@ class Responder:
 
         The arrivals are taken in runs that end where one of them makes an ACK due (the
         ``ack_every``-th since the last ACK, or one that asked for an ACK): per run, the
-        bitmaps are updated (``fastpath.note_arrivals``, one call), then the cumulative
-        point, then the ACK bookkeeping once (:meth:`_note_arrival`), about the run's last
-        arrival (its CE mark is the one echoed, as for a single arrival)."""
-        blocks = self._blocks
-        dirty = self._dirty
-        ack_batch_max = self.config.ack_batch_max
-        note = fastpath.note_arrivals  # the SACK bits of a run, in one call
-        hi = self._hi
+        bitmaps, the cumulative point and the ACK counters as :meth:`_note_arrival` keeps
+        them, all in one ``fastpath.note_runs`` call for the train, which comes back early
+        only where an ACK must go at once (its subject, the run's last arrival, must be the
+        one it reports). What :meth:`_note_arrival` does besides, it does here once per call,
+        about that last arrival (its CE mark is the one echoed, as for a single arrival)."""
+        cfg = self.config
+        runs = fastpath.note_runs
         i = 0
         while i < count:
-            # the next arrival that changes what is owed: the one that makes an ACK due, or,
-            # with one due already, the one that makes it go at once
-            owed = self._next_due
-            if self._ack_due and ack_batch_max < owed:
-                owed = ack_batch_max
-            stop = min(count, i + max(owed - self._pending, 1))
-            j, hi, force = note(seqs, marks, i, stop, blocks, dirty, hi)
-            self._hi = hi
-            nxt = self._cum + 1
-            if (blocks.get(nxt >> 6, 0) >> (nxt & 63)) & 1:
-                self._advance()
-            self._subject_ce = bool(marks[j - 1] & _MARK_FECN)
-            self._note_arrival(seqs[j - 1], src_ev, now, force, j - i)
-            i = j
+            i, self._hi, cum, self._pending, self._next_due, flags = runs(
+                seqs,
+                marks,
+                i,
+                count,
+                self._blocks,
+                self._dirty,
+                self._hi,
+                self._cum,
+                self._pending,
+                self._next_due,
+                self._ack_due,
+                cfg.ack_every,
+                cfg.ack_batch_max,
+            )
+            if cum != self._cum:
+                self._cum = cum
+                if self._imms:
+                    self._complete_imms()
+            self._subject = (seqs[i - 1], src_ev)
+            self._subject_dup = self._subject_twice = False
+            wait = self.rx_wait
+            self._subject_at = None if wait is None else now - wait
+            self._subject_ce = bool(flags & fastpath.RUN_CE)
+            if flags & fastpath.RUN_FLUSH:
+                self.flush(now)
+            elif flags & fastpath.RUN_DUE:
+                self._ack_due = True
+                self._ack_deadline = now  # for a caller that asks the timer first
+            elif not self._ack_due and self._ack_deadline is None:
+                self._ack_deadline = now + cfg.ack_delay
 
     def _has(self, seq: int) -> bool:
         return bool((self._blocks.get(seq >> 6, 0) >> (seq & 63)) & 1)
@@ -285,6 +301,11 @@ class Responder:
             if (cum & 63) == 63:
                 blocks.pop(b, None)
         self._cum = cum
+        self._complete_imms()
+
+    def _complete_imms(self) -> None:
+        """Complete the WRITE_IMMs at or below the cumulative point, in order."""
+        cum = self._cum
         imms = self._imms
         while imms and imms[0][0] <= cum:
             seq, imm = heapq.heappop(imms)

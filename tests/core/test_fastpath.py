@@ -18,6 +18,8 @@ from array import array
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mrc import wire
 from mrc.core import Access, EndpointCore, ProtectionDomain, QPConfig, QueuePair, fastpath
@@ -284,13 +286,15 @@ def test_mutated_trains_observe_exactly_what_single_datagrams_do(rx_impl: str, s
 
 
 def test_both_kernels_place_the_same_segments(monkeypatch: pytest.MonkeyPatch) -> None:
-    if fastpath.native_place_train is None or fastpath.native_note_arrivals is None:
+    if fastpath.native_place_train is None or fastpath.native_note_runs is None:
         pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
     monkeypatch.setattr(fastpath, "place_train", fastpath.native_place_train)
     monkeypatch.setattr(fastpath, "note_arrivals", fastpath.native_note_arrivals)
+    monkeypatch.setattr(fastpath, "note_runs", fastpath.native_note_runs)
     native = _run(5, "train", 4)
     monkeypatch.setattr(fastpath, "place_train", fastpath.py_place_train)
     monkeypatch.setattr(fastpath, "note_arrivals", fastpath.py_note_arrivals)
+    monkeypatch.setattr(fastpath, "note_runs", fastpath.py_note_runs)
     python = _run(5, "train", 4)
     assert native == python  # the fast counts too
 
@@ -595,3 +599,173 @@ def test_a_long_batch_still_acks_every_ack_batch_max_arrivals(rx_impl: str) -> N
     rx.drain(0.0)
     subjects = [wire.parse_ack(d).subject_psn for _q, _ev, d in rx.out]
     assert subjects == [to_psn(IPSN, s) for s in (9, 19, 24)]
+
+
+def _runs_impls() -> list[fastpath.NoteRuns]:
+    if fastpath.native_note_runs is None:
+        pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
+    return [fastpath.native_note_runs, fastpath.py_note_runs]
+
+
+def _runs_case(rng: random.Random) -> tuple[list[int], list[int], dict[int, int], list[int]]:
+    """Arrivals as trains bring them (consecutive, reordered, revisiting blocks, from below
+    the cumulative point), marks anywhere (CE, AckReq), bitmaps holding bits already, and the
+    responder's counters: (seqs, marks, blocks, [start, count, hi, cum, pending, next_due,
+    ack_due, ack_every, ack_batch_max])."""
+    count = rng.randint(0, 70)
+    cum = rng.randint(-1, 600)
+    base = cum + rng.randint(-3, 70)
+    if rng.random() < 0.5:
+        seqs = list(range(base, base + count))
+    else:
+        seqs = [base + rng.randint(0, 200) for _ in range(count)]
+    marks = [rng.choice((0, 1, 2, 3)) if rng.random() < 0.15 else 0 for _ in seqs]
+    near = max(cum, 0) >> 6
+    blocks = {b: rng.getrandbits(64) for b in rng.sample(range(near, near + 6), rng.randint(0, 4))}
+    if rng.random() < 0.3:  # the cumulative point's block holds a run above it
+        blocks[(cum + 1) >> 6] = rng.getrandbits(64) | (1 << ((cum + 1) & 63))
+    ack_every = rng.choice((1, 2, 3, 16, 40))
+    ack_batch_max = rng.choice((1, 5, 64, 100))
+    pending = rng.randint(0, 80)
+    next_due = pending + rng.randint(0, ack_every)
+    start = rng.randint(0, count)
+    return (
+        seqs,
+        marks,
+        blocks,
+        [
+            start,
+            count,
+            base + rng.randint(-5, 250),
+            cum,
+            pending,
+            next_due,
+            rng.random() < 0.3,
+            ack_every,
+            ack_batch_max,
+        ],
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_both_note_runs_kernels_record_the_same_runs(seed: int) -> None:
+    """Random trains, each taken to its end as the responder takes it (a flush between calls
+    resets the counters): the C kernel leaves exactly the twin's results, blocks (insertion
+    order included) and dirty set, call after call."""
+    impls = _runs_impls()
+    rng = random.Random(seed)
+    flushes = dues = advanced = 0
+    for _ in range(500):
+        seq_list, mark_list, have, args = _runs_case(rng)
+        seen = []
+        for impl in impls:
+            blocks, dirty = dict(have), {3}
+            seqs, marks = array("q", seq_list), bytearray(mark_list)
+            start, count, hi, cum, pending, next_due, due, every, most = args
+            ack_due = bool(due)
+            calls = []
+            i = start
+            while True:
+                res = impl(seqs, marks, i, count, blocks, dirty, hi, cum, pending, next_due,
+                           ack_due, every, most)  # fmt: skip
+                calls.append(res)
+                i, hi, cum, pending, next_due, flags = res
+                if flags & fastpath.RUN_FLUSH:
+                    pending, next_due, ack_due = 0, every, False
+                elif flags & fastpath.RUN_DUE:
+                    ack_due = True
+                if i >= count:
+                    break
+            seen.append((calls, list(blocks.items()), dirty))
+        assert seen[0] == seen[1]
+        calls = seen[1][0]
+        flushes += sum(bool(c[5] & fastpath.RUN_FLUSH) for c in calls)
+        dues += sum(bool(c[5] & fastpath.RUN_DUE) for c in calls)
+        advanced += calls[-1][2] != args[3]
+    assert flushes > 50 and dues > 50 and advanced > 50  # every branch was taken
+
+
+def test_note_runs_rejects_bad_arguments() -> None:
+    """Both kernels refuse what the responder never passes (indices outside the arrivals,
+    counters out of range, which in C could overflow), with the same exceptions, and change
+    nothing; an empty range returns the counters as they were."""
+    lim = 1 << 62
+    ok = [0, 0, 1, 1, 0, 16, False, 16, 64]  # hi, cum, pending, next_due, ack_due, every, max
+    bad = {
+        "start<0": {0: -1},
+        "count>len": {1: 4},
+        "start>count": {0: 3, 1: 2},
+        "hi": {2: lim},
+        "cum": {3: -lim},
+        "pending": {4: -1},
+        "next_due": {5: lim},
+        "ack_every": {7: 0},
+        "ack_batch_max": {8: lim},
+    }
+    for impl in _runs_impls():
+        seqs, marks = array("q", [5, 6, 7]), bytearray(3)
+        for name, change in bad.items():
+            args = [*ok]
+            args[1] = 3
+            for k, v in change.items():
+                args[k] = v
+            blocks: dict[int, int] = {0: 1}
+            dirty: set[int] = set()
+            start, count, *rest = args
+            with pytest.raises(ValueError):
+                impl(seqs, marks, start, count, blocks, dirty, *rest)  # type: ignore[arg-type]
+            assert blocks == {0: 1} and dirty == set(), name
+        # a count past the shorter output is refused, not cut: the responder never asks it
+        with pytest.raises(ValueError):
+            impl(seqs, bytearray(2), 0, 3, {}, set(), 0, 1, 0, 16, False, 16, 64)
+        assert impl(seqs, marks, 2, 2, {}, set(), 9, 4, 7, 16, True, 16, 64) == (2, 9, 4, 7, 16, 0)
+        # huge sequence numbers from the array itself stay in 64 bits
+        big = array("q", [(1 << 63) - 1, -(1 << 63)])
+        blocks2: dict[int, int] = {}
+        res = impl(big, bytearray(2), 0, 2, blocks2, set(), 0, 0, 0, 99, False, 99, 99)
+        assert res[:2] == (2, (1 << 63) - 1)
+    native = _runs_impls()[0]
+    with pytest.raises(TypeError):
+        native(array("i", [1]), bytearray(1), 0, 1, {}, set(), 0, 0, 0, 1, False, 1, 1)
+    with pytest.raises(TypeError):
+        native(array("q", [1]), bytearray(1), 0, 1, {}, [], 0, 0, 0, 1, False, 1, 1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        native(array("q", [1]), bytearray(1), 0, 1)  # type: ignore[call-arg]
+
+
+_ANY = st.integers(min_value=-(1 << 64), max_value=1 << 64)
+_NEAR = st.integers(min_value=-3, max_value=300)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seqs=st.lists(st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1) | _NEAR, max_size=40),
+    marks=st.binary(max_size=44),
+    start=st.integers(min_value=-2, max_value=45),
+    count=st.integers(min_value=-2, max_value=45),
+    counters=st.lists(_ANY | _NEAR, min_size=6, max_size=6),
+    ack_due=st.booleans(),
+)
+def test_note_runs_kernels_agree_on_anything(
+    seqs: list[int],
+    marks: bytes,
+    start: int,
+    count: int,
+    counters: list[int],
+    ack_due: bool,
+) -> None:
+    """Any arguments of the right types, in range or not: the C kernel and its twin give the
+    same result, or both raise the same exception; the C one never crashes."""
+    impls = _runs_impls()
+    hi, cum, pending, next_due, every, most = counters
+    seen: list[object] = []
+    for impl in impls:
+        blocks: dict[int, int] = {0: 0b1011, 1: 1 << 63}
+        dirty: set[int] = set()
+        try:
+            res: object = impl(array("q", seqs), bytearray(marks), start, count, blocks, dirty,
+                               hi, cum, pending, next_due, ack_due, every, most)  # fmt: skip
+        except (ValueError, OverflowError) as exc:
+            res = type(exc)
+        seen.append((res, list(blocks.items()), dirty))
+    assert seen[0] == seen[1]
