@@ -949,6 +949,101 @@ static PyObject *take_acked(PyObject *module, PyObject *const *args, Py_ssize_t 
     return Py_BuildValue("(LL)", newly, cancelled);
 }
 
+#define U32_MAX_LL 0xFFFFFFFFll
+
+/* the sequence number of wire PSN `psn` nearest `near_seq` (mrc.core.psn.to_seq) */
+static long long to_seq(long long initial_psn, long long psn, long long near_seq)
+{
+    long long near_psn = (initial_psn + near_seq) & PSN_MASK;
+    return near_seq + (((psn - near_psn + HALF) & PSN_MASK) - HALF);
+}
+
+static PyObject *take_ack(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 12) {
+        PyErr_Format(PyExc_TypeError, "take_ack takes 12 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *outstanding = args[0], *planes = args[7], *delivered = args[8];
+    PyObject *route_ix = args[9], *route_alive = args[10], *judge = args[11];
+    if (!PyDict_CheckExact(outstanding) || !PyList_CheckExact(planes) ||
+        !PyList_CheckExact(delivered) ||
+        (route_ix != Py_None && (!PyList_CheckExact(route_ix) || !PyList_CheckExact(route_alive)))) {
+        PyErr_SetString(PyExc_TypeError, "take_ack wants a dict and lists");
+        return NULL;
+    }
+    long long ip, una, nxt, psnw, base;
+    if (run_arg(args[1], &ip) < 0 || run_arg(args[2], &una) < 0 || run_arg(args[3], &nxt) < 0 ||
+        run_arg(args[4], &psnw) < 0 || run_arg(args[5], &base) < 0)
+        return NULL;
+    unsigned long long bitmap = 0;
+    if (!PyLong_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "the bitmap must be an int");
+        return NULL;
+    }
+    bitmap = PyLong_AsUnsignedLongLong(args[6]); /* OverflowError if negative or too wide */
+    if (bitmap == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+            return NULL;
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "an ACK field or sequence number is out of range");
+        return NULL;
+    }
+    if (!(0 <= ip && ip <= PSN_MASK && 0 <= una && una <= nxt && nxt < RUN_LIMIT && 0 <= psnw &&
+          psnw <= U32_MAX_LL && 0 <= base && base <= U32_MAX_LL)) {
+        PyErr_SetString(PyExc_ValueError, "an ACK field or sequence number is out of range");
+        return NULL;
+    }
+    long long cum = to_seq(ip, psnw & PSN_MASK, una);
+    int beyond = cum >= nxt;
+    if (beyond)
+        cum = nxt - 1; /* what the receiver has beyond that, it did not get from us */
+    long long start = una;
+    if (cum >= una)
+        una = cum + 1;
+    long long cum_una = una;
+    long long base_seq = to_seq(ip, base & PSN_MASK, una);
+    if (bitmap && base_seq + 64 > nxt) {
+        long long keep = nxt - base_seq; /* bits for PSNs we sent: fewer than 64 here */
+        unsigned long long mask = keep > 0 ? (1ull << keep) - 1 : 0;
+        if (bitmap & ~mask) {
+            beyond = 1;
+            bitmap &= mask;
+        }
+    }
+    long long newly = 0, cancelled = 0;
+    for (long long seq = start; seq <= cum; seq++)
+        if (take_one(outstanding, seq, planes, delivered, route_ix, route_alive, judge, &newly,
+                     &cancelled) < 0)
+            return NULL;
+    if (bitmap && base_seq + 64 > una) {
+        if (base_seq < una)
+            bitmap &= ~0ull << (una - base_seq); /* 1 to 63 places here */
+        while (bitmap) {
+            long long seq = base_seq + __builtin_ctzll(bitmap);
+            bitmap &= bitmap - 1;
+            if (take_one(outstanding, seq, planes, delivered, route_ix, route_alive, judge,
+                         &newly, &cancelled) < 0)
+                return NULL;
+        }
+    }
+    while (una < nxt) {
+        PyObject *key = PyLong_FromLongLong(una);
+        if (key == NULL)
+            return NULL;
+        int has = PyDict_Contains(outstanding, key);
+        Py_DECREF(key);
+        if (has < 0)
+            return NULL;
+        if (has)
+            break;
+        una++;
+    }
+    return Py_BuildValue("(LLLLLO)", cum_una, base_seq, una, newly, cancelled,
+                         beyond ? Py_True : Py_False);
+}
+
 /* ---- the receive batch: recv_batch ------------------------------------------------------
  *
  * Up to `most` receives from a nonblocking UDP socket into consecutive `slot`-byte slots of
@@ -1131,6 +1226,8 @@ static PyMethodDef methods[] = {
      "The records, ring entries and send buffers of a burst (see mrc/core/fastpath.py)."},
     {"take_acked", (PyCFunction)(void (*)(void))take_acked, METH_FASTCALL,
      "Remove the records an ACK acknowledged (see mrc/core/fastpath.py)."},
+    {"take_ack", (PyCFunction)(void (*)(void))take_ack, METH_FASTCALL,
+     "Take what an ACK acknowledges and move the cumulative point (see mrc/core/fastpath.py)."},
     {"recv_batch", (PyCFunction)(void (*)(void))recv_batch, METH_FASTCALL,
      "Receive a batch of datagrams with their metadata (see mrc/transport/rxbatch.py)."},
     {NULL, NULL, 0, NULL},
@@ -1142,7 +1239,7 @@ static PyMethodDef methods[] = {
  * seal_data; 5 = open_in_place takes `encrypt`; 6 = Packet, record_burst, take_acked and
  * recv_batch; 7 = open_in_place and seal_data gone to mrc._native_gcm (as open_in_place and
  * seal_packet, with their AES-GCM); 8 = mrc._native_gcm's seal_burst and open_train; 9 = recv_batch
- * returns each receive's kernel timestamp; 10 = note_runs. */
+ * returns each receive's kernel timestamp; 10 = note_runs and take_ack. */
 #define KERNEL_VERSION 10
 
 static int exec_module(PyObject *m)

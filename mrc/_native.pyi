@@ -126,6 +126,21 @@ def take_acked(
     judge: Callable[[int, float], None] | None,
     /,
 ) -> tuple[int, int]: ...
+def take_ack(
+    outstanding: dict[int, object],
+    initial_psn: int,
+    una: int,
+    nxt: int,
+    psnw: int,
+    base: int,
+    bitmap: int,
+    planes: list[int],
+    delivered: list[float],
+    route_ix: list[int] | None,
+    route_alive: list[float],
+    judge: Callable[[int, float], None] | None,
+    /,
+) -> tuple[int, int, int, int, int, bool]: ...
 def recv_batch(
     sock: object,
     buf: bytearray,

@@ -11,7 +11,8 @@
 * :class:`Packet`, :func:`record_burst` and :func:`take_acked` (sender): the record of a
   packet in flight, the records and send buffers of a burst made in one call, and the records
   an ACK acknowledged removed in one call (see :class:`PyPacket` and the two functions'
-  docstrings below).
+  docstrings below); :func:`take_ack` (sender): what an ACK acknowledges, read from its
+  fields, taken, and the cumulative point moved, in one call.
 
 Keyed mode's C kernels (``open_in_place``, ``seal_packet``: sealing and unsealing, AES-GCM
 included, from ``mrc._native_gcm``) are :mod:`mrc.security.packet`'s, beside their Python
@@ -156,6 +157,23 @@ if TYPE_CHECKING:  # array is generic only for type checkers before Python 3.12
             list[bytes | memoryview],
         ],
         None,
+    ]
+    TakeAck = Callable[
+        [
+            dict[int, Any],
+            int,
+            int,
+            int,
+            int,
+            int,
+            int,
+            list[int],
+            list[float],
+            list[int] | None,
+            list[float],
+            Callable[[int, float], None] | None,
+        ],
+        tuple[int, int, int, int, int, bool],
     ]
     TakeAcked = Callable[
         [
@@ -570,6 +588,75 @@ def py_take_acked(
     return newly, cancelled
 
 
+def py_take_ack(
+    outstanding: dict[int, Any],
+    initial_psn: int,
+    una: int,
+    nxt: int,
+    psnw: int,
+    base: int,
+    bitmap: int,
+    planes: list[int],
+    delivered: list[float],
+    route_ix: list[int] | None,
+    route_alive: list[float],
+    judge: Callable[[int, float], None] | None,
+) -> tuple[int, int, int, int, int, bool]:
+    """What an ACK acknowledges, taken: its cumulative PSN (``psnw``) and its SACK bitmap of
+    the 64 PSNs from ``base``, read against the sender's cumulative point ``una`` and next
+    sequence number ``nxt`` (``initial_psn``: ours), their records removed as
+    :func:`py_take_acked` removes them (the cumulative range, then the SACKed ones above the
+    new cumulative point, in order; ``planes`` .. ``judge`` as there), and the cumulative
+    point moved over what is no longer outstanding (``Requester._advance``);
+    ``mrc._native.take_ack`` mirrors it.
+
+    Returns ``(cum_una, base_seq, una, newly, cancelled, beyond)``: the cumulative point the
+    ACK's own PSN gives, the sequence number of the bitmap's first PSN, the cumulative point
+    after the SACKs too, records removed and of them those queued for a resend, and whether
+    the ACK reported PSNs beyond what was sent (they count for nothing). The per-ACK
+    bookkeeping between an ACK's fields and its news, in one call instead of four Python
+    steps (``Requester.on_ack``). Out-of-range arguments raise ValueError and change nothing."""
+    if not (
+        0 <= initial_psn <= _PSN_MASK
+        and 0 <= una <= nxt < _RUN_LIMIT
+        and 0 <= psnw <= _U32
+        and 0 <= base <= _U32
+        and 0 <= bitmap <= _U64
+    ):
+        raise ValueError("an ACK field or sequence number is out of range")
+    near = (initial_psn + una) & _PSN_MASK
+    cum = una + (((psnw & _PSN_MASK) - near + _HALF) & _PSN_MASK) - _HALF
+    beyond = cum >= nxt
+    if beyond:
+        cum = nxt - 1  # what the receiver has beyond that, it did not get from us
+    start = una
+    if cum >= una:
+        una = cum + 1
+    cum_una = una
+    near = (initial_psn + una) & _PSN_MASK
+    base_seq = una + (((base & _PSN_MASK) - near + _HALF) & _PSN_MASK) - _HALF
+    if bitmap and base_seq + 64 > nxt:
+        keep = nxt - base_seq  # bits for PSNs we sent
+        mask = (1 << keep) - 1 if keep > 0 else 0
+        if bitmap & ~mask:
+            beyond = True
+            bitmap &= mask
+    sacked: list[int] = []
+    if bitmap and base_seq + 64 > una:
+        if base_seq < una:
+            bitmap &= -1 << (una - base_seq)
+        while bitmap:
+            low = bitmap & -bitmap
+            sacked.append(base_seq + low.bit_length() - 1)
+            bitmap ^= low
+    newly, cancelled = py_take_acked(
+        outstanding, start, cum + 1, sacked, planes, delivered, route_ix, route_alive, judge
+    )
+    while una < nxt and una not in outstanding:
+        una += 1
+    return cum_una, base_seq, una, newly, cancelled, beyond
+
+
 #: the C kernels (the extension's: mrc.native.module), or None where it is not in use (not
 #: built, stale or MRC_NATIVE=0: mrc.native.describe() says which)
 native_place_train: PlaceTrain | None = None
@@ -580,6 +667,7 @@ native_note_runs: NoteRuns | None = None
 native_packet: type | None = None
 native_record_burst: RecordBurst | None = None
 native_take_acked: TakeAcked | None = None
+native_take_ack: TakeAck | None = None
 if native.module is not None:
     native_place_train = native.module.place_train
     native_pack_burst = native.module.pack_burst
@@ -588,6 +676,7 @@ if native.module is not None:
     native_packet = native.module.Packet
     native_record_burst = native.module.record_burst
     native_take_acked = native.module.take_acked
+    native_take_ack = native.module.take_ack
 #: True when every kernel here is the C one
 NATIVE = native.module is not None
 #: what the responder calls for every train (tests may swap it)
@@ -604,6 +693,8 @@ record_burst: RecordBurst = native_record_burst or py_record_burst
 Packet: type = native_packet or PyPacket
 #: what the requester calls for every ACK (tests may swap it; it takes either kind of record)
 take_acked: TakeAcked = native_take_acked or py_take_acked
+#: what the requester calls for every ACK it believes (tests may swap it, with take_acked)
+take_ack: TakeAck = native_take_ack or py_take_ack
 
 
 def describe() -> str:

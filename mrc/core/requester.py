@@ -2,7 +2,7 @@
 
 Posted work requests are cut into packets lazily, as the window opens. Every packet in flight
 has a record in ``_outstanding`` (``fastpath.Packet``: made and removed by the batch kernels
-``record_burst`` and ``take_acked``); a packet is acknowledged when its record is removed, and
+``record_burst`` and ``take_ack``); a packet is acknowledged when its record is removed, and
 ``_snd_una`` is the lowest sequence number still outstanding. What is lost is found by SACK
 evidence (``recovery.LossDetector``) and by the retransmission and tail loss probe timers
 (``timers.LossTimers``): both name packets, and the requester resends them.
@@ -652,8 +652,31 @@ class Requester:
                 return
         else:
             rtt_sample = self._ack_signals(subject, latest, subj, qpw, ev_echo, now)
-        acked, sacked, una = self._acknowledged(psnw, base, bitmap, subj_sent)
-        newly, delivered = self._take_acked(acked, sacked)
+        # what it acknowledges, taken, per route and per plane the latest send time each
+        # delivered noted, and the cumulative point moved: one call (fastpath.take_ack)
+        delivered = [_NEG_INF] * evs.nplanes
+        cum_una, base_seq, una, newly, cancelled, beyond = fastpath.take_ack(
+            self._outstanding,
+            self.initial_psn,
+            self._snd_una,
+            self._next_seq,
+            psnw,
+            base,
+            bitmap,
+            evs.planes,
+            delivered,
+            evs.route_ix,
+            evs.route_alive_sent,
+            # retirements still open to being proved false
+            evs.route_delivered if evs.judging else None,
+        )
+        if subj_sent is not None:
+            self.recovery.block_reported(base_seq >> 6, subj_sent, cum_una)
+        if beyond:
+            self.stats.ack_beyond_sent += 1
+        if cancelled:
+            self._waiting -= cancelled  # queued for resends that are no longer needed
+            self.stats.retransmits_cancelled += cancelled
         if newly:
             self.timers.progressed(now)
             if self._held_nacks:
@@ -661,7 +684,7 @@ class Requester:
         news = max(delivered)
         if news != _NEG_INF:
             evs.delivered(delivered)
-        self._advance(una)
+        self._snd_una = una
         if delay and rtt_sample is not None and self.rx_wait is not None:
             # host delay: the subject's time in the receiving host (its ACK Delay) and the
             # ACK's in this one, both part of the sample and neither the network's
@@ -812,75 +835,6 @@ class Requester:
         rtt_sample = now - sent[0]
         self.rtt.sample(rtt_sample)
         return rtt_sample
-
-    def _acknowledged(
-        self, psnw: int, base: int, bitmap: int, subj_sent: float | None
-    ) -> tuple[range, list[int], int]:
-        """What an ACK acknowledges: the cumulative part (a range of sequence numbers), then
-        the SACK bitmap's packets at or above the new cumulative point (those below it are
-        acknowledged already), and that new point."""
-        ip = self.initial_psn
-        una = self._snd_una
-        nxt = self._next_seq
-        cum = to_seq(ip, psnw & wire.PSN_MASK, una)
-        beyond = cum >= nxt
-        if beyond:
-            cum = nxt - 1  # what the receiver has beyond that, it did not get from us
-        acked = range(una, cum + 1)
-        if cum >= una:
-            una = cum + 1
-        base_seq = to_seq(ip, base & wire.PSN_MASK, una)
-        if subj_sent is not None:
-            self.recovery.block_reported(base_seq >> 6, subj_sent, una)
-        sacked: list[int] = []
-        if bitmap and base_seq + 64 > nxt:
-            keep = nxt - base_seq  # bits for PSNs we sent
-            mask = (1 << keep) - 1 if keep > 0 else 0
-            if bitmap & ~mask:
-                beyond = True
-                bitmap &= mask
-        if bitmap and base_seq + 64 > una:
-            if base_seq < una:
-                bitmap &= -1 << (una - base_seq)
-            while bitmap:
-                low = bitmap & -bitmap
-                sacked.append(base_seq + low.bit_length() - 1)
-                bitmap ^= low
-        if beyond:
-            self.stats.ack_beyond_sent += 1
-        return acked, sacked, una
-
-    def _take_acked(self, acked: range, sacked: list[int]) -> tuple[int, list[float]]:
-        """Remove the records of ``acked`` then ``sacked`` (those still outstanding) and note,
-        per route and per plane, the latest send time each delivered (``fastpath.take_acked``,
-        one call). Returns how many were outstanding and, per plane, the send time of the
-        latest-sent packet it delivered (-inf: none)."""
-        evs = self.evs
-        delivered = [_NEG_INF] * evs.nplanes
-        newly, cancelled = fastpath.take_acked(
-            self._outstanding,
-            acked.start,
-            acked.stop,
-            sacked,
-            evs.planes,
-            delivered,
-            evs.route_ix,
-            evs.route_alive_sent,
-            # retirements still open to being proved false
-            evs.route_delivered if evs.judging else None,
-        )
-        if cancelled:
-            self._waiting -= cancelled  # queued for resends that are no longer needed
-            self.stats.retransmits_cancelled += cancelled
-        return newly, delivered
-
-    def _advance(self, una: int) -> None:
-        """Move the cumulative point to ``una`` or past it, over what SACKs acknowledged."""
-        nxt = self._next_seq
-        outstanding = self._outstanding
-        while una < nxt and una not in outstanding:
-            una += 1
-        self._snd_una = una
 
     def _complete(self) -> None:
         """Complete the work requests whose every packet is acknowledged, in order."""

@@ -1,5 +1,6 @@
-"""The sender's records in C (mrc._native: Packet, record_burst, take_acked) and their
-pure-Python twins (mrc.core.fastpath: PyPacket, py_record_burst, py_take_acked).
+"""The sender's records in C (mrc._native: Packet, record_burst, take_acked, take_ack) and
+their pure-Python twins (mrc.core.fastpath: PyPacket, py_record_burst, py_take_acked,
+py_take_ack).
 
 Two levels: the kernels alone, over seeded random bursts and ACKs, must leave the same records,
 ring, buffers, lists and callbacks; and whole seeded simulations (loss, trims, duplicates,
@@ -14,6 +15,8 @@ import random
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mrc import wire
 from mrc.core import QPConfig, fastpath
@@ -25,7 +28,11 @@ FIELDS = fastpath.PyPacket.__slots__
 
 
 def _need_native() -> None:
-    if fastpath.native_record_burst is None or fastpath.native_take_acked is None:
+    if (
+        fastpath.native_record_burst is None
+        or fastpath.native_take_acked is None
+        or fastpath.native_take_ack is None
+    ):
         pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
 
 
@@ -277,6 +284,146 @@ def test_take_acked_passes_on_what_judging_raises() -> None:
             kernel({6: kind(None, 0, 8, False, 9, 1.0, 2.0)}, 6, 7, [], [0], [0.0], None, [], None)
 
 
+# ---- take_ack -------------------------------------------------------------------------------
+
+
+def _ack_fields(rng: random.Random, ip: int, una: int, nxt: int) -> tuple[int, int, int]:
+    """An ACK's cumulative PSN word, bitmap base and bitmap as a receiver (or a forger) sends
+    them: mostly near what was sent, sometimes beyond it or far behind, with the top byte of
+    the PSN word set (it carries other fields on the wire)."""
+    cum = rng.choice([una - 1, rng.randint(una - 3, nxt + 2), rng.randint(0, 1 << 24)])
+    psnw = ((ip + cum) & wire.PSN_MASK) | (rng.getrandbits(8) << 24)
+    base_seq = rng.choice([cum + 1, (cum + 1) & ~63, rng.randint(una - 70, nxt + 70)])
+    base = ((ip + base_seq) & wire.PSN_MASK) | (rng.choice([0, 1 << 31]))
+    bitmap = rng.choice([0, rng.getrandbits(64), (1 << 64) - 1, rng.getrandbits(8) << 40])
+    return psnw, base, bitmap
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("track", [False, True])
+@pytest.mark.parametrize("judging", [False, True])
+def test_take_ack_twins_take_and_move_alike(seed: int, track: bool, judging: bool) -> None:
+    """Random flights and ACKs (cumulative, SACKs in and beyond what was sent, far-off PSNs,
+    the initial PSN near the wrap): the C kernel and its twin return the same, leave the same
+    records and lists and make the same calls, with either kind of record."""
+    _need_native()
+    assert fastpath.native_take_ack is not None and fastpath.native_packet is not None
+    results = []
+    for kernel, kind in (
+        (fastpath.native_take_ack, fastpath.native_packet),
+        (fastpath.py_take_ack, fastpath.PyPacket),
+        (fastpath.native_take_ack, fastpath.PyPacket),
+    ):
+        rng = random.Random(seed)
+        evs = 12
+        planes = [rng.randrange(3) for _ in range(evs)]
+        route_ix = [rng.randrange(5) for _ in range(evs)]
+        ip = rng.choice([0, wire.PSN_MASK - 40, rng.randrange(1 << 24)])
+        outstanding = _flight(rng, kind, evs)  # sequence numbers 1000-1199, some missing
+        una, nxt = min(outstanding), 1200
+        calls: list[tuple[int, float]] = []
+        seen = []
+        for _ack in range(40):
+            psnw, base, bitmap = _ack_fields(rng, ip, una, nxt)
+            delivered = [float("-inf")] * 3
+            route_alive = [rng.choice([float("-inf"), rng.uniform(0, 40)]) for _ in range(5)]
+            res = kernel(
+                outstanding,
+                ip,
+                una,
+                nxt,
+                psnw,
+                base,
+                bitmap,
+                planes,
+                delivered,
+                route_ix if track else None,
+                route_alive,
+                (lambda ev, at: calls.append((ev, at))) if judging else None,  # noqa: B023
+            )
+            una = res[2]
+            seen.append((res, delivered, route_alive))
+        results.append((seen, sorted(outstanding), calls))
+    assert results[0] == results[1] == results[2]
+    rows = [r[0] for r in results[0][0]]
+    assert any(r[3] for r in rows) and any(r[5] for r in rows)  # took some; saw "beyond"
+    assert any(r[2] > r[0] for r in rows)  # SACKs moved the cumulative point further
+
+
+def test_take_ack_twins_refuse_the_same_bad_arguments() -> None:
+    """Fields no ACK or sender has (beyond their widths, negative, una past nxt): ValueError
+    from both, and nothing taken."""
+    _need_native()
+    lim = 1 << 62
+    good = [0, 5, 10, 6, 0, 0]  # ip, una, nxt, psnw, base, bitmap
+    bad = [
+        (0, -1), (0, 1 << 24), (1, -1), (1, 11), (2, lim), (3, -1), (3, 1 << 32),
+        (4, 1 << 32), (5, -1), (5, 1 << 64), (2, 1 << 70),
+    ]  # fmt: skip
+    for kernel, kind in (
+        (fastpath.native_take_ack, fastpath.native_packet),
+        (fastpath.py_take_ack, fastpath.PyPacket),
+    ):
+        assert kernel is not None and kind is not None
+        for i, value in bad:
+            args = [*good]
+            args[i] = value
+            outstanding = {s: kind(None, 0, 8, False, 0, 1.0, 2.0) for s in range(5, 10)}
+            ip, una, nxt, psnw, base, bitmap = args
+            with pytest.raises(ValueError):
+                kernel(outstanding, ip, una, nxt, psnw, base, bitmap, [0], [0.0], None, [], None)
+            assert sorted(outstanding) == list(range(5, 10)), (i, value)
+        outstanding = {s: kind(None, 0, 8, False, 0, 1.0, 2.0) for s in range(5, 10)}
+        # 5 and 6 acknowledged cumulatively, then the SACK of 8 alone (seq = PSN here)
+        assert kernel(outstanding, 0, 5, 10, 6, 0, 1 << 8, [0], [0.0], None, [], None) == (
+            7,
+            0,
+            7,
+            3,
+            0,
+            False,
+        )
+        assert sorted(outstanding) == [7, 9]
+        with pytest.raises(IndexError):  # an EV beyond the planes' list
+            kernel({5: kind(None, 0, 8, False, 9, 1.0, 2.0)}, 0, 5, 6, 5, 0, 0, [0], [0.0],
+                   None, [], None)  # fmt: skip
+
+
+_WIDE = st.integers(min_value=-(1 << 65), max_value=1 << 65)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    ip=st.integers(min_value=0, max_value=wire.PSN_MASK) | _WIDE,
+    una=st.integers(min_value=990, max_value=1210) | _WIDE,
+    span=st.integers(min_value=0, max_value=300),
+    psnw=st.integers(min_value=0, max_value=(1 << 32) - 1) | _WIDE,
+    base=st.integers(min_value=0, max_value=(1 << 32) - 1) | _WIDE,
+    bitmap=st.integers(min_value=0, max_value=(1 << 64) - 1) | _WIDE,
+)
+def test_take_ack_twins_agree_on_any_fields(
+    ip: int, una: int, span: int, psnw: int, base: int, bitmap: int
+) -> None:
+    """Whatever an ACK's fields and the sender's counters (in range or not): the same result
+    and records left from both, or the same exception and nothing taken; C never crashes."""
+    _need_native()
+    assert fastpath.native_take_ack is not None and fastpath.native_packet is not None
+    seen: list[object] = []
+    for kernel, kind in (
+        (fastpath.native_take_ack, fastpath.native_packet),
+        (fastpath.py_take_ack, fastpath.PyPacket),
+    ):
+        outstanding = {s: kind(None, 0, 8, False, s % 3, s / 7, 2.0) for s in range(1000, 1200)}
+        delivered = [float("-inf")] * 3
+        try:
+            res: object = kernel(outstanding, ip, una, una + span, psnw, base, bitmap,
+                                 [0, 1, 2], delivered, None, [], None)  # fmt: skip
+        except ValueError as exc:
+            res = type(exc)
+        seen.append((res, sorted(outstanding), delivered))
+    assert seen[0] == seen[1]
+
+
 # ---- whole simulations ----------------------------------------------------------------------
 
 
@@ -320,12 +467,14 @@ def test_simulations_are_identical_with_either_pair_of_sender_kernels(
 ) -> None:
     _need_native()
     runs = {}
-    for name, record, take in (
-        ("native", fastpath.native_record_burst, fastpath.native_take_acked),
-        ("python", fastpath.py_record_burst, fastpath.py_take_acked),
-    ):
+    for name, record, take, ack in (
+        ("native", fastpath.native_record_burst, fastpath.native_take_acked,
+         fastpath.native_take_ack),
+        ("python", fastpath.py_record_burst, fastpath.py_take_acked, fastpath.py_take_ack),
+    ):  # fmt: skip
         monkeypatch.setattr(fastpath, "record_burst", record)
         monkeypatch.setattr(fastpath, "take_acked", take)
+        monkeypatch.setattr(fastpath, "take_ack", ack)
         runs[name] = [_simulate(mix, seed, kind) for seed in (3, 4)]
     assert runs["native"] == runs["python"]
     assert all(r["datagrams"] for r in runs["native"])
