@@ -11,7 +11,7 @@ import pytest
 
 from mrc.core import QPConfig
 from mrc.core.cc import LawContext, UetNscc, UetNsccParams, create
-from mrc.core.cc.uet import MAX_CWND_BDP
+from mrc.core.cc.uet import MAX_CWND_BDP, SERIALIZING_LINKS
 
 MSS = 1000
 
@@ -49,6 +49,20 @@ def test_cap_follows_the_base_rtt_as_it_is_learned() -> None:
     assert law.line_cap == pytest.approx(1.5 * 10e6 * 0.001)  # 15 packets
     assert law.max_cwnd == pytest.approx(15 * MSS)
     assert law.cwnd <= 15 * MSS  # the initial 16 packets cut to it at once
+
+
+def test_cap_counts_a_packets_serialization_where_the_base_rtt_is_shorter() -> None:
+    """A tbf with a burst (the netns fabric's links) passes a packet on an idle path in a
+    fraction of its serialization: a base RTT from that bounded every QP at one packet."""
+    law = _law(8e6)  # 1 MB/s: a 1000-byte packet takes 1 ms on the wire
+    law.on_ack(0.01, MSS, 0.0001, False)  # 0.1 ms: a packet through a full token bucket
+    assert SERIALIZING_LINKS == 4
+    assert law.line_cap == pytest.approx(1.5 * 4 * MSS)  # 6 packets, not 1.5 x 0.1 of one
+    law.on_ack(0.02, MSS, 0.00001, False)
+    assert law.max_cwnd == pytest.approx(6 * MSS)
+    fast = _law(8e9)  # a NIC's rate: the measured base RTT counts, as before
+    fast.on_ack(0.01, MSS, 0.0001, False)
+    assert fast.line_cap == pytest.approx(1.5 * 1e9 * 0.0001)
 
 
 def test_given_max_cwnd_wins_and_unknown_rate_changes_nothing() -> None:

@@ -78,6 +78,10 @@ REFERENCE_BDP_PACKETS = 150_000 / 4096
 TARGET_RTT_FRACTION = 0.75
 #: UET's max_cwnd: 1.5 x the network's bandwidth-delay product (its line rate x base RTT)
 MAX_CWND_BDP = 1.5
+#: a full packet's round trip crosses at least this many store-and-forward links (host to
+#: leaf, leaf to spine, spine to leaf, leaf to host), each taking the packet's whole
+#: serialization at no more than the line rate: the least round trip the line's BDP counts
+SERIALIZING_LINKS = 4
 #: fast increase starts below 1 us of queueing delay on a 12 us network: 1/12 of the base RTT
 FAST_INCREASE_FRACTION = 1 / 12
 #: the weight of one host delay sample in its average (srtt's, RFC 6298)
@@ -333,11 +337,16 @@ class UetNscc(WindowLaw):
     @property
     def line_cap(self) -> float:
         """UET's max_cwnd from what the host knows, bytes: 1.5 x the line rate x the base RTT
-        measured so far, host delay included (:attr:`basis`; at least a packet); infinite
-        while either is unknown."""
+        measured so far, host delay included (:attr:`basis`), but at least a full packet's
+        serialization over ``SERIALIZING_LINKS`` links (6 packets); infinite while either is
+        unknown."""
         if not self.line_rate or self.base_rtt == _INF:
             return _INF
-        return max(float(self.mss), MAX_CWND_BDP * self.line_rate * self.basis)
+        # a NIC's base RTT includes its packets' serialization; a shaper with a burst (tbf,
+        # as the netns fabric's links) can pass a packet in a fraction of it on an idle path,
+        # and a base RTT from that bounded each QP of a 100 Mbit/s fabric at one packet
+        least = SERIALIZING_LINKS * self.mss / self.line_rate
+        return MAX_CWND_BDP * self.line_rate * max(self.basis, least)
 
     @property
     def max_cwnd(self) -> float:
