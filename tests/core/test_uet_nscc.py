@@ -198,6 +198,30 @@ def test_a_loss_at_a_high_delay_teaches_the_depth_and_later_delays_near_it_cut()
     assert 0.5 * before < law.cwnd < 0.85 * before
 
 
+def test_a_queue_that_half_the_window_meets_cuts_half_as_much() -> None:
+    """A learned depth's marks cut the share of the window whose ACKs met the queue: with a
+    link down behind one of two planes, that plane's queue leaves the other's share alone."""
+    cuts = []
+    for meets in (2, 1):  # every ACK over the threshold; every other one
+        law = _law(32, loss_delay_fraction=0.8)
+        t = 0.0
+        for _ in range(3):
+            t = _acks(law, t, 8, 10 * TARGET, False, per_ack=4)
+        law.on_loss(t)
+        assert law.loss_delay == pytest.approx(10 * TARGET, rel=0.05)
+        seen = []  # the window's share kept by each decrease
+        for i in range(1, 161):  # ACKs an eighth of a base RTT apart, every other one deep
+            deep = i % 2 < meets
+            before, decreases = law.cwnd, law.decreases
+            law.on_ack(t + i * BASE / 8, MSS, BASE + (12 if deep else 2) * TARGET, False)
+            if law.decreases > decreases:
+                seen.append(law.cwnd / before)
+        assert len(seen) >= 2
+        cuts.append(1.0 - seen[1])  # the second: its share counted over a whole round trip
+    assert cuts[0] > 0.02
+    assert cuts[1] == pytest.approx(cuts[0] / 2, rel=0.25)
+
+
 def test_a_loss_with_the_queues_low_teaches_nothing_and_the_fraction_0_is_off() -> None:
     low = _law(32, loss_delay_fraction=0.8)
     t = _acks(low, 0.0, 8, 0.5 * TARGET, False, per_ack=4)

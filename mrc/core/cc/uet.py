@@ -51,8 +51,8 @@ Where this must differ from a NIC (docs/CONGESTION.md, "Where it must differ fro
   that tail-drops fills up to its limit. A loss that came with a queue teaches the depth the
   path drops at (``loss_delay``), and a delay over ``cc.loss_delay_fraction`` of it reads as
   a CE mark: the window backs off, by the queue's excess over that threshold, before the
-  queue overflows again (docs/CONGESTION.md, "A queue's depth learned from its losses";
-  off by default, UET's law).
+  queue overflows again, by the share of the window that meets the queue (docs/CONGESTION.md,
+  "A queue's depth learned from its losses"; off by default, UET's law).
 * UET counts the bytes in flight when quick adapt cuts (its marks are then ignored); the law
   does not see them and takes the window before the cut (it was full, or the flow would not
   have queued).
@@ -233,6 +233,9 @@ class UetNscc(WindowLaw):
         "recent_delay",
         "virtual_marks",
         "_marking",
+        "_over_bytes",
+        "_seen_bytes",
+        "_seen_since",
     )
 
     Params = UetNsccParams
@@ -298,6 +301,11 @@ class UetNscc(WindowLaw):
         #: a port on the path marks CE or trims: its signals, not a learned depth, say when
         #: to back off (no virtual marks from then on)
         self._marking = False
+        #: bytes acknowledged whose delay read as a mark, and all bytes acknowledged with a
+        #: sample, since ``_seen_since`` (the last virtual decrease, or two round trips)
+        self._over_bytes = 0
+        self._seen_bytes = 0
+        self._seen_since = -_INF
         self._retarget()
         self._set(0.0, self.cwnd)
 
@@ -391,14 +399,13 @@ class UetNscc(WindowLaw):
                 self.recent_delay += (delay - self.recent_delay) * RECENT_DELAY_GAIN
             if ce:
                 self._marking = True
-            elif (
-                self.loss_delay
-                and not self._marking
-                and delay > self.p.loss_delay_fraction * self.loss_delay
-            ):
-                # as near the depth that overflowed as a marking port's threshold
-                ce = virtual = True
-                self.virtual_marks += 1
+            elif self.loss_delay and not self._marking:
+                over = delay > self.p.loss_delay_fraction * self.loss_delay
+                self._count_over(now, max(acked, self.mss), over)
+                if over:
+                    # as near the depth that overflowed as a marking port's threshold
+                    ce = virtual = True
+                    self.virtual_marks += 1
             self._average(delay, ce, max(1, acked // self.mss))
         else:
             delay = self.avg_delay
@@ -418,6 +425,16 @@ class UetNscc(WindowLaw):
         threshold = self.p.adjust_bytes_threshold or 8 * self.mss
         if self._received > threshold or now - self._last_adjust > period:
             self._adjust(now, period)
+
+    def _count_over(self, now: float, acked: int, over: bool) -> None:
+        """Count ``acked`` bytes whose delay read (``over``) or did not read as a mark, over
+        the last two round trips at most: the share of the window that meets the queue."""
+        if now - self._seen_since > 2 * (self.base_rtt + self.recent_delay):
+            self._over_bytes = self._seen_bytes = 0
+            self._seen_since = now
+        self._seen_bytes += acked
+        if over:
+            self._over_bytes += acked
 
     def _network_delay(self, delay: float, rtt: float | None, host: float | None) -> float:
         """The delay quick adapt weighs: with ``cc.host_delay``, ``delay`` less the sample's
@@ -572,8 +589,13 @@ class UetNscc(WindowLaw):
             # what taking that much off every window sharing the queue would drain (UET's
             # cut, by the average's excess over a target kept short by the marks, took up
             # to half the window per base RTT and slowed the simulator's all-to-all 4%)
+            # and only the share of the window whose ACKs met it: a queue on one plane (a
+            # link down behind it) leaves the other planes' share of the window alone
             over = virtual - self.p.loss_delay_fraction * self.loss_delay
-            factor = 1.0 - self.p.gamma * over / (self.base_rtt + virtual)
+            share = self._over_bytes / self._seen_bytes
+            self._over_bytes = self._seen_bytes = 0
+            self._seen_since = now
+            factor = 1.0 - self.p.gamma * share * over / (self.base_rtt + virtual)
         elif avg > self.target:
             factor = 1.0 - self.p.gamma * (avg - self.target) / avg
         else:
