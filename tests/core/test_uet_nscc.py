@@ -172,7 +172,7 @@ def test_a_loss_takes_one_packet_a_timeout_none_and_the_window_keeps_a_packet() 
 
 
 def test_a_loss_at_a_high_delay_teaches_the_depth_and_later_delays_near_it_cut() -> None:
-    assert _law(32).p.loss_delay_fraction == 0.0  # off by default
+    assert _law(32).p.loss_delay_fraction == 0.8  # on by default (0: UET's law)
     law = _law(32, loss_delay_fraction=0.8)
     # a queue of 10 x the target builds, unmarked: fair increase, delay alone cuts nothing
     t = 0.0
