@@ -244,6 +244,39 @@ done:
     return rc;
 }
 
+/* The SACK bits of seqs[j..stop) into blocks (one dict update per block), stopping after the
+   first packet marked ACKREQ (*force then 1), the highest PSN into *hi: a run's arrivals, for
+   note_arrivals and note_runs alike. Returns the index after the last packet taken, or -1
+   with an exception set. */
+static long long mark_run(PyObject *blocks, PyObject *dirty, const long long *seqs,
+                          const unsigned char *marks, long long j, long long stop,
+                          long long *hi, int *force)
+{
+    long long block = 0;
+    unsigned long long bits = 0; /* of `block`, not yet in blocks */
+    *force = 0;
+    while (j < stop) {
+        long long seq = seqs[j];
+        long long b = seq >> 6; /* arithmetic shift: floor, as Python's >> */
+        if (bits && b != block) {
+            if (set_bits(blocks, dirty, block, bits) < 0)
+                return -1;
+            bits = 0;
+        }
+        block = b;
+        bits |= 1ull << (seq & 63);
+        if (seq > *hi)
+            *hi = seq;
+        if (marks[j++] & MARK_ACKREQ) {
+            *force = 1;
+            break;
+        }
+    }
+    if (bits && set_bits(blocks, dirty, block, bits) < 0)
+        return -1;
+    return j;
+}
+
 static PyObject *note_arrivals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
@@ -282,30 +315,11 @@ static PyObject *note_arrivals(PyObject *module, PyObject *const *args, Py_ssize
     Py_ssize_t cap = sb.len / 8 < mb.len ? sb.len / 8 : mb.len;
     if (stop > cap)
         stop = cap;
-    int force = 0;
-    Py_ssize_t j = start;
-    long long block = 0;
-    unsigned long long bits = 0; /* of `block`, not yet in blocks */
-    while (j < stop) {
-        long long seq = seqs[j];
-        long long b = seq >> 6; /* arithmetic shift: floor, as Python's >> */
-        if (bits && b != block) {
-            if (set_bits(blocks, dirty, block, bits) < 0)
-                goto done;
-            bits = 0;
-        }
-        block = b;
-        bits |= 1ull << (seq & 63);
-        if (seq > hi)
-            hi = seq;
-        if (marks[j++] & MARK_ACKREQ) {
-            force = 1;
-            break;
-        }
-    }
-    if (bits && set_bits(blocks, dirty, block, bits) < 0)
+    int force;
+    long long j = mark_run(blocks, dirty, seqs, marks, start, stop, &hi, &force);
+    if (j < 0)
         goto done;
-    result = Py_BuildValue("(nLO)", j, hi, force ? Py_True : Py_False);
+    result = Py_BuildValue("(nLO)", (Py_ssize_t)j, hi, force ? Py_True : Py_False);
 done:
     PyBuffer_Release(&mb);
     PyBuffer_Release(&sb);
@@ -426,28 +440,10 @@ static PyObject *note_runs(PyObject *module, PyObject *const *args, Py_ssize_t n
             owed = ack_batch_max;
         long long step = owed - pending > 1 ? owed - pending : 1;
         long long stop = count - i < step ? count : i + step;
-        /* the run's SACK bits, as note_arrivals sets them: one dict update per block */
-        int force = 0;
-        long long j = i, block = 0;
-        unsigned long long bits = 0;
-        while (j < stop) {
-            long long seq = seqs[j];
-            long long b = seq >> 6;
-            if (bits && b != block) {
-                if (set_bits(blocks, dirty, block, bits) < 0)
-                    goto done;
-                bits = 0;
-            }
-            block = b;
-            bits |= 1ull << (seq & 63);
-            if (seq > hi)
-                hi = seq;
-            if (marks[j++] & MARK_ACKREQ) {
-                force = 1;
-                break;
-            }
-        }
-        if (bits && set_bits(blocks, dirty, block, bits) < 0)
+        /* the run's SACK bits, as note_arrivals sets them (mark_run) */
+        int force;
+        long long j = mark_run(blocks, dirty, seqs, marks, i, stop, &hi, &force);
+        if (j < 0)
             goto done;
         if (advance_cum(blocks, &cum) < 0)
             goto done;
