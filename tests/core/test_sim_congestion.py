@@ -365,12 +365,12 @@ def _trace_digest(seed: int, fabric: Fabric | None = None) -> str:
 #: the first, and when a loss after its plane's delay rose stopped retiring its EV, and when
 #: the simulator's EVs became the transport's (a source port per plane and flow label i + 1,
 #: where every EV had a port of its own: the same times, losses and counts, other EV values),
-#: and when it began to open the transport's backup EVs (seed 1: a backup takes the place of
-#: an EV retired; seed 2 is unchanged).
-#: What they guard: the default network
+#: when it began to open the transport's backup EVs (seed 1: a backup takes the place of
+#: an EV retired; seed 2 is unchanged), and (seed 1) when a flush stopped sending an ACK for
+#: a block wholly below its cumulative point (fewer ACKs). What they guard: the default network
 #: and an ideal fabric give one and the same trace, and it changes only with the protocol
 _DEFAULT_DIGESTS = {
-    1: "142391609078d521e6b32d3f566ec04c2475bf588c371175678211b01b0fb431",
+    1: "ef9036d9661683597b8f4b26e2b37a74c8cd3889056bb4a3300f9857330bff50",
     2: "24916a7ce7fa59e798582cc8be1add3b99cbab3a3dd2ee99047841cf36bbe49f",
 }
 
