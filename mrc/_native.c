@@ -244,6 +244,24 @@ done:
     return rc;
 }
 
+/* The arrivals' PSNs (an array('q')) and marks (bytes) as buffers, for note_arrivals and
+   note_runs alike: 0, or -1 with an exception set and nothing held. */
+static int arrival_buffers(PyObject *seqs, PyObject *marks, Py_buffer *sb, Py_buffer *mb)
+{
+    if (PyObject_GetBuffer(seqs, sb, PyBUF_FORMAT) < 0)
+        return -1;
+    if (sb->itemsize != 8 || sb->format == NULL || strcmp(sb->format, "q") != 0) {
+        PyErr_SetString(PyExc_TypeError, "seqs must be an array('q')");
+        PyBuffer_Release(sb);
+        return -1;
+    }
+    if (PyObject_GetBuffer(marks, mb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(sb);
+        return -1;
+    }
+    return 0;
+}
+
 /* The SACK bits of seqs[j..stop) into blocks (one dict update per block), stopping after the
    first packet marked ACKREQ (*force then 1), the highest PSN into *hi: a run's arrivals, for
    note_arrivals and note_runs alike. Returns the index after the last packet taken, or -1
@@ -299,17 +317,9 @@ static PyObject *note_arrivals(PyObject *module, PyObject *const *args, Py_ssize
         return NULL;
     }
     Py_buffer sb, mb;
-    if (PyObject_GetBuffer(args[0], &sb, PyBUF_FORMAT) < 0)
+    if (arrival_buffers(args[0], args[1], &sb, &mb) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &mb, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&sb);
-        return NULL;
-    }
     PyObject *result = NULL;
-    if (sb.itemsize != 8 || sb.format == NULL || strcmp(sb.format, "q") != 0) {
-        PyErr_SetString(PyExc_TypeError, "seqs must be an array('q')");
-        goto done;
-    }
     const long long *seqs = (const long long *)sb.buf;
     const unsigned char *marks = (const unsigned char *)mb.buf;
     Py_ssize_t cap = sb.len / 8 < mb.len ? sb.len / 8 : mb.len;
@@ -407,17 +417,9 @@ static PyObject *note_runs(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (ack_due < 0)
         return NULL;
     Py_buffer sb, mb;
-    if (PyObject_GetBuffer(args[0], &sb, PyBUF_FORMAT) < 0)
+    if (arrival_buffers(args[0], args[1], &sb, &mb) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[1], &mb, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&sb);
-        return NULL;
-    }
     PyObject *result = NULL;
-    if (sb.itemsize != 8 || sb.format == NULL || strcmp(sb.format, "q") != 0) {
-        PyErr_SetString(PyExc_TypeError, "seqs must be an array('q')");
-        goto done;
-    }
     Py_ssize_t cap = sb.len / 8 < mb.len ? sb.len / 8 : mb.len;
     if (!(0 <= start && start <= count && count <= cap)) {
         PyErr_SetString(PyExc_ValueError, "start and count must lie within the arrivals");
