@@ -20,7 +20,7 @@ Two parts, printed as JSON and a table (docs/PERFORMANCE.md quotes them):
   one ``recv_into`` per datagram, and GSO sends / GRO receives of 7 at a time.
 
 Run with the venv's python: ``.venv/bin/python tools/profile_core.py [--size 128M]
-[--security integrity] [--burst 8] [--cc fixed] [--json]``. No root needed.
+[--security integrity] [--burst 8] [--cc fixed] [--payload 1400] [--json]``. No root needed.
 
 With the default ``--cc nscc``, ``--burst`` is a maximum that NSCC sizes from the delivery rate
 it measures; in memory every ACK arrives at once, no rate is ever measured, and every burst is
@@ -103,8 +103,8 @@ class Stopwatch:
         }
 
 
-def core_model(size: int, security: str, burst: int, cc: str) -> dict[str, Any]:
-    cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=512, burst=burst, cc=cc)
+def core_model(size: int, security: str, burst: int, cc: str, payload: int) -> dict[str, Any]:
+    cfg = QPConfig(payload_size=payload, max_outstanding=512, burst=burst, cc=cc)
     pd = ProtectionDomain()
     region = bytearray(size)
     mr = pd.register(region, Access.REMOTE_WRITE, "r")
@@ -158,8 +158,8 @@ def core_model(size: int, security: str, burst: int, cc: str) -> dict[str, Any]:
                 rx.receive_datagram(memoryview(train), ports_a[ev], now)
             packets += count
         a.get_timer()
-        for ev, hdr, payload in b.datagrams_to_send(now + 0.001):
-            a.receive_datagram(memoryview(hdr + bytes(payload)), ports_b[ev], now)
+        for ev, hdr, body in b.datagrams_to_send(now + 0.001):
+            a.receive_datagram(memoryview(hdr + bytes(body)), ports_b[ev], now)
     wall = time.perf_counter() - t0
     sw.restore()
     if bytes(region[: 1 << 16]) != bytes(data[: 1 << 16]):
@@ -170,11 +170,19 @@ def core_model(size: int, security: str, burst: int, cc: str) -> dict[str, Any]:
     n = min(packets, 20_000)
     t = time.perf_counter()
     for i in range(n):
-        off = (i * PAYLOAD) % (size - PAYLOAD)
-        view[off : off + PAYLOAD] = src[off : off + PAYLOAD]
-    stages["receiver: placement copy (8 KiB)"] = round((time.perf_counter() - t) / n * 1e6, 3)
+        off = (i * payload) % (size - payload)
+        view[off : off + payload] = src[off : off + payload]
+    stages[f"receiver: placement copy ({payload} B)"] = round(
+        (time.perf_counter() - t) / n * 1e6, 3
+    )
+    acks = sw.calls["sender: ACK processing (on_ack)"]
     return {
         "packets": packets,
+        "acks": acks,
+        # the ACK path's cost per ACK (its per-packet figure spreads it over the packets)
+        "on_ack_us_per_ack": round(
+            stages["sender: ACK processing (on_ack)"] * packets / max(acks, 1), 3
+        ),
         "wall_us_per_packet": round(wall / packets * 1e6, 3),
         "mean_burst": round(a.stats.data_packets_sent / max(a.stats.bursts, 1), 2),
         "note": "wall includes one copy of every datagram by this harness (header + payload)",
@@ -193,10 +201,10 @@ def _trains(bursts: list[Burst], burst: int) -> list[tuple[bytes, int, int, int]
     return out
 
 
-def receive_model(size: int, burst: int, cc: str) -> dict[str, float | None]:
+def receive_model(size: int, burst: int, cc: str, payload: int) -> dict[str, float | None]:
     """Microseconds per data packet of the whole receive path (routing, checks, placement,
     SACK bookkeeping, ACK build), for the same recorded datagrams taken three ways."""
-    cfg = QPConfig(payload_size=PAYLOAD, max_outstanding=512, burst=burst, cc=cc)
+    cfg = QPConfig(payload_size=payload, max_outstanding=512, burst=burst, cc=cc)
     pd = ProtectionDomain()
     mr = pd.register(bytearray(size), Access.REMOTE_WRITE, "r")
     ports_a, ports_b = list(range(40000, 40000 + EVS)), list(range(50000, 50000 + EVS))
@@ -220,8 +228,8 @@ def receive_model(size: int, burst: int, cc: str) -> dict[str, float | None]:
         recorded.append((now, trains))
         for train, seg, ev, _n in trains:
             core.receive_train(memoryview(train), seg, ports_a[ev], now)  # one or a train
-        for ev, hdr, payload in b.datagrams_to_send(now + 0.001):
-            a.receive_datagram(memoryview(hdr + bytes(payload)), ports_b[ev], now)
+        for ev, hdr, body in b.datagrams_to_send(now + 0.001):
+            a.receive_datagram(memoryview(hdr + bytes(body)), ports_b[ev], now)
     kernels = {
         "python": (fastpath.py_place_train, fastpath.py_note_arrivals),
         "native": (fastpath.native_place_train, fastpath.native_note_arrivals),
@@ -334,6 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         default="nscc",
         help="QPConfig.cc (default nscc; fixed: bursts of exactly --burst packets)",
     )
+    p.add_argument(
+        "--payload",
+        type=parse_size,
+        default=PAYLOAD,
+        help="QPConfig.payload_size, bytes (default 8192; 1400: MTU 1500's)",
+    )
     p.add_argument("--json", action="store_true", help="JSON only")
     a = p.parse_args(argv)
     if not 1 <= a.burst <= 64:
@@ -341,16 +355,16 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "config": {
             "size": a.size,
-            "payload": PAYLOAD,
+            "payload": a.payload,
             "evs": EVS,
             "security": a.security,
             "burst": a.burst,
             "cc": a.cc,
             "rx_kernel": fastpath.describe(),
         },
-        "core": core_model(a.size, a.security, a.burst, a.cc),
-        "receive_us_per_packet": receive_model(a.size, a.burst, a.cc),
-        "kernel_loopback_us_per_datagram": kernel_model(PAYLOAD + 28),
+        "core": core_model(a.size, a.security, a.burst, a.cc, a.payload),
+        "receive_us_per_packet": receive_model(a.size, a.burst, a.cc, a.payload),
+        "kernel_loopback_us_per_datagram": kernel_model(a.payload + 28),
     }
     emit_json(out, indent=2)
     if not a.json:
@@ -368,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         mean = out["core"]["mean_burst"]
         print(f"{'mean burst (packets)':<{width}}  {mean:9.2f}", file=sys.stderr)
+        per_ack = out["core"]["on_ack_us_per_ack"]
+        print(f"{'sender: on_ack, us per ACK':<{width}}  {per_ack:9.3f}", file=sys.stderr)
     return 0
 
 
