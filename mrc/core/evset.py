@@ -642,9 +642,13 @@ class EVSet:
         packets sent no later than that one are no evidence against it (see ``lost``). One
         call per ACK, not per packet: the ACK path builds the list as it pops packets.
         """
+        streak = self.loss_streak
+        alive = self.plane_alive_sent
         for plane, sent_at in enumerate(sent_at_by_plane):
-            if sent_at != _NEG_INF:
-                self._plane_delivered(plane, sent_at)
+            if sent_at != _NEG_INF:  # (_plane_delivered, inlined: once per ACK)
+                streak[plane] = 0
+                if sent_at > alive[plane]:
+                    alive[plane] = sent_at
 
     def lost(
         self,

@@ -62,7 +62,9 @@ class LossDetector:
         # per 64-PSN block: send time of the latest-sent packet the receiver already had when
         # it reported on that block (the subject of a SACK for it): the blame test of detect()
         self._block_news: dict[int, float] = {}
-        self._last_subject = (-1, 0.0)  # (seq, sent_at): SACKs of one flush share a subject
+        #: (seq, sent_at) of the latest ACK's subject in flight: SACKs of one flush share a
+        #: subject (public: the requester sets it itself for an ACK of one in flight)
+        self.last_subject = (-1, 0.0)
 
     def window(self, srtt: float | None) -> float:
         """The reordering window tolerated within a plane (across planes: twice this)."""
@@ -78,10 +80,10 @@ class LossDetector:
         about timing: None.
         """
         if sent_at is not None:
-            self._last_subject = (seq, sent_at)
+            self.last_subject = (seq, sent_at)
             return sent_at
-        if seq == self._last_subject[0]:
-            return self._last_subject[1]
+        if seq == self.last_subject[0]:
+            return self.last_subject[1]
         return None
 
     def block_reported(self, block: int, subject_sent: float, una: int) -> None:
@@ -125,7 +127,10 @@ class LossDetector:
         this one: then this one really was missing. Otherwise the "evidence" may just be a
         lost SACK (its reverse path died), and a healthy EV must not be retired for it.
         """
-        window = self.window(srtt)
+        # (self.window(srtt), as max() picks: called after every ACK that brings news)
+        window = (srtt or 0.0) * self.reorder_srtt_fraction
+        if not window > self.reorder_min:
+            window = self.reorder_min
         threshold = self.latest - window  # no packet sent after this can qualify
         cross = self.latest - 2 * window
         lost = []
@@ -139,6 +144,8 @@ class LossDetector:
                 continue  # only other planes' packets arrived since: within their skew
             if pkt.deadline != _INF:
                 lost.append((seq, pkt))
+        if not lost:
+            return []  # the common case, one ACK after another
         news = self._block_news
         return [
             (seq, pkt, news.get(seq >> 6, _NEG_INF) >= pkt.sent_at + window) for seq, pkt in lost

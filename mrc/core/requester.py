@@ -52,6 +52,9 @@ _BECN = wire.BTH_BECN << 24
 _HDR_LEN = wire.DATA_HDR_LEN
 _IMM_HDR_LEN = wire.DATA_IMM_HDR_LEN
 _PSN_MASK = wire.PSN_MASK
+_HALF = 1 << 23  # (mrc.core.psn.to_seq's)
+_NAK_BASE = wire.AETH_NAK_BASE
+_unpack_ack = wire.ACK_PKT.unpack_from
 #: bytes of one header arena (Requester._header_room): about 2300 headers
 _ARENA = 1 << 16
 _SUBJECT_DUP = wire.ACK_SUBJECT_DUP
@@ -616,16 +619,23 @@ class Requester:
         for. Such an ACK says that copy was not lost (the probe proves nothing) and gives no
         RTT sample (Karn's rule) and no send time to judge losses by.
         """
-        (_op, _f, _pk, qpw, psnw, aeth, subj, base, bitmap, ev_echo, ports, delay) = (
-            wire.ACK_PKT.unpack_from(data)
+        (_op, _f, _pk, qpw, psnw, aeth, subj, base, bitmap, ev_echo, ports, delay) = _unpack_ack(
+            data
         )
         if self.failed:
             self.stats.dropped_by_reason["qp_failed"] += 1
             return
+        # every ACK comes here (one per 30-40 packets at 1400 bytes, where the sender is
+        # CPU-bound): what its common case (a positive ACK of the latest transmission) calls
+        # is inlined below where that is a line or two (to_seq, the timers' and the loss
+        # detector's bookkeeping), in the same order, so that each ACK pays fewer steps
         syndrome = aeth >> 24
-        subj_seq = to_seq(self.initial_psn, subj & wire.PSN_MASK, self._snd_una)
-        subject = self._outstanding.get(subj_seq)
-        is_nack = (syndrome & 0x60) == wire.AETH_NAK_BASE
+        una = self._snd_una
+        near_psn = (self.initial_psn + una) & _PSN_MASK
+        subj_seq = una + ((((subj & _PSN_MASK) - near_psn + _HALF) & _PSN_MASK) - _HALF)
+        outstanding = self._outstanding
+        subject = outstanding.get(subj_seq)
+        is_nack = (syndrome & 0x60) == _NAK_BASE
         evs = self.evs
         # the subject in flight if the ACK echoes its latest transmission (else the ACK
         # answers an earlier one, or the subject was acknowledged already)
@@ -634,12 +644,16 @@ class Requester:
             syndrome if is_nack else -1, subj_seq, subject, ev_echo, psnw, bitmap, ports
         ):
             return
-        self.timers.heard(now)
+        timers = self.timers
+        timers.heard_at = now  # (LossTimers.heard)
         if self._trimmed_copy and not is_nack:
             self._trim_check(subj_seq, subject, ev_echo, bool(subj & _SUBJECT_DUP))
-        subj_sent = self.recovery.subject_sent_at(
-            subj_seq, latest.sent_at if latest is not None else None
-        )
+        recovery = self.recovery
+        if latest is not None:
+            subj_sent: float | None = latest.sent_at
+            recovery.last_subject = (subj_seq, latest.sent_at)  # (subject_sent_at)
+        else:
+            subj_sent = recovery.subject_sent_at(subj_seq, None)
         if self.health and (ports != 0xFFFF or any(evs.peer_plane_down)):
             self._take_port_state(ports)
         if now >= evs.pen_next:
@@ -650,13 +664,23 @@ class Requester:
                 self._on_nack(syndrome & 0x1F, subj_seq, subject, now)
             if self.failed:
                 return
-        else:
+        elif latest is None or qpw & _BECN or latest.probed is not None:
             rtt_sample = self._ack_signals(subject, latest, subj, qpw, ev_echo, now)
+        else:
+            # _ack_signals' common case: no CE echo, no probe answered
+            self.stats.sacks += 1
+            if not (latest.ambiguous or subj & _SUBJECT_DUP):
+                rtt_sample = now - latest.sent_at
+                self.rtt.sample(rtt_sample)
+                if evs.delay.enabled:
+                    evs.delay.sample(evs.planes[latest.ev], rtt_sample, now)
+                if evs.steering is not None:
+                    evs.plane_rtt(evs.planes[latest.ev], rtt_sample, now)
         # what it acknowledges, taken, per route and per plane the latest send time each
         # delivered noted, and the cumulative point moved: one call (fastpath.take_ack)
         delivered = [_NEG_INF] * evs.nplanes
         cum_una, base_seq, una, newly, cancelled, beyond = fastpath.take_ack(
-            self._outstanding,
+            outstanding,
             self.initial_psn,
             self._snd_una,
             self._next_seq,
@@ -671,39 +695,43 @@ class Requester:
             evs.route_delivered if evs.judging else None,
         )
         if subj_sent is not None:
-            self.recovery.block_reported(base_seq >> 6, subj_sent, cum_una)
+            recovery.block_reported(base_seq >> 6, subj_sent, cum_una)
         if beyond:
             self.stats.ack_beyond_sent += 1
         if cancelled:
             self._waiting -= cancelled  # queued for resends that are no longer needed
             self.stats.retransmits_cancelled += cancelled
         if newly:
-            self.timers.progressed(now)
+            timers.progress_at = now  # (LossTimers.progressed)
             if self._held_nacks:
                 self._contradicted()
         news = max(delivered)
         if news != _NEG_INF:
             evs.delivered(delivered)
         self._snd_una = una
+        cc = self.cc
         if delay and rtt_sample is not None and self.rx_wait is not None:
             # host delay: the subject's time in the receiving host (its ACK Delay) and the
             # ACK's in this one, both part of the sample and neither the network's
-            self.cc.on_host_delay(now, delay * _ACK_DELAY_UNIT + self.rx_wait)
+            cc.on_host_delay(now, delay * _ACK_DELAY_UNIT + self.rx_wait)
         if newly or rtt_sample is not None:
             # BECN: the responder's echo of the subject's CE mark (docs/PROTOCOL.md 3.4)
-            self.cc.on_ack(now, newly * self.config.payload_size, rtt_sample, bool(qpw & _BECN))
-        if not self._outstanding and not self._queue:
+            cc.on_ack(now, newly * self.config.payload_size, rtt_sample, bool(qpw & _BECN))
+        if not outstanding and not self._queue:
             self._idle = True
-        self._complete()
+        wrs = self._inflight_wrs
+        if wrs and 0 <= wrs[0].last_seq < una:
+            self._complete()
         if news > 0.0:  # news (as for the RACK point, 0.0 stands for none)
-            self.timers.news(now)  # the next silence may be probed again
+            timers.news(now)  # the next silence may be probed again
         if now >= evs.held_next:
             evs.judge_held(now)  # losses held for the delay their path may yet show
-        if self.recovery.advance(news) and self._outstanding:
-            lost = self.recovery.detect(
-                self._outstanding, self.rtt.srtt, evs.planes, evs.plane_alive_sent
-            )
-            self._on_losses(lost, now)
+        if news > recovery.latest:  # (LossDetector.advance)
+            recovery.latest = news
+            if outstanding:
+                lost = recovery.detect(outstanding, self.rtt.srtt, evs.planes, evs.plane_alive_sent)
+                if lost:
+                    self._on_losses(lost, now)
 
     def _believed(
         self,

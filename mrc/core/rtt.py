@@ -30,7 +30,11 @@ class RttEstimator:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        self.rto = min(self.max_rto, max(self.min_rto, self.srtt + 4 * self.rttvar))
+        # min(max_rto, max(min_rto, ...)) as min() and max() pick (a sample per ACK: no calls)
+        rto = self.srtt + 4 * self.rttvar
+        if not rto > self.min_rto:
+            rto = self.min_rto
+        self.rto = rto if rto < self.max_rto else self.max_rto
 
     def backed_off(self, timeouts: int) -> float:
         """The timeout for a packet that already timed out ``timeouts`` times: the RTO doubled

@@ -134,9 +134,16 @@ class LossTimers(Generic[P]):
         self.progress_at = now
 
     def news(self, now: float) -> None:
-        """An ACK showed a packet delivered: the next silence may be probed again, from now."""
+        """An ACK showed a packet delivered: the next silence may be probed again, from now.
+        (:meth:`arm_probe` with ``tlps`` 0, inlined: most ACKs bring news.)"""
         self.tlps = 0
-        self.arm_probe(now)
+        if not self._records or self.tlp_max <= 0:
+            self.tlp_at = None
+            return
+        srtt = self._rtt.srtt
+        pto = 2 * srtt if srtt is not None else self.initial_rto / 2
+        # max(tlp_min, pto) * (1 << 0), as max() picks
+        self.tlp_at = now + (pto if pto > self.tlp_min else self.tlp_min)
 
     def arm_probe(self, now: float) -> None:
         """Arm the tail loss probe from ``now`` (after a send, news or a probe), or disarm it:
