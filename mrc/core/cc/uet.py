@@ -358,10 +358,37 @@ class UetNscc(WindowLaw):
 
     @property
     def max_cwnd(self) -> float:
-        if self.p.max_cwnd:
-            return min(self.cap, float(self.p.max_cwnd))
-        top = max(MAX_CWND_BDP * self.bdp, self.mss * float(self.p.initial_window))
-        return min(self.cap, top, self.line_cap)
+        """``min(cap, max(MAX_CWND_BDP * bdp, initial_window packets), line_cap)``, with
+        :attr:`bdp`, :attr:`basis` and :attr:`line_cap` inlined and min() and max() as they
+        pick, float for float: read on every ACK."""
+        p = self.p
+        if p.max_cwnd:
+            return min(self.cap, float(p.max_cwnd))
+        mss = self.mss
+        floor = mss * float(p.initial_window)
+        base = self.base_rtt
+        rate = self.best_rate
+        shared = self.shared
+        if shared is not None and shared.best_rate > rate:
+            rate = shared.best_rate
+        if rate <= 0.0 or base == _INF:
+            bdp = floor
+        else:
+            bdp = rate * (base + self._widen * self.host_delay + self.target)
+        top = MAX_CWND_BDP * bdp
+        if floor > top:
+            top = floor
+        most = self.cap
+        if top < most:
+            most = top
+        line = self.line_rate
+        if line and base != _INF:
+            basis = base + self._widen * self.host_delay
+            least = SERIALIZING_LINKS * mss / line
+            line_cap = MAX_CWND_BDP * line * (least if least > basis else basis)
+            if line_cap < most:
+                most = line_cap
+        return most
 
     def burst(self, most: int, planes: int) -> int:
         """Packets per burst, sized as mrc's own NSCC sizes them (:func:`burst_packets`)."""
@@ -381,50 +408,112 @@ class UetNscc(WindowLaw):
     def on_ack(self, now: float, acked: int, rtt: float | None, ce: bool) -> None:
         """An ACK acknowledged ``acked`` new bytes; ``rtt``: its subject's sample (None:
         none), ``ce``: the subject carried CE (or, learned from losses, its delay says it
-        would have: ``cc.loss_delay_fraction``)."""
+        would have: ``cc.loss_delay_fraction``).
+
+        Called for every ACK: the steps of its common case (``_note_base``, ``_average``,
+        the proportional increase, ``_bound``, ``_adjust``, ``_set``) are inlined, float for
+        float as those methods compute, ``max_cwnd`` is computed once, and quick adapt,
+        ``_note_rate`` and ``_network_delay`` are called only when they have work to do."""
+        p = self.p
         host = self._host_sample  # the hosts' part of this ACK's RTT sample, if measured
         virtual = False
-        if self.p.host_delay:
+        if p.host_delay:
             self._calm(acked, rtt)
+        mss = self.mss
+        base = self.base_rtt
         if acked > 0:
             self._achieved += acked
             self._received += acked
             self._ignored += acked
             self._delivered += acked
-            self._note_rate(now)
+            mark = self._rate_mark
+            if mark is None or base == _INF or now - mark[0] >= base + self.target:
+                self._note_rate(now)  # a new mark, or a rate measured
         if rtt is not None:
-            self._note_base(rtt)
-            delay = rtt - self.base_rtt
-            if self.p.loss_delay_fraction:  # off (UET's law): no per-ACK work for it
+            # _note_base
+            low = rtt
+            shared = self.shared
+            if shared is not None:
+                if rtt < shared.base_rtt:
+                    shared.base_rtt = rtt
+                else:
+                    low = shared.base_rtt  # another QP to this peer saw the path emptier
+            if low < base:
+                self.base_rtt = base = low
+                self._retarget()
+            delay = rtt - base
+            if p.loss_delay_fraction:  # off (UET's law): no per-ACK work for it
                 self.recent_delay += (delay - self.recent_delay) * RECENT_DELAY_GAIN
             if ce:
                 self._marking = True
             elif self.loss_delay and not self._marking:
-                over = delay > self.p.loss_delay_fraction * self.loss_delay
-                self._count_over(now, max(acked, self.mss), over)
+                over = delay > p.loss_delay_fraction * self.loss_delay
+                self._count_over(now, max(acked, mss), over)
                 if over:
                     # as near the depth that overflowed as a marking port's threshold
                     ce = virtual = True
                     self.virtual_marks += 1
-            self._average(delay, ce, max(1, acked // self.mss))
+            # _average(delay, ce, max(1, acked // mss))
+            target = self.target
+            packets = acked // mss
+            sample = delay if ce or delay <= target else 0.25 * base
+            keep = (1.0 - p.delay_alpha) ** (packets if packets > 1 else 1)
+            self.avg_delay = keep * self.avg_delay + (1.0 - keep) * sample
         else:
             delay = self.avg_delay
-        if self._quick_adapt(now, False, ce, self._network_delay(delay, rtt, host)):
+        # _quick_adapt does nothing unless one of these holds
+        due = (ce and self._ignored < self._to_ignore) or (now > self._qa_end and base != _INF)
+        if (
+            due
+            and not p.disable_qa
+            and self._quick_adapt(now, False, ce, self._network_delay(delay, rtt, host))
+        ):
             return
         target = self.target
+        top = self.max_cwnd  # (nothing below changes it)
         if not ce and delay >= target:
             # fair increase: the same per round trip for every flow, whatever its window
-            self._inc += self.p.fi * self.mss * self.scaling * acked
+            self._inc += p.fi * mss * self.scaling * acked
         elif not ce:
-            self._proportional(now, acked, delay)
+            # proportional increase, or fast increase: a whole window acknowledged with
+            # next to no queueing
+            fast = False
+            if delay < FAST_INCREASE_FRACTION * base:
+                self._fi_count += acked
+                fast = self._fi_count > self.cwnd or self._increasing
+            else:
+                self._fi_count = 0
+            if fast:
+                self._increasing = True
+                self._set(now, self.cwnd + acked * p.fi_scale * self.scaling, top)
+            else:
+                self._increasing = False
+                # UET's alpha = 4 x mss x a x b / target, b the target over the network RTT:
+                # summed over a window, 4 x mss x a x (target - delay) / base RTT per round trip
+                alpha = 4.0 * mss * self.scaling / base
+                self._inc += alpha * acked * (target - delay)
         elif delay >= target:
             self._decrease(now, delay if virtual else None)
         # else NOOP: a mark about a queue this flow's own delay does not show
-        self._bound(now)
-        period = self.p.adjust_period_threshold or self.base_rtt
-        threshold = self.p.adjust_bytes_threshold or 8 * self.mss
+        if self.cwnd > top:  # (_bound)
+            self._set(now, self.cwnd, top)
+        period = p.adjust_period_threshold or base
+        threshold = p.adjust_bytes_threshold or 8 * mss
         if self._received > threshold or now - self._last_adjust > period:
-            self._adjust(now, period)
+            # _adjust(now, period), then _set
+            cwnd = self.cwnd
+            cwnd = cwnd + self._inc / cwnd
+            if now - self._last_adjust >= period:
+                cwnd += p.eta * mss * self.scaling
+                self._last_adjust = now
+            self._inc = 0.0
+            self._received = 0
+            cwnd = mss if cwnd < mss else top if cwnd > top else cwnd
+            self.cwnd = cwnd
+            n = int(cwnd // mss)
+            self.limit = n if n > 1 else 1
+            if self.trace is not None:
+                self.trace.append((now, cwnd))
 
     def _count_over(self, now: float, acked: int, over: bool) -> None:
         """Count ``acked`` bytes whose delay read (``over``) or did not read as a mark, over
@@ -558,22 +647,6 @@ class UetNscc(WindowLaw):
     def _qa_threshold(self) -> float:
         return self.p.qa_threshold or 4 * self.target
 
-    def _proportional(self, now: float, acked: int, delay: float) -> None:
-        # fast increase: a whole window acknowledged with next to no queueing
-        if delay < FAST_INCREASE_FRACTION * self.base_rtt:
-            self._fi_count += acked
-            if self._fi_count > self.cwnd or self._increasing:
-                self._increasing = True
-                self._set(now, self.cwnd + acked * self.p.fi_scale * self.scaling)
-                return
-        else:
-            self._fi_count = 0
-        self._increasing = False
-        # UET's alpha = 4 x mss x a x b / target, b the target over the network RTT: summed
-        # over a window, 4 x mss x a x (target - delay) / base RTT per round trip
-        alpha = 4.0 * self.mss * self.scaling / self.base_rtt
-        self._inc += alpha * acked * (self.target - delay)
-
     def _decrease(self, now: float, virtual: float | None = None) -> None:
         self._increasing = False
         self._fi_count = 0
@@ -603,15 +676,6 @@ class UetNscc(WindowLaw):
         self.decreases += 1
         self._last_decrease = now
         self._set(now, self.cwnd * max(factor, 1.0 - self.p.max_md_jump))
-
-    def _adjust(self, now: float, period: float) -> None:
-        cwnd = self.cwnd + self._inc / self.cwnd
-        if now - self._last_adjust >= period:
-            cwnd += self.p.eta * self.mss * self.scaling
-            self._last_adjust = now
-        self._inc = 0.0
-        self._received = 0
-        self._set(now, cwnd)
 
     # ---- measurements ------------------------------------------------------------------
 
@@ -660,12 +724,11 @@ class UetNscc(WindowLaw):
             self.cwnd = cwnd
             self.limit = max(1, int(cwnd // self.mss))
 
-    def _bound(self, now: float) -> None:
-        if self.cwnd > self.max_cwnd:
-            self._set(now, self.cwnd)
-
-    def _set(self, now: float, cwnd: float) -> None:
-        top = self.max_cwnd
+    def _set(self, now: float, cwnd: float, top: float | None = None) -> None:
+        """The window becomes ``cwnd``, within one packet and ``top`` (``max_cwnd``, unless
+        the caller has it already)."""
+        if top is None:
+            top = self.max_cwnd
         cwnd = self.mss if cwnd < self.mss else top if cwnd > top else cwnd
         self.cwnd = cwnd
         self.limit = max(1, int(cwnd // self.mss))
