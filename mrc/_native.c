@@ -863,27 +863,117 @@ static int list_put_double(PyObject *list, long long i, double v)
     return PyList_SetItem(list, (Py_ssize_t)i, f);
 }
 
+/* The latest send times an ACK's records note, per plane (`delivered`) and per route
+ * (`route_alive`), held in C for the length of one take_acked / take_ack call and written
+ * back at its end (or before it raises): one float object per index raised, not one per
+ * record. An index is held once read as an exact float (anything else is read and written
+ * through, as the Python twin does, until it holds a float); nothing is held while `judge`
+ * (Python, run per record) could look at the lists, nor where two of the lists are one. */
+#define HELD_MAX 512 /* indexes held per list at most (planes <= 16; routes <= the EVs) */
+
+typedef struct {
+    PyObject *list;
+    Py_ssize_t n;     /* indexes that may be held: min(len(list), HELD_MAX), 0: none */
+    double val[HELD_MAX];
+    char state[HELD_MAX]; /* 0: not held, 1: held, 2: held and raised (to write back) */
+} Held;
+
+static void held_init(Held *h, PyObject *list, int hold)
+{
+    h->list = list;
+    h->n = 0;
+    if (hold && list != Py_None) {
+        Py_ssize_t n = PyList_GET_SIZE(list);
+        h->n = n < HELD_MAX ? n : HELD_MAX;
+        memset(h->state, 0, (size_t)h->n);
+    }
+}
+
+/* list[i] as a double (IndexError, TypeError as list_double) */
+static int held_get(Held *h, long long i, double *out)
+{
+    if (i >= 0 && i < h->n && h->state[i]) {
+        *out = h->val[i];
+        return 0;
+    }
+    if (list_double(h->list, i, out) < 0)
+        return -1;
+    if (i < h->n && PyFloat_CheckExact(PyList_GET_ITEM(h->list, i))) {
+        h->val[i] = *out;
+        h->state[i] = 1;
+    }
+    return 0;
+}
+
+/* list[i] = v, i read by held_get just before */
+static int held_put(Held *h, long long i, double v)
+{
+    if (i >= 0 && i < h->n && h->state[i]) {
+        h->val[i] = v;
+        h->state[i] = 2;
+        return 0;
+    }
+    return list_put_double(h->list, i, v);
+}
+
+/* Write back what was raised. With `failing`, the error already set is kept (a write-back
+ * that fails then is dropped: it can only be out of memory). */
+static int held_flush(Held *h, int failing)
+{
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    int rc = 0;
+    if (failing)
+        PyErr_Fetch(&type, &value, &tb);
+    for (Py_ssize_t i = 0; i < h->n; i++)
+        if (h->state[i] == 2) {
+            h->state[i] = 1;
+            if (list_put_double(h->list, i, h->val[i]) < 0) {
+                rc = -1;
+                if (failing)
+                    PyErr_Clear();
+                break;
+            }
+        }
+    if (failing)
+        PyErr_Restore(type, value, tb);
+    return rc;
+}
+
+#if PY_VERSION_HEX < 0x030D0000
+/* what _PyDict_Pop returns for a key not there: an object no dict can hold */
+static PyObject missing = {_PyObject_EXTRA_INIT 1, &PyBaseObject_Type};
+#endif
+
+/* the dict entry of `key` removed and returned (a new reference), or NULL: none (no error
+ * set) or an error (set). One lookup, where a get and a delete took two: each compares a
+ * fresh int key with the dict's, per record taken. */
+static PyObject *dict_pop(PyObject *dict, PyObject *key)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *out = NULL;
+    return PyDict_Pop(dict, key, &out) < 0 ? NULL : out;
+#else
+    PyObject *out = _PyDict_Pop(dict, key, &missing); /* (PyDict_Pop is 3.13's) */
+    if (out == &missing) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+#endif
+}
+
 /* One acknowledged sequence number: pop its record, if any, and note what it delivered. */
-static int take_one(PyObject *outstanding, long long seq, PyObject *planes, PyObject *delivered,
-                    PyObject *route_ix, PyObject *route_alive, PyObject *judge,
+static int take_one(PyObject *outstanding, long long seq, PyObject *planes, Held *delivered,
+                    PyObject *route_ix, Held *route_alive, PyObject *judge,
                     long long *newly, long long *cancelled)
 {
     PyObject *key = PyLong_FromLongLong(seq);
     if (key == NULL)
         return -1;
-    /* a dict pop (PyDict_Pop is 3.13's): look up, hold, delete */
-    PyObject *pkt = PyDict_GetItemWithError(outstanding, key);
-    if (pkt == NULL) {
-        Py_DECREF(key);
-        return PyErr_Occurred() ? -1 : 0;
-    }
-    Py_INCREF(pkt);
-    if (PyDict_DelItem(outstanding, key) < 0) {
-        Py_DECREF(key);
-        Py_DECREF(pkt);
-        return -1;
-    }
+    PyObject *pkt = dict_pop(outstanding, key);
     Py_DECREF(key);
+    if (pkt == NULL)
+        return PyErr_Occurred() ? -1 : 0;
     long long ev, plane;
     double sent_at, deadline, seen;
     int rc = packet_fields(pkt, &ev, &sent_at, &deadline);
@@ -893,9 +983,9 @@ static int take_one(PyObject *outstanding, long long seq, PyObject *planes, PyOb
     (*newly)++;
     if (route_ix != Py_None) {
         long long r;
-        if (list_index(route_ix, ev, &r) < 0 || list_double(route_alive, r, &seen) < 0)
+        if (list_index(route_ix, ev, &r) < 0 || held_get(route_alive, r, &seen) < 0)
             return -1;
-        if (sent_at > seen && list_put_double(route_alive, r, sent_at) < 0)
+        if (sent_at > seen && held_put(route_alive, r, sent_at) < 0)
             return -1;
     }
     if (judge != Py_None) {
@@ -906,11 +996,34 @@ static int take_one(PyObject *outstanding, long long seq, PyObject *planes, PyOb
     }
     if (deadline == Py_HUGE_VAL)
         (*cancelled)++;
-    if (list_index(planes, ev, &plane) < 0 || list_double(delivered, plane, &seen) < 0)
+    if (list_index(planes, ev, &plane) < 0 || held_get(delivered, plane, &seen) < 0)
         return -1;
-    if (sent_at > seen && list_put_double(delivered, plane, sent_at) < 0)
+    if (sent_at > seen && held_put(delivered, plane, sent_at) < 0)
         return -1;
     return 1;
+}
+
+/* Whether take_one may hold `delivered` and `route_alive` in C (Held): no judge, and no two
+ * of the lists it reads and writes are the same list. */
+static int may_hold(PyObject *planes, PyObject *delivered, PyObject *route_ix,
+                    PyObject *route_alive, PyObject *judge)
+{
+    if (judge != Py_None || planes == delivered)
+        return 0;
+    if (route_ix == Py_None)
+        return 1;
+    return route_alive != delivered && route_alive != planes && route_ix != delivered &&
+           route_ix != route_alive;
+}
+
+/* The end of take_acked / take_ack: what Held kept written back; -1 (an error set) if `rc`
+ * says the call failed or the write-back did. */
+static int held_done(Held *delivered, Held *route_alive, int rc)
+{
+    int failing = rc < 0;
+    if (held_flush(route_alive, failing) < 0 || held_flush(delivered, failing) < 0)
+        return -1;
+    return failing ? -1 : 0;
 }
 
 static PyObject *take_acked(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -932,18 +1045,22 @@ static PyObject *take_acked(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     long long newly = 0, cancelled = 0;
-    for (long long seq = start; seq < stop; seq++)
-        if (take_one(outstanding, seq, planes, delivered, route_ix, route_alive, judge, &newly,
-                     &cancelled) < 0)
-            return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(sacked); i++) {
+    int hold = may_hold(planes, delivered, route_ix, route_alive, judge), rc = 0;
+    Held dh, rh;
+    held_init(&dh, delivered, hold);
+    held_init(&rh, route_ix != Py_None ? route_alive : Py_None, hold);
+    for (long long seq = start; seq < stop && rc >= 0; seq++)
+        rc = take_one(outstanding, seq, planes, &dh, route_ix, &rh, judge, &newly, &cancelled);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(sacked) && rc >= 0; i++) {
         long long seq = PyLong_AsLongLong(PyList_GET_ITEM(sacked, i));
         if (seq == -1 && PyErr_Occurred())
-            return NULL;
-        if (take_one(outstanding, seq, planes, delivered, route_ix, route_alive, judge, &newly,
-                     &cancelled) < 0)
-            return NULL;
+            rc = -1;
+        else
+            rc = take_one(outstanding, seq, planes, &dh, route_ix, &rh, judge, &newly,
+                          &cancelled);
     }
+    if (held_done(&dh, &rh, rc) < 0)
+        return NULL;
     return Py_BuildValue("(LL)", newly, cancelled);
 }
 
@@ -1011,21 +1128,24 @@ static PyObject *take_ack(PyObject *module, PyObject *const *args, Py_ssize_t na
         }
     }
     long long newly = 0, cancelled = 0;
-    for (long long seq = start; seq <= cum; seq++)
-        if (take_one(outstanding, seq, planes, delivered, route_ix, route_alive, judge, &newly,
-                     &cancelled) < 0)
-            return NULL;
-    if (bitmap && base_seq + 64 > una) {
+    int hold = may_hold(planes, delivered, route_ix, route_alive, judge), rc = 0;
+    Held dh, rh;
+    held_init(&dh, delivered, hold);
+    held_init(&rh, route_ix != Py_None ? route_alive : Py_None, hold);
+    for (long long seq = start; seq <= cum && rc >= 0; seq++)
+        rc = take_one(outstanding, seq, planes, &dh, route_ix, &rh, judge, &newly, &cancelled);
+    if (rc >= 0 && bitmap && base_seq + 64 > una) {
         if (base_seq < una)
             bitmap &= ~0ull << (una - base_seq); /* 1 to 63 places here */
-        while (bitmap) {
+        while (bitmap && rc >= 0) {
             long long seq = base_seq + __builtin_ctzll(bitmap);
             bitmap &= bitmap - 1;
-            if (take_one(outstanding, seq, planes, delivered, route_ix, route_alive, judge,
-                         &newly, &cancelled) < 0)
-                return NULL;
+            rc = take_one(outstanding, seq, planes, &dh, route_ix, &rh, judge, &newly,
+                          &cancelled);
         }
     }
+    if (held_done(&dh, &rh, rc) < 0)
+        return NULL;
     while (una < nxt) {
         PyObject *key = PyLong_FromLongLong(una);
         if (key == NULL)
@@ -1237,8 +1357,9 @@ static PyMethodDef methods[] = {
  * seal_data; 5 = open_in_place takes `encrypt`; 6 = Packet, record_burst, take_acked and
  * recv_batch; 7 = open_in_place and seal_data gone to mrc._native_gcm (as open_in_place and
  * seal_packet, with their AES-GCM); 8 = mrc._native_gcm's seal_burst and open_train; 9 = recv_batch
- * returns each receive's kernel timestamp; 10 = note_runs and take_ack. */
-#define KERNEL_VERSION 10
+ * returns each receive's kernel timestamp; 10 = note_runs and take_ack; 11 = take_acked and
+ * take_ack hold the latest send times in C until they return. */
+#define KERNEL_VERSION 11
 
 static int exec_module(PyObject *m)
 {

@@ -937,8 +937,9 @@ static PyMethodDef methods[] = {
 /* The same number as mrc/_native.c's: mrc/native.py uses the two only together, and only when
  * both are its own KERNEL_VERSION. 7 = this extension (the kernels and their AES-GCM); 8 =
  * seal_burst and open_train; 9 = none here (mrc/_native.c: recv_batch returns kernel timestamps);
- * 10 = none here (mrc/_native.c: note_runs and take_ack). */
-#define KERNEL_VERSION 10
+ * 10 = none here (mrc/_native.c: note_runs and take_ack); 11 = none here (mrc/_native.c:
+ * take_acked and take_ack hold send times in C). */
+#define KERNEL_VERSION 11
 
 static int exec_module(PyObject *m)
 {

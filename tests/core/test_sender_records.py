@@ -389,6 +389,95 @@ def test_take_ack_twins_refuse_the_same_bad_arguments() -> None:
                    None, [], None)  # fmt: skip
 
 
+class _Float(float):
+    """A float of another type: read through, never held in C (take_one's Held)."""
+
+
+def _odd_lists(case: str, rng: random.Random) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    """(planes, delivered, route_ix, route_alive) that the C kernels' held send times must
+    treat as the twin does: items not floats, lists that are one, more routes than are held,
+    indexes out of range part way, NaN."""
+    nan, ninf = float("nan"), float("-inf")
+    planes: list[Any] = [ev % 3 for ev in range(12)]
+    delivered: list[Any] = [ninf] * 3
+    route_ix: list[Any] = [ev % 5 for ev in range(12)]
+    route_alive: list[Any] = [rng.choice([ninf, rng.uniform(0, 40)]) for _ in range(5)]
+    if case == "ints":
+        delivered = [0, 5, -3]
+        route_alive = [0, 10, 20, 30, True]
+    elif case == "subclass":
+        delivered = [_Float(ninf), _Float(7.0), ninf]
+        route_alive = [_Float(3.0)] * 5
+    elif case == "delivered_is_route_alive":
+        delivered = route_alive = [ninf] * 5
+    elif case == "planes_is_delivered":
+        delivered = planes = [0, 1, 2] + [0] * 9
+    elif case == "route_ix_is_route_alive":
+        route_ix = route_alive = [0, 1, 2, 3, 4] + [0] * 7
+    elif case == "many_routes":  # more than the kernel holds in C (512)
+        route_ix = [rng.randrange(700) for _ in range(12)]
+        route_alive = [rng.choice([ninf, rng.uniform(0, 40)]) for _ in range(700)]
+    elif case == "short_planes":  # an IndexError part way, after some records were taken
+        planes = [0, 1, 2, 0, 1, 2, 0, 1]
+    elif case == "short_routes":
+        route_ix = [ev % 7 for ev in range(12)]
+    elif case == "nan":
+        delivered = [nan, ninf, 5.0]
+        route_alive = [nan, 1.0, ninf, nan, 3.0]
+    return planes, delivered, route_ix, route_alive
+
+
+_ODD = [
+    "ints", "subclass", "delivered_is_route_alive", "planes_is_delivered",
+    "route_ix_is_route_alive", "many_routes", "short_planes", "short_routes", "nan",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", _ODD)
+@pytest.mark.parametrize("seed", range(4))
+def test_take_ack_twins_note_alike_in_odd_lists(case: str, seed: int) -> None:
+    """The C kernels hold the latest send times of an ACK in C and write them back once
+    (KERNEL_VERSION 11): whatever the lists hold or however they overlap, what they end
+    with, the records left and the exception raised (its type) are the twin's, ACK after
+    ACK, for take_ack and take_acked alike."""
+    _need_native()
+    assert fastpath.native_take_ack is not None and fastpath.native_take_acked is not None
+    assert fastpath.native_packet is not None
+    seen = []
+    for ack, acked, kind in (
+        (fastpath.native_take_ack, fastpath.native_take_acked, fastpath.native_packet),
+        (fastpath.py_take_ack, fastpath.py_take_acked, fastpath.PyPacket),
+        (fastpath.native_take_ack, fastpath.native_take_acked, fastpath.PyPacket),
+    ):
+        rng = random.Random(seed)
+        outstanding = _flight(rng, kind, 12)
+        if case == "nan":
+            for pkt in list(outstanding.values())[::7]:
+                pkt.sent_at = float("nan")
+        planes, delivered, route_ix, route_alive = _odd_lists(case, rng)
+        una, nxt, rows = min(outstanding), 1200, []
+        for i in range(30):
+            try:
+                if i % 2:
+                    start = rng.randrange(990, 1210)
+                    sacked = rng.sample(range(990, 1210), rng.randrange(0, 10))
+                    res: object = acked(outstanding, start, start + rng.randrange(0, 20),
+                                        sacked, planes, delivered, route_ix, route_alive,
+                                        None)  # fmt: skip
+                else:
+                    psnw, base, bitmap = _ack_fields(rng, 0, una, nxt)
+                    res = ack(outstanding, 0, una, nxt, psnw, base, bitmap, planes, delivered,
+                              route_ix, route_alive, None)  # fmt: skip
+                    una = res[2]
+            except (IndexError, TypeError) as exc:
+                res = type(exc)
+            # repr: NaN compares unequal to itself; the items' types count too
+            rows.append((res, repr(delivered), repr(route_alive), repr(planes),
+                         [type(x).__name__ for x in (*delivered, *route_alive)]))  # fmt: skip
+        seen.append((rows, sorted(outstanding)))
+    assert seen[0] == seen[1] == seen[2]
+
+
 _WIDE = st.integers(min_value=-(1 << 65), max_value=1 << 65)
 
 
