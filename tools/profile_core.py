@@ -20,7 +20,8 @@ Two parts, printed as JSON and a table (docs/PERFORMANCE.md quotes them):
   one ``recv_into`` per datagram, and GSO sends / GRO receives of 7 at a time.
 
 Run with the venv's python: ``.venv/bin/python tools/profile_core.py [--size 128M]
-[--security integrity] [--burst 8] [--cc fixed] [--payload 1400] [--json]``. No root needed.
+[--security integrity] [--burst 8] [--cc fixed] [--payload 1400] [--ack-lag] [--json]``. No
+root needed.
 
 With the default ``--cc nscc``, ``--burst`` is a maximum that NSCC sizes from the delivery rate
 it measures; in memory every ACK arrives at once, no rate is ever measured, and every burst is
@@ -103,7 +104,9 @@ class Stopwatch:
         }
 
 
-def core_model(size: int, security: str, burst: int, cc: str, payload: int) -> dict[str, Any]:
+def core_model(
+    size: int, security: str, burst: int, cc: str, payload: int, ack_lag: bool = False
+) -> dict[str, Any]:
     cfg = QPConfig(payload_size=payload, max_outstanding=512, burst=burst, cc=cc)
     pd = ProtectionDomain()
     region = bytearray(size)
@@ -147,6 +150,7 @@ def core_model(size: int, security: str, burst: int, cc: str, payload: int) -> d
     a.post_write(data, mr.addr, mr.rkey, imm=1)
     now = 1.0
     packets = 0
+    held: list[tuple[int, memoryview]] = []  # --ack-lag: the ACKs of the round before
     t0 = time.perf_counter()
     while not a.idle:
         now += 1e-5
@@ -158,8 +162,14 @@ def core_model(size: int, security: str, burst: int, cc: str, payload: int) -> d
                 rx.receive_datagram(memoryview(train), ports_a[ev], now)
             packets += count
         a.get_timer()
-        for ev, hdr, body in b.datagrams_to_send(now + 0.001):
-            a.receive_datagram(memoryview(hdr + bytes(body)), ports_b[ev], now)
+        replies = [
+            (ev, memoryview(hdr + bytes(body)))
+            for ev, hdr, body in b.datagrams_to_send(now + 0.001)
+        ]
+        if ack_lag:
+            replies, held = held, replies
+        for ev, ack in replies:
+            a.receive_datagram(ack, ports_b[ev], now)
     wall = time.perf_counter() - t0
     sw.restore()
     if bytes(region[: 1 << 16]) != bytes(data[: 1 << 16]):
@@ -348,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
         default=PAYLOAD,
         help="QPConfig.payload_size, bytes (default 8192; 1400: MTU 1500's)",
     )
+    p.add_argument(
+        "--ack-lag",
+        action="store_true",
+        help="deliver each round's ACKs after the next round's sends: the sender has a flight "
+        "when they come, as over a network (loss detection and the window law see it)",
+    )
     p.add_argument("--json", action="store_true", help="JSON only")
     a = p.parse_args(argv)
     if not 1 <= a.burst <= 64:
@@ -360,9 +376,10 @@ def main(argv: list[str] | None = None) -> int:
             "security": a.security,
             "burst": a.burst,
             "cc": a.cc,
+            "ack_lag": a.ack_lag,
             "rx_kernel": fastpath.describe(),
         },
-        "core": core_model(a.size, a.security, a.burst, a.cc, a.payload),
+        "core": core_model(a.size, a.security, a.burst, a.cc, a.payload, a.ack_lag),
         "receive_us_per_packet": receive_model(a.size, a.burst, a.cc, a.payload),
         "kernel_loopback_us_per_datagram": kernel_model(a.payload + 28),
     }
