@@ -874,6 +874,8 @@ static int list_put_double(PyObject *list, long long i, double v)
 typedef struct {
     PyObject *list;
     Py_ssize_t n;     /* indexes that may be held: min(len(list), HELD_MAX), 0: none */
+    int hold;         /* holding at all (nothing else can change the lists meanwhile) */
+    long long memo_ev, memo_ix; /* the EV last looked up and its index (held_index) */
     double val[HELD_MAX];
     char state[HELD_MAX]; /* 0: not held, 1: held, 2: held and raised (to write back) */
 } Held;
@@ -882,6 +884,8 @@ static void held_init(Held *h, PyObject *list, int hold)
 {
     h->list = list;
     h->n = 0;
+    h->hold = hold;
+    h->memo_ev = -1;
     if (hold && list != Py_None) {
         Py_ssize_t n = PyList_GET_SIZE(list);
         h->n = n < HELD_MAX ? n : HELD_MAX;
@@ -901,6 +905,23 @@ static int held_get(Held *h, long long i, double *out)
     if (i < h->n && PyFloat_CheckExact(PyList_GET_ITEM(h->list, i))) {
         h->val[i] = *out;
         h->state[i] = 1;
+    }
+    return 0;
+}
+
+/* index_list[ev] (list_index), the list's index of EV `ev`: while holding, remembered for
+ * the records that follow on the same EV (a burst's: up to 64 in a row) */
+static int held_index(Held *h, PyObject *index_list, long long ev, long long *out)
+{
+    if (h->hold && ev == h->memo_ev) {
+        *out = h->memo_ix;
+        return 0;
+    }
+    if (list_index(index_list, ev, out) < 0)
+        return -1;
+    if (h->hold) {
+        h->memo_ev = ev;
+        h->memo_ix = *out;
     }
     return 0;
 }
@@ -983,7 +1004,7 @@ static int take_one(PyObject *outstanding, long long seq, PyObject *planes, Held
     (*newly)++;
     if (route_ix != Py_None) {
         long long r;
-        if (list_index(route_ix, ev, &r) < 0 || held_get(route_alive, r, &seen) < 0)
+        if (held_index(route_alive, route_ix, ev, &r) < 0 || held_get(route_alive, r, &seen) < 0)
             return -1;
         if (sent_at > seen && held_put(route_alive, r, sent_at) < 0)
             return -1;
@@ -996,7 +1017,7 @@ static int take_one(PyObject *outstanding, long long seq, PyObject *planes, Held
     }
     if (deadline == Py_HUGE_VAL)
         (*cancelled)++;
-    if (list_index(planes, ev, &plane) < 0 || held_get(delivered, plane, &seen) < 0)
+    if (held_index(delivered, planes, ev, &plane) < 0 || held_get(delivered, plane, &seen) < 0)
         return -1;
     if (sent_at > seen && held_put(delivered, plane, sent_at) < 0)
         return -1;
