@@ -182,7 +182,8 @@ def core_model(
     for i in range(n):
         off = (i * payload) % (size - payload)
         view[off : off + payload] = src[off : off + payload]
-    stages[f"receiver: placement copy ({payload} B)"] = round(
+    size_name = f"{payload >> 10} KiB" if payload % 1024 == 0 else f"{payload} B"
+    stages[f"receiver: placement copy ({size_name})"] = round(
         (time.perf_counter() - t) / n * 1e6, 3
     )
     acks = sw.calls["sender: ACK processing (on_ack)"]
