@@ -252,6 +252,12 @@ class QueuePair:
         self.responder.rx_wait = wait
         self.requester.rx_wait = wait
 
+    def sent_after(self, lag: float) -> None:
+        """The datagrams handed out last left this host ``lag`` seconds (their mean) after
+        the ``now`` they were stamped with: the time the sends before them took, the hosts'
+        delay too. The requester adds it, smoothed, to its host delay samples."""
+        self.requester.note_send_lag(lag)
+
     def receive_datagram(self, data: memoryview, src_ev: int, now: float) -> None:
         """Handle one datagram whose BTH names this QP (version already checked)."""
         if self.protection is not None:

@@ -174,6 +174,9 @@ class Requester:
         #: how long the datagrams being received had waited in this host by their ``now``
         #: (QueuePair.arrived_after; None: unknown): an ACK's share of the host delay
         self.rx_wait: float | None = None
+        #: how long after their stamped send time this QP's datagrams leave, smoothed
+        #: (note_send_lag; 0.0: unknown): the sender's share of the host delay
+        self.tx_lag = 0.0
         self._waiting = 0
         # pacing (WindowLaw.pace_gap): nothing but tail loss probes leaves before _pace_at;
         # _paced: something was held back for it, so the timer must wake the QP then
@@ -606,6 +609,14 @@ class Requester:
         self._queue.clear()
         self._emit(QPFailed(self.qpn, reason))
 
+    def note_send_lag(self, lag: float) -> None:
+        """A send's mean lag behind its stamped time (QueuePair.sent_after), into
+        :attr:`tx_lag` (srtt's gain, 1/8). A pump stamps every burst with one ``now`` and
+        sends them one ``sendmsg`` at a time; on a veth each takes the receiver's path with
+        it, and the last of ten leaves 0.2-0.4 ms late. Left out, that lag read as a
+        network queue and took the host delay out of the window's bound."""
+        self.tx_lag += (lag - self.tx_lag) * 0.125
+
     # ---- acknowledgements --------------------------------------------------------------
 
     def on_ack(self, data: memoryview | bytes, src_ev: int, now: float) -> None:
@@ -714,9 +725,10 @@ class Requester:
         self._snd_una = una
         cc = self.cc
         if delay and rtt_sample is not None and self.rx_wait is not None:
-            # host delay: the subject's time in the receiving host (its ACK Delay) and the
-            # ACK's in this one, both part of the sample and neither the network's
-            cc.on_host_delay(now, delay * _ACK_DELAY_UNIT + self.rx_wait)
+            # host delay: the subject's time in the receiving host (its ACK Delay), the
+            # ACK's in this one and the subject's wait to leave it, all part of the sample
+            # and none the network's
+            cc.on_host_delay(now, delay * _ACK_DELAY_UNIT + self.rx_wait + self.tx_lag)
         if newly or rtt_sample is not None:
             # BECN: the responder's echo of the subject's CE mark (docs/PROTOCOL.md 3.4)
             cc.on_ack(now, newly * self.config.payload_size, rtt_sample, bool(qpw & _BECN))

@@ -462,9 +462,15 @@ class Endpoint:
         send = ch.send_fns
         labels = ch.label_cmsgs
         lost = 0
+        # how long after ``now`` (the send time the core stamped) each datagram left, summed:
+        # a host delay that no ACK Delay or socket wait shows (QueuePair.sent_after)
+        lag = 0.0
+        sent = 0
         for i, (ev, bufs, cmsg, count) in enumerate(sends):
             try:
                 send[ev](bufs, cmsg + labels[ev] if cmsg else labels[ev])
+                lag += (_clock() - now) * count
+                sent += count
             except BlockingIOError:
                 if not repair:
                     ch.backlog.extend(sends[i:])
@@ -483,6 +489,8 @@ class Endpoint:
                 ch.send_errors += count
                 if not repair:
                     ch.qp.send_failed(ev, now, exc.strerror or str(exc))
+        if sent:
+            ch.qp.sent_after(lag / sent)
         return lost
 
     def _wait_writable(self, ch: QPChannel) -> None:
