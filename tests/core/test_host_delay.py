@@ -17,7 +17,13 @@ import pytest
 from mrc import wire
 from mrc.core import EndpointCore, ProtectionDomain, QPConfig, QueuePair
 from mrc.core.cc import LawContext, UetNscc, UetNsccParams, WindowLaw
-from mrc.core.cc.uet import HOST_DELAY_GAIN, HOST_DELAY_NET_QUEUE, HOST_DELAY_RAMP, MAX_CWND_BDP
+from mrc.core.cc.uet import (
+    HOST_DELAY_GAIN,
+    HOST_DELAY_MAX,
+    HOST_DELAY_NET_QUEUE,
+    HOST_DELAY_RAMP,
+    MAX_CWND_BDP,
+)
 
 MSS = 1000
 
@@ -155,8 +161,11 @@ def test_the_bound_counts_the_smoothed_host_delay_and_the_target_does_not() -> N
     law = _law(80e6)  # 10 MB/s
     law.on_ack(0.01, MSS, 0.001, False)  # a base RTT of 1 ms
     assert law.basis == pytest.approx(0.001) and law.line_cap == pytest.approx(15 * MSS)
-    law.on_host_delay(0.02, 0.008)
-    assert law.host_delay == pytest.approx(0.008 * HOST_DELAY_GAIN)  # 1 ms
+    law.on_host_delay(0.02, 0.0016)
+    assert law.host_delay == pytest.approx(0.0016 * HOST_DELAY_GAIN)  # the average's gain
+    for _ in range(200):
+        law.on_host_delay(0.02, 0.001)
+    assert law.host_delay == pytest.approx(0.001)
     _deliver(law, HOST_DELAY_RAMP, 0.03)  # calm long enough: all of it
     assert law.basis == pytest.approx(0.002, rel=1e-3)
     assert law.line_cap == pytest.approx(MAX_CWND_BDP * 10e6 * 0.002, rel=1e-3)  # 30 packets
@@ -213,12 +222,12 @@ def test_time_without_deliveries_earns_no_host_delay() -> None:
 
 
 def test_host_delay_off_or_never_measured_is_the_law_as_before() -> None:
-    assert not UetNsccParams().host_delay  # off by default
+    assert UetNsccParams().host_delay  # on by default
     off, never = _law(80e6, host_delay=False), _law(80e6)
     for law in (off, never):
         law.on_ack(0.01, MSS, 0.001, False)
-    off.on_host_delay(0.02, 0.008)
-    assert off.host_delay == pytest.approx(0.001)  # kept, to be read, and not used
+    off.on_host_delay(0.02, 0.0016)
+    assert off.host_delay == pytest.approx(0.0002)  # kept, to be read, and not used
     assert never.host_delay == 0.0
     for law in (off, never):
         assert law.basis == law.base_rtt
@@ -274,8 +283,8 @@ def test_a_late_host_alone_is_not_a_network_queue() -> None:
     law = _law(80e6)
     law.on_ack(1.0, 0, 0.001, False)
     for _ in range(2 * HOST_DELAY_RAMP):
-        law.on_host_delay(1.0, 0.004)  # 4 ms in the hosts
-        law.on_ack(1.0, round(law.cwnd), 0.005, False)
+        law.on_host_delay(1.0, 0.0015)  # 1.5 ms in the hosts
+        law.on_ack(1.0, round(law.cwnd), 0.0025, False)
     assert law.net_delay == pytest.approx(0.0)
     assert law.basis == pytest.approx(0.001 + law.host_delay)
 
@@ -293,3 +302,80 @@ def test_quick_adapt_weighs_the_network_delay_not_the_hosts() -> None:
             law.on_host_delay(t, 0.0004)
             law.on_ack(t, MSS, 0.0005, False)
         assert (law.quick_adapts > 0) == (not host_delay), law.quick_adapts
+
+
+def test_the_requester_adds_the_send_lag_the_transport_measured() -> None:
+    """A pump stamps its bursts with one ``now`` and sends them one after another: the
+    transport says how late they left (QueuePair.sent_after), and the requester adds that,
+    smoothed, to the host delay samples it gives the law."""
+    qa, qb, core_b, pd_b = _pair()
+    law = qa.requester.cc = _Recorder(None, None)
+    assert qa.requester.tx_lag == 0.0
+    for _ in range(100):
+        qa.sent_after(4e-4)
+    assert qa.requester.tx_lag == pytest.approx(4e-4, rel=1e-4)
+    mr = pd_b.register(bytearray(1000))
+    qa.post_write(b"x" * 100, mr.addr, mr.rkey)
+    ((ev, hdr, payload),) = qa.datagrams_to_send(0.0)
+    core_b.receive_datagram(memoryview(bytes(hdr) + bytes(payload)), qa.evs.values[ev], 0.001, 1e-4)
+    (ack_dg,) = [d for d in qb.datagrams_to_send(0.0011) if d[1][0] == 0x11]
+    core_a = EndpointCore()
+    core_a.add(qa)
+    core_a.receive_datagram(memoryview(ack_dg[1]), qb.evs.values[ack_dg[0]], 0.01, 5e-5)
+    # the peer's 200 us (25 units), this host's 50 us wait and its 400 us send lag
+    assert [d for _, d in law.samples] == pytest.approx([25 * 8e-6 + 5e-5 + 4e-4], rel=1e-3)
+
+
+def test_a_network_part_within_the_hosts_own_delay_is_no_queue() -> None:
+    """What the hosts' delay does not explain is a port's queue only when it is more than
+    the hosts' delay itself: below it, it is what the host measures miss (its batches, its
+    sends), and a veth's 0.1-0.5 ms of it took the host delay out of the bound ten times a
+    transfer. A queue longer than the hosts' delay still takes it out."""
+    law = _law(80e6)
+    law.on_ack(1.0, 0, 0.001, False)  # a base RTT of 1 ms
+    for _ in range(2 * HOST_DELAY_RAMP):  # 2 ms in the hosts, 0.8 ms unexplained
+        law.on_host_delay(1.0, 0.002)
+        law.on_ack(1.0, round(law.cwnd), 0.0038, False)
+    assert HOST_DELAY_NET_QUEUE < law.net_delay < law.host_delay
+    assert law.basis == pytest.approx(0.001 + law.host_delay)
+    for _ in range(40):  # 2 ms in the hosts, 4 ms queued in the network
+        law.on_host_delay(1.0, 0.002)
+        law.on_ack(1.0, round(law.cwnd), 0.007, False)
+    assert law.net_delay > law.host_delay
+    assert law.basis == pytest.approx(0.001)
+
+
+def test_a_ce_mark_takes_the_host_delay_out_of_the_bound() -> None:
+    """A marked queue (a fabric port's, or the receiving host's socket queue, which the
+    transport marks over half its room) is one that QPs fill together: each counted its
+    host delay, and 256 QPs into one host overran its receive buffer. A CE echo makes the
+    bound the network's again, to be earned back as after a loss."""
+    law = _law(80e6)
+    law.on_ack(1.0, 0, 0.001, False)  # a base RTT of 1 ms
+    for _ in range(100):
+        law.on_host_delay(1.0, 0.001)
+    _deliver(law, HOST_DELAY_RAMP, 1.0)
+    assert law.basis == pytest.approx(0.001 + law.host_delay)
+    law.on_host_delay(1.0, 0.001)
+    law.on_ack(1.0, MSS, 0.0021, True)  # the hosts explain the delay, but it was marked
+    assert law.basis == pytest.approx(0.001)
+    _deliver(law, HOST_DELAY_RAMP, 1.1)
+    assert law.basis == pytest.approx(0.001 + law.host_delay)
+
+
+def test_a_host_delay_beyond_its_most_is_a_queue() -> None:
+    """Part of a host delay sample is the receiver's socket queue, which every QP into that
+    host fills (256 QPs on loopback: 30-50 ms of it). Beyond HOST_DELAY_MAX a sample counts
+    as a queue: the bound counts no more than that, the excess is the network part (no host
+    delay earned while it lasts), and quick adapt weighs it."""
+    law = _law(80e6)
+    law.on_ack(1.0, 0, 0.001, False)  # a base RTT of 1 ms
+    for _ in range(2 * HOST_DELAY_RAMP):
+        law.on_host_delay(1.0, 0.040)  # "40 ms in the hosts"
+        law.on_ack(1.0, round(law.cwnd), 0.041, False)
+    assert law.host_delay == pytest.approx(HOST_DELAY_MAX, rel=1e-3)
+    assert law.net_delay > 0.030  # 38 ms a queue
+    assert law.basis == pytest.approx(0.001)
+    law.on_host_delay(2.0, 0.040)
+    # what quick adapt weighs: the delay less the host delay that counts, 38 ms
+    assert law._network_delay(0.040, 0.041, law._host_sample) == pytest.approx(0.038)

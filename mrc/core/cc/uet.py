@@ -91,9 +91,16 @@ HOST_DELAY_GAIN = 1 / 8
 HOST_DELAY_RAMP = 32
 #: with ``cc.host_delay``, round trips whose network part (an RTT sample less its host delay
 #: sample and the base RTT; smoothed with ``HOST_DELAY_GAIN``) is over this, seconds, or over
-#: the target if longer, show a network queue: the bound counts no host delay while they do
-#: (one 8 KiB packet at 100 Mbit/s is 0.66 ms; one descheduled sender is a single sample)
+#: the target or the host delay itself if longer, show a network queue: the bound counts no
+#: host delay while they do (one 8 KiB packet at 100 Mbit/s is 0.66 ms; one descheduled
+#: sender is a single sample; below the host delay, it is what the hosts' measures miss)
 HOST_DELAY_NET_QUEUE = 0.5e-3
+#: the most of one host delay sample that counts as the hosts', seconds; the rest is a queue.
+#: Part of the hosts' delay is the receiver's socket queue, which every QP into that host
+#: fills: 256 QPs into one host on loopback measured 30-50 ms of "host delay" with RTTs of
+#: 60 ms, and taking it all for the hosts' left quick adapt nothing to cut for (receive
+#: buffer drops and timeouts rose). A host's own batches and sends take 0.2-1.7 ms under load
+HOST_DELAY_MAX = 2e-3
 #: the weight of one queueing delay sample in the recent delay a loss is learned from (srtt's)
 RECENT_DELAY_GAIN = 1 / 8
 #: the weight of a loss's recent delay in the learned loss depth (``loss_delay``)
@@ -142,9 +149,9 @@ class UetNsccParams:
     shared_base: bool = True
     #: the window's bound counts the hosts' delay in the round trip (``on_host_delay``):
     #: the base RTT plus the smoothed host delay, as much of it as was earned, is its time
-    #: basis (docs/CONGESTION.md, "Host delay"). Off by default: one QP gains; whether QPs
-    #: that meet at a port that neither trims nor marks lose by it is not yet settled
-    host_delay: bool = False
+    #: basis (docs/CONGESTION.md, "Host delay", "On by default"). Off: the base RTT alone,
+    #: UET's bound, which holds a userspace host to its idle turnaround
+    host_delay: bool = True
     #: where no port marks: a queueing delay over this fraction of the one losses came at
     #: (learned, ``loss_delay``) counts as a CE mark, so that the window backs off before
     #: the queue overflows again (docs/CONGESTION.md, "A queue's depth learned from its
@@ -418,7 +425,7 @@ class UetNscc(WindowLaw):
         host = self._host_sample  # the hosts' part of this ACK's RTT sample, if measured
         virtual = False
         if p.host_delay:
-            self._calm(acked, rtt)
+            self._calm(acked, rtt, ce)
         mss = self.mss
         base = self.base_rtt
         if acked > 0:
@@ -539,24 +546,30 @@ class UetNscc(WindowLaw):
         """A host delay sample (the base class says what it is): averaged into
         :attr:`host_delay` (srtt's gain, 1/8), which widens the window's bound where
         ``cc.host_delay`` says so (and is only kept, to be read, where not)."""
+        if delay > HOST_DELAY_MAX:
+            delay = HOST_DELAY_MAX  # the rest is a queue (the constant says why)
         self.host_delay += (delay - self.host_delay) * HOST_DELAY_GAIN
         self._host_sample = delay
 
-    def _calm(self, acked: int, rtt: float | None) -> None:
+    def _calm(self, acked: int, rtt: float | None, ce: bool) -> None:
         """How much of the host delay the bound counts (``_widen``, 0 to 1): none at first
         and after a loss, a trim or a timeout, then a ``HOST_DELAY_RAMP``-th more for every
         window delivered without one, and none while the network part of the round trips
-        shows a queue (``HOST_DELAY_NET_QUEUE``). A wider bound is right for a QP whose path
-        has room, and wrong where QPs meet at a port that neither trims nor marks: there the
-        queue and the losses keep it narrow (docs/CONGESTION.md, "Host delay"). Delivered
+        shows a queue (``HOST_DELAY_NET_QUEUE``) or an ACK echoes a CE mark (``ce``). A
+        wider bound is right for a QP whose path has room, and wrong where QPs meet at a
+        port: there the queue, its marks and its losses keep it narrow (docs/CONGESTION.md,
+        "Host delay"). Delivered
         windows, not seconds: a QP idle between an all-to-all's steps earns nothing while it
         waits, and starts the next step with the bound the last one left it."""
         sample, self._host_sample = self._host_sample, None
         if rtt is not None and sample is not None and self.base_rtt != _INF:
             network = max(0.0, rtt - sample - self.base_rtt)
             self.net_delay += (network - self.net_delay) * HOST_DELAY_GAIN
-        if self.net_delay > max(HOST_DELAY_NET_QUEUE, self.target):
-            self._widen = 0.0  # a port's queue, which the hosts' delay does not fill
+        if ce or self.net_delay > max(HOST_DELAY_NET_QUEUE, self.target, self.host_delay):
+            # a port's queue, which the hosts' delay does not fill, or one that marks: a
+            # fabric's, or the receiving host's socket queue (the transport marks it over
+            # half its room), which many QPs into one host fill by the host delay they earn
+            self._widen = 0.0
         elif acked > 0 and self._widen < 1.0:
             self._widen = min(1.0, self._widen + acked / (HOST_DELAY_RAMP * self.cwnd))
 
