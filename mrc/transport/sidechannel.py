@@ -55,6 +55,15 @@ Joiner = Callable[[Plane], Awaitable[ControlChannel]]
 PathWatcher = Callable[[Plane, bool, str], None]
 
 
+def _discard_join(task: asyncio.Task[ControlChannel]) -> None:
+    """A join that finished after the channel stopped wanting it: its path closed, its
+    error taken."""
+    if task.cancelled():
+        return
+    if task.exception() is None:
+        task.result().close()
+
+
 def tune_path(writer: asyncio.StreamWriter) -> None:
     """Let the kernel find a dead path within seconds: keepalives on an idle path, a user
     timeout on one whose data goes unacknowledged."""
@@ -178,6 +187,19 @@ class SideChannel:
         assert self._joiner is not None
         joiner = self._joiner
         trying: dict[Plane, asyncio.Task[ControlChannel]] = {}
+        try:
+            await self._join_while_open(joiner, trying)
+        finally:
+            # closed, ended, or cancelled by close(): a join still under way is cancelled,
+            # and whatever it comes to is taken here (a path that joined anyway is closed;
+            # a refusal, once the peer is gone, is no "Task exception was never retrieved")
+            for task in trying.values():
+                task.cancel()
+                task.add_done_callback(_discard_join)
+
+    async def _join_while_open(
+        self, joiner: Joiner, trying: dict[Plane, asyncio.Task[ControlChannel]]
+    ) -> None:
         while not self._closed and not self._ended and not self._eof:
             for plane in self._planes:
                 if plane not in self._paths and plane not in trying:
@@ -201,12 +223,6 @@ class SideChannel:
                     await asyncio.wait(waiting, timeout=REJOIN_INTERVAL)
                 else:
                     await asyncio.wait_for(self._changed.wait(), REJOIN_INTERVAL)
-        for task in trying.values():
-            task.cancel()
-        for task in trying.values():
-            with contextlib.suppress(BaseException):
-                path = await task
-                path.close()
 
     def _drop(self, plane: Plane, path: ControlChannel, why: str, notify: bool = True) -> None:
         """``path`` broke (or was replaced): gone for reading and sending."""
