@@ -255,17 +255,23 @@ def test_an_ack_the_delay_timer_sent_carries_no_ack_delay() -> None:
     assert ack.ack_delay == 0
 
 
+def _earned() -> UetNscc:
+    """A law with a base RTT of 1 ms and 1 ms of host delay, all of it earned."""
+    law = _law(80e6)
+    law.on_ack(1.0, 0, 0.001, False)
+    for _ in range(100):
+        law.on_host_delay(1.0, 0.001)
+    _deliver(law, HOST_DELAY_RAMP, 1.0)
+    assert law.basis == pytest.approx(0.001 + law.host_delay)
+    return law
+
+
 def test_a_queue_in_the_network_earns_no_host_delay() -> None:
     """Where the RTT's network part (less the host delay and the base RTT) stays over
     HOST_DELAY_NET_QUEUE, the queue is a port's, which the hosts' delay does not fill: the
     bound keeps to the network's. Once the network part falls, the host delay is earned again.
     """
-    law = _law(80e6)
-    law.on_ack(1.0, 0, 0.001, False)  # a base RTT of 1 ms
-    for _ in range(100):
-        law.on_host_delay(1.0, 0.001)
-    _deliver(law, HOST_DELAY_RAMP, 1.0)
-    assert law.basis == pytest.approx(0.001 + law.host_delay)
+    law = _earned()
     for _ in range(40):  # 1 ms in the hosts, 3 ms queued in the network
         law.on_host_delay(1.0, 0.001)
         law.on_ack(1.0, round(law.cwnd), 0.005, False)
@@ -350,12 +356,7 @@ def test_a_ce_mark_takes_the_host_delay_out_of_the_bound() -> None:
     transport marks over half its room) is one that QPs fill together: each counted its
     host delay, and 256 QPs into one host overran its receive buffer. A CE echo makes the
     bound the network's again, to be earned back as after a loss."""
-    law = _law(80e6)
-    law.on_ack(1.0, 0, 0.001, False)  # a base RTT of 1 ms
-    for _ in range(100):
-        law.on_host_delay(1.0, 0.001)
-    _deliver(law, HOST_DELAY_RAMP, 1.0)
-    assert law.basis == pytest.approx(0.001 + law.host_delay)
+    law = _earned()
     law.on_host_delay(1.0, 0.001)
     law.on_ack(1.0, MSS, 0.0021, True)  # the hosts explain the delay, but it was marked
     assert law.basis == pytest.approx(0.001)
