@@ -724,15 +724,6 @@ static int append_slice(PyObject *bufs, PyObject *view, Py_ssize_t start, Py_ssi
     return rc;
 }
 
-/* ring[seq & mask] = (seq << 32) | ev_value */
-static int ring_set(PyObject *ring, Py_ssize_t mask, long long seq, long long ev_value)
-{
-    PyObject *v = PyLong_FromLongLong((long long)(((unsigned long long)seq << 32) | (unsigned long long)ev_value));
-    if (v == NULL)
-        return -1;
-    return PyList_SetItem(ring, (Py_ssize_t)(seq & mask), v); /* steals v, drops the old */
-}
-
 static PyObject *record_burst(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
@@ -757,21 +748,33 @@ static PyObject *record_burst(PyObject *module, PyObject *const *args, Py_ssize_
     double deadline = PyFloat_AsDouble(args[16]);
     if (deadline == -1.0 && PyErr_Occurred())
         return NULL;
-    if (!PyDict_CheckExact(outstanding) || !PyList_CheckExact(ring) || !PyList_CheckExact(bufs)) {
-        PyErr_SetString(PyExc_TypeError, "record_burst wants a dict and two lists");
+    if (!PyDict_CheckExact(outstanding) || !PyList_CheckExact(bufs)) {
+        PyErr_SetString(PyExc_TypeError, "record_burst wants a dict and a list");
         return NULL;
     }
-    Py_ssize_t size = PyList_GET_SIZE(ring);
+    /* the ring is an array('q'): its entries are set in place, no int object made per
+     * packet. Its buffer is held to the end (a collection run by an allocation below could
+     * run code that resizes an array whose buffer nobody holds) */
+    Py_buffer rb;
+    if (PyObject_GetBuffer(ring, &rb, PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t size = rb.len / 8;
+    if (rb.itemsize != 8 || rb.format == NULL || strcmp(rb.format, "q") != 0) {
+        PyErr_SetString(PyExc_TypeError, "the ring must be an array('q')");
+        goto done;
+    }
     if (size < 1 || (size & (size - 1)) != 0) {
         PyErr_SetString(PyExc_ValueError, "the ring's length must be a power of two");
-        return NULL;
+        goto done;
     }
     if (n < 1 || seq < 0 || seq > (LLONG_MAX >> 33) || n > (LLONG_MAX >> 33) - seq ||
         ev < 0 || ev > INT_MAX || ev_value < 0 || ev_value > 0xFFFFFFFFll || h < 0 ||
         off < 0 || payload < 0 || last_len < 0 || final_hdr < 0) {
         PyErr_SetString(PyExc_ValueError, "a burst's field is out of range");
-        return NULL;
+        goto done;
     }
+    long long *slots = (long long *)rb.buf;
     Py_ssize_t mask = size - 1;
     int plain_h = plain_bytes(hview), plain_v = plain_bytes(view);
     long long o = off;
@@ -782,23 +785,27 @@ static PyObject *record_burst(PyObject *module, PyObject *const *args, Py_ssize_
         PacketObject *p = packet_make(wr, (Py_ssize_t)o, (Py_ssize_t)len, final && last, (int)ev,
                                       now, deadline);
         if (p == NULL)
-            return NULL;
+            goto done;
         PyObject *key = PyLong_FromLongLong(s);
         if (key == NULL) {
             Py_DECREF(p);
-            return NULL;
+            goto done;
         }
         int rc = PyDict_SetItem(outstanding, key, (PyObject *)p);
         Py_DECREF(key);
         Py_DECREF(p);
-        if (rc < 0 || ring_set(ring, mask, s, ev_value) < 0 ||
+        slots[s & mask] = (long long)(((unsigned long long)s << 32) | (unsigned long long)ev_value);
+        if (rc < 0 ||
             append_slice(bufs, hview, (Py_ssize_t)h, (Py_ssize_t)(h + hl), plain_h) < 0 ||
             append_slice(bufs, view, (Py_ssize_t)o, (Py_ssize_t)(o + len), plain_v) < 0)
-            return NULL;
+            goto done;
         h += hl;
         o += len;
     }
-    Py_RETURN_NONE;
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&rb);
+    return result;
 }
 
 /* obj.name as a double */
@@ -1379,8 +1386,9 @@ static PyMethodDef methods[] = {
  * recv_batch; 7 = open_in_place and seal_data gone to mrc._native_gcm (as open_in_place and
  * seal_packet, with their AES-GCM); 8 = mrc._native_gcm's seal_burst and open_train; 9 = recv_batch
  * returns each receive's kernel timestamp; 10 = note_runs and take_ack; 11 = take_acked and
- * take_ack hold the latest send times in C until they return. */
-#define KERNEL_VERSION 11
+ * take_ack hold the latest send times in C until they return; 12 = record_burst's ring is an
+ * array('q'). */
+#define KERNEL_VERSION 12
 
 static int exec_module(PyObject *m)
 {

@@ -95,7 +95,7 @@ class Packet:
 
 def record_burst(
     outstanding: dict[int, object],
-    ring: list[int],
+    ring: array[int],
     wr: object,
     hview: memoryview,
     view: memoryview,

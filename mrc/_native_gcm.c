@@ -938,8 +938,9 @@ static PyMethodDef methods[] = {
  * both are its own KERNEL_VERSION. 7 = this extension (the kernels and their AES-GCM); 8 =
  * seal_burst and open_train; 9 = none here (mrc/_native.c: recv_batch returns kernel timestamps);
  * 10 = none here (mrc/_native.c: note_runs and take_ack); 11 = none here (mrc/_native.c:
- * take_acked and take_ack hold send times in C). */
-#define KERNEL_VERSION 11
+ * take_acked and take_ack hold send times in C); 12 = none here (mrc/_native.c: record_burst
+ * takes an array). */
+#define KERNEL_VERSION 12
 
 static int exec_module(PyObject *m)
 {

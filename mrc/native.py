@@ -33,7 +33,7 @@ from typing import NamedTuple
 #: the kernel version this source expects: ``#define KERNEL_VERSION`` in mrc/_native.c and in
 #: mrc/_native_gcm.c (raise all three together whenever a kernel of either is added or changes
 #: its arguments or results)
-KERNEL_VERSION = 11
+KERNEL_VERSION = 12
 
 MAIN = "mrc._native"
 GCM = "mrc._native_gcm"

@@ -138,7 +138,7 @@ if TYPE_CHECKING:  # array is generic only for type checkers before Python 3.12
     RecordBurst = Callable[
         [
             dict[int, Any],
-            list[int],
+            array[int],
             Any,
             memoryview,
             memoryview,
@@ -498,7 +498,7 @@ class PyPacket:
 
 def py_record_burst(
     outstanding: dict[int, Any],
-    ring: list[int],
+    ring: array[int],
     wr: Any,
     hview: memoryview,
     view: memoryview,
@@ -523,9 +523,12 @@ def py_record_burst(
     payload``, its header ``HDR_LEN`` bytes of ``hview`` from ``h + i * HDR_LEN``, except the
     last: ``last_len`` bytes and a ``final_hdr``-byte header, and ``last`` (the end of the
     request). Each gets a :class:`PyPacket` in ``outstanding`` (sent ``now``, due at
-    ``deadline``), ``(seq << 32) | ev_value`` at ``ring[seq % len(ring)]`` (a power of two),
+    ``deadline``), ``(seq << 32) | ev_value`` at ``ring[seq % len(ring)]`` (an ``array('q')``
+    of a power of two: set in place, without an int object per packet, in C),
     and two buffers, header then payload. The per-packet part of a burst's send: in Python
     about as dear as a packet's kernel send (docs/PERFORMANCE.md)."""
+    if not isinstance(ring, array) or ring.typecode != "q":
+        raise TypeError("the ring must be an array('q')")
     mask = len(ring) - 1
     if len(ring) < 1 or len(ring) & mask:
         raise ValueError("the ring's length must be a power of two")

@@ -11,6 +11,7 @@ evidence (``recovery.LossDetector``) and by the retransmission and tail loss pro
 from __future__ import annotations
 
 import struct
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -149,8 +150,9 @@ class Requester:
         )
         self._probes = 0  # tail loss probes at the head of _retransmit, sent past the window
         self.health = config.ev_health
-        # seq & _RING_MASK -> (seq << 32) | EV value of seq's latest transmission (-1: none)
-        self._sent_ring = [-1] * _RING
+        # seq & _RING_MASK -> (seq << 32) | EV value of seq's latest transmission (-1: none);
+        # an array, so that record_burst sets its entries without an int object per packet
+        self._sent_ring = array("q", [-1]) * _RING
         # seq -> EV values of its transmissions before the latest, for packets resent: an ACK
         # echoing one of them answers a copy that arrived after all (_believed)
         self._resent_evs: dict[int, tuple[tuple[int, float], ...]] = {}

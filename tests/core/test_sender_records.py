@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from array import array
 from typing import Any
 
 import pytest
@@ -83,7 +84,7 @@ def test_packet_refuses_what_the_reference_cannot_hold() -> None:
 # ---- record_burst ---------------------------------------------------------------------------
 
 
-def _burst_args(rng: random.Random, outstanding: dict[int, Any], ring: list[int]) -> list[Any]:
+def _burst_args(rng: random.Random, outstanding: dict[int, Any], ring: array[int]) -> list[Any]:
     hbuf = bytearray(rng.randbytes(4096))
     data = bytearray(rng.randbytes(1 << 16))
     n = rng.randint(1, 40)
@@ -119,9 +120,9 @@ def test_record_burst_twins_leave_the_same_records_ring_and_buffers(seed: int) -
     _need_native()
     assert fastpath.native_record_burst is not None
     rng = random.Random(seed)
-    outs: dict[str, tuple[dict[int, Any], list[int], list[list[object]]]] = {
-        "native": ({}, [0] * 64, []),
-        "python": ({}, [0] * 64, []),
+    outs: dict[str, tuple[dict[int, Any], array[int], list[list[object]]]] = {
+        "native": ({}, array("q", [0]) * 64, []),
+        "python": ({}, array("q", [0]) * 64, []),
     }
     for _ in range(30):
         state = rng.getstate()
@@ -153,7 +154,8 @@ def test_record_burst_buffers_are_views_into_the_arena_and_the_request() -> None
         assert kernel is not None
         hbuf, data = bytearray(200), bytearray(range(100))
         bufs: list[Any] = []
-        kernel({}, [0] * 8, None, memoryview(hbuf), memoryview(data), 0, 3, 0, 1, 10, 5,
+        ring = array("q", [0]) * 8
+        kernel({}, ring, None, memoryview(hbuf), memoryview(data), 0, 3, 0, 1, 10, 5,
                20, 7, True, wire.DATA_IMM_HDR_LEN, 0.0, 1.0, bufs)  # fmt: skip
         assert [len(b) for b in bufs] == [28, 20, 28, 20, 32, 7]
         bufs[4][8] = 0x80
@@ -170,7 +172,8 @@ def test_record_burst_twins_cut_views_alike_past_their_end() -> None:
         assert kernel is not None
         hbuf, data = bytearray(range(40)), bytearray(range(30))
         bufs: list[Any] = []
-        kernel({}, [0] * 8, None, memoryview(hbuf), memoryview(data), 0, 2, 0, 1, 20, 10,
+        ring = array("q", [0]) * 8
+        kernel({}, ring, None, memoryview(hbuf), memoryview(data), 0, 2, 0, 1, 20, 10,
                16, 16, False, 28, 0.0, 1.0, bufs)  # fmt: skip
         got.append([bytes(b) for b in bufs])
     assert got[0] == got[1]
@@ -184,7 +187,7 @@ def test_record_burst_twins_refuse_the_same_bad_arguments() -> None:
         view = memoryview(bytearray(64))
         good: list[Any] = [
             {},
-            [0] * 8,
+            array("q", [0]) * 8,
             None,
             view,
             view,
@@ -202,10 +205,17 @@ def test_record_burst_twins_refuse_the_same_bad_arguments() -> None:
             1.0,
             [],
         ]
-        for pos, bad in ((1, [0] * 6), (1, []), (6, 0)):
+        kernel(*good)  # (the good ones are good)
+        for pos, bad in ((1, array("q", [0]) * 6), (1, array("q")), (6, 0)):
             args = list(good)
             args[pos] = bad
             with pytest.raises(ValueError):
+                kernel(*args)
+        # the ring is an array of 64-bit entries, nothing else
+        for ring in ([0] * 8, array("i", [0]) * 8, bytearray(64)):
+            args = list(good)
+            args[1] = ring
+            with pytest.raises(TypeError):
                 kernel(*args)
 
 
