@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
 
-from mrc.cli.common import run_main
+from mrc.cli.common import GC_THRESHOLDS, run_main
 from mrc.errors import FabricError, MRCError, UsageError
 
 
@@ -52,3 +55,26 @@ def test_mrc_debug_shows_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_success_passes_the_status_through() -> None:
     assert run_main("prog", lambda: 7) == 7
+
+
+def test_a_command_runs_with_the_collector_set_for_a_transfer() -> None:
+    """run_command freezes what exists and widens the young generation before the body runs
+    (docs/PERFORMANCE.md, "The collector"); in a child, so this process's collector is left
+    as it is."""
+    code = (
+        "import gc, json\n"
+        "from mrc.cli.common import run_command\n"
+        "before = gc.get_threshold()\n"
+        "async def body():\n"
+        "    print(json.dumps([before, gc.get_threshold(), gc.get_freeze_count()]))\n"
+        "    return 3\n"
+        "raise SystemExit(run_command('prog', body()))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 3, done.stderr
+    before, during, frozen = json.loads(done.stdout)
+    assert tuple(before) == (700, 10, 10)  # Python's own
+    assert tuple(during) == GC_THRESHOLDS
+    assert frozen > 1000  # the modules' objects, at least
