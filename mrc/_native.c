@@ -748,8 +748,8 @@ static PyObject *record_burst(PyObject *module, PyObject *const *args, Py_ssize_
     double deadline = PyFloat_AsDouble(args[16]);
     if (deadline == -1.0 && PyErr_Occurred())
         return NULL;
-    if (!PyDict_CheckExact(outstanding) || !PyList_CheckExact(bufs)) {
-        PyErr_SetString(PyExc_TypeError, "record_burst wants a dict and a list");
+    if (!PyDict_CheckExact(outstanding) || (bufs != Py_None && !PyList_CheckExact(bufs))) {
+        PyErr_SetString(PyExc_TypeError, "record_burst wants a dict and a list or None");
         return NULL;
     }
     /* the ring is an array('q'): its entries are set in place, no int object made per
@@ -796,8 +796,9 @@ static PyObject *record_burst(PyObject *module, PyObject *const *args, Py_ssize_
         Py_DECREF(p);
         slots[s & mask] = (long long)(((unsigned long long)s << 32) | (unsigned long long)ev_value);
         if (rc < 0 ||
-            append_slice(bufs, hview, (Py_ssize_t)h, (Py_ssize_t)(h + hl), plain_h) < 0 ||
-            append_slice(bufs, view, (Py_ssize_t)o, (Py_ssize_t)(o + len), plain_v) < 0)
+            (bufs != Py_None &&
+             (append_slice(bufs, hview, (Py_ssize_t)h, (Py_ssize_t)(h + hl), plain_h) < 0 ||
+              append_slice(bufs, view, (Py_ssize_t)o, (Py_ssize_t)(o + len), plain_v) < 0)))
             goto done;
         h += hl;
         o += len;
@@ -805,6 +806,68 @@ static PyObject *record_burst(PyObject *module, PyObject *const *args, Py_ssize_
     result = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&rb);
+    return result;
+}
+
+/* gather_burst(dst, pos, hview, h, view, off, n, payload, last_len, final_hdr) -> end: the
+ * burst's datagrams back to back in dst from pos, each its header (HDR_LEN bytes of hview from
+ * h, consecutive; the last final_hdr bytes) then its payload (payload bytes of view from off,
+ * consecutive; the last last_len bytes); returns where they end. One buffer for a GSO send
+ * instead of two views a datagram (mrc/core/fastpath.py: py_gather_burst). */
+static PyObject *gather_burst(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "gather_burst takes 10 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    long long pos, h, off, n, payload, last_len, final_hdr;
+    if (arg_ll(args[1], &pos) < 0 || arg_ll(args[3], &h) < 0 || arg_ll(args[5], &off) < 0 ||
+        arg_ll(args[6], &n) < 0 || arg_ll(args[7], &payload) < 0 ||
+        arg_ll(args[8], &last_len) < 0 || arg_ll(args[9], &final_hdr) < 0)
+        return NULL;
+    if (n < 1 || n > 1024 || pos < 0 || h < 0 || off < 0 || payload < 0 || payload > (1 << 20) ||
+        last_len < 0 || last_len > payload || final_hdr < HDR_LEN || final_hdr > 64) {
+        PyErr_SetString(PyExc_ValueError, "a burst's field is out of range");
+        return NULL;
+    }
+    Py_buffer db, hb, vb;
+    if (PyObject_GetBuffer(args[0], &db, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[2], &hb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&db);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[4], &vb, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&hb);
+        PyBuffer_Release(&db);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    long long total = (n - 1) * (HDR_LEN + payload) + final_hdr + last_len;
+    if (pos > db.len || total > db.len - pos || h > hb.len ||
+        (n - 1) * HDR_LEN + final_hdr > hb.len - h || off > vb.len ||
+        (n - 1) * payload + last_len > vb.len - off) {
+        PyErr_SetString(PyExc_ValueError, "a burst does not fit its buffers");
+        goto done;
+    }
+    unsigned char *d = (unsigned char *)db.buf + pos;
+    const unsigned char *hp = (const unsigned char *)hb.buf + h;
+    const unsigned char *vp = (const unsigned char *)vb.buf + off;
+    for (long long i = 0; i < n - 1; i++) {
+        memcpy(d, hp, HDR_LEN);
+        memcpy(d + HDR_LEN, vp, (size_t)payload);
+        d += HDR_LEN + payload;
+        hp += HDR_LEN;
+        vp += payload;
+    }
+    memcpy(d, hp, (size_t)final_hdr);
+    memcpy(d + final_hdr, vp, (size_t)last_len);
+    result = PyLong_FromLongLong(pos + total);
+done:
+    PyBuffer_Release(&vb);
+    PyBuffer_Release(&hb);
+    PyBuffer_Release(&db);
     return result;
 }
 
@@ -1370,6 +1433,8 @@ static PyMethodDef methods[] = {
      "Write the headers of a burst of data packets (see mrc/core/fastpath.py)."},
     {"record_burst", (PyCFunction)(void (*)(void))record_burst, METH_FASTCALL,
      "The records, ring entries and send buffers of a burst (see mrc/core/fastpath.py)."},
+    {"gather_burst", (PyCFunction)(void (*)(void))gather_burst, METH_FASTCALL,
+     "A burst's datagrams copied back to back into one buffer (see mrc/core/fastpath.py)."},
     {"take_acked", (PyCFunction)(void (*)(void))take_acked, METH_FASTCALL,
      "Remove the records an ACK acknowledged (see mrc/core/fastpath.py)."},
     {"take_ack", (PyCFunction)(void (*)(void))take_ack, METH_FASTCALL,
@@ -1387,7 +1452,7 @@ static PyMethodDef methods[] = {
  * seal_packet, with their AES-GCM); 8 = mrc._native_gcm's seal_burst and open_train; 9 = recv_batch
  * returns each receive's kernel timestamp; 10 = note_runs and take_ack; 11 = take_acked and
  * take_ack hold the latest send times in C until they return; 12 = record_burst's ring is an
- * array('q'). */
+ * array('q') and its bufs may be None, and gather_burst. */
 #define KERNEL_VERSION 12
 
 static int exec_module(PyObject *m)

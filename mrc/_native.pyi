@@ -111,9 +111,22 @@ def record_burst(
     final_hdr: int,
     now: float,
     deadline: float,
-    bufs: list[bytes | memoryview],
+    bufs: list[bytes | memoryview] | None,
     /,
 ) -> None: ...
+def gather_burst(
+    dst: memoryview,
+    pos: int,
+    hview: memoryview,
+    h: int,
+    view: memoryview,
+    off: int,
+    n: int,
+    payload: int,
+    last_len: int,
+    final_hdr: int,
+    /,
+) -> int: ...
 def take_acked(
     outstanding: dict[int, object],
     start: int,

@@ -6,24 +6,48 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 
+from mrc import wire
+
+_HDR_LEN = wire.DATA_HDR_LEN
+_IMM_HDR_LEN = wire.DATA_IMM_HDR_LEN
+_OP_WRITE_IMM = int(wire.Opcode.RDMA_WRITE_ONLY_IMM)
+
 # A datagram to send: (EV index, header bytes, payload). The payload is a slice of the posted
 # buffer for data packets (sent without copying), empty for ACKs and probes.
 Datagram = tuple[int, bytes, memoryview | bytes]
-# A burst to send: (EV index, buffers, datagrams, segment size). The buffers are header,
-# payload, header, payload... of ``datagrams`` datagrams on that EV, each ``segment size``
-# bytes long except the last, which may be shorter: what one UDP GSO send carries (the
-# transport cuts it to the kernel's limits, mrc/transport/gso.py). Headers may be views of a
-# buffer the core never writes again once it has handed them out.
+# A burst to send: (EV index, buffers, datagrams, segment size): ``datagrams`` datagrams on
+# that EV, each ``segment size`` bytes long except the last, which may be shorter: what one UDP
+# GSO send carries (the transport cuts it to the kernel's limits, mrc/transport/gso.py). The
+# buffers are either header, payload, header, payload... (two per datagram), or one buffer
+# holding the datagrams back to back (a *gathered* burst: ``is_gathered``). Either may be views
+# of a buffer the core never writes again once it has handed them out.
 Burst = tuple[int, list[bytes | memoryview], int, int]
 
 
+def is_gathered(bufs: list[bytes | memoryview], count: int) -> bool:
+    """Whether a burst's buffers are its datagrams back to back in one buffer, not two
+    buffers (header, payload) per datagram."""
+    return len(bufs) != 2 * count
+
+
+def gathered_datagrams(buf: bytes | memoryview, count: int, seg: int) -> list[memoryview]:
+    """The ``count`` datagrams of a gathered burst's buffer, each ``seg`` bytes but the last."""
+    view = memoryview(buf)
+    return [view[i * seg : (i + 1) * seg if i < count - 1 else len(view)] for i in range(count)]
+
+
 def datagrams_of(bursts: list[Burst]) -> list[Datagram]:
-    """The datagrams of ``bursts``, one by one, in order (headers as bytes)."""
-    return [
-        (ev, bytes(bufs[i]), bufs[i + 1])
-        for ev, bufs, count, _seg in bursts
-        for i in range(0, 2 * count, 2)
-    ]
+    """The datagrams of ``bursts``, one by one, in order (headers as bytes; a gathered
+    burst's cut after each datagram's header, which its opcode sizes)."""
+    out: list[Datagram] = []
+    for ev, bufs, count, seg in bursts:
+        if not is_gathered(bufs, count):
+            out.extend((ev, bytes(bufs[i]), bufs[i + 1]) for i in range(0, 2 * count, 2))
+            continue
+        for d in gathered_datagrams(bufs[0], count, seg):
+            hdr = _IMM_HDR_LEN if d[0] == _OP_WRITE_IMM else _HDR_LEN
+            out.append((ev, bytes(d[:hdr]), d[hdr:]))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,6 +151,7 @@ class QueuePair:
         The peer's ACKs are then authenticated, so its fatal NACKs are believed at once."""
         self.protection = protection
         self.requester.authenticated = True
+        self.requester.gather = False  # sealing takes a burst's headers and payloads apart
 
     def share_with(self, group: dict[str, Any] | None) -> None:
         """Share what this QP's window law measures in common with the other QPs of this

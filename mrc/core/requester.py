@@ -31,6 +31,7 @@ from mrc.core.events import (
     WriteCompleted,
     WriteFailed,
     datagrams_of,
+    is_gathered,
 )
 from mrc.core.evset import EVSet
 from mrc.core.psn import to_psn, to_seq
@@ -63,6 +64,7 @@ assert wire.ACK_PKT.format[:4] == "!BBH" and _ACK_TAIL.size == wire.ACK_LEN
 _unpack_ack = _ACK_TAIL.unpack_from
 #: bytes of one header arena (Requester._header_room): about 2300 headers
 _ARENA = 1 << 16
+_GATHER_ARENA = 1 << 21  # (a gathered burst is one GSO send's worth, at most 64 KiB)
 _SUBJECT_DUP = wire.ACK_SUBJECT_DUP
 _ACK_DELAY_UNIT = wire.ACK_DELAY_UNIT
 _TLP_MARKS = wire.BTH_TLP | wire.BTH_ACKREQ  # BTH byte 8 of a tail loss probe
@@ -168,6 +170,13 @@ class Requester:
         # views; a full arena is replaced, never rewritten (_header_room)
         self._hbuf = bytearray(_ARENA)
         self._hview = memoryview(self._hbuf)
+        # gathered bursts (fastpath.gather_burst): their arena, dropped when full like the
+        # headers' (a send in the transport's backlog may still point into it); the QP turns
+        # gathering off when it seals its datagrams
+        self.gather = config.gather_max > 0
+        self._gbuf = bytearray(0)
+        self._gview = memoryview(self._gbuf)
+        self._gpos = 0
         self._hpos = 0
         # congestion control: the window law (mrc/core/cc/). Packets known to be out of the
         # network (queued in _retransmit after a NACK, a loss or a timeout) do not count
@@ -267,8 +276,11 @@ class Requester:
                 # below ack_every would otherwise see every RTT sample inflated by that delay
                 # and read it as queueing (docs/CONGESTION.md). The header is in the arena,
                 # not yet handed out: set in place
-                hdr = out[-1][1][-2]
-                hdr[8] |= wire.BTH_ACKREQ  # type: ignore[index]
+                _ev, bufs, count, seg = out[-1]
+                if is_gathered(bufs, count):  # the last datagram's header, in the one buffer
+                    bufs[0][(count - 1) * seg + 8] |= wire.BTH_ACKREQ  # type: ignore[index]
+                else:
+                    bufs[-2][8] |= wire.BTH_ACKREQ  # type: ignore[index]
             self.timers.arm_probe(now)
 
     def _send_retransmissions(self, now: float, out: list[Burst], gap: float, held: bool) -> bool:
@@ -435,7 +447,8 @@ class Requester:
         h_end = self._hpos = fastpath.pack_burst(
             self._hbuf, h, qpn, psn, wr.remote_addr + off, wr.rkey, payload, n, last_len, last, imm
         )
-        bufs: list[bytes | memoryview] = []
+        gather = self.gather and full > 0 and payload <= self.config.gather_max
+        bufs: list[bytes | memoryview] | None = None if gather else []
         fastpath.record_burst(
             self._outstanding,
             self._sent_ring,
@@ -459,7 +472,19 @@ class Requester:
         self.timers.track(deadline, seq, n)
         self.evs.packets[ev] += n  # EVSet.count_sent, once per burst
         seg = _HDR_LEN + payload  # the segment size of a burst of more than one
-        if not full:
+        if bufs is None:
+            # gathered: the datagrams back to back in one buffer, the burst's GSO send
+            g = self._gather_room(full * seg + final + last_len)
+            end = self._gpos = fastpath.gather_burst(
+                self._gview, g, self._hview, h, wr.view, off, n, payload, last_len, final
+            )
+            if final + last_len > seg:
+                cut = g + full * seg
+                out.append((ev, [self._gview[g:cut]], full, seg))
+                out.append((ev, [self._gview[cut:end]], 1, end - cut))
+            else:
+                out.append((ev, [self._gview[g:end]], n, seg))
+        elif not full:
             out.append((ev, bufs, 1, h_end - h + last_len))
         elif final + last_len > seg:
             out.append((ev, bufs[:-2], full, seg))
@@ -467,6 +492,15 @@ class Requester:
         else:
             out.append((ev, bufs, n, seg))
         return n, full * payload + last_len
+
+    def _gather_room(self, nbytes: int) -> int:
+        """Where the next gathered burst of ``nbytes`` goes: the gather arena at its fill
+        mark, or a fresh one (never reused, as the header arena)."""
+        if self._gpos + nbytes > len(self._gbuf):
+            self._gbuf = bytearray(max(_GATHER_ARENA, nbytes))
+            self._gview = memoryview(self._gbuf)
+            self._gpos = 0
+        return self._gpos
 
     def _header_room(self, nbytes: int) -> tuple[bytearray, int]:
         """Where the next ``nbytes`` of headers go: the header arena at its fill mark, or a

@@ -78,11 +78,6 @@ def queue_mark_at(sock: socket.socket) -> int:
     return receive_room(sock) // 2
 
 
-def _split(bufs: Buffers, ev: int) -> list[gso.Send]:
-    """A GSO burst (header, payload, header, payload...) as one send per datagram."""
-    return [(ev, [bufs[i], bufs[i + 1]], [], 1) for i in range(0, len(bufs), 2)]
-
-
 class QPChannel:
     """The I/O side of one QP: its EV sockets and the futures/queues the application awaits."""
 
@@ -481,7 +476,7 @@ class Endpoint:
                     # GSO refused on this path: from now on one datagram per send
                     ch.gso = False
                     ch.gso_error = exc.strerror or str(exc)
-                    lost += self._send(ch, _split(bufs, ev), now, repair)
+                    lost += self._send(ch, gso.split((ev, bufs, cmsg, count)), now, repair)
                     continue
                 # e.g. the NIC of this EV's plane is down (ENETUNREACH), or an ICMP error
                 # came back: the datagrams are lost, which is evidence on the EV
@@ -510,7 +505,7 @@ class Endpoint:
                 if cmsg and ch.gso:
                     ch.gso = False
                     ch.backlog.popleft()
-                    ch.backlog.extendleft(reversed(_split(bufs, ev)))
+                    ch.backlog.extendleft(reversed(gso.split((ev, bufs, cmsg, count))))
                     continue
                 ch.send_errors += count
             ch.backlog.popleft()

@@ -20,7 +20,7 @@ import socket
 import struct
 
 from mrc.core.config import GSO_MAX_BYTES
-from mrc.core.events import Burst
+from mrc.core.events import Burst, gathered_datagrams, is_gathered
 
 SOL_UDP = getattr(socket, "SOL_UDP", 17)
 UDP_SEGMENT = getattr(socket, "UDP_SEGMENT", 103)
@@ -48,7 +48,8 @@ def _segment(size: int) -> Ancillary:
 def sends(bursts: list[Burst]) -> list[Send]:
     """Each burst as GSO sends of at most ``MAX_SEGMENTS`` datagrams and ``MAX_BYTES`` bytes
     (consecutive slices of it; the last datagram of a burst, the only one that may be shorter,
-    ends the last slice), a burst of one as a plain send."""
+    ends the last slice), a burst of one as a plain send. A gathered burst (one buffer,
+    ``is_gathered``) is sliced by bytes, the others by buffer pairs."""
     out: list[Send] = []
     for ev, bufs, count, seg in bursts:
         if count == 1:
@@ -60,22 +61,39 @@ def sends(bursts: list[Burst]) -> list[Send]:
         if per >= count:
             out.append((ev, bufs, _segment(seg), count))
         elif per < 2:
-            out.extend((ev, bufs[i : i + 2], _NONE, 1) for i in range(0, 2 * count, 2))
+            out.extend(_singles(ev, bufs, count, seg))
         else:
             cmsg = _segment(seg)
+            gathered = is_gathered(bufs, count)
             for i in range(0, count, per):
                 n = count - i if count - i < per else per
-                out.append((ev, bufs[2 * i : 2 * (i + n)], cmsg if n > 1 else _NONE, n))
+                part: list[Buffer] = (
+                    [memoryview(bufs[0])[i * seg : (i + n) * seg]]
+                    if gathered
+                    else bufs[2 * i : 2 * (i + n)]
+                )
+                out.append((ev, part, cmsg if n > 1 else _NONE, n))
     return out
+
+
+def _singles(ev: int, bufs: list[Buffer], count: int, seg: int) -> list[Send]:
+    """One burst's datagrams, each its own send."""
+    if is_gathered(bufs, count):
+        return [(ev, [d], _NONE, 1) for d in gathered_datagrams(bufs[0], count, seg)]
+    return [(ev, bufs[i : i + 2], _NONE, 1) for i in range(0, 2 * count, 2)]
 
 
 def singles(bursts: list[Burst]) -> list[Send]:
     """Every datagram its own send (no GSO)."""
-    return [
-        (ev, bufs[i : i + 2], _NONE, 1)
-        for ev, bufs, count, _seg in bursts
-        for i in range(0, 2 * count, 2)
-    ]
+    return [one for ev, bufs, count, seg in bursts for one in _singles(ev, bufs, count, seg)]
+
+
+def split(send: Send) -> list[Send]:
+    """A GSO send's datagrams, each its own send (where the kernel refused GSO): its segment
+    size is its ``UDP_SEGMENT`` control message's."""
+    ev, bufs, cmsg, count = send
+    seg = struct.unpack("=H", cmsg[0][2])[0] if cmsg else sum(len(b) for b in bufs)
+    return _singles(ev, bufs, count, seg)
 
 
 def enable_gro(sock: socket.socket) -> bool:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import TYPE_CHECKING
+import random
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import given
@@ -21,8 +22,9 @@ from hypothesis import strategies as st
 
 from mrc import wire
 from mrc.core import Access, ProtectionDomain, QPConfig, QueuePair, fastpath
-from mrc.core.events import Burst, EVState, datagrams_of
+from mrc.core.events import Burst, EVState, datagrams_of, is_gathered
 from mrc.lab.sim import Faults
+from mrc.security.packet import DirectionKeys, Mode, Protection
 
 from .mrcsim_harness import RecordingNetwork, fuzz_settings, make_transfer, run_until
 
@@ -56,6 +58,8 @@ def pack(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Pac
     """Each implementation of pack_burst, also installed as the one the requester calls."""
     fn = _impl(request.param)
     monkeypatch.setattr(fastpath, "pack_burst", fn)
+    gather = fastpath.native_gather_burst if request.param == "native" else None
+    monkeypatch.setattr(fastpath, "gather_burst", gather or fastpath.py_gather_burst)
     return fn
 
 
@@ -201,6 +205,14 @@ def _wire(bursts: list[Burst]) -> list[tuple[int, bytes]]:
     return [(ev, hdr + bytes(payload)) for ev, hdr, payload in datagrams_of(bursts)]
 
 
+def _head(burst: Burst, k: int) -> Burst:
+    """The first ``k`` datagrams of ``burst``, as a burst."""
+    ev, bufs, _n, seg = burst
+    if is_gathered(bufs, _n):
+        return (ev, [memoryview(bufs[0])[: k * seg]], k, seg)
+    return (ev, bufs[: 2 * k], k, seg)
+
+
 def _deliver(a: QueuePair, b: QueuePair, bursts: list[Burst], now: float) -> None:
     for ev, data in _wire(bursts):
         b.receive_datagram(memoryview(data), a.evs.values[ev], now)
@@ -245,9 +257,10 @@ def test_a_longer_write_imm_header_ends_the_gso_run(pack: PackBurst) -> None:
     bursts = a.bursts_to_send(1.0)
     assert [(n, seg) for _ev, _b, n, seg in bursts] == [(3, 128), (1, 130), (4, 128)]
     assert bursts[0][0] == bursts[1][0] == bursts[2][0]  # still one burst on one EV
-    for _ev, bufs, n, seg in bursts:
-        sizes = [len(bufs[i]) + len(bufs[i + 1]) for i in range(0, 2 * n, 2)]
-        assert sizes[0] == seg and all(s <= seg for s in sizes)
+    for burst in bursts:
+        sizes = [len(hdr) + len(payload) for _ev, hdr, payload in datagrams_of([burst])]
+        assert len(sizes) == burst[2]
+        assert sizes[0] == burst[3] and all(s <= burst[3] for s in sizes)
 
 
 def test_a_zero_length_write_is_one_header_only_datagram(pack: PackBurst) -> None:
@@ -276,7 +289,7 @@ def test_headers_handed_out_are_never_written_again(pack: PackBurst) -> None:
     a, _b, addr, rkey = _pair(burst=16)
     a.post_write(os.urandom(100 * 4096), addr, rkey)
     first = a.bursts_to_send(1.0)
-    kept = [bytes(bufs[i]) for _ev, bufs, n, _seg in first for i in range(0, 2 * n, 2)]
+    kept = _wire(first)
     # every packet times out, after an ACK of something new (as if the peer had answered
     # since they left): else only the oldest of a silent flight would be resent
     a.requester.timers.progress_at = 1.5
@@ -285,16 +298,18 @@ def test_headers_handed_out_are_never_written_again(pack: PackBurst) -> None:
     resent: list[Burst] = []
     a.requester.bursts_to_send(2.0, resent)  # 512 retransmissions, one burst each
     assert len(resent) == 512 and a.stats.retransmits == 512
-    # the arena has room for about 2300 headers: make the core leave several arenas behind
-    for i in range(8):
+    # the header arena has room for about 2300 headers, the gather arena for about 16000
+    # datagrams of 128 bytes: make the core leave each one behind
+    a.post_write(os.urandom(100 * 20000), addr, rkey)
+    for i in range(48):
         a.requester._outstanding.clear()  # as if all were acknowledged (no ACKs needed here)
         a.requester._snd_una = a.requester._next_seq
         a.bursts_to_send(3.0 + i)
     head = first[0][1][0]
     assert isinstance(head, memoryview)
-    assert a.requester._next_seq >= 4096 and a.requester._hbuf is not head.obj
-    now = [bytes(bufs[i]) for _ev, bufs, n, _seg in first for i in range(0, 2 * n, 2)]
-    assert now == kept
+    assert a.requester._next_seq >= 20000
+    assert head.obj is not a.requester._hbuf and head.obj is not a.requester._gbuf
+    assert _wire(first) == kept
 
 
 def test_one_timer_entry_per_burst_and_every_packet_still_times_out(pack: PackBurst) -> None:
@@ -306,8 +321,7 @@ def test_one_timer_entry_per_burst_and_every_packet_still_times_out(pack: PackBu
     rto = req.timers._deadlines[0][0]
     assert req.timers._live_top() == rto
     # the first 12 packets arrive (the whole first burst and half the second)
-    (ev1, bufs1, _n, seg1) = bursts[1]
-    _deliver(a, b, [bursts[0], (ev1, bufs1[:8], 4, seg1)], 1.001)
+    _deliver(a, b, [bursts[0], _head(bursts[1], 4)], 1.001)
     assert req._snd_una == 12
     assert req.timers._live_top() == rto  # the second burst's entry, trimmed to its live packets
     assert req.timers._deadlines[0][1:] == (12, 4)
@@ -387,3 +401,97 @@ def test_a_silent_flight_resends_its_oldest_packet_only(pack: PackBurst) -> None
     resent: list[Burst] = []
     req.bursts_to_send(1.0 + 10 * a.config.max_rto, resent)
     assert len(resent) == 1 and a.stats.retransmits == 1
+
+
+# ---- gathered bursts ------------------------------------------------------------------------
+
+
+def _gather_args(rng: random.Random, dst: bytearray) -> list[Any]:
+    hbuf = memoryview(bytearray(rng.randbytes(2048)))
+    data = memoryview(bytearray(rng.randbytes(1 << 15)))
+    n = rng.randint(1, 30)
+    payload = rng.randint(0, 900)
+    last_len = rng.randint(0, payload)
+    final = rng.choice([wire.DATA_HDR_LEN, wire.DATA_IMM_HDR_LEN])
+    h = rng.randrange(0, len(hbuf) - (n - 1) * wire.DATA_HDR_LEN - final + 1)
+    off = rng.randrange(0, len(data) - (n - 1) * payload - last_len + 1)
+    pos = rng.randrange(0, 64)
+    return [memoryview(dst), pos, hbuf, h, data, off, n, payload, last_len, final]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_gather_burst_twins_write_the_datagrams_back_to_back(seed: int) -> None:
+    """Both kernels write each datagram's header and payload, in order, from pos: the bytes
+    the pairs of views record_burst makes would send; nothing else in dst changes."""
+    if fastpath.native_gather_burst is None:
+        pytest.skip(f"mrc._native is not in use here: {fastpath.describe()}")
+    rng = random.Random(seed)
+    for _ in range(20):
+        state = rng.getstate()
+        out = []
+        for kernel in (fastpath.native_gather_burst, fastpath.py_gather_burst):
+            rng.setstate(state)
+            dst = bytearray(b"\xee" * 40000)
+            args = _gather_args(rng, dst)
+            end = kernel(*args)
+            _d, pos, hbuf, h, data, off, n, payload, last_len, final = args
+            want = b"".join(
+                bytes(hbuf[h + i * 28 : h + i * 28 + (final if i == n - 1 else 28)])
+                + bytes(data[off + i * payload : off + i * payload + (last_len if i == n - 1 else
+                                                                       payload)])
+                for i in range(n)
+            )  # fmt: skip
+            assert end == pos + len(want)
+            assert dst[pos:end] == want
+            assert dst[:pos] == b"\xee" * pos and dst[end:] == b"\xee" * (len(dst) - end)
+            out.append(bytes(dst))
+        assert out[0] == out[1]
+
+
+def test_gather_burst_twins_refuse_the_same_bad_arguments_and_write_nothing() -> None:
+    kernels: list[Any] = [fastpath.py_gather_burst]
+    if fastpath.native_gather_burst is not None:
+        kernels.append(fastpath.native_gather_burst)
+    for kernel in kernels:
+        hbuf, data = memoryview(bytearray(200)), memoryview(bytearray(range(256)))
+        dst = bytearray(300)
+        good: list[Any] = [memoryview(dst), 0, hbuf, 0, data, 0, 3, 50, 50, 28]
+        assert kernel(*good) == 3 * 78
+        dst[:] = bytes(300)
+        for pos, bad in (
+            (1, -1), (1, 100), (3, 150), (5, 120), (6, 0), (7, -1), (8, 51), (9, 27),
+        ):  # fmt: skip
+            args = list(good)
+            args[pos] = bad
+            with pytest.raises(ValueError):
+                kernel(*args)
+            assert dst == bytes(300)
+        with pytest.raises(BufferError):
+            kernel(memoryview(b"x" * 300), *good[1:])  # read-only: no place to write
+
+
+def test_a_gathered_burst_sends_what_pairs_of_views_send(pack: PackBurst) -> None:
+    """Gathering (the default below gather_max) changes how a burst is held, not one byte on
+    the wire: the same writes, with and without it, give the same datagrams; a QP that seals
+    (keys) never gathers."""
+    wires = []
+    for gather_max in (9000, 0):
+        cfg = QPConfig(payload_size=100, burst=8, cc="fixed", max_outstanding=512,
+                       gather_max=gather_max)  # fmt: skip
+        a = QueuePair(1, ProtectionDomain(), list(range(4000, 4000 + EVS)), None, cfg, 7)
+        a.connect(2, 300)
+        rng = random.Random(5)
+        a.post_write(rng.randbytes(100 * 13 + 98), 1 << 20, 9, imm=1)  # a lone longer last
+        a.post_write(rng.randbytes(100 * 9 + 3), 1 << 21, 9, imm=2)
+        a.post_write(rng.randbytes(100 * 4), 1 << 22, 9)
+        bursts = a.bursts_to_send(1.0)
+        gathered = [is_gathered(bufs, n) for _ev, bufs, n, _seg in bursts]
+        assert all(gathered) if gather_max else not any(gathered)
+        wires.append(_wire(bursts))
+    assert wires[0] == wires[1]
+    keyed = _pair()[0]
+    keys = DirectionKeys(7, bytes(range(16)), bytes(range(16, 32)))
+    keyed.protect(Protection(keys, keys, Mode.INTEGRITY))
+    keyed.post_write(b"x" * 1000, 1 << 20, 9)
+    sealed = keyed.bursts_to_send(1.0)
+    assert sealed and not any(is_gathered(bufs, n) for _ev, bufs, n, _seg in sealed)

@@ -182,6 +182,8 @@ def test_burst_settings_are_checked() -> None:
         {"burst": 65},
         {"burst_delay_fraction": 0.0},
         {"burst_spread": 0},
+        {"gather_max": -1},
+        {"gather_max": 65001},
     ):
         with pytest.raises(ValueError):
             QPConfig(**bad).validate()

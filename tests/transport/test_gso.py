@@ -48,6 +48,40 @@ def test_sends_respects_the_kernels_limits() -> None:
         assert flat == _burst(0, spec)[1]
 
 
+def _gathered(burst: Burst) -> Burst:
+    """``burst`` with its datagrams back to back in one buffer (as the core gathers them)."""
+    ev, bufs, count, seg = burst
+    return (ev, [memoryview(b"".join(bufs))], count, seg)
+
+
+def _datagrams(sends: list[gso.Send]) -> list[tuple[int, bytes, int]]:
+    """(EV, bytes, datagrams) of each send."""
+    return [(ev, b"".join(bytes(b) for b in bufs), n) for ev, bufs, _c, n in sends]
+
+
+def test_a_gathered_burst_is_cut_as_its_pairs_are() -> None:
+    """A gathered burst (one buffer) goes out in the same sends, with the same bytes and
+    control messages, as the same burst in header and payload pairs, whatever the cut."""
+    for spec in ([100] * 200, [8192] * 20, [8192] * 8, [40000] * 2, [100, 100, 40], [7]):
+        pairs = _burst(3, spec)
+        for cut in (gso.sends, gso.singles):
+            want, got = cut([pairs]), cut([_gathered(pairs)])
+            assert _datagrams(got) == _datagrams(want)
+            assert [c for *_x, c, _n in got] == [c for *_x, c, _n in want]
+            assert all(len(bufs) == 1 for _e, bufs, _c, _n in got)
+
+
+def test_a_refused_gso_send_splits_into_its_datagrams_either_way() -> None:
+    """Where the kernel refuses GSO the transport resends a send datagram by datagram: the
+    segment size of a gathered one comes from its control message."""
+    pairs = _burst(5, [100] * 6 + [40])
+    for burst in (pairs, _gathered(pairs)):
+        (send,) = gso.sends([burst])
+        one_by_one = gso.split(send)
+        assert [n for *_x, n in one_by_one] == [1] * 7
+        assert _datagrams(one_by_one) == _datagrams(gso.singles([pairs]))
+
+
 def test_singles_is_one_send_per_datagram() -> None:
     out = gso.singles([_burst(0, [10, 10]), _burst(1, [5])])
     assert out == [
@@ -74,6 +108,39 @@ async def test_bursts_arrive_whole_through_gso_and_gro() -> None:
         # bursts are runs of EVs: every EV still carried a share
         packets = [cast(int, row["packets"]) for row in conn.ev_report()[:16]]
         assert min(packets) > 0, packets
+    finally:
+        await conn.close()
+        await listener.close()
+
+
+async def test_gathered_bursts_arrive_whole_through_gso_and_gro() -> None:
+    """At 1400 bytes (below gather_max) every burst of new data goes out gathered, one buffer
+    per GSO send: the data arrives whole in GRO trains, as with pairs of views."""
+    data = os.urandom(8 << 20)
+    region = bytearray(len(data))
+    listener = await mrc.listen(HOST, 0)
+    listener.register(region, name="inbox")
+    cfg = QPConfig(payload_size=1400, burst=32)
+    assert cfg.payload_size <= cfg.gather_max
+    conn = await mrc.connect(HOST, listener.port, mrc.ConnectConfig(evs=16, qp=cfg))
+    gathered = 0
+    qp = conn.channel.qp
+    to_send = qp.bursts_to_send
+
+    def counting(now: float) -> list[Burst]:
+        nonlocal gathered
+        bursts = to_send(now)
+        gathered += sum(len(bufs) == 1 and n > 1 for _ev, bufs, n, _seg in bursts)
+        return bursts
+
+    qp.bursts_to_send = counting  # type: ignore[method-assign]
+    try:
+        await listener.accept(timeout=5)
+        await conn.write(data, conn.remote["inbox"])
+        assert hashlib.sha256(region).digest() == hashlib.sha256(data).digest()
+        assert conn.channel.gso and conn.channel.gso_error is None
+        assert gathered > 100
+        assert listener.endpoint.gro and listener.endpoint.gro_trains > 0
     finally:
         await conn.close()
         await listener.close()
