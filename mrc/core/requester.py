@@ -11,6 +11,7 @@ evidence (``recovery.LossDetector``) and by the retransmission and tail loss pro
 from __future__ import annotations
 
 import struct
+import sys
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -177,6 +178,7 @@ class Requester:
         self._gbuf = bytearray(0)
         self._gview = memoryview(self._gbuf)
         self._gpos = 0
+        self._gspare: bytearray | None = None  # the arena before, reused once nothing views it
         self._hpos = 0
         # congestion control: the window law (mrc/core/cc/). Packets known to be out of the
         # network (queued in _retransmit after a NACK, a loss or a timeout) do not count
@@ -495,10 +497,18 @@ class Requester:
 
     def _gather_room(self, nbytes: int) -> int:
         """Where the next gathered burst of ``nbytes`` goes: the gather arena at its fill
-        mark, or a fresh one (never reused, as the header arena)."""
+        mark, or, when it is full, the arena before it if no view of it is left (every send
+        from it done), else a fresh one. An arena is never written while a send waiting in the
+        transport's backlog may point into it; and reusing one spares zeroing a new one, 1 GiB
+        of memset per GiB sent."""
         if self._gpos + nbytes > len(self._gbuf):
-            self._gbuf = bytearray(max(_GATHER_ARENA, nbytes))
-            self._gview = memoryview(self._gbuf)
+            spare, self._gspare = self._gspare, self._gbuf
+            # unviewed: referred to by ``spare`` and getrefcount's argument only (a view's
+            # buffer holds a reference to the bytearray it exports)
+            if spare is None or len(spare) < nbytes or sys.getrefcount(spare) > 2:
+                spare = bytearray(max(_GATHER_ARENA, nbytes))
+            self._gbuf = spare
+            self._gview = memoryview(spare)
             self._gpos = 0
         return self._gpos
 

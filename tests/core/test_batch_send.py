@@ -495,3 +495,42 @@ def test_a_gathered_burst_sends_what_pairs_of_views_send(pack: PackBurst) -> Non
     keyed.post_write(b"x" * 1000, 1 << 20, 9)
     sealed = keyed.bursts_to_send(1.0)
     assert sealed and not any(is_gathered(bufs, n) for _ev, bufs, n, _seg in sealed)
+
+
+def test_a_gather_arena_is_reused_once_no_send_views_it(
+    pack: PackBurst, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full gather arena makes way for the one before it when no view of that one is left
+    (its sends done), not for a fresh, zeroed one; one still viewed (a send in the backlog)
+    is never written again (test_headers_handed_out_are_never_written_again)."""
+    from mrc.core import requester as requester_module
+
+    made: list[int] = []
+
+    def counting(size: int) -> bytearray:
+        if size >= requester_module._GATHER_ARENA:
+            made.append(size)
+        return bytearray(size)
+
+    monkeypatch.setattr(requester_module, "bytearray", counting, raising=False)
+    a, _b, addr, rkey = _pair(burst=16)
+    a.post_write(os.urandom(100 * 200_000), addr, rkey)
+    req = a.requester
+    switches = 0
+    for i in range(220):  # 512 datagrams of 128 bytes a round: an arena per 32 rounds
+        req._outstanding.clear()  # as if all were acknowledged
+        req._snd_una = req._next_seq
+        before = req._gpos
+        assert a.bursts_to_send(1.0 + i)  # and sent at once: nothing keeps a view
+        switches += req._gpos < before
+    assert switches >= 6
+    assert len(made) == 2  # the first two arenas; every later one is one of them again
+    req._outstanding.clear()
+    req._snd_una = req._next_seq
+    kept = a.bursts_to_send(300.0)  # now a send waits: its arena must not come back
+    kept_bytes = _wire(kept)
+    for i in range(100):  # two switches at least: the second finds the kept one viewed
+        req._outstanding.clear()
+        req._snd_una = req._next_seq
+        a.bursts_to_send(301.0 + i)
+    assert len(made) == 3 and kept and _wire(kept) == kept_bytes
