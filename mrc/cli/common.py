@@ -579,9 +579,9 @@ def tune_gc() -> None:
     A transfer makes container objects per packet (send buffers' views, bursts, ACK tuples)
     that die young and almost never in cycles. With the defaults the collector ran every 700
     of them and now and then walked the whole heap of modules: 4-16% of mrc-send's CPU at
-    1400-byte payloads, 7% of each end's at 8 KiB (docs/PERFORMANCE.md, "The collector").
-    Cycles are still collected, in batches. A command's process only: the library leaves an
-    embedding program's collector alone."""
+    1400-byte payloads, 7% of each end's at 8 KiB (docs/PERFORMANCE.md, "Fewer objects per
+    packet at the sender"). Cycles are still collected, in batches. A command's process only:
+    the library leaves an embedding program's collector alone."""
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
 

@@ -159,8 +159,8 @@ class QPConfig(EVConfig):
     # bursts of payloads of at most this many bytes are gathered: their datagrams copied back
     # to back into one send buffer, which the kernel takes faster than two views a datagram,
     # and no view is made per packet. The copy costs more than that saves at 8 KiB, less at
-    # 1400 bytes (docs/PERFORMANCE.md, "Gathered bursts"); 0: never. Not with keys (sealing
-    # makes its own buffers)
+    # 1400 bytes (docs/PERFORMANCE.md, "Fewer objects per packet at the sender"); 0: never.
+    # Not with keys (sealing makes its own buffers)
     gather_max: int = 2048
     # congestion control: the window law's name (mrc/core/cc/, docs/CONGESTION.md): "nscc",
     # UET 1.0's NSCC capped by max_outstanding; "nscc-mrc", mrc's own NSCC-style law; "fixed",

@@ -574,9 +574,9 @@ def py_gather_burst(
     (``payload`` bytes of ``view`` from ``off``, consecutive; the last ``last_len``).
 
     One buffer for the burst's GSO send instead of two views a datagram: the kernel takes it
-    in about two thirds of the time, and no view is made per packet (docs/PERFORMANCE.md,
-    "Gathered bursts"). Out-of-range fields raise ValueError, and so does a burst that does not
-    fit its buffers; nothing is written then."""
+    in less time, and no view is made per packet (docs/PERFORMANCE.md, "Fewer objects per
+    packet at the sender"). Out-of-range fields raise ValueError, and so does a burst that does
+    not fit its buffers; nothing is written then."""
     if not (
         1 <= n <= 1024
         and pos >= 0

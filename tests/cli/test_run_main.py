@@ -59,8 +59,8 @@ def test_success_passes_the_status_through() -> None:
 
 def test_a_command_runs_with_the_collector_set_for_a_transfer() -> None:
     """run_command freezes what exists and widens the young generation before the body runs
-    (docs/PERFORMANCE.md, "The collector"); in a child, so this process's collector is left
-    as it is."""
+    (docs/PERFORMANCE.md, "Fewer objects per packet at the sender"); in a child, so this
+    process's collector is left as it is."""
     code = (
         "import gc, json\n"
         "from mrc.cli.common import run_command\n"
