@@ -586,12 +586,63 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def run_command(prog: str, main: Coroutine[Any, Any, int], answer: JsonAnswer | None = None) -> int:
+#: ``--scheduling``'s choices: the Linux scheduling policy a command's process runs under
+#: (the default first)
+SCHEDULING = ("batch", "normal")
+
+
+def add_scheduling_arg(parser: argparse._ActionsContainer) -> None:
+    """``--scheduling {batch,normal}``, as mrc-send and mrc-recv both take it."""
+    parser.add_argument(
+        "--scheduling",
+        choices=SCHEDULING,
+        default=SCHEDULING[0],
+        help="the Linux scheduling policy of this process's threads (default batch): batch "
+        "(SCHED_BATCH), a thread that wakes waits for a free core or the end of the running "
+        "thread's turn instead of preempting it, which saves context switches where both "
+        "ends or other work share the cores; normal (SCHED_OTHER), the system's default",
+    )
+
+
+def set_scheduling(policy: str) -> str | None:
+    """Put the calling thread, and so every thread it starts later, under ``policy`` (one of
+    :data:`SCHEDULING`); None, or why the kernel refused (the process then runs as it was).
+
+    A transfer's threads wake each other all the time: the event loop for an ACK, the hash
+    thread for a range to hash, and, where the peer shares the host's cores, the other end's
+    loop. Under SCHED_OTHER each wake-up may take the core from the thread running there, in
+    the middle of its sendmsg(): one QP on a veth lost about 0.5 s in 4 GiB to ACK sends
+    preempted that way. Under SCHED_BATCH a woken thread waits for a free core or the end of
+    the running one's slice (docs/PERFORMANCE.md, "A woken thread waits its turn"). No
+    privilege is needed, and nothing else changes: priorities and nice values are as they
+    were. A command's process only: the library leaves an embedding program's policy alone."""
+    wanted = os.SCHED_BATCH if policy == "batch" else os.SCHED_OTHER
+    try:
+        os.sched_setscheduler(0, wanted, os.sched_param(0))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def run_command(
+    prog: str,
+    main: Coroutine[Any, Any, int],
+    answer: JsonAnswer | None = None,
+    scheduling: str = SCHEDULING[0],
+) -> int:
     """:func:`run_main` for a command whose body is a coroutine (run on the fast loop, with
-    the collector set for a transfer: :func:`tune_gc`)."""
+    the collector set for a transfer, :func:`tune_gc`, and the process under ``scheduling``,
+    :func:`set_scheduling`)."""
     from mrc.transport.loop import run
 
     tune_gc()
+    refused = set_scheduling(scheduling)
+    if refused is not None:
+        print(
+            f"{prog}: warning: scheduling policy {scheduling} refused ({refused}); "
+            "running under the one inherited",
+            file=sys.stderr,
+        )
     return run_main(prog, lambda: run(main), answer=answer)
 
 

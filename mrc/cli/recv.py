@@ -23,6 +23,7 @@ from mrc.cli.common import (
     add_idle_timeout,
     add_key_args,
     add_logging_args,
+    add_scheduling_arg,
     configure_logging,
     endpoint_arg,
     float_between,
@@ -162,6 +163,7 @@ default, --checksum).""",
         "--idle-timeout covers a transfer that stalls once started",
     )
     add_idle_timeout(transfers, "no data arrives", IDLE_TIMEOUT)
+    add_scheduling_arg(transfers)
     transfers.add_argument(
         "--evs",
         type=positive_int,
@@ -457,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         _warn_stale_parts(args.out)
     answer = JsonAnswer("recv", args.json)
-    return run_command(PROG, _main(args), answer)
+    return run_command(PROG, _main(args), answer, args.scheduling)
 
 
 def _warn_stale_parts(out: str) -> None:

@@ -28,6 +28,7 @@ from mrc.cli.common import (
     add_idle_timeout,
     add_key_args,
     add_logging_args,
+    add_scheduling_arg,
     cc_arg,
     configure_logging,
     endpoint_arg,
@@ -201,6 +202,7 @@ verified end to end with the checksum the receiver picks (BLAKE3 by default, --c
     how.add_argument("--cc", type=cc_arg, default="nscc", metavar="LAW", help=CC_HELP)
     add_qp_arg(how, ", applied after every other option")
     add_idle_timeout(how, "the receiver acknowledges nothing", IDLE_TIMEOUT)
+    add_scheduling_arg(how)
     security = p.add_argument_group("security")
     add_key_args(security, ENCRYPT_HELP)
     add_checksum_arg(security, CHECKSUMS, "offered")
@@ -554,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     log.debug("receive kernel: %s", fastpath.describe())
     _check_usage(parser, args)
     answer = JsonAnswer("send", args.json)
-    return run_command(PROG, _main(args, answer), answer)
+    return run_command(PROG, _main(args, answer), answer, args.scheduling)
 
 
 if __name__ == "__main__":
