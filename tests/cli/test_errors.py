@@ -192,6 +192,7 @@ def test_recv_refuses_oversized_transfer(mrc_tools: MrcTools, mrc_port: int) -> 
 
 SEND_FLAGS = [
     "--idle-timeout",
+    "--scheduling",
     "--size",
     "--time",
     "--interval",
@@ -240,6 +241,7 @@ RECV_FLAGS = [
     "--max-setups",
     "--start-timeout",
     "--idle-timeout",
+    "--scheduling",
     "--timeout",
     "--metrics-port",
     "--metrics-addr",
