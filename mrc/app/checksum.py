@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,11 +29,17 @@ from typing import Protocol
 import blake3
 import xxhash
 
+from mrc.app import hashpolicy
 from mrc.errors import MRCError
 from mrc.transport.messages import CHECKSUMS
 
 #: bytes per update (each releases the GIL; a worker thread hashes beside the loop)
 STEP = 16 << 20
+#: bytes per piece of a step where hash steps may give way (mrc.app.hashpolicy): how long a
+#: step may run under a policy it should have left (a quarter of a millisecond of BLAKE3)
+PIECE = 1 << 20
+#: bytes a hash may lag behind what it may hash before its steps stop giving way
+LAG = 4 * STEP
 #: what a connection whose peer named no checksum is verified with
 FALLBACK = "sha256"
 #: what each name is called in messages people read
@@ -123,6 +130,9 @@ class PrefixHasher:
         self._moved = asyncio.Event()  # set when a step ends
         self._error: BaseException | None = None
         self._closed = False
+        #: when the digest was first awaited (time.monotonic(); read by the step's thread
+        #: between pieces: mrc.app.hashpolicy.overdue)
+        self.awaited: float | None = None
 
     @property
     def end(self) -> int:
@@ -138,6 +148,8 @@ class PrefixHasher:
 
     async def digest(self) -> str:
         """The checksum of everything hashed into the hash object, once the whole view is."""
+        if self.awaited is None:
+            self.awaited = time.monotonic()  # steps give way for GRACE more (hashpolicy)
         self.advance(len(self._view))
         while self.hashed < len(self._view):
             if self._error is not None:
@@ -166,8 +178,16 @@ class PrefixHasher:
         step.add_done_callback(lambda done: self._stepped(done, stop))
 
     def _update(self, start: int, stop: int) -> None:
-        with self._view[start:stop] as part:
-            self._hash.update(part)
+        if not hashpolicy.allowed():
+            with self._view[start:stop] as part:
+                self._hash.update(part)
+            return
+        # in pieces, each under SCHED_IDLE unless the digest is awaited or the hash lags
+        with hashpolicy.step():
+            for at in range(start, stop, PIECE):
+                hashpolicy.piece(hashpolicy.overdue(self.awaited) or self._end - at > LAG)
+                with self._view[at : min(at + PIECE, stop)] as part:
+                    self._hash.update(part)
 
     def _stepped(self, step: asyncio.Future[None], stop: int) -> None:
         self._step = None

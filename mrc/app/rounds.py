@@ -165,6 +165,7 @@ class StreamRounds:
         return end - start
 
     async def expected(self, r: int) -> str:
+        self._hasher.awaiting()
         return await self._digests.pop(r)
 
 

@@ -14,10 +14,12 @@ import asyncio
 import math
 import mmap
 import os
+import time
 from collections.abc import Iterator
 from typing import Protocol
 
-from mrc.app.checksum import Checksum
+from mrc.app import hashpolicy
+from mrc.app.checksum import LAG, PIECE, Checksum
 
 #: bytes per WRITE a sender posts, and per step of a hash (hashlib releases the GIL for each)
 CHUNK = 16 << 20
@@ -112,6 +114,9 @@ class StreamHasher:
         self._scheduled = 0  # bytes up to which hashing steps are scheduled
         self._tail: asyncio.Task[str] | None = None  # the latest step
         self._acked = 0  # what follow() was told last
+        #: when the digest was first awaited (time.monotonic(); read by the step's thread
+        #: between pieces: mrc.app.hashpolicy.overdue)
+        self.awaited: float | None = None
 
     def hash_to(self, end: int) -> asyncio.Task[str]:
         """Hash up to byte ``end`` (not before what is scheduled already); the task gives
@@ -135,7 +140,14 @@ class StreamHasher:
 
     async def digest(self) -> str:
         """The checksum of the whole source (what is left is hashed now)."""
+        self.awaiting()
         return await self.hash_to(self._source.size)
+
+    def awaiting(self) -> None:
+        """Someone waits for a digest now: from GRACE on, no step gives way any more
+        (mrc.app.hashpolicy; from then on for the rest of the source, conservatively)."""
+        if self.awaited is None:
+            self.awaited = time.monotonic()
 
     def cancel(self) -> None:
         """Stop hashing (the transfer ended without a verdict)."""
@@ -148,7 +160,18 @@ class StreamHasher:
         return await asyncio.to_thread(self._update, start, end)
 
     def _update(self, start: int, end: int) -> str:
-        for piece in self._source.pieces(start, end):
-            for off in range(0, len(piece), CHUNK):
-                self._sha.update(piece[off : off + CHUNK])
+        if not hashpolicy.allowed():
+            for piece in self._source.pieces(start, end):
+                for off in range(0, len(piece), CHUNK):
+                    self._sha.update(piece[off : off + CHUNK])
+            return self._sha.copy().hexdigest()
+        # in pieces, each under SCHED_IDLE unless the digest is awaited or the hash lags
+        with hashpolicy.step():
+            at = start
+            for piece in self._source.pieces(start, end):
+                for off in range(0, len(piece), PIECE):
+                    hashpolicy.piece(hashpolicy.overdue(self.awaited) or self._scheduled - at > LAG)
+                    part = piece[off : off + PIECE]
+                    self._sha.update(part)
+                    at += len(part)
         return self._sha.copy().hexdigest()

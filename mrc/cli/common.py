@@ -26,6 +26,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NoReturn, TextIO
 
+from mrc.app import hashpolicy
 from mrc.cli.progress import Progress as Progress  # (re-exported: mrc-send, mrc-recv)
 from mrc.core.cc import load as load_law
 from mrc.errors import MRCError, UsageError
@@ -600,7 +601,9 @@ def add_scheduling_arg(parser: argparse._ActionsContainer) -> None:
         help="the Linux scheduling policy of this process's threads (default batch): batch "
         "(SCHED_BATCH), a thread that wakes waits for a free core or the end of the running "
         "thread's turn instead of preempting it, which saves context switches where both "
-        "ends or other work share the cores; normal (SCHED_OTHER), the system's default",
+        "ends or other work share the cores, and the end-to-end hash gives its core up to "
+        "them at once (SCHED_IDLE) while it keeps up, where the process may raise it again "
+        "(root or CAP_SYS_NICE); normal (SCHED_OTHER), the system's default, for all",
     )
 
 
@@ -632,7 +635,7 @@ def run_command(
 ) -> int:
     """:func:`run_main` for a command whose body is a coroutine (run on the fast loop, with
     the collector set for a transfer, :func:`tune_gc`, and the process under ``scheduling``,
-    :func:`set_scheduling`)."""
+    :func:`set_scheduling`; under batch, hash steps give way too: mrc.app.hashpolicy)."""
     from mrc.transport.loop import run
 
     tune_gc()
@@ -643,6 +646,7 @@ def run_command(
             "running under the one inherited",
             file=sys.stderr,
         )
+    hashpolicy.allow(scheduling == "batch" and refused is None)
     return run_main(prog, lambda: run(main), answer=answer)
 
 
