@@ -122,8 +122,12 @@ class QPConfig(EVConfig):
     ack_every: int = 16
     ack_delay: float = 0.0005
     # the ACKs that fall due while one receive batch is taken in go out as one, at its end,
-    # unless this many packets arrived unacknowledged (1: each at once, as it falls due)
+    # unless this many packets arrived unacknowledged (1: each at once, as it falls due)...
     ack_batch_max: int = 64
+    # ...or, if that is more packets, this many bytes of datagrams (0: packets only): at
+    # 1400-byte payloads an ACK per 64 packets cost the sender a fifth of its CPU
+    # (docs/PERFORMANCE.md, "An ACK per bytes owed, not per 64 packets")
+    ack_batch_bytes: int = 384 << 10
     initial_rto: float = 0.1
     min_rto: float = 0.05
     max_rto: float = 1.0
@@ -237,6 +241,8 @@ class QPConfig(EVConfig):
             raise ValueError("ack_every must be at least 1")
         if self.ack_batch_max < 1:
             raise ValueError("ack_batch_max must be at least 1")
+        if self.ack_batch_bytes < 0:
+            raise ValueError("ack_batch_bytes must be >= 0")
         if self.tlp_max < 0:
             raise ValueError("tlp_max must be >= 0")
         if self.line_rate_bps is not None and not self.line_rate_bps > 0:

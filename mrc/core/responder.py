@@ -87,6 +87,10 @@ class Responder:
         self._seqs = array("q", bytes(8 * TRAIN_CAP))
         self._marks = bytearray(TRAIN_CAP)
         self.fast_placed = 0  # segments placed by the train kernel (the rest: on_data)
+        # arrivals owed an ACK at which one goes at once, for datagrams of _batch_size bytes
+        # (ack_batch_max, or ack_batch_bytes of them if more: _batch_for)
+        self._batch_size = 0
+        self._batch_max = config.ack_batch_max
 
     # ---- input -------------------------------------------------------------------------
 
@@ -166,6 +170,8 @@ class Responder:
             self._advance()
         self._subject_ce = bool(qpw & _FECN)
         probe = bool(psnw & _TLP)
+        if len(data) != self._batch_size:
+            self._batch_for(len(data))
         self._note_arrival(seq, src_ev, now, probe or bool(psnw & _ACKREQ), twice=probe)
 
     def _duplicate_of_sacked(self, ev: int, since: float, now: float) -> None:
@@ -230,8 +236,20 @@ class Responder:
             stats.packets_received += placed
             stats.bytes_placed += nbytes
             self.fast_placed += placed
+            if seg - skip != self._batch_size:
+                self._batch_for(seg - skip)
             self._arrived(self._seqs, self._marks, placed, src_ev, now)
         return placed
+
+    def _batch_for(self, size: int) -> None:
+        """Bound ACK coalescing for datagrams of ``size`` bytes: ``ack_batch_max`` arrivals,
+        or as many as make ``ack_batch_bytes`` if that is more. The bound is about the bytes
+        a sender's window waits on, and an ACK costs the sender the same whatever it
+        acknowledges: per 64 packets of 1400 bytes it cost a fifth of the sender's CPU."""
+        cfg = self.config
+        self._batch_size = size
+        by_bytes = cfg.ack_batch_bytes // size if size > 0 else 0
+        self._batch_max = by_bytes if by_bytes > cfg.ack_batch_max else cfg.ack_batch_max
 
     def _arrived(
         self, seqs: array[int], marks: bytearray, count: int, src_ev: int, now: float
@@ -264,7 +282,7 @@ class Responder:
                 self._next_due,
                 self._ack_due,
                 cfg.ack_every,
-                cfg.ack_batch_max,
+                self._batch_max,
             )
             if cum != self._cum:
                 self._cum = cum
@@ -326,10 +344,10 @@ class Responder:
         every ``ack_every``-th arrival after the last ACK or due point, as each would have
         been sent alone; it goes with the QP's next datagrams, so that the ACKs that fall
         due within one receive batch go out as one, about the batch's latest arrival. It goes
-        at once for ``ack_batch_max`` unacknowledged arrivals, and where its own subject
-        matters: CE (the mark is blamed on the EV the ACK echoes), a duplicate (``dup``:
-        the ACK says so, wire.ACK_SUBJECT_DUP) and a tail loss probe (``twice``: the ACKs of
-        both go twice). Nothing due: an ACK after the delay."""
+        at once for ``_batch_max`` unacknowledged arrivals (:meth:`_batch_for`), and where
+        its own subject matters: CE (the mark is blamed on the EV the ACK echoes), a
+        duplicate (``dup``: the ACK says so, wire.ACK_SUBJECT_DUP) and a tail loss probe
+        (``twice``: the ACKs of both go twice). Nothing due: an ACK after the delay."""
         self._pending += count
         self._dirty.add(seq >> 6)
         self._subject = (seq, src_ev)
@@ -341,13 +359,13 @@ class Responder:
         cfg = self.config
         if force or pending >= self._next_due:
             self._next_due = pending + cfg.ack_every
-            if self._subject_twice or self._subject_ce or pending >= cfg.ack_batch_max:
+            if self._subject_twice or self._subject_ce or pending >= self._batch_max:
                 self.flush(now)
             else:
                 self._ack_due = True
                 self._ack_deadline = now  # for a caller that asks the timer first
         elif self._ack_due:
-            if pending >= cfg.ack_batch_max:
+            if pending >= self._batch_max:
                 self.flush(now)
         elif self._ack_deadline is None:
             self._ack_deadline = now + cfg.ack_delay

@@ -39,7 +39,7 @@ def test_values_take_their_fields_type(text: str, key: str, value: object) -> No
     ("text", "needle"),
     [
         ("probe_intervl=0.01", "did you mean probe_interval"),
-        ("zzz=1", "QPConfig fields: ack_batch_max, ack_delay, ack_every,"),
+        ("zzz=1", "QPConfig fields: ack_batch_bytes, ack_batch_max, ack_delay, ack_every,"),
         ("probe_interval", "want KEY=VALUE"),
         ("=1", "want KEY=VALUE"),
         ("route_dead_evs=two", "route_dead_evs: want an integer, not 'two'"),

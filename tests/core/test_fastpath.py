@@ -171,7 +171,13 @@ def _trains(seed: int, mr: MemoryRegion, count: int) -> list[Train]:
 class Receiver:
     """An endpoint with two connected QPs over one registered region."""
 
-    def __init__(self, pd: ProtectionDomain, ack_every: int, ack_batch_max: int = 64) -> None:
+    def __init__(
+        self,
+        pd: ProtectionDomain,
+        ack_every: int,
+        ack_batch_max: int = 64,
+        ack_batch_bytes: int = 0,
+    ) -> None:
         self.core = EndpointCore(pd)
         self.qps = {}
         for qpn in (QPN, OTHER_QPN):
@@ -181,6 +187,7 @@ class Receiver:
                 payload_size=P,
                 ack_every=ack_every,
                 ack_batch_max=ack_batch_max,
+                ack_batch_bytes=ack_batch_bytes,  # 0: the packet bound alone
                 psn_window=WINDOW,
                 reverse_probe_interval=0.0,
             )
@@ -599,6 +606,32 @@ def test_a_long_batch_still_acks_every_ack_batch_max_arrivals(rx_impl: str) -> N
     rx.drain(0.0)
     subjects = [wire.parse_ack(d).subject_psn for _q, _ev, d in rx.out]
     assert subjects == [to_psn(IPSN, s) for s in (9, 19, 24)]
+
+
+def test_the_batch_bound_in_bytes_raises_the_one_in_packets(rx_impl: str) -> None:
+    """Where ``ack_batch_bytes`` of a train's datagrams are more than ``ack_batch_max``
+    of them, a batch gets an ACK at that many arrivals instead (small payloads: per bytes
+    owed); where they are fewer, ``ack_batch_max`` holds."""
+    pd, mr, _region = _kernel_setup()
+    segs = [_segment(mr, s, b"a" * P) for s in range(25)]
+    for batch_bytes, acked in ((20 * S, (19, 24)), (5 * S, (9, 19, 24))):
+        rx = Receiver(pd, 4, ack_batch_max=10, ack_batch_bytes=batch_bytes)
+        assert rx.core.receive_train(memoryview(b"".join(segs)), S, 1, 0.0) == {QPN: 25}
+        rx.drain(0.0)
+        subjects = [wire.parse_ack(d).subject_psn for _q, _ev, d in rx.out]
+        assert subjects == [to_psn(IPSN, s) for s in acked]
+
+
+def test_the_batch_bound_in_bytes_holds_for_lone_datagrams() -> None:
+    """The same bound where datagrams come one by one (no GRO): within one batch, an ACK at
+    ``ack_batch_bytes`` of them."""
+    pd, mr, _region = _kernel_setup()
+    rx = Receiver(pd, 4, ack_batch_max=10, ack_batch_bytes=20 * S)
+    for s in range(25):
+        rx.core.receive_datagram(memoryview(_segment(mr, s, b"a" * P)), 1, 0.0)
+    rx.drain(0.0)
+    subjects = [wire.parse_ack(d).subject_psn for _q, _ev, d in rx.out]
+    assert subjects == [to_psn(IPSN, s) for s in (19, 24)]
 
 
 def _runs_impls() -> list[fastpath.NoteRuns]:
