@@ -38,8 +38,6 @@ STEP = 16 << 20
 #: bytes per piece of a step where hash steps may give way (mrc.app.hashpolicy): how long a
 #: step may run under a policy it should have left (a quarter of a millisecond of BLAKE3)
 PIECE = 1 << 20
-#: bytes a hash may lag behind what it may hash before its steps stop giving way
-LAG = 4 * STEP
 #: what a connection whose peer named no checksum is verified with
 FALLBACK = "sha256"
 #: what each name is called in messages people read
@@ -131,7 +129,7 @@ class PrefixHasher:
         self._error: BaseException | None = None
         self._closed = False
         #: when the digest was first awaited (time.monotonic(); read by the step's thread
-        #: between pieces: mrc.app.hashpolicy.overdue)
+        #: between pieces: mrc.app.hashpolicy.piece)
         self.awaited: float | None = None
 
     @property
@@ -182,10 +180,10 @@ class PrefixHasher:
             with self._view[start:stop] as part:
                 self._hash.update(part)
             return
-        # in pieces, each under SCHED_IDLE unless the digest is awaited or the hash lags
+        # in pieces, each under SCHED_IDLE unless urgent (hashpolicy.piece)
         with hashpolicy.step():
             for at in range(start, stop, PIECE):
-                hashpolicy.piece(hashpolicy.overdue(self.awaited) or self._end - at > LAG)
+                hashpolicy.piece(self.awaited, self._end - at)
                 with self._view[at : min(at + PIECE, stop)] as part:
                     self._hash.update(part)
 

@@ -8,8 +8,8 @@ waits for the end of that step's turn, up to a scheduler tick (4 ms at HZ=250), 
 round trip the window law sees grows by it. Under SCHED_IDLE the step gives the core up at
 once to any thread that wakes. Idle threads get only what is left over, so a step runs
 under its thread's own policy again as soon as it is *urgent*: its digest has been awaited
-for :data:`GRACE` seconds (:func:`overdue`), or it lags :data:`~mrc.app.checksum.LAG` bytes
-behind what it may hash. Leaving SCHED_IDLE needs
+for :data:`GRACE` seconds, or it lags :data:`LAG` bytes behind what it may hash
+(:func:`piece`). Leaving SCHED_IDLE needs
 CAP_SYS_NICE or an RLIMIT_NICE that allows the thread's nice value, so a process without
 either never enters it (:func:`allow`). docs/PERFORMANCE.md, "A hash step gives way".
 
@@ -28,6 +28,8 @@ from contextlib import contextmanager
 #: seconds a hash step may go on giving way once its digest is awaited: what a starved
 #: step can add to a verdict (or a round's answer) where other work fills every core
 GRACE = 0.1
+#: bytes a hash may lag behind what it may hash before its steps stop giving way
+LAG = 64 << 20
 #: CAP_SYS_NICE's bit in /proc/PID/status's CapEff
 _CAP_SYS_NICE = 23
 _allowed = False
@@ -60,13 +62,8 @@ def allow(on: bool) -> bool:
 
 
 def allowed() -> bool:
+    """Whether hash steps may give way (:func:`allow`); if not, they hash as they always did."""
     return _allowed
-
-
-def overdue(awaited: float | None) -> bool:
-    """Whether a digest awaited since ``awaited`` (``time.monotonic()``; None: not awaited)
-    has waited :data:`GRACE` seconds."""
-    return awaited is not None and time.monotonic() - awaited > GRACE
 
 
 @contextmanager
@@ -83,12 +80,16 @@ def step() -> Iterator[None]:
             _set(saved)
 
 
-def piece(urgent: bool) -> None:
-    """Before each piece of a step (inside :func:`step`): SCHED_IDLE unless ``urgent``, the
-    thread's own policy if it is. A policy the kernel refuses turns the idle policy off."""
+def piece(awaited: float | None, lag: int) -> None:
+    """Before each piece of a step (inside :func:`step`): SCHED_IDLE, unless the piece is
+    urgent, then the thread's own policy. Urgent: its digest has been awaited since
+    ``awaited`` (``time.monotonic()``; None: not awaited) for :data:`GRACE` seconds, or it
+    lies more than :data:`LAG` bytes behind what may be hashed (``lag``). A policy the
+    kernel refuses turns the idle policy off."""
     global _allowed
     if not _allowed:
         return
+    urgent = lag > LAG or (awaited is not None and time.monotonic() - awaited > GRACE)
     saved = getattr(_local, "saved", None)
     if urgent:
         if saved is not None:

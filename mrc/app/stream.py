@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from mrc.app import hashpolicy
-from mrc.app.checksum import LAG, PIECE, Checksum
+from mrc.app.checksum import PIECE, Checksum
 
 #: bytes per WRITE a sender posts, and per step of a hash (hashlib releases the GIL for each)
 CHUNK = 16 << 20
@@ -115,7 +115,7 @@ class StreamHasher:
         self._tail: asyncio.Task[str] | None = None  # the latest step
         self._acked = 0  # what follow() was told last
         #: when the digest was first awaited (time.monotonic(); read by the step's thread
-        #: between pieces: mrc.app.hashpolicy.overdue)
+        #: between pieces: mrc.app.hashpolicy.piece)
         self.awaited: float | None = None
 
     def hash_to(self, end: int) -> asyncio.Task[str]:
@@ -165,12 +165,12 @@ class StreamHasher:
                 for off in range(0, len(piece), CHUNK):
                     self._sha.update(piece[off : off + CHUNK])
             return self._sha.copy().hexdigest()
-        # in pieces, each under SCHED_IDLE unless the digest is awaited or the hash lags
+        # in pieces, each under SCHED_IDLE unless urgent (hashpolicy.piece)
         with hashpolicy.step():
             at = start
             for piece in self._source.pieces(start, end):
                 for off in range(0, len(piece), PIECE):
-                    hashpolicy.piece(hashpolicy.overdue(self.awaited) or self._scheduled - at > LAG)
+                    hashpolicy.piece(self.awaited, self._scheduled - at)
                     part = piece[off : off + PIECE]
                     self._sha.update(part)
                     at += len(part)

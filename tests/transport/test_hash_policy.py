@@ -82,7 +82,7 @@ async def test_a_lagging_hash_stops_giving_way(
 ) -> None:
     """Handed more than LAG bytes at once (the digest never overdue): the pieces more than
     LAG behind the end run under the worker's own policy, the rest give way."""
-    monkeypatch.setattr(checksum, "LAG", 2 * PIECE)
+    monkeypatch.setattr(hashpolicy, "LAG", 2 * PIECE)
     monkeypatch.setattr(hashpolicy, "GRACE", 1e9)
     data = _data(4 * PIECE)
     rec = Recording()
