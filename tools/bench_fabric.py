@@ -3,8 +3,10 @@
 
 Builds a fabric (``--planes`` planes x ``--spines`` spines x 2 leaves, 4 hosts, every link shaped
 to ``--rate`` with tbf, MTU ``--mtu``), then for every run sends ``--size`` bytes h0 -> h3 with
-one MRC QP (over every plane and spine) and with kernel TCP on plane 0 (one path), alternating,
-and reports medians over ``--runs``: MRC against its planes' capacity, TCP against one link.
+one MRC QP (over every plane and spine), with kernel TCP on plane 0 (one path), with kernel
+MPTCP and with a kernel TCP connection per plane at once (what the machine forwards over every
+plane), alternating, and reports medians over ``--runs``: MRC against its planes' capacity and
+the references, TCP against one link.
 The runs are :mod:`mrc.lab.bench.fabric`; this script parses the arguments.
 
 Output: a table on stderr; ``--json`` prints one JSON object on stdout (otherwise stdout gets
@@ -94,6 +96,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-mptcp",
         action="store_true",
         help="skip the kernel MPTCP baseline (one connection, a subflow per plane)",
+    )
+    p.add_argument(
+        "--no-tcp-planes",
+        action="store_true",
+        help="skip the per-plane kernel TCP reference (a TCP connection on each plane at "
+        "once: what the machine forwards over every plane, the capacity it can give MRC)",
     )
     p.add_argument(
         "--timeout", type=float_between(0, 3600), default=120.0, help="per transfer, seconds"

@@ -331,7 +331,7 @@ def test_bench_qp_matches_its_schema() -> None:
 @pytest.mark.netns
 def test_bench_fabric_matches_its_schema() -> None:
     """--quick (16 MiB, one run) on the smallest fabric it builds, 2 planes of 1 spine; with
-    TCP and MPTCP, so their objects are checked too."""
+    TCP, MPTCP and a TCP connection per plane, so their objects are checked too."""
     _needs_netns()
     name = f"t{os.getpid()}j1"  # the fabric tests' naming: a crashed run's fabric is swept
     tool = [sys.executable, str(REPO / "tools" / "bench_fabric.py"), "--quick", "--json"]
@@ -344,6 +344,11 @@ def test_bench_fabric_matches_its_schema() -> None:
     assert out["tcp"] is not None and len(out["tcp"]["runs"]) == 1
     (mptcp,) = out["mptcp"]["runs"]
     assert mptcp["subflows"] == 1  # plane 1 joined: the baseline really is multipath
+    (planes,) = out["tcp_planes"]["runs"]
+    # a connection per plane, each held to its plane's shaped rate: together more than one
+    # link's rate only if both planes carried one
+    assert len(planes["flows"]) == 2
+    assert sum(planes["flows"]) > 1.2 * out["fabric"]["rate_bps"]
 
 
 @pytest.mark.netns

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _out(rate: str, rate_bps: int | None) -> dict[str, Any]:
     cap = 2 * rate_bps if rate_bps else None
-    mrc_bps, tcp_bps, mptcp_bps = 3_000_000_000, 2_000_000_000, 2_500_000_000
+    mrc_bps, tcp_bps, mptcp_bps, planes_bps = 3e9, 2e9, 2.5e9, 3.75e9
     return {
         "fabric": {"planes": 2, "spines": 1, "rate": rate, "rate_bps": rate_bps, "mtu": 9000},
         "size": 16 << 20,
@@ -43,8 +43,14 @@ def _out(rate: str, rate_bps: int | None) -> dict[str, Any]:
             "fraction_of_capacity": _share(mptcp_bps, cap),
             "runs": [{"subflows": 1}],
         },
+        "tcp_planes": {
+            "goodput_bps": planes_bps,
+            "fraction_of_capacity": _share(planes_bps, cap),
+            "runs": [],
+        },
         "mrc_over_tcp": 1.5,
         "mrc_over_mptcp": 1.2,
+        "mrc_over_tcp_planes": 0.8,
         "machine": {"cpus": 2, "loadavg_start": [0.5], "loadavg_end": [0.7]},
         "seconds": 9.0,
     }
@@ -56,9 +62,10 @@ def test_an_unshaped_fabric_has_no_fractions_and_its_table_says_so() -> None:
     shaped = table(_out("5gbit", 5_000_000_000))
     unshaped = table(_out(UNSHAPED, None))
     assert "30.0% of 10000 Mbit/s" in shaped and "40.0% of 5000 Mbit/s" in shaped
+    assert "37.5% of 10000 Mbit/s" in shaped and "mrc / tcp per plane: 0.8x" in shaped
     assert "links unshaped" in unshaped and "mrc / mptcp: 1.2x" in unshaped
     rows = [line for line in unshaped.splitlines() if line.startswith(("mrc nscc", "kernel"))]
-    assert len(rows) == 3 and all(line.split()[-2] == "-" and "%" not in line for line in rows)
+    assert len(rows) == 4 and all(line.split()[-2] == "-" and "%" not in line for line in rows)
 
 
 def test_the_schema_takes_an_unshaped_fabric() -> None:

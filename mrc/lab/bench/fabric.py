@@ -13,6 +13,10 @@ spine):
 * **mptcp**: kernel MPTCP, one connection from h0's plane-0 address to h3's, with a subflow
   to each address h3 announces on its other planes: the kernel's own multipath transport over
   the same planes, the figure MRC must reach.
+* **tcp_planes**: a kernel TCP connection per plane at once, h0's plane-i address to h3's, the
+  bytes shared among them: what this machine forwards over every plane with the kernel's own
+  transport, so a fraction of capacity MRC misses can be told apart from one the machine
+  cannot give (its routers' forwarding and shaping share the same cores).
 
 They alternate within each run, so all see the same noise; medians over the runs.
 tools/bench_fabric.py parses the arguments and calls :func:`main`;
@@ -22,6 +26,7 @@ tools/bench_fabric.py parses the arguments and calls :func:`main`;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import socket
@@ -50,6 +55,8 @@ UNSHAPED = "unshaped"
 MRC_PORT = DEFAULT_PORT
 TCP_PORT = 5201
 MPTCP_PORT = 5202
+#: the per-plane TCP connections' port (each plane's addresses are its own)
+PLANES_PORT = 5203
 # bytes of one MRC data frame besides the payload, as tbf counts it (L2 frame):
 # Ethernet 14 + IPv6 40 + the route's 40 (SRH with 2 segments, or uSID's outer IPv6 header)
 # + UDP 8 + BTH/RETH
@@ -68,6 +75,104 @@ def _per_packet(seconds: float | None, packets: int | None) -> float | None:
     if seconds is None or not packets:
         return None
     return round(seconds * 1e6 / packets, 2)
+
+
+def _chunk() -> memoryview:
+    """What a kernel TCP sender sends, again and again: 4 MiB of random bytes."""
+    return memoryview(os.urandom(1 << 22))
+
+
+class _Flow:
+    """One kernel TCP (``mptcp``: MPTCP) connection from h0's plane-``plane`` address to h3's,
+    connected on entry, with a thread that receives ``size`` bytes and notes when the last
+    came (:attr:`last`); :meth:`send` sends them, :meth:`done` waits for the receiver and
+    checks that every byte came. MPTCP listens on every address, so that the joins to the
+    addresses h3 announces on its other planes find it."""
+
+    def __init__(
+        self, topo: Topology, plane: int, port: int, size: int, timeout: float, mptcp: bool = False
+    ) -> None:
+        self.addresses = (topo.host("h0").nic(plane).address, topo.host("h3").nic(plane).address)
+        self.size = size
+        self.timeout = timeout
+        self.what = "mptcp" if mptcp else f"tcp on plane {plane}"
+        self.last = 0.0
+        self._port = port
+        self._result: dict[str, Any] = {}
+        proto = IPPROTO_MPTCP if mptcp else 0
+        with netns.entered(topo.netns_of("h3")):
+            self.lsock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
+        try:
+            with netns.entered(topo.netns_of("h0")):
+                self.csock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
+        except BaseException:
+            self.lsock.close()
+            raise
+        self._any = mptcp
+        self._rx = threading.Thread(target=self._receive, daemon=True)
+
+    def __enter__(self) -> _Flow:
+        src, dst = self.addresses
+        try:
+            self.lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self.lsock.bind(("::" if self._any else dst, self._port))
+            self.lsock.listen(1)
+            self.lsock.settimeout(10)
+            self._rx.start()
+            self.csock.bind((src, 0))
+            self.csock.settimeout(self.timeout)
+            self.csock.connect((dst, self._port))
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.csock.close()
+        self.lsock.close()
+
+    def _receive(self) -> None:
+        try:
+            conn, _ = self.lsock.accept()
+        except OSError as exc:
+            self._result["error"] = f"accept: {exc}"
+            return
+        with conn:
+            conn.settimeout(self.timeout)
+            buf = bytearray(1 << 20)
+            got = 0
+            try:
+                while got < self.size:
+                    n = conn.recv_into(buf)
+                    if n == 0:
+                        break
+                    got += n
+            except OSError as exc:
+                self._result["error"] = f"receive: {exc}"
+            self.last = time.perf_counter()
+            self._result["bytes"] = got
+
+    def send(self, chunk: memoryview) -> None:
+        """Send the flow's bytes and shut its sending side (errors are :meth:`done`'s)."""
+        left = self.size
+        try:
+            while left > 0:
+                n = min(left, len(chunk))
+                self.csock.sendall(chunk[:n])
+                left -= n
+            self.csock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            self._result.setdefault("error", f"send: {exc}")
+
+    def done(self) -> float:
+        """When the last byte came (time.perf_counter()), once the receiver has it all."""
+        self._rx.join(self.timeout)
+        if self._rx.is_alive() or "error" in self._result or self._result.get("bytes") != self.size:
+            raise MRCError(f"{self.what} transfer incomplete: {self._result}")
+        return self.last
 
 
 class Bench:
@@ -135,84 +240,59 @@ class Bench:
             "recv_cpu_us_per_packet": _per_packet(rj.get("cpu_seconds"), sj.get("data_packets")),
         }
 
-    # ---- kernel TCP on plane 0, and MPTCP over every plane -----------------------------------
+    # ---- kernel TCP on plane 0, MPTCP over every plane, and a TCP connection per plane ----
 
     def tcp_run(self, size: int, mptcp: bool = False) -> dict[str, Any]:
         """One kernel TCP (or, ``mptcp``, MPTCP) transfer of ``size`` bytes from h0's plane-0
         address to h3's. MPTCP's in-kernel path manager opens a subflow to each address h3
         announces, one per other plane (:meth:`mptcp_setup`); the clock starts once they are
         up (at most 3 s), so the figure is that of every plane, not of the joins."""
-        src = self.topo.host("h0").nic(0).address
-        dst = self.topo.host("h3").nic(0).address
-        proto = IPPROTO_MPTCP if mptcp else 0
         port = MPTCP_PORT if mptcp else TCP_PORT
-        with netns.entered(self.topo.netns_of("h3")):
-            lsock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
-        with netns.entered(self.topo.netns_of("h0")):
-            csock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM, proto)
-        result: dict[str, Any] = {}
-        try:
-            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            # MPTCP: every address, so that joins to h3's announced plane addresses find it
-            lsock.bind(("::" if mptcp else dst, port))
-            lsock.listen(1)
-            lsock.settimeout(10)
-
-            def receive() -> None:
-                try:
-                    conn, _ = lsock.accept()
-                except OSError as exc:
-                    result["error"] = f"accept: {exc}"
-                    return
-                with conn:
-                    conn.settimeout(self.args.timeout)
-                    buf = bytearray(1 << 20)
-                    got, first = 0, None
-                    while got < size:
-                        n = conn.recv_into(buf)
-                        if n == 0:
-                            break
-                        if first is None:
-                            first = time.perf_counter()
-                        got += n
-                    result.update(bytes=got, first=first, last=time.perf_counter())
-
-            rx = threading.Thread(target=receive, daemon=True)
-            rx.start()
-            csock.bind((src, 0))
-            csock.settimeout(self.args.timeout)
-            csock.connect((dst, port))
+        with _Flow(self.topo, 0, port, size, self.args.timeout, mptcp) as flow:
             subflows = None
             if mptcp:
                 want = self.args.planes - 1
                 until = time.monotonic() + 3.0
-                while (subflows := mptcp_subflows(csock) or 0) < want and time.monotonic() < until:
+                while (subflows := mptcp_subflows(flow.csock) or 0) < want and (
+                    time.monotonic() < until
+                ):
                     time.sleep(0.01)
-            chunk = memoryview(os.urandom(1 << 22))
             start = time.perf_counter()
-            left = size
-            while left > 0:
-                n = min(left, len(chunk))
-                csock.sendall(chunk[:n])
-                left -= n
-            csock.shutdown(socket.SHUT_WR)
-            rx.join(self.args.timeout)
-            if rx.is_alive() or "error" in result or result.get("bytes") != size:
-                what = "mptcp" if mptcp else "tcp"
-                raise MRCError(f"{what} transfer incomplete: {result}")
-            seconds = result["last"] - start
-            out: dict[str, Any] = {
-                "goodput_bps": round(size * 8 / seconds),
-                "seconds": round(seconds, 6),
-            }
-            if mptcp:
-                out["subflows"] = subflows
-            else:
-                out["path"] = f"[{src}] -> [{dst}] (plane 0, default route via p0s0)"
-            return out
-        finally:
-            csock.close()
-            lsock.close()
+            flow.send(_chunk())
+            seconds = flow.done() - start
+        out: dict[str, Any] = {"goodput_bps": round(size * 8 / seconds)}
+        out["seconds"] = round(seconds, 6)
+        if mptcp:
+            out["subflows"] = subflows
+        else:
+            src, dst = flow.addresses
+            out["path"] = f"[{src}] -> [{dst}] (plane 0, default route via p0s0)"
+        return out
+
+    def planes_run(self, size: int) -> dict[str, Any]:
+        """``size`` bytes as one kernel TCP connection per plane at once, h0's plane-i address
+        to h3's (each on its plane's spine 0): what this machine forwards over every plane
+        with the kernel's own transport, MRC's capacity as the machine can give it."""
+        planes = self.args.planes
+        shares = [size // planes + (i < size % planes) for i in range(planes)]
+        chunk = _chunk()
+        with contextlib.ExitStack() as stack:
+            flows = [
+                stack.enter_context(_Flow(self.topo, i, PLANES_PORT, n, self.args.timeout))
+                for i, n in enumerate(shares)
+            ]
+            senders = [threading.Thread(target=f.send, args=(chunk,), daemon=True) for f in flows]
+            start = time.perf_counter()
+            for t in senders:
+                t.start()
+            for t in senders:
+                t.join(self.args.timeout)
+            seconds = max(f.done() for f in flows) - start
+        return {
+            "goodput_bps": round(size * 8 / seconds),
+            "seconds": round(seconds, 6),
+            "flows": [round(n * 8 / (f.last - start)) for n, f in zip(shares, flows, strict=True)],
+        }
 
     def mptcp_setup(self) -> None:
         """MPTCP's path manager in h0 and h3: h3 announces its other planes' addresses."""
@@ -226,6 +306,8 @@ class Bench:
         if not self.args.no_mptcp:
             self.mptcp_setup()
             self.tcp_run(1 << 20, mptcp=True)
+        if self.args.planes > 1 and not self.args.no_tcp_planes:
+            self.planes_run(1 << 20)
 
 
 def _over(bps: int | None, reference: dict[str, Any] | None) -> float | None:
@@ -277,6 +359,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     mrc: dict[tuple[str, int, int], list[dict[str, Any]]] = {c: [] for c in combos}
     tcp: list[dict[str, Any]] = []
     mptcp: list[dict[str, Any]] = []
+    planes: list[dict[str, Any]] = []
     with fabric(spec) as topo:
         bench = Bench(args, topo)
         bench.warm_up()
@@ -309,6 +392,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"({_pct(_share(r['goodput_bps'], capacity))}), "
                     f"{r['subflows']} extra subflows"
                 )
+            if args.planes > 1 and not args.no_tcp_planes:
+                r = bench.planes_run(args.size)
+                planes.append(r)
+                log(
+                    f"  run {i + 1}: tcp per plane  : {fmt_rate(r['goodput_bps'])} "
+                    f"({_pct(_share(r['goodput_bps'], capacity))})"
+                )
     frame = args.payload + MRC_OVERHEAD
     out: dict[str, Any] = {
         "fabric": {
@@ -332,6 +422,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "mrc": [],
         "tcp": None,
         "mptcp": None,
+        "tcp_planes": None,
         "seconds": round(time.monotonic() - t0, 1),
     }
     for (c, w, b), rs in mrc.items():
@@ -364,6 +455,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "fraction_of_capacity": _share(med, capacity),
             "runs": mptcp,
         }
+    if planes:
+        med = median([r["goodput_bps"] for r in planes])
+        assert med is not None
+        out["tcp_planes"] = {
+            "goodput_bps": round(med),
+            "fraction_of_capacity": _share(med, capacity),
+            "runs": planes,
+        }
     best = max(out["mrc"], key=lambda m: m["goodput_bps"] or 0)
     out["best_cc"] = best["cc"]
     out["best_window"] = best["window"]
@@ -372,6 +471,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out["mrc_fraction_of_capacity"] = best["fraction_of_capacity"]
     out["mrc_over_tcp"] = _over(best["goodput_bps"], out["tcp"])
     out["mrc_over_mptcp"] = _over(best["goodput_bps"], out["mptcp"])
+    out["mrc_over_tcp_planes"] = _over(best["goodput_bps"], out["tcp_planes"])
     return envelope(TOOL, machine_info(load0), out)
 
 

@@ -20,8 +20,8 @@ def _of(fraction: float | None, bps: int | None) -> str:
 
 
 def table(out: Mapping[str, Any]) -> str:
-    """The human table: a row per MRC combination, one for TCP and one for MPTCP, the machine
-    last."""
+    """The human table: a row per MRC combination, one each for TCP, MPTCP and a TCP
+    connection per plane, the machine last."""
     f = out["fabric"]
 
     def row(*cells: str) -> str:
@@ -70,5 +70,16 @@ def table(out: Mapping[str, Any]) -> str:
             )
         )
         lines.append(f"mrc / mptcp: {out['mrc_over_mptcp']}x")
+    if out.get("tcp_planes"):
+        t = out["tcp_planes"]
+        lines.append(
+            row(
+                f"kernel tcp, one per plane ({f['planes']})",
+                fmt_rate(t["goodput_bps"]),
+                _of(t["fraction_of_capacity"], cap),
+                "-",
+            )
+        )
+        lines.append(f"mrc / tcp per plane: {out['mrc_over_tcp_planes']}x")
     lines.append(machine_line(out["machine"], out["seconds"]))
     return "\n".join(lines)
