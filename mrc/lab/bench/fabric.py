@@ -320,6 +320,20 @@ def _share(bps: float | None, of: int | None) -> float | None:
     return round(bps / of, 4) if bps and of else None
 
 
+def _over_planes(runs: list[dict[str, Any]], capacity: int | None) -> dict[str, Any] | None:
+    """A multipath reference's object: its median goodput, that as a fraction of every
+    plane's capacity, every run (None: not run)."""
+    if not runs:
+        return None
+    med = median([r["goodput_bps"] for r in runs])
+    assert med is not None
+    return {
+        "goodput_bps": round(med),
+        "fraction_of_capacity": _share(med, capacity),
+        "runs": runs,
+    }
+
+
 def _pct(fraction: float | None) -> str:
     return "-" if fraction is None else f"{fraction:6.1%}"
 
@@ -447,22 +461,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "wire_ceiling": round((args.mtu - 72) / (args.mtu + 14), 4),
             "runs": tcp,
         }
-    if mptcp:
-        med = median([r["goodput_bps"] for r in mptcp])
-        assert med is not None
-        out["mptcp"] = {
-            "goodput_bps": round(med),
-            "fraction_of_capacity": _share(med, capacity),
-            "runs": mptcp,
-        }
-    if planes:
-        med = median([r["goodput_bps"] for r in planes])
-        assert med is not None
-        out["tcp_planes"] = {
-            "goodput_bps": round(med),
-            "fraction_of_capacity": _share(med, capacity),
-            "runs": planes,
-        }
+    out["mptcp"] = _over_planes(mptcp, capacity)
+    out["tcp_planes"] = _over_planes(planes, capacity)
     best = max(out["mrc"], key=lambda m: m["goodput_bps"] or 0)
     out["best_cc"] = best["cc"]
     out["best_window"] = best["window"]

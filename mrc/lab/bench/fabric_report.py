@@ -58,28 +58,21 @@ def table(out: Mapping[str, Any]) -> str:
             f"mrc / tcp: {out['mrc_over_tcp']}x (planes: {f['planes']}); "
             f"MRC wire ceiling {out['mrc_wire_ceiling']:.1%} of line rate"
         )
+    # the multipath references: MPTCP, and a TCP connection per plane
+    refs: list[tuple[Mapping[str, Any], str, str]] = []
     if out["mptcp"]:
-        t = out["mptcp"]
-        flows = sorted({r["subflows"] for r in t["runs"]}, key=lambda n: (n is None, n or 0))
-        lines.append(
-            row(
-                f"kernel mptcp, {'/'.join(str(n) for n in flows)} extra subflows",
-                fmt_rate(t["goodput_bps"]),
-                _of(t["fraction_of_capacity"], cap),
-                "-",
-            )
-        )
-        lines.append(f"mrc / mptcp: {out['mrc_over_mptcp']}x")
+        runs = out["mptcp"]["runs"]
+        flows = sorted({r["subflows"] for r in runs}, key=lambda n: (n is None, n or 0))
+        label = f"kernel mptcp, {'/'.join(str(n) for n in flows)} extra subflows"
+        refs.append((out["mptcp"], label, f"mrc / mptcp: {out['mrc_over_mptcp']}x"))
     if out.get("tcp_planes"):
-        t = out["tcp_planes"]
+        label = f"kernel tcp, one per plane ({f['planes']})"
+        ratio = f"mrc / tcp per plane: {out['mrc_over_tcp_planes']}x"
+        refs.append((out["tcp_planes"], label, ratio))
+    for t, label, ratio in refs:
         lines.append(
-            row(
-                f"kernel tcp, one per plane ({f['planes']})",
-                fmt_rate(t["goodput_bps"]),
-                _of(t["fraction_of_capacity"], cap),
-                "-",
-            )
+            row(label, fmt_rate(t["goodput_bps"]), _of(t["fraction_of_capacity"], cap), "-")
         )
-        lines.append(f"mrc / tcp per plane: {out['mrc_over_tcp_planes']}x")
+        lines.append(ratio)
     lines.append(machine_line(out["machine"], out["seconds"]))
     return "\n".join(lines)
