@@ -77,12 +77,15 @@ fi
 if [ "$python_only" -eq 1 ]; then
   need=()  # no system packages: whatever is missing, the full setup brings
 fi
+if [ ${#need[@]} -gt 0 ]; then
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)  # ip and tc both need iproute2
+fi
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   say "installing system packages: ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
   echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections 2>/dev/null || true
   apt-get update -qq >/dev/null || fail "apt-get update failed"
-  apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need[@]}" | sort -u) >/dev/null \
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null \
     || fail "apt-get install ${need[*]} failed"
   PY=${PY:-$(pick_python || true)}
 elif [ ${#need[@]} -gt 0 ]; then
