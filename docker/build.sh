@@ -29,9 +29,12 @@ if [ -z "$base" ]; then
 fi
 have_image "$base" || _cannot "base image $base is not here and could not be pulled"
 
-# Wheels for the base image's Python and glibc, built and downloaded on this host.
-read -r pyver glibc < <("$ENGINE" run --rm --network none "$base" python3 -c \
-  'import platform, sys; print("%d.%d" % sys.version_info[:2], platform.libc_ver()[1])')
+# Wheels for the base image's Python and glibc, built and downloaded on this host. An engine
+# that cannot start a container here (no cgroup mount, no runtime) is "cannot run" too.
+probe=$("$ENGINE" run --rm --network none "$base" python3 -c \
+  'import platform, sys; print("%d.%d" % sys.version_info[:2], platform.libc_ver()[1])' \
+  2>/dev/null) || _cannot "$ENGINE cannot run python3 in a container of $base here"
+read -r pyver glibc <<<"$probe" || true
 [ -n "${glibc:-}" ] || _cannot "base image $base has no python3 with glibc"
 arch=$(uname -m)
 platforms=(--platform "manylinux2014_$arch")
